@@ -1,0 +1,81 @@
+// Command gdsfs mounts a directory of datasets and checkpoints as a FUSE
+// filesystem that unmodified programs read at native speed (kernel
+// passthrough) and that GDS-aware loaders drive through a control path to
+// put file ranges straight into GPU memory.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes shared by every subcommand.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the operation was valid but failed
+	exitUsage   = 2 // the user asked for something that cannot be done as asked
+)
+
+// usageError marks an error the user caused (bad flag, bad path, ...): it
+// exits with exitUsage. Its message must say what is wrong and what to do.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// usagef returns a usageError with a formatted message.
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "gdsfs",
+		Short:         "GPU-direct FUSE filesystem for ML datasets and checkpoints",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%w (see gdsfs %s --help)", err, "COMMAND")}
+	})
+	root.AddCommand(
+	// subcommands, one file each
+	)
+	return root
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+// run executes the CLI with args and returns the process exit code.
+func run(args []string) int {
+	root := newRootCmd()
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(os.Stderr, "gdsfs: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) || isCobraUsageError(err) {
+		return exitUsage
+	}
+	return exitFailure
+}
+
+// isCobraUsageError recognises cobra's own argument errors (unknown command,
+// wrong number of arguments), which it does not type.
+func isCobraUsageError(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "accepts ", "requires at least", "requires at most", "unknown flag", "unknown shorthand"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
+}
