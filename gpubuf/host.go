@@ -1,0 +1,189 @@
+package gpubuf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// HostBackend allocates slabs as shared-memory files in a private directory
+// (by default /dev/shm/gdsfs-<pid>), mmapped by the daemon. A client in another
+// process maps a slab by opening the path Export returns; the file is mode
+// 0600 and owned by the uid the slab serves, so only that uid (and root) can.
+type HostBackend struct {
+	dir  string
+	next atomic.Uint64
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// HostBackendOptions configures NewHostBackend. The zero value is usable.
+type HostBackendOptions struct {
+	// Dir is the directory that holds the slab files. It is created (mode
+	// 0711: others may open a file they own but not list the directory) and
+	// removed by Close. Default: /dev/shm/gdsfs-<pid>.
+	Dir string
+}
+
+// NewHostBackend creates the slab directory and returns the backend.
+func NewHostBackend(opts HostBackendOptions) (*HostBackend, error) {
+	dir := opts.Dir
+	if dir == "" {
+		dir = filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-%d", os.Getpid()))
+	}
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("gpubuf: create slab directory %q: %w", dir, err)
+	}
+	// Mkdir is subject to the umask; the mode is part of the contract.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		_ = os.Remove(dir)
+		return nil, fmt.Errorf("gpubuf: chmod slab directory %q: %w", dir, err)
+	}
+	return &HostBackend{dir: dir}, nil
+}
+
+// Dir is the directory holding the slab files.
+func (b *HostBackend) Dir() string { return b.dir }
+
+// Name implements Backend.
+func (b *HostBackend) Name() string { return "host" }
+
+// Devices implements Backend: host memory is one device.
+func (b *HostBackend) Devices() int { return 1 }
+
+// Alloc implements Backend.
+func (b *HostBackend) Alloc(_ context.Context, device int, size int64, uid uint32) (Memory, error) {
+	if device != 0 {
+		return nil, fmt.Errorf("gpubuf: host backend has one device, asked for %d", device)
+	}
+	if size <= 0 || size%Align != 0 {
+		return nil, fmt.Errorf("gpubuf: slab size %d is not a positive multiple of %d", size, Align)
+	}
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	path := filepath.Join(b.dir, fmt.Sprintf("slab-%d", b.next.Add(1)))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("gpubuf: create slab file: %w", err)
+	}
+	m := &hostMemory{path: path, f: f, size: size, uid: uid}
+	if err := m.init(); err != nil {
+		_ = f.Close()
+		_ = os.Remove(path)
+		return nil, err
+	}
+	return m, nil
+}
+
+// Close removes the slab directory. Slabs must have been closed first (the
+// Pool does this); files still present are removed too.
+func (b *HostBackend) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	if err := os.RemoveAll(b.dir); err != nil {
+		return fmt.Errorf("gpubuf: remove slab directory: %w", err)
+	}
+	return nil
+}
+
+// hostMemory is one shared-memory slab file, mapped MAP_SHARED.
+type hostMemory struct {
+	path string
+	f    *os.File
+	size int64
+	data []byte
+
+	mu  sync.Mutex // guards uid
+	uid uint32
+}
+
+var (
+	_ HostMemory = (*hostMemory)(nil)
+	_ Chowner    = (*hostMemory)(nil)
+)
+
+func (m *hostMemory) init() error {
+	if err := m.f.Truncate(m.size); err != nil {
+		return fmt.Errorf("gpubuf: size slab file %q: %w", m.path, err)
+	}
+	if err := m.chown(m.uid); err != nil {
+		return err
+	}
+	data, err := unix.Mmap(int(m.f.Fd()), 0, int(m.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("gpubuf: mmap slab file %q: %w", m.path, err)
+	}
+	m.data = data
+	return nil
+}
+
+func (m *hostMemory) chown(uid uint32) error {
+	if err := m.f.Chown(int(uid), -1); err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return fmt.Errorf("gpubuf: give slab %q to uid %d: %w (the daemon must run as root to serve other users)", m.path, uid, err)
+		}
+		return fmt.Errorf("gpubuf: give slab %q to uid %d: %w", m.path, uid, err)
+	}
+	return nil
+}
+
+func (m *hostMemory) Size() int64             { return m.size }
+func (m *hostMemory) HostBytes() []byte       { return m.data }
+func (m *hostMemory) Export() ([]byte, error) { return []byte(m.path), nil }
+
+// Scrub zeroes the slab. Punching a hole frees the pages (tmpfs reads holes as
+// zeroes, in every mapping); where the filesystem cannot, it writes zeroes.
+func (m *hostMemory) Scrub(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := unix.Fallocate(int(m.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, m.size)
+	if err == nil {
+		return nil
+	}
+	clear(m.data)
+	return nil
+}
+
+// Chown gives the slab file to uid.
+func (m *hostMemory) Chown(uid uint32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if uid == m.uid {
+		return nil
+	}
+	if err := m.chown(uid); err != nil {
+		return err
+	}
+	m.uid = uid
+	return nil
+}
+
+func (m *hostMemory) Close() error {
+	var errs []error
+	if m.data != nil {
+		if err := unix.Munmap(m.data); err != nil {
+			errs = append(errs, fmt.Errorf("gpubuf: unmap slab %q: %w", m.path, err))
+		}
+		m.data = nil
+	}
+	if err := m.f.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("gpubuf: close slab %q: %w", m.path, err))
+	}
+	if err := os.Remove(m.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("gpubuf: remove slab %q: %w", m.path, err))
+	}
+	return errors.Join(errs...)
+}

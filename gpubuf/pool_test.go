@@ -1,0 +1,580 @@
+package gpubuf
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+// fakeBackend is an in-process Backend whose memory is plain byte slices.
+// It records scrubs and ownership so tests can check isolation (I1).
+type fakeBackend struct {
+	devices int
+	mu      sync.Mutex
+	live    map[*fakeMemory]bool
+	failAt  int // fail the Nth Alloc (1-based); 0 never
+	allocs  int
+}
+
+func newFakeBackend(devices int) *fakeBackend {
+	return &fakeBackend{devices: devices, live: map[*fakeMemory]bool{}}
+}
+
+func (b *fakeBackend) Name() string { return "fake" }
+func (b *fakeBackend) Devices() int { return b.devices }
+func (b *fakeBackend) Alloc(_ context.Context, device int, size int64, uid uint32) (Memory, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.allocs++
+	if b.allocs == b.failAt {
+		return nil, errors.New("fake: out of device memory")
+	}
+	m := &fakeMemory{b: b, data: make([]byte, size), uid: uid}
+	b.live[m] = true
+	return m, nil
+}
+
+func (b *fakeBackend) liveCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.live)
+}
+
+type fakeMemory struct {
+	b      *fakeBackend
+	data   []byte
+	mu     sync.Mutex
+	uid    uint32
+	scrubs int
+	closed bool
+}
+
+func (m *fakeMemory) Size() int64             { return int64(len(m.data)) }
+func (m *fakeMemory) HostBytes() []byte       { return m.data }
+func (m *fakeMemory) Export() ([]byte, error) { return []byte(fmt.Sprintf("fake-%p", m)), nil }
+func (m *fakeMemory) Scrub(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.data)
+	m.scrubs++
+	return nil
+}
+func (m *fakeMemory) Chown(uid uint32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.uid = uid
+	return nil
+}
+func (m *fakeMemory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return errors.New("fake: double close")
+	}
+	m.closed = true
+	m.b.mu.Lock()
+	delete(m.b.live, m)
+	m.b.mu.Unlock()
+	return nil
+}
+
+const testSlab = 64 * Align
+
+func newTestPool(t *testing.T, budgetSlabs int64) (*Pool, *fakeBackend) {
+	t.Helper()
+	b := newFakeBackend(2)
+	p, err := NewPool(Config{Backend: b, SlabBytes: testSlab, BudgetBytes: budgetSlabs * testSlab})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.checkInvariants(); err != nil {
+			t.Errorf("invariants at end: %v", err)
+		}
+		if err := p.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		if n := b.liveCount(); n != 0 {
+			t.Errorf("%d slabs leaked after Close", n)
+		}
+	})
+	return p, b
+}
+
+func mustAlloc(t *testing.T, p *Pool, o Owner, dev int, n int64) *Lease {
+	t.Helper()
+	l, err := p.Alloc(context.Background(), o, dev, n)
+	if err != nil {
+		t.Fatalf("Alloc(%+v, %d, %d): %v", o, dev, n, err)
+	}
+	return l
+}
+
+func TestAllocAlignment(t *testing.T) {
+	p, _ := newTestPool(t, 4)
+	o := Owner{Session: 1, UID: 1000}
+	for _, tc := range []struct {
+		name    string
+		n, want int64
+	}{
+		{"one byte", 1, Align},
+		{"one page", Align, Align},
+		{"page plus one", Align + 1, 2 * Align},
+		{"odd", 3*Align + 17, 4 * Align},
+		{"whole slab", testSlab, testSlab},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := mustAlloc(t, p, o, 0, tc.n)
+			if l.Length != tc.want || l.Offset%Align != 0 || l.Offset+l.Length > l.Slab.Size {
+				t.Errorf("lease %+v: want length %d at an aligned offset inside the slab", *l, tc.want)
+			}
+			if l.Owner != o || l.Slab.Device != 0 {
+				t.Errorf("lease owner %+v device %d", l.Owner, l.Slab.Device)
+			}
+		})
+	}
+	if err := p.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAllocRejectsBadRequests(t *testing.T) {
+	p, _ := newTestPool(t, 2)
+	o := Owner{Session: 1, UID: 1}
+	for _, tc := range []struct {
+		name   string
+		dev    int
+		n      int64
+		wantEx bool
+	}{
+		{"zero", 0, 0, false},
+		{"negative", 0, -5, false},
+		{"no such device", 7, 10, false},
+		{"negative device", -1, 10, false},
+		{"over budget", 0, 3 * testSlab, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := p.Alloc(context.Background(), o, tc.dev, tc.n)
+			if err == nil {
+				t.Fatal("Alloc succeeded")
+			}
+			if got := errors.Is(err, ErrExhausted); got != tc.wantEx {
+				t.Errorf("errors.Is(%v, ErrExhausted) = %v, want %v", err, got, tc.wantEx)
+			}
+		})
+	}
+}
+
+func TestBestFitAndCoalescing(t *testing.T) {
+	p, b := newTestPool(t, 1)
+	o := Owner{Session: 1, UID: 1}
+	a := mustAlloc(t, p, o, 0, 8*Align)
+	small := mustAlloc(t, p, o, 0, 2*Align)
+	c := mustAlloc(t, p, o, 0, 8*Align)
+	rest := mustAlloc(t, p, o, 0, testSlab-18*Align)
+	if a.Slab != rest.Slab {
+		t.Fatal("leases of one uid should share the slab")
+	}
+	// Free a 2-page hole and an 8-page hole; a 2-page request must take the
+	// small hole (best fit), keeping the large one whole.
+	if err := p.Release(o, small.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(o, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	// a and small were adjacent: they coalesced into one 10-page extent.
+	if got := len(a.Slab.free); got != 1 {
+		t.Fatalf("free extents after adjacent releases: %d, want 1 (%v)", got, a.Slab.free)
+	}
+	x := mustAlloc(t, p, o, 0, 10*Align)
+	if x.Offset != 0 {
+		t.Errorf("coalesced extent not reused: offset %d", x.Offset)
+	}
+	if _, err := p.Alloc(context.Background(), o, 0, Align); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("full pool: got %v, want ErrExhausted", err)
+	}
+	for _, l := range []*Lease{x, c, rest} {
+		if err := p.Release(o, l.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(x.Slab.free) != 1 || x.Slab.free[0] != (extent{0, testSlab}) {
+		t.Errorf("empty slab free list %v, want one whole extent", x.Slab.free)
+	}
+	if b.liveCount() != 1 {
+		t.Errorf("regular slabs are kept when empty: live %d, want 1", b.liveCount())
+	}
+}
+
+func TestExhaustionIsImmediateAndRecoverable(t *testing.T) {
+	p, _ := newTestPool(t, 2)
+	o := Owner{Session: 9, UID: 5}
+	var held []*Lease
+	for range 2 * 64 {
+		held = append(held, mustAlloc(t, p, o, 0, Align))
+	}
+	_, err := p.Alloc(context.Background(), o, 0, Align)
+	if !errors.Is(err, ErrExhausted) {
+		t.Fatalf("got %v, want ErrExhausted", err)
+	}
+	// Device 1 has its own budget.
+	mustAlloc(t, p, o, 1, Align)
+	if err := p.Release(o, held[10].ID); err != nil {
+		t.Fatal(err)
+	}
+	l := mustAlloc(t, p, o, 0, Align)
+	if l.Slab != held[10].Slab || l.Offset != held[10].Offset {
+		t.Errorf("freed page not reused: got slab %d off %d", l.Slab.ID, l.Offset)
+	}
+}
+
+func TestUIDIsolationAndScrub(t *testing.T) {
+	p, _ := newTestPool(t, 1)
+	alice := Owner{Session: 1, UID: 1001}
+	bob := Owner{Session: 2, UID: 1002}
+	la := mustAlloc(t, p, alice, 0, Align)
+	mem := la.Slab.Memory.(*fakeMemory)
+	copy(mem.data[la.Offset:], "alice's secret")
+	// The only slab serves alice: bob cannot get any of it while she holds a lease.
+	if _, err := p.Alloc(context.Background(), bob, 0, Align); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("bob got memory from alice's slab: %v", err)
+	}
+	if err := p.Release(alice, la.ID); err != nil {
+		t.Fatal(err)
+	}
+	if mem.scrubs != 0 {
+		t.Errorf("scrubbed on release; scrubbing is due only on a uid change")
+	}
+	lb := mustAlloc(t, p, bob, 0, testSlab)
+	if lb.Slab != la.Slab {
+		t.Fatalf("idle slab not reassigned")
+	}
+	if mem.scrubs != 1 || mem.uid != bob.UID {
+		t.Errorf("after reassignment: scrubs %d uid %d, want 1 and %d", mem.scrubs, mem.uid, bob.UID)
+	}
+	if bytes.Contains(mem.data, []byte("alice")) {
+		t.Error("alice's bytes survived the hand-over to bob")
+	}
+	if la.Slab.UID() != bob.UID {
+		t.Errorf("slab UID %d, want %d", la.Slab.UID(), bob.UID)
+	}
+	// The same uid taking the slab back after bob: scrubbed again.
+	if err := p.Release(bob, lb.ID); err != nil {
+		t.Fatal(err)
+	}
+	mustAlloc(t, p, alice, 0, Align)
+	if mem.scrubs != 2 {
+		t.Errorf("scrubs %d, want 2", mem.scrubs)
+	}
+}
+
+func TestLeasesBelongToTheirSession(t *testing.T) {
+	p, _ := newTestPool(t, 2)
+	s1 := Owner{Session: 1, UID: 7}
+	s2 := Owner{Session: 2, UID: 7}
+	l := mustAlloc(t, p, s1, 0, Align)
+	for _, tc := range []struct {
+		name  string
+		owner Owner
+	}{
+		{"other session same uid", s2},
+		{"same session other uid", Owner{Session: 1, UID: 8}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := p.Lookup(tc.owner, l.ID); !errors.Is(err, ErrNotFound) {
+				t.Errorf("Lookup: %v, want ErrNotFound", err)
+			}
+			if err := p.Release(tc.owner, l.ID); !errors.Is(err, ErrNotFound) {
+				t.Errorf("Release: %v, want ErrNotFound", err)
+			}
+			if _, err := p.Export(tc.owner, l.Slab.ID); !errors.Is(err, ErrNotFound) {
+				t.Errorf("Export: %v, want ErrNotFound", err)
+			}
+		})
+	}
+	got, err := p.Lookup(s1, l.ID)
+	if err != nil || got != l {
+		t.Fatalf("Lookup by owner: %v %v", got, err)
+	}
+	if tok, err := p.Export(s1, l.Slab.ID); err != nil || len(tok) == 0 {
+		t.Fatalf("Export by owner: %q %v", tok, err)
+	}
+	if err := p.Release(s1, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(s1, l.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("double release: %v, want ErrNotFound", err)
+	}
+	if s, err := p.Slab(l.Slab.ID); err != nil || s != l.Slab {
+		t.Errorf("Slab(%d) = %v, %v", l.Slab.ID, s, err)
+	}
+	if _, err := p.Slab(999); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Slab(999): %v", err)
+	}
+}
+
+func TestReleaseSession(t *testing.T) {
+	p, _ := newTestPool(t, 4)
+	a := Owner{Session: 10, UID: 1}
+	b := Owner{Session: 26, UID: 1} // same shard as 10
+	for range 5 {
+		mustAlloc(t, p, a, 0, 3*Align)
+	}
+	keep := mustAlloc(t, p, b, 0, Align)
+	if n := p.ReleaseSession(a.Session); n != 5 {
+		t.Errorf("ReleaseSession released %d, want 5", n)
+	}
+	if n := p.ReleaseSession(a.Session); n != 0 {
+		t.Errorf("second ReleaseSession released %d, want 0", n)
+	}
+	if _, err := p.Lookup(b, keep.ID); err != nil {
+		t.Errorf("other session's lease lost: %v", err)
+	}
+	st := p.Stats()
+	if len(st.Sessions) != 1 || st.Sessions[0].Session != b.Session || st.Devices[0].LeasedBytes != Align {
+		t.Errorf("stats after ReleaseSession: %+v", st)
+	}
+}
+
+func TestDedicatedSlabs(t *testing.T) {
+	p, b := newTestPool(t, 4)
+	o := Owner{Session: 1, UID: 1}
+	small := mustAlloc(t, p, o, 0, Align)
+	if err := p.Release(o, small.ID); err != nil {
+		t.Fatal(err)
+	}
+	// 3.5 slabs: needs the idle regular slab evicted to fit the budget of 4
+	// only if more than 3 are in use; here 1 idle + 3.5 > 4, so it is evicted.
+	big := mustAlloc(t, p, o, 0, 3*testSlab+testSlab/2)
+	if !big.Slab.Dedicated || big.Offset != 0 || big.Length != 3*testSlab+testSlab/2 {
+		t.Fatalf("big lease %+v, dedicated %v", *big, big.Slab.Dedicated)
+	}
+	if _, err := p.Slab(small.Slab.ID); !errors.Is(err, ErrNotFound) {
+		t.Error("idle slab was not evicted to make room")
+	}
+	if _, err := p.Alloc(context.Background(), o, 0, testSlab); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("got %v, want ErrExhausted", err)
+	}
+	if err := p.Release(o, big.ID); err != nil {
+		t.Fatal(err)
+	}
+	if b.liveCount() != 0 {
+		t.Errorf("dedicated slab not freed on release: %d live", b.liveCount())
+	}
+	if st := p.Stats(); st.Devices[0].AllocatedBytes != 0 {
+		t.Errorf("allocated bytes %d after freeing everything", st.Devices[0].AllocatedBytes)
+	}
+}
+
+func TestBackendFailureRestoresBudget(t *testing.T) {
+	p, b := newTestPool(t, 1)
+	b.failAt = 1
+	o := Owner{Session: 1, UID: 1}
+	if _, err := p.Alloc(context.Background(), o, 0, Align); err == nil || errors.Is(err, ErrExhausted) {
+		t.Fatalf("got %v, want the backend's error", err)
+	}
+	mustAlloc(t, p, o, 0, Align) // the budget was given back
+}
+
+func TestStats(t *testing.T) {
+	p, _ := newTestPool(t, 4)
+	mustAlloc(t, p, Owner{Session: 1, UID: 10}, 0, Align)
+	mustAlloc(t, p, Owner{Session: 1, UID: 10}, 0, 2*Align)
+	mustAlloc(t, p, Owner{Session: 2, UID: 10}, 1, Align)
+	mustAlloc(t, p, Owner{Session: 3, UID: 20}, 0, 5*Align)
+	st := p.Stats()
+	want := Stats{
+		Backend: "fake", SlabBytes: testSlab,
+		Devices: []DeviceStats{
+			{Device: 0, BudgetBytes: 4 * testSlab, AllocatedBytes: 2 * testSlab, LeasedBytes: 8 * Align, Slabs: 2, SlabsInUse: 2, Leases: 3},
+			{Device: 1, BudgetBytes: 4 * testSlab, AllocatedBytes: testSlab, LeasedBytes: Align, Slabs: 1, SlabsInUse: 1, Leases: 1},
+		},
+		Sessions: []SessionStats{{1, 10, 2, 3 * Align}, {2, 10, 1, Align}, {3, 20, 1, 5 * Align}},
+		UIDs:     []UIDStats{{10, 2, 4 * Align}, {20, 1, 5 * Align}},
+	}
+	if fmt.Sprint(st) != fmt.Sprint(want) {
+		t.Errorf("Stats:\n got %+v\nwant %+v", st, want)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	b := newFakeBackend(1)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"defaults", Config{Backend: b}, true},
+		{"no backend", Config{}, false},
+		{"unaligned slab", Config{Backend: b, SlabBytes: 1000}, false},
+		{"negative budget", Config{Backend: b, BudgetBytes: -Align}, false},
+		{"budget below slab", Config{Backend: b, SlabBytes: 2 * Align, BudgetBytes: Align}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+				t.Errorf("Validate() = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestClosedPool(t *testing.T) {
+	p, _ := newTestPool(t, 1)
+	mustAlloc(t, p, Owner{Session: 1, UID: 1}, 0, Align)
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Alloc(context.Background(), Owner{Session: 1, UID: 1}, 0, Align); !errors.Is(err, ErrClosed) {
+		t.Errorf("Alloc after Close: %v", err)
+	}
+}
+
+// TestConcurrentUse hammers the pool from many sessions of a few uids (run it
+// with -race) and checks the invariants, uid isolation and that everything
+// returns to the pool.
+func TestConcurrentUse(t *testing.T) {
+	p, _ := newTestPool(t, 6)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 16 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			o := Owner{Session: uint64(g + 1), UID: uint32(g % 3)}
+			var held []*Lease
+			for range 400 {
+				if len(held) > 0 && r.IntN(2) == 0 {
+					i := r.IntN(len(held))
+					if err := p.Release(o, held[i].ID); err != nil {
+						errs <- err
+						return
+					}
+					held = append(held[:i], held[i+1:]...)
+					continue
+				}
+				n := int64(r.IntN(8*Align)) + 1
+				if r.IntN(50) == 0 {
+					n = testSlab + int64(r.IntN(testSlab)) // dedicated
+				}
+				l, err := p.Alloc(context.Background(), o, r.IntN(2), n)
+				if errors.Is(err, ErrExhausted) {
+					continue
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if l.Slab.UID() != o.UID {
+					errs <- fmt.Errorf("lease of uid %d in slab of uid %d", o.UID, l.Slab.UID())
+				}
+				held = append(held, l)
+			}
+			p.ReleaseSession(o.Session)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := p.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range p.Stats().Devices {
+		if d.Leases != 0 || d.LeasedBytes != 0 {
+			t.Errorf("device %d still holds %d leases", d.Device, d.Leases)
+		}
+	}
+}
+
+func TestHostBackend(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "slabs")
+	b, err := NewHostBackend(HostBackendOptions{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("slab directory left behind: %v", err)
+		}
+	})
+	p, err := NewPool(Config{Backend: b, SlabBytes: 16 * Align, BudgetBytes: 16 * Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	uid := uint32(os.Getuid())
+	o := Owner{Session: 1, UID: uid}
+	l := mustAlloc(t, p, o, 0, 100)
+	hm, ok := l.Slab.Memory.(HostMemory)
+	if !ok {
+		t.Fatal("host slab does not implement HostMemory")
+	}
+	copy(hm.HostBytes()[l.Offset:], "hello slab")
+	tok, err := p.Export(o, l.Slab.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A client maps the slab through the exported path and sees the bytes.
+	fi, err := os.Stat(string(tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 || fi.Size() != 16*Align {
+		t.Errorf("slab file mode %v size %d", fi.Mode().Perm(), fi.Size())
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != uid {
+		t.Errorf("slab file owner %d, want %d", st.Uid, uid)
+	}
+	got, err := os.ReadFile(string(tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(got[l.Offset:], []byte("hello slab")) {
+		t.Errorf("client view of the slab: %q", got[:16])
+	}
+	dfi, err := os.Stat(dir)
+	if err != nil || dfi.Mode().Perm() != 0o711 {
+		t.Errorf("slab directory mode: %v %v", dfi.Mode().Perm(), err)
+	}
+	if err := hm.Scrub(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(hm.HostBytes(), make([]byte, 16*Align)) {
+		t.Error("scrub left bytes in the daemon's mapping")
+	}
+	if got, _ := os.ReadFile(string(tok)); !bytes.Equal(got, make([]byte, 16*Align)) {
+		t.Error("scrub left bytes in the file")
+	}
+	if os.Getuid() == 0 {
+		// Handing the slab to another uid chowns the file.
+		if err := p.Release(o, l.ID); err != nil {
+			t.Fatal(err)
+		}
+		other := Owner{Session: 2, UID: 4242}
+		l2 := mustAlloc(t, p, other, 0, Align)
+		fi, err := os.Stat(string(tok))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != other.UID || l2.Slab != l.Slab {
+			t.Errorf("reassigned slab owner %d, want %d", st.Uid, other.UID)
+		}
+	}
+	if _, err := b.Alloc(context.Background(), 1, Align, uid); err == nil {
+		t.Error("host backend accepted device 1")
+	}
+	if _, err := b.Alloc(context.Background(), 0, 100, uid); err == nil {
+		t.Error("host backend accepted an unaligned size")
+	}
+}

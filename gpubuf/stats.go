@@ -1,0 +1,159 @@
+package gpubuf
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Stats is a snapshot of the pool's accounting, for `gdsfs status` and
+// metrics. Fields are consistent per device and per session shard, not
+// across them.
+type Stats struct {
+	Backend   string         `json:"backend"`
+	SlabBytes int64          `json:"slab_bytes"`
+	Devices   []DeviceStats  `json:"devices"`
+	Sessions  []SessionStats `json:"sessions"`
+	UIDs      []UIDStats     `json:"uids"`
+}
+
+// DeviceStats is one device's share of Stats.
+type DeviceStats struct {
+	Device         int   `json:"device"`
+	BudgetBytes    int64 `json:"budget_bytes"`
+	AllocatedBytes int64 `json:"allocated_bytes"` // slabs' memory, including allocations in flight
+	LeasedBytes    int64 `json:"leased_bytes"`
+	Slabs          int   `json:"slabs"`
+	SlabsInUse     int   `json:"slabs_in_use"` // slabs holding at least one lease
+	Leases         int   `json:"leases"`
+}
+
+// SessionStats is what one session holds.
+type SessionStats struct {
+	Session     uint64 `json:"session"`
+	UID         uint32 `json:"uid"`
+	Leases      int    `json:"leases"`
+	LeasedBytes int64  `json:"leased_bytes"`
+}
+
+// UIDStats is what all sessions of one uid hold.
+type UIDStats struct {
+	UID         uint32 `json:"uid"`
+	Sessions    int    `json:"sessions"`
+	LeasedBytes int64  `json:"leased_bytes"`
+}
+
+// Stats returns a snapshot of the pool's accounting.
+func (p *Pool) Stats() Stats {
+	st := Stats{Backend: p.backend.Name(), SlabBytes: p.slabBytes}
+	for _, dev := range p.devices {
+		dev.mu.Lock()
+		ds := DeviceStats{Device: dev.id, BudgetBytes: dev.budget, AllocatedBytes: dev.bytes, Slabs: len(dev.slabs)}
+		for _, s := range dev.slabs {
+			var free int64
+			for _, e := range s.free {
+				free += e.len
+			}
+			ds.LeasedBytes += s.Size - free
+			ds.Leases += s.leases
+			if s.leases > 0 {
+				ds.SlabsInUse++
+			}
+		}
+		dev.mu.Unlock()
+		st.Devices = append(st.Devices, ds)
+	}
+	uids := map[uint32]*UIDStats{}
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.Lock()
+		for id, sl := range sh.sessions {
+			st.Sessions = append(st.Sessions, SessionStats{Session: id, UID: sl.uid, Leases: len(sl.leases), LeasedBytes: sl.bytes})
+			u := uids[sl.uid]
+			if u == nil {
+				u = &UIDStats{UID: sl.uid}
+				uids[sl.uid] = u
+			}
+			u.Sessions++
+			u.LeasedBytes += sl.bytes
+		}
+		sh.mu.Unlock()
+	}
+	sort.Slice(st.Sessions, func(i, j int) bool { return st.Sessions[i].Session < st.Sessions[j].Session })
+	for _, u := range uids {
+		st.UIDs = append(st.UIDs, *u)
+	}
+	sort.Slice(st.UIDs, func(i, j int) bool { return st.UIDs[i].UID < st.UIDs[j].UID })
+	return st
+}
+
+// checkInvariants verifies I3 and I4 and that the sessions' leases match the
+// slabs' lease counts. Tests call it; it locks every device and shard.
+func (p *Pool) checkInvariants() error {
+	var errs []error
+	perSlab := map[*Slab][]*Lease{}
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.Lock()
+		for id, sl := range sh.sessions {
+			var bytes int64
+			for _, l := range sl.leases {
+				perSlab[l.Slab] = append(perSlab[l.Slab], l)
+				bytes += l.Length
+				if l.Owner.Session != id || l.Owner.UID != sl.uid {
+					errs = append(errs, fmt.Errorf("lease %d owner %+v in session %d uid %d", l.ID, l.Owner, id, sl.uid))
+				}
+			}
+			if bytes != sl.bytes {
+				errs = append(errs, fmt.Errorf("session %d counts %d bytes, leases hold %d", id, sl.bytes, bytes))
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, dev := range p.devices {
+		dev.mu.Lock()
+		var total int64
+		for _, s := range dev.slabs {
+			total += s.Size
+			ls := perSlab[s]
+			if len(ls) != s.leases {
+				errs = append(errs, fmt.Errorf("slab %d counts %d leases, sessions hold %d", s.ID, s.leases, len(ls)))
+			}
+			// Free extents and leases must tile the slab exactly (I3).
+			type iv struct{ off, len int64 }
+			var all []iv
+			for i, e := range s.free {
+				if e.len <= 0 || e.off%Align != 0 || e.len%Align != 0 {
+					errs = append(errs, fmt.Errorf("slab %d bad free extent %+v", s.ID, e))
+				}
+				if i > 0 && s.free[i-1].off+s.free[i-1].len >= e.off {
+					errs = append(errs, fmt.Errorf("slab %d free extents %d,%d overlap or touch", s.ID, i-1, i))
+				}
+				all = append(all, iv{e.off, e.len})
+			}
+			for _, l := range ls {
+				if l.Owner.UID != s.uid {
+					errs = append(errs, fmt.Errorf("slab %d serves uid %d but holds lease %d of uid %d", s.ID, s.uid, l.ID, l.Owner.UID))
+				}
+				all = append(all, iv{l.Offset, l.Length})
+			}
+			sort.Slice(all, func(i, j int) bool { return all[i].off < all[j].off })
+			var at int64
+			for _, x := range all {
+				if x.off != at {
+					errs = append(errs, fmt.Errorf("slab %d: gap or overlap at %d (next range at %d)", s.ID, at, x.off))
+					break
+				}
+				at += x.len
+			}
+			if at != s.Size && len(errs) == 0 {
+				errs = append(errs, fmt.Errorf("slab %d: ranges cover %d of %d bytes", s.ID, at, s.Size))
+			}
+		}
+		if total > dev.budget || total > dev.bytes {
+			errs = append(errs, fmt.Errorf("device %d: slabs hold %d bytes, accounted %d, budget %d", dev.id, total, dev.bytes, dev.budget))
+		}
+		dev.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
