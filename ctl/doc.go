@@ -1,0 +1,24 @@
+// Package ctl is gdsfs's control path: the wire protocol of the ioctls on
+// <mount>/.gdsfs and on data files (normative text: docs/protocol.md), the
+// daemon side (Server, which implements fs.Control) and the Go client
+// (OpenSession, used by the CLI, tests and benchmarks).
+//
+// # Wire
+//
+// Every command is one fixed-size little-endian buffer, _IOWR with the
+// same size each way, because FUSE forwards only "restricted" ioctls whose
+// size is encoded in the command number. wire.go encodes and decodes every
+// request and reply; decoders check every length and reserved byte and
+// return a syscall.Errno, never panic.
+//
+// # Server invariants
+//
+//   - S1: a session belongs to the uid that opened .gdsfs; a token is usable
+//     only by that uid and only with the right secret.
+//   - S2: every lease the server hands out is recorded in exactly one
+//     session; Session.Close releases all of them.
+//   - S3: a READ or READ_NAMES is all or nothing: on error, no lease of the
+//     request remains.
+//   - S4: ranges are validated once, in the server, before any engine runs;
+//     engines see 4 KiB-widened ranges inside a lease.
+package ctl
