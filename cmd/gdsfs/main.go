@@ -43,7 +43,10 @@ func newRootCmd() *cobra.Command {
 		return usageError{fmt.Errorf("%w (see gdsfs %s --help)", err, "COMMAND")}
 	})
 	root.AddCommand(
-	// subcommands, one file each
+		// subcommands, one file each
+		newMountCmd(),
+		newUnmountCmd(),
+		newBenchCmd(),
 	)
 	return root
 }

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/gdsfs/gdsfs/fs"
+)
+
+// backgroundEnv marks the re-executed daemon of `mount --background`; its
+// value is the descriptor number of the pipe back to the parent.
+const backgroundEnv = "GDSFS_BACKGROUND_FD"
+
+// mountConfig is everything `gdsfs mount` was asked to do.
+type mountConfig struct {
+	mountpoint   string
+	source       string
+	readOnly     bool
+	allowOther   bool
+	debug        bool
+	background   bool
+	attrTimeout  time.Duration
+	entryTimeout time.Duration
+	logLevel     string
+	logFile      string
+}
+
+// controlFactory builds the control path for a mount from the command's
+// flags; the io.Closer (may be nil) is closed after unmount.
+//
+// Seam for the control-path issue: cmd/gdsfs/control.go provides
+// `func newControl(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error)`
+// (and registers its flags on the mount command); newMountCmd passes it
+// instead of nil. With nil the mount has no control path.
+type controlFactory func(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error)
+
+func newMountCmd() *cobra.Command {
+	return newMountCmdWith(nil, runMount)
+}
+
+// newMountCmdWith builds the command with its action as a parameter, so
+// tests can check flag parsing and validation without mounting.
+func newMountCmdWith(newCtl controlFactory, action func(cmd *cobra.Command, c *mountConfig, newCtl controlFactory) error) *cobra.Command {
+	c := &mountConfig{}
+	cmd := &cobra.Command{
+		Use:   "mount [flags] MOUNTPOINT",
+		Short: "Serve a directory through gdsfs at MOUNTPOINT",
+		Long: `Mount a gdsfs filesystem at MOUNTPOINT.
+
+Without --source, gdsfs overmounts: it serves MOUNTPOINT's own contents
+through a descriptor opened before mounting, so the directory keeps its
+path and every file in it, and unmounting shows every write made through
+the mount. With --source DIR it serves DIR at MOUNTPOINT.
+
+Reads and writes use kernel FUSE passthrough (Linux >= 6.9, as root)
+wherever the kernel offers it; the log says which path is used and why.
+The mount runs in the foreground until SIGINT/SIGTERM or 'gdsfs unmount'.`,
+		Example: `  gdsfs mount /data                          # make /data itself GDS-aware
+  gdsfs mount --source /datasets /mnt/gds    # serve /datasets at /mnt/gds
+  gdsfs mount --background --log-file /var/log/gdsfs.log /data
+  gdsfs mount --read-only --allow-other /data`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c.mountpoint = args[0]
+			return action(cmd, c, newCtl)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&c.source, "source", "", "backing directory to serve (default: overmount MOUNTPOINT's own contents)")
+	f.BoolVar(&c.readOnly, "read-only", false, "mount read-only")
+	f.BoolVar(&c.allowOther, "allow-other", false, "let other users use the mount (the kernel still enforces the backing files' permissions)")
+	f.BoolVar(&c.debug, "debug", false, "log every FUSE operation (very verbose)")
+	f.BoolVar(&c.background, "background", false, "detach once the mount is ready; exit 0 only then")
+	f.DurationVar(&c.attrTimeout, "attr-timeout", fs.DefaultAttrTimeout, "how long the kernel caches file attributes (0 disables)")
+	f.DurationVar(&c.entryTimeout, "entry-timeout", fs.DefaultEntryTimeout, "how long the kernel caches names (0 disables)")
+	f.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&c.logFile, "log-file", "", "append logs to this file (default: stderr; discarded with --background)")
+	return cmd
+}
+
+// runMount validates, then mounts in this process or in a background
+// daemon.
+func runMount(cmd *cobra.Command, c *mountConfig, newCtl controlFactory) error {
+	child := os.Getenv(backgroundEnv)
+	var report *os.File
+	if child != "" {
+		fd, err := strconv.Atoi(child)
+		if err != nil {
+			return fmt.Errorf("%s=%q: not a descriptor", backgroundEnv, child)
+		}
+		report = os.NewFile(uintptr(fd), "background-report")
+		os.Unsetenv(backgroundEnv)
+	}
+	err := mountForeground(cmd, c, newCtl, report)
+	if report != nil && err != nil {
+		reportFailure(report, err)
+	}
+	return err
+}
+
+// prepareMount checks every argument and cleans up a stale mount of the
+// same path. It returns the absolute mountpoint and source.
+func prepareMount(c *mountConfig, log zerolog.Logger) error {
+	if _, err := zerolog.ParseLevel(c.logLevel); err != nil || c.logLevel == "" {
+		return usagef("--log-level %q: use debug, info, warn or error", c.logLevel)
+	}
+	mp, err := filepath.Abs(c.mountpoint)
+	if err != nil {
+		return usagef("mountpoint %q: %v", c.mountpoint, err)
+	}
+	c.mountpoint = mp
+	if err := cleanStale(mp, log); err != nil {
+		return err
+	}
+	if err := checkDir("mountpoint", mp); err != nil {
+		return err
+	}
+	if c.source != "" {
+		src, err := filepath.Abs(c.source)
+		if err != nil {
+			return usagef("--source %q: %v", c.source, err)
+		}
+		c.source = src
+		if err := checkDir("--source", src); err != nil {
+			return err
+		}
+		if src == mp {
+			return usagef("--source %q is the mountpoint; leave --source out to overmount it", src)
+		}
+	}
+	m, mounted, err := mountAt(mp)
+	if err != nil {
+		return err
+	}
+	switch {
+	case mounted && m.FSType == gdsfsFSType:
+		return usagef("%s is already mounted by gdsfs; unmount it first: gdsfs unmount %s", mp, mp)
+	case mounted && strings.HasPrefix(m.FSType, "fuse"):
+		return usagef("%s is a %s mount; gdsfs cannot stack on another FUSE filesystem, unmount it first", mp, m.FSType)
+	case mounted && c.source != "":
+		return usagef("%s is already a mount point (%s from %s) and --source would hide it; unmount it, or leave --source out to overmount its contents", mp, m.FSType, m.Source)
+	}
+	return checkFuseAccess(c.allowOther)
+}
+
+func checkDir(what, p string) error {
+	st, err := os.Stat(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return usagef("%s %s does not exist; create it with mkdir -p %s", what, p, p)
+	case err != nil:
+		return usagef("%s %s: %v", what, p, err)
+	case !st.IsDir():
+		return usagef("%s %s is not a directory; name a directory", what, p)
+	}
+	return nil
+}
+
+// cleanStale detaches a mount whose daemon died (ENOTCONN on access).
+func cleanStale(mp string, log zerolog.Logger) error {
+	_, err := os.Stat(mp)
+	if !errors.Is(err, syscall.ENOTCONN) {
+		return nil
+	}
+	m, mounted, merr := mountAt(mp)
+	if merr != nil {
+		return merr
+	}
+	if !mounted || !strings.HasPrefix(m.FSType, "fuse") {
+		return usagef("mountpoint %s: %v; it is not a FUSE mount gdsfs can clean up", mp, err)
+	}
+	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+		if out, ferr := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); ferr != nil {
+			return fmt.Errorf("clean up stale mount %s: %v; fusermount3: %s", mp, err, strings.TrimSpace(string(out)))
+		}
+	}
+	log.Warn().Str("mountpoint", mp).Str("fstype", m.FSType).Msg("cleaned up a stale mount left by a daemon that died")
+	return nil
+}
+
+// checkFuseAccess reports, before trying, why mounting cannot work here.
+func checkFuseAccess(allowOther bool) error {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return usagef("/dev/fuse is missing: install fuse3 (apt-get install fuse3) and load the module (modprobe fuse)")
+	}
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	if _, err := exec.LookPath("fusermount3"); err != nil {
+		return usagef("mounting as a non-root user needs fusermount3: install fuse3, or run gdsfs as root")
+	}
+	if allowOther {
+		b, _ := os.ReadFile("/etc/fuse.conf")
+		if !hasConfLine(string(b), "user_allow_other") {
+			return usagef("--allow-other as a non-root user needs 'user_allow_other' in /etc/fuse.conf, or run gdsfs as root")
+		}
+	}
+	return nil
+}
+
+func hasConfLine(conf, word string) bool {
+	for _, l := range strings.Split(conf, "\n") {
+		if strings.TrimSpace(l) == word {
+			return true
+		}
+	}
+	return false
+}
+
+// mountForeground mounts in this process and serves until unmounted. With
+// report (the --background daemon), it tells the parent once the mount is
+// ready.
+func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, report *os.File) error {
+	logOut := io.Writer(os.Stderr)
+	if c.logFile != "" {
+		f, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return usagef("--log-file %s: %v", c.logFile, err)
+		}
+		defer f.Close()
+		logOut = f
+	} else if report != nil {
+		logOut = io.Discard
+	}
+	log, err := newLogger(logOut, c.logLevel)
+	if err != nil {
+		return err
+	}
+	if err := prepareMount(c, log); err != nil {
+		return err
+	}
+	if c.background && report == nil {
+		return startBackground(c)
+	}
+
+	var ctl fs.Control
+	var ctlCloser io.Closer
+	if newCtl != nil {
+		ctl, ctlCloser, err = newCtl(cmd, log)
+		if err != nil {
+			return err
+		}
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	srv, err := fs.Mount(ctx, fs.Options{
+		Source:       c.source,
+		Mountpoint:   c.mountpoint,
+		ReadOnly:     c.readOnly,
+		AllowOther:   c.allowOther,
+		Debug:        c.debug,
+		AttrTimeout:  flagTimeout(c.attrTimeout),
+		EntryTimeout: flagTimeout(c.entryTimeout),
+		Control:      ctl,
+		Logger:       log,
+	})
+	if err != nil {
+		if ctlCloser != nil {
+			ctlCloser.Close()
+		}
+		return fmt.Errorf("mount %s: %w", c.mountpoint, err)
+	}
+	if report != nil {
+		fmt.Fprintln(report, "ok")
+		report.Close()
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			log.Info().Msg("signal received, unmounting")
+			unmountOnSignal(srv, log)
+		case <-done:
+		}
+	}()
+	srv.Wait()
+	close(done)
+	log.Info().Str("mountpoint", c.mountpoint).Msg("unmounted")
+	if ctlCloser != nil {
+		if err := ctlCloser.Close(); err != nil {
+			return fmt.Errorf("close control path: %w", err)
+		}
+	}
+	return nil
+}
+
+// unmountOnSignal unmounts; if files are still open it detaches lazily,
+// so a signal always ends the daemon.
+func unmountOnSignal(srv *fs.Server, log zerolog.Logger) {
+	err := srv.Unmount()
+	if err == nil {
+		return
+	}
+	log.Warn().Err(err).Msg("unmount failed, detaching lazily")
+	if err := srv.UnmountLazy(); err != nil {
+		log.Error().Err(err).Msg("lazy unmount failed")
+	}
+}
+
+// flagTimeout maps the flag's "0 disables" to fs.Options' "negative
+// disables".
+func flagTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
+}
+
+// startBackground re-executes gdsfs as a daemon in a new session and waits
+// for it to report the mount ready (or why it failed).
+func startBackground(c *mountConfig) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find gdsfs executable: %w", err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("background pipe: %w", err)
+	}
+	defer r.Close()
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		w.Close()
+		return fmt.Errorf("open %s: %w", os.DevNull, err)
+	}
+	defer null.Close()
+	child := exec.Command(exe, os.Args[1:]...)
+	child.Env = append(os.Environ(), backgroundEnv+"=3")
+	child.ExtraFiles = []*os.File{w}
+	child.Stdin, child.Stdout, child.Stderr = null, null, null
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := child.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("start background daemon: %w", err)
+	}
+	w.Close()
+	// Reap the child if it exits while we wait, and let it run on after.
+	go child.Wait()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	line = strings.TrimSpace(line)
+	switch {
+	case line == "ok":
+		return nil
+	case strings.HasPrefix(line, "usage "):
+		return usagef("%s", strings.TrimPrefix(line, "usage "))
+	case strings.HasPrefix(line, "error "):
+		return errors.New(strings.TrimPrefix(line, "error "))
+	}
+	return fmt.Errorf("the background daemon exited before the mount was ready; run without --background (or with --log-file) to see why")
+}
+
+func reportFailure(w io.Writer, err error) {
+	kind := "error"
+	var ue usageError
+	if errors.As(err, &ue) {
+		kind = "usage"
+	}
+	msg := strings.ReplaceAll(err.Error(), "\n", "; ")
+	fmt.Fprintf(w, "%s %s\n", kind, msg)
+}
+
+// newLogger builds the root logger: console format on a terminal, JSON
+// otherwise.
+func newLogger(w io.Writer, level string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		return zerolog.Nop(), usagef("--log-level %q: use debug, info, warn or error", level)
+	}
+	if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+		w = zerolog.ConsoleWriter{Out: f, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}

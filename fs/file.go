@@ -1,0 +1,115 @@
+package fs
+
+import (
+	"context"
+	"os"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+)
+
+// fileHandle is one open of a data file: go-fuse's loopback file (which
+// does the I/O when the daemon serves it) plus what gdsfs adds.
+type fileHandle struct {
+	*gofs.LoopbackFile
+	m        *mountState
+	path     string // backing path
+	writable bool   // opened for writing or with O_TRUNC
+
+	// os is a duplicate of the loopback file's descriptor as an *os.File,
+	// made on the first control-path ioctl (most opens never need one).
+	// It shares the open file description, so it has the client's open
+	// flags and offset.
+	os struct {
+		sync.Mutex
+		f *os.File
+	}
+}
+
+var (
+	_ = (gofs.FilePassthroughFder)((*fileHandle)(nil))
+	_ = (gofs.FileIoctler)((*fileHandle)(nil))
+	_ = (gofs.FileReleaser)((*fileHandle)(nil))
+	_ = (gofs.FileWriter)((*fileHandle)(nil))
+	_ = (gofs.FileAllocater)((*fileHandle)(nil))
+)
+
+// PassthroughFd offers the descriptor to go-fuse only if the kernel accepts
+// it (see passthrough.vet), so a refusal never turns passthrough off for
+// the whole mount.
+func (h *fileHandle) PassthroughFd() (int, bool) {
+	fd, ok := h.LoopbackFile.PassthroughFd()
+	if !ok {
+		return 0, false
+	}
+	return fd, h.m.pt.vet(fd, h.path)
+}
+
+// Ioctl serves control-path ioctls; without a Control every ioctl fails
+// with ENOTTY.
+func (h *fileHandle) Ioctl(ctx context.Context, cmd uint32, arg uint64, in, out []byte) (int32, syscall.Errno) {
+	if h.m.ctl == nil {
+		return 0, syscall.ENOTTY
+	}
+	f, errno := h.osFile()
+	if errno != 0 {
+		return 0, errno
+	}
+	return h.m.ctl.FileIoctl(ctx, callerOf(ctx), f, h.path, cmd, in, out)
+}
+
+func (h *fileHandle) osFile() (*os.File, syscall.Errno) {
+	h.os.Lock()
+	defer h.os.Unlock()
+	if h.os.f != nil {
+		return h.os.f, 0
+	}
+	fd, ok := h.LoopbackFile.PassthroughFd()
+	if !ok {
+		return nil, syscall.EBADF
+	}
+	// The loopback file owns fd and closes it on Release; a duplicate
+	// gives Control an *os.File with its own lifetime.
+	dup, err := dupCloexec(fd)
+	if err != nil {
+		return nil, gofs.ToErrno(err)
+	}
+	h.os.f = os.NewFile(uintptr(dup), h.path)
+	return h.os.f, 0
+}
+
+// Write serves a daemon-side write (no passthrough) and reports it.
+func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n, errno := h.LoopbackFile.Write(ctx, data, off)
+	h.m.changed(h.path)
+	return n, errno
+}
+
+// Allocate serves fallocate and reports it.
+func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	errno := h.LoopbackFile.Allocate(ctx, off, size, mode)
+	h.m.changed(h.path)
+	return errno
+}
+
+// Release closes the backing file (and the control path's duplicate), and
+// reports the end of a write open.
+func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
+	h.os.Lock()
+	if h.os.f != nil {
+		h.os.f.Close()
+		h.os.f = nil
+	}
+	h.os.Unlock()
+	errno := h.LoopbackFile.Release(ctx)
+	if h.writable {
+		h.m.changed(h.path)
+	}
+	return errno
+}
+
+func dupCloexec(fd int) (int, error) {
+	return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+}

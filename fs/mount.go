@@ -1,0 +1,275 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/rs/zerolog"
+)
+
+// Default kernel cache timeouts. Datasets and checkpoints are read far more
+// often than they change, and every change made through the mount updates
+// the kernel's caches itself; the timeouts only bound how long a change
+// made behind the mount's back (directly in the backing directory) can stay
+// invisible.
+const (
+	DefaultAttrTimeout  = time.Second
+	DefaultEntryTimeout = time.Second
+)
+
+// maxStackDepth lets the backing directory live on a stacked filesystem
+// (overlayfs, as in containers): the kernel refuses a passthrough backing
+// file whose filesystem is stacked as deep as this value or deeper. 2 is
+// the kernel's maximum; it means the gdsfs mount itself cannot be used as
+// another stacking filesystem's lower layer.
+const maxStackDepth = 2
+
+// Options configures Mount. The zero value of every field but Mountpoint is
+// usable.
+type Options struct {
+	// Source is the backing directory. Empty means overmount: Mount opens
+	// Mountpoint before mounting over it and serves the hidden directory
+	// through that descriptor.
+	Source string
+	// Mountpoint is the directory to mount on.
+	Mountpoint string
+	// ReadOnly mounts read-only (the kernel fails writes with EROFS).
+	ReadOnly bool
+	// AllowOther lets users other than the mounting one use the mount. The
+	// kernel still checks every access against the backing files' modes
+	// (default_permissions).
+	AllowOther bool
+	// Debug logs every FUSE operation (very verbose).
+	Debug bool
+	// AttrTimeout and EntryTimeout are the kernel's attribute and name
+	// cache timeouts. Zero means the defaults above; negative disables
+	// caching.
+	AttrTimeout, EntryTimeout time.Duration
+	// Control serves the control path. Nil disables it: no .gdsfs file, no
+	// virtual xattrs, ioctls fail with ENOTTY.
+	Control Control
+	// Logger receives the mount's logs. The zero value discards them.
+	Logger zerolog.Logger
+}
+
+// Validate reports every problem with o at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Mountpoint == "" {
+		errs = append(errs, errors.New("fs: Mountpoint is empty; name the directory to mount on"))
+	}
+	if o.Source != "" && o.Mountpoint != "" && filepath.Clean(o.Source) == filepath.Clean(o.Mountpoint) {
+		errs = append(errs, fmt.Errorf("fs: Source %q equals Mountpoint; leave Source empty to overmount", o.Source))
+	}
+	return errors.Join(errs...)
+}
+
+func timeout(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
+}
+
+// Server is a running gdsfs mount.
+type Server struct {
+	srv        *fuse.Server
+	mountpoint string
+	m          *mountState
+
+	closeOnce sync.Once
+	// sourceDir is the overmounted directory's descriptor (nil with
+	// Source); it must stay open as long as the mount serves.
+	sourceDir *os.File
+}
+
+// mountState is what every node of one mount shares. It is read-only after
+// Mount returns, except for the passthrough state, which locks itself.
+type mountState struct {
+	ctl      Control
+	log      zerolog.Logger
+	root     string // backing root path, valid in this process
+	pt       *passthrough
+	readOnly bool
+}
+
+// Mount mounts o.Source (or, with no Source, the directory under
+// o.Mountpoint) on o.Mountpoint and serves it until Unmount or until the
+// kernel unmounts it (Wait returns then).
+func Mount(ctx context.Context, o Options) (*Server, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{mountpoint: o.Mountpoint}
+	root := o.Source
+	if root == "" {
+		// Open before mounting: afterwards the path names the mount.
+		d, err := os.Open(o.Mountpoint)
+		if err != nil {
+			return nil, fmt.Errorf("open mountpoint %q to overmount it: %w", o.Mountpoint, err)
+		}
+		if st, err := d.Stat(); err != nil || !st.IsDir() {
+			d.Close()
+			return nil, fmt.Errorf("overmount %q: not a directory", o.Mountpoint)
+		}
+		s.sourceDir = d
+		root = fmt.Sprintf("/proc/self/fd/%d", d.Fd())
+	} else if abs, err := filepath.Abs(root); err == nil {
+		root = abs
+	}
+	fail := func(err error) (*Server, error) {
+		s.closeSource()
+		return nil, err
+	}
+
+	lb, err := gofs.NewLoopbackRoot(root)
+	if err != nil {
+		return fail(fmt.Errorf("open backing directory %q: %w", root, err))
+	}
+	m := &mountState{
+		ctl:      o.Control,
+		log:      o.Logger,
+		root:     root,
+		readOnly: o.ReadOnly,
+	}
+	m.pt = newPassthrough(m.log)
+	s.m = m
+	rootNode := &node{LoopbackNode: lb.(*gofs.LoopbackNode), m: m}
+	rootNode.RootData.RootNode = rootNode
+
+	attr := timeout(o.AttrTimeout, DefaultAttrTimeout)
+	entry := timeout(o.EntryTimeout, DefaultEntryTimeout)
+	goLog := log.New(o.Logger.With().Str("component", "go-fuse").Logger(), "", 0)
+	fsName := o.Source
+	if fsName == "" {
+		fsName = o.Mountpoint
+	}
+	mo := fuse.MountOptions{
+		AllowOther: o.AllowOther,
+		// The kernel checks permissions against the modes the backing
+		// files report, so the daemon (root) never widens access.
+		Options:       []string{"default_permissions"},
+		FsName:        fsName,
+		Name:          "gdsfs",
+		Debug:         o.Debug,
+		Logger:        goLog,
+		EnableLocks:   true,
+		DirectMount:   true,
+		MaxStackDepth: maxStackDepth,
+		// Large reads and writes in one request when the daemon serves
+		// them (no passthrough).
+		MaxWrite: 1 << 20,
+	}
+	if o.ReadOnly {
+		mo.Options = append(mo.Options, "ro")
+	}
+	gopts := &gofs.Options{
+		MountOptions: mo,
+		AttrTimeout:  &attr,
+		EntryTimeout: &entry,
+		Logger:       goLog,
+		OnAdd: func(ctx context.Context) {
+			if m.ctl != nil {
+				rootNode.addControl(ctx)
+			}
+		},
+	}
+	srv, err := gofs.Mount(o.Mountpoint, rootNode, gopts)
+	if err != nil {
+		return fail(fmt.Errorf("mount %q: %w", o.Mountpoint, err))
+	}
+	s.srv = srv
+	m.pt.start(srv)
+	on, why := m.pt.state()
+	ev := m.log.Info()
+	if !on {
+		ev = m.log.Warn()
+	}
+	ev.Str("mountpoint", o.Mountpoint).Str("backing", root).Bool("passthrough", on).Str("why", why).
+		Bool("control", m.ctl != nil).Msg("mounted")
+	return s, nil
+}
+
+// Wait blocks until the mount is unmounted (by Unmount, by `gdsfs unmount`,
+// or by the kernel), then releases the backing directory.
+func (s *Server) Wait() {
+	s.srv.Wait()
+	s.closeSource()
+}
+
+// Unmount unmounts the filesystem. It fails with EBUSY while files on the
+// mount are in use; see UnmountLazy.
+func (s *Server) Unmount() error {
+	if err := s.srv.Unmount(); err != nil {
+		return fmt.Errorf("unmount %q: %w", s.mountpoint, err)
+	}
+	return nil
+}
+
+// UnmountLazy detaches the mount even when files on it are in use; it goes
+// away when they are closed.
+func (s *Server) UnmountLazy() error {
+	if err := syscall.Unmount(s.mountpoint, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("lazy unmount %q: %w", s.mountpoint, err)
+	}
+	return nil
+}
+
+// Mountpoint returns the directory the filesystem is mounted on.
+func (s *Server) Mountpoint() string { return s.mountpoint }
+
+// Backing returns the backing root as a path valid in this process.
+func (s *Server) Backing() string { return s.m.root }
+
+// Passthrough reports whether reads and writes go through kernel FUSE
+// passthrough, and why (or why not). It can change from true to false
+// while the mount runs, when the kernel refuses a backing file.
+func (s *Server) Passthrough() (bool, string) { return s.m.pt.state() }
+
+// PassthroughStats counts opens of data files by how their I/O is served.
+type PassthroughStats struct {
+	// Passthrough opens: the kernel does the I/O on the backing file.
+	Passthrough uint64
+	// Daemon opens: the daemon serves reads and writes.
+	Daemon uint64
+	// Refused counts kernel refusals of a backing file.
+	Refused uint64
+}
+
+// Stats returns the passthrough counters.
+func (s *Server) Stats() PassthroughStats { return s.m.pt.stats() }
+
+func (s *Server) closeSource() {
+	s.closeOnce.Do(func() {
+		if s.sourceDir != nil {
+			s.sourceDir.Close()
+		}
+	})
+}
+
+// backingPath joins the backing root and a mount-relative path.
+func (m *mountState) backingPath(rel string) string {
+	if rel == "" {
+		return m.root
+	}
+	return m.root + "/" + strings.TrimPrefix(rel, "/")
+}
+
+func (m *mountState) changed(p string) {
+	if m.ctl != nil {
+		m.ctl.Changed(p)
+	}
+}
