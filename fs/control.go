@@ -53,4 +53,3 @@ type Session interface {
 // controlName is the control file's name at the mount root. It is virtual:
 // not in the backing directory and not listed by readdir.
 const controlName = ".gdsfs"
-
