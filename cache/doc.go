@@ -1,0 +1,39 @@
+// Package cache parses shard metadata (WebDataset tar, MosaicML MDS,
+// safetensors, torch.save zip archives and .npy headers) into indexes that
+// say where every sample, tensor or record lives in the backing file, and
+// keeps parsed indexes and open backing handles in ristretto caches keyed by
+// file identity.
+//
+// # Parsers
+//
+// Each parser takes an io.ReaderAt and the file size and never trusts a
+// length read from the file: every allocation is bounded by the file size
+// and by a fixed cap, and every offset is checked against the size before it
+// is used. Malformed input yields an error that wraps ErrInvalid and reads
+// "cache: not a valid <format>: <why>"; a file that is none of the known
+// formats yields ErrNoIndex. Parsers never panic on input (fuzzed).
+//
+// # Index JSON
+//
+// Index.JSON is one envelope {"format": ..., "version": 1, ...} with absolute
+// byte offsets and lengths in the backing file; docs/index-format.md is the
+// schema. Index.Resolve maps a name (tar member, "sample/<i>/<field>",
+// safetensors tensor, zip record, MDS "sample/<i>/<column>") to a byte range
+// for read-by-name.
+//
+// # Caches and invariants
+//
+//   - I1: an index is only ever served for the file identity (device, inode,
+//     size, mtime ns, ctime ns) it was parsed from. A change made behind the
+//     daemon's back changes the identity, so the old entry is simply never
+//     looked up again. Changes made through the mount call Invalidate, which
+//     also covers writes that leave size and timestamps unchanged (coarse
+//     timestamp granularity).
+//   - I2: concurrent misses for one identity parse once (singleflight).
+//   - I3: a hit performs one fstat (or stat) and no read of the file.
+//   - I4: a cached backing handle is closed, and OnEvict runs, only after it
+//     has left the cache and its last user has released it.
+//
+// Lock order: Indexes.paths.mu and Handles.mu are leaves; no lock is held
+// while parsing or doing I/O.
+package cache

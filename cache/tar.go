@@ -1,0 +1,311 @@
+package cache
+
+import (
+	"archive/tar"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+// Tar is the index of an uncompressed tar archive as WebDataset reads it:
+// regular members grouped into samples by key (the path up to the first dot
+// of the base name), in archive order.
+type Tar struct {
+	// Members is the number of member headers read (every type).
+	Members int `json:"members"`
+	// Samples are runs of consecutive members sharing a key.
+	Samples []TarSample `json:"samples"`
+	// Other are regular members that belong to no sample: no extension,
+	// or a WebDataset-reserved "__name__" path.
+	Other []TarMember `json:"other,omitempty"`
+	// Skipped are members whose data cannot be served as one byte range
+	// (sparse files, symlinks, devices, dangling hard links, names that are
+	// not UTF-8), each with the reason. Directories are not listed.
+	Skipped []TarSkipped `json:"skipped,omitempty"`
+}
+
+// TarSample is one WebDataset sample: the fields sharing a key.
+type TarSample struct {
+	Key    string
+	Fields []TarField
+}
+
+// TarField is one member of a sample. Field is the member name after the
+// key and its dot ("seg.png" for "a/000123.seg.png").
+type TarField struct {
+	Field string
+	TarMember
+}
+
+// TarMember is a member's data range. For a hard link, Range is the data of
+// the member it links to and Link names that member.
+type TarMember struct {
+	Name string `json:"name"`
+	Range
+	Link string `json:"link,omitempty"`
+}
+
+// TarSkipped is a member that Resolve refuses, with the reason.
+type TarSkipped struct {
+	Name   string `json:"name"`
+	Type   string `json:"type"`
+	Reason string `json:"reason"`
+}
+
+// MarshalJSON writes {"key": ..., "fields": {"<field>": member, ...}} with
+// the fields in archive order (a JSON object keeps its order in Python).
+func (s TarSample) MarshalJSON() ([]byte, error) {
+	key, err := json.Marshal(s.Key)
+	if err != nil {
+		return nil, err
+	}
+	out := append([]byte(`{"key":`), key...)
+	out = append(out, `,"fields":{`...)
+	for i, f := range s.Fields {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		fk, err := json.Marshal(f.Field)
+		if err != nil {
+			return nil, err
+		}
+		fv, err := json.Marshal(f.TarMember)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fk...)
+		out = append(out, ':')
+		out = append(out, fv...)
+	}
+	return append(out, "}}"...), nil
+}
+
+// span is the range from the first field's data to the last field's end,
+// over fields stored in this sample (not hard links to elsewhere).
+func (s *TarSample) span() Range {
+	var lo, hi int64 = -1, 0
+	for _, f := range s.Fields {
+		if f.Link != "" {
+			continue
+		}
+		if lo < 0 || f.Offset < lo {
+			lo = f.Offset
+		}
+		hi = max(hi, f.Offset+f.Length)
+	}
+	if lo < 0 {
+		if len(s.Fields) == 0 {
+			return Range{}
+		}
+		return s.Fields[0].Range
+	}
+	return Range{Offset: lo, Length: hi - lo}
+}
+
+// tarBufBytes is the read-ahead of the header reader: one refill at the end
+// of a member's data usually covers the next header and small members.
+const tarBufBytes = 32 << 10
+
+// ParseTar indexes an uncompressed tar archive (ustar, GNU and PAX headers).
+func ParseTar(r io.ReaderAt, size int64) (*Tar, error) {
+	br := &bufReaderAt{r: r, size: size, buf: make([]byte, 0, tarBufBytes)}
+	tr := tar.NewReader(br)
+	t := &Tar{}
+	// latest data range of each regular member name, for hard links.
+	byName := make(map[string]Range)
+	for {
+		hdrOff := br.pos
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if br.err != nil {
+				return nil, fmt.Errorf("cache: read tar at offset %d: %w", hdrOff, br.err)
+			}
+			return nil, invalidf("tar", "header at offset %d: %v", hdrOff, tarWhy(err))
+		}
+		t.Members++
+		data := br.pos
+		if !utf8.ValidString(h.Name) {
+			t.Skipped = append(t.Skipped, TarSkipped{Name: strings.ToValidUTF8(h.Name, "\uFFFD"), Type: tarType(h), Reason: "name is not valid UTF-8"})
+			continue
+		}
+		switch {
+		case isSparse(h):
+			t.Skipped = append(t.Skipped, TarSkipped{Name: h.Name, Type: "sparse", Reason: "sparse member: its bytes in the archive are not the file's contents"})
+			continue
+		case h.Typeflag == tar.TypeReg || h.Typeflag == tar.TypeCont:
+			if h.Size < 0 || data > size || h.Size > size-data {
+				return nil, invalidf("tar", "member %q at offset %d: %d bytes of data run past the end of the %d-byte file", h.Name, hdrOff, h.Size, size)
+			}
+			rg := Range{Offset: data, Length: h.Size}
+			byName[h.Name] = rg
+			t.add(TarMember{Name: h.Name, Range: rg})
+		case h.Typeflag == tar.TypeLink:
+			rg, ok := byName[h.Linkname]
+			if !ok {
+				t.Skipped = append(t.Skipped, TarSkipped{Name: h.Name, Type: "hardlink", Reason: fmt.Sprintf("hard link to %q, which is not an earlier regular member", h.Linkname)})
+				continue
+			}
+			byName[h.Name] = rg
+			t.add(TarMember{Name: h.Name, Range: rg, Link: h.Linkname})
+		case h.Typeflag == tar.TypeDir:
+		default:
+			t.Skipped = append(t.Skipped, TarSkipped{Name: h.Name, Type: tarType(h), Reason: "not a regular file"})
+		}
+	}
+	if t.Samples == nil {
+		t.Samples = []TarSample{}
+	}
+	return t, nil
+}
+
+// add files a regular member (or hard link) under its sample, starting a
+// new sample when the key changes, as WebDataset's group_by_keys does.
+func (t *Tar) add(m TarMember) {
+	key, field, ok := sampleKey(m.Name)
+	if !ok {
+		t.Other = append(t.Other, m)
+		return
+	}
+	if n := len(t.Samples); n == 0 || t.Samples[n-1].Key != key {
+		t.Samples = append(t.Samples, TarSample{Key: key})
+	}
+	s := &t.Samples[len(t.Samples)-1]
+	for i := range s.Fields {
+		if s.Fields[i].Field == field {
+			// A repeated member replaces the earlier one, as extraction would.
+			s.Fields[i].TarMember = m
+			return
+		}
+	}
+	s.Fields = append(s.Fields, TarField{Field: field, TarMember: m})
+}
+
+// keyRE is WebDataset's base_plus_ext pattern; reservedRE its skip pattern.
+var (
+	keyRE      = regexp.MustCompile(`^((?:.*/|)[^.]+)[.]([^/]*)$`)
+	reservedRE = regexp.MustCompile(`__[^/]*__($|/)`)
+)
+
+// sampleKey splits a member name into WebDataset key and field.
+func sampleKey(name string) (key, field string, ok bool) {
+	if strings.Contains(name, "__") && reservedRE.MatchString(name) {
+		return "", "", false
+	}
+	slash := strings.LastIndexByte(name, '/')
+	base := name[slash+1:]
+	// Fast path, equal to the pattern's leftmost match when the base name
+	// starts with a non-dot and holds a dot.
+	if base != "" && base[0] != '.' {
+		if dot := strings.IndexByte(base, '.'); dot > 0 {
+			return name[:slash+1+dot], base[dot+1:], true
+		}
+		return "", "", false
+	}
+	m := keyRE.FindStringSubmatch(name)
+	if m == nil {
+		return "", "", false
+	}
+	return m[1], m[2], true
+}
+
+func isSparse(h *tar.Header) bool {
+	if h.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}
+
+func tarType(h *tar.Header) string {
+	switch h.Typeflag {
+	case tar.TypeSymlink:
+		return "symlink"
+	case tar.TypeChar:
+		return "char"
+	case tar.TypeBlock:
+		return "block"
+	case tar.TypeFifo:
+		return "fifo"
+	case tar.TypeLink:
+		return "hardlink"
+	case tar.TypeReg:
+		return "file"
+	}
+	return fmt.Sprintf("type %q", h.Typeflag)
+}
+
+// tarWhy turns archive/tar's errors into words.
+func tarWhy(err error) string {
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "truncated (file ends inside a header or member)"
+	case errors.Is(err, tar.ErrHeader):
+		return "bad header (checksum, number field or magic)"
+	}
+	return strings.TrimPrefix(err.Error(), "archive/tar: ")
+}
+
+// bufReaderAt is an io.ReadSeeker over an io.ReaderAt with a read-ahead
+// buffer. archive/tar seeks over member data (Seeker) and reads headers in
+// 512-byte blocks; pos is then the offset of the next unread byte, which is
+// how the parser learns each member's data offset.
+type bufReaderAt struct {
+	r    io.ReaderAt
+	size int64
+	pos  int64
+	buf  []byte // file bytes [bufOff, bufOff+len(buf))
+	boff int64
+	err  error // first read error other than EOF
+}
+
+func (b *bufReaderAt) Read(p []byte) (int, error) {
+	if b.pos >= b.size {
+		return 0, io.EOF
+	}
+	if b.pos < b.boff || b.pos >= b.boff+int64(len(b.buf)) {
+		n := min(int64(cap(b.buf)), b.size-b.pos)
+		b.buf = b.buf[:n]
+		m, err := b.r.ReadAt(b.buf, b.pos)
+		b.buf = b.buf[:m]
+		b.boff = b.pos
+		if m == 0 {
+			if err == nil || err == io.EOF {
+				// The file is shorter than its stat said.
+				return 0, io.ErrUnexpectedEOF
+			}
+			b.err = err
+			return 0, err
+		}
+	}
+	n := copy(p, b.buf[b.pos-b.boff:])
+	b.pos += int64(n)
+	return n, nil
+}
+
+func (b *bufReaderAt) Seek(off int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekStart:
+	case io.SeekCurrent:
+		off += b.pos
+	case io.SeekEnd:
+		off += b.size
+	default:
+		return 0, errors.New("cache: bad whence")
+	}
+	if off < 0 {
+		return 0, errors.New("cache: negative seek")
+	}
+	b.pos = off
+	return off, nil
+}
