@@ -1,0 +1,44 @@
+// Package cufile moves file bytes into GPU (or shared host) memory as fast as
+// the host allows, and binds the libraries that takes: the CUDA driver API
+// (libcuda.so.1) and GPUDirect Storage (libcufile.so.0), both loaded at run
+// time with purego so that a CGO_ENABLED=0 binary runs on any glibc Linux
+// host, with or without a GPU.
+//
+// # Engines
+//
+//   - gds: cuFileRead/cuFileWrite in parallel chunks from OS-thread-locked
+//     workers with the device's primary context current. Each backing file is
+//     registered once (cuFileHandleRegister on the engine's own descriptor,
+//     cached by device and inode); each slab once (cuFileBufRegister).
+//   - posix: parallel chunked pread (buffered, or O_DIRECT when cachestat(2)
+//     says the range is mostly not cached) into pinned host staging
+//     (cuMemHostAlloc), cuMemcpyHtoDAsync on one stream per staging buffer;
+//     a worker reads chunk k+1 while chunk k is being copied. Writes go the
+//     other way (D2H, then pwrite).
+//   - host: no GPU. Slabs are shared host memory; parallel preads land in
+//     them directly.
+//
+// Every engine validates ranges the same way (checkRange), returns a short
+// count only at end of file, and honours context cancellation between chunks.
+//
+// # Choosing
+//
+// Open probes once (libcuda, devices, libcufile, cuFileDriverOpen,
+// /dev/nvidia-fs*, /run/udev) and picks a default; For decides per file and
+// says why. With auto, GDS is used only with nvidia-fs present (true P2P):
+// cuFile without it is compat mode, which on the machines measured is not
+// faster than the posix pipeline, so it runs only when asked for with
+// --engine gds. A file cuFile refuses, or fails on, is served by posix from
+// then on, logged once; clients never see the cuFile error.
+//
+// # Pitfalls
+//
+//   - CUDA contexts are per OS thread: every driver call runs on a locked
+//     thread with the context current (Driver.Do, or the workers' own
+//     SetCurrent).
+//   - libcufile is never unloaded (thread_local state crashes on dlclose),
+//     and cuFileDriverOpen is skipped when nvidia-fs is loaded without its
+//     /dev nodes (libcufile then closes fd 0).
+//   - CUfileError_t is returned by value (8 bytes): it arrives whole in the
+//     first return register and is decoded from there.
+package cufile

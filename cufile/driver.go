@@ -1,0 +1,287 @@
+package cufile
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+)
+
+// Driver is the loaded CUDA driver API (libcuda.so.1) with the primary
+// context of every device retained. All methods are safe for concurrent use:
+// each call that needs a context runs on a locked OS thread with the device's
+// context made current (CUDA contexts are per OS thread, and Go moves
+// goroutines between threads).
+type Driver struct {
+	lib  *library
+	fn   driverFuncs
+	ctxs []uintptr // primary context per device ordinal
+	devs []int32   // CUdevice per ordinal
+}
+
+type driverFuncs struct {
+	cuInit, cuDriverGetVersion, cuGetErrorName                       uintptr
+	cuDeviceGetCount, cuDeviceGet, cuDeviceGetName                   uintptr
+	cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuCtxSynchronize      uintptr
+	cuMemGetInfo, cuMemAlloc, cuMemFree, cuMemsetD8                  uintptr
+	cuIpcGetMemHandle, cuMemHostAlloc, cuMemFreeHost                 uintptr
+	cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync uintptr
+	cuStreamCreate, cuStreamSynchronize, cuStreamDestroy             uintptr
+}
+
+// LoadDriver dlopens libcuda.so.1, initialises the driver and retains the
+// primary context of every device. Without the NVIDIA driver it returns a
+// *LibraryError; with no device, ErrNoDevice.
+func LoadDriver() (*Driver, error) {
+	lib, err := openLibrary("libcuda.so.1", "no NVIDIA driver on this host")
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver{lib: lib}
+	f := &d.fn
+	if err := lib.bind(map[string]*uintptr{
+		"cuInit": &f.cuInit, "cuDriverGetVersion": &f.cuDriverGetVersion, "cuGetErrorName": &f.cuGetErrorName,
+		"cuDeviceGetCount": &f.cuDeviceGetCount, "cuDeviceGet": &f.cuDeviceGet, "cuDeviceGetName": &f.cuDeviceGetName,
+		"cuDevicePrimaryCtxRetain": &f.cuDevicePrimaryCtxRetain, "cuCtxSetCurrent": &f.cuCtxSetCurrent,
+		"cuCtxSynchronize": &f.cuCtxSynchronize, "cuMemGetInfo_v2": &f.cuMemGetInfo,
+		"cuMemAlloc_v2": &f.cuMemAlloc, "cuMemFree_v2": &f.cuMemFree, "cuMemsetD8_v2": &f.cuMemsetD8,
+		"cuIpcGetMemHandle": &f.cuIpcGetMemHandle, "cuMemHostAlloc": &f.cuMemHostAlloc, "cuMemFreeHost": &f.cuMemFreeHost,
+		"cuMemcpyHtoD_v2": &f.cuMemcpyHtoD, "cuMemcpyDtoH_v2": &f.cuMemcpyDtoH,
+		"cuMemcpyHtoDAsync_v2": &f.cuMemcpyHtoDAsync, "cuMemcpyDtoHAsync_v2": &f.cuMemcpyDtoHAsync,
+		"cuStreamCreate": &f.cuStreamCreate, "cuStreamSynchronize": &f.cuStreamSynchronize,
+		"cuStreamDestroy_v2|cuStreamDestroy": &f.cuStreamDestroy,
+	}, nil); err != nil {
+		return nil, err
+	}
+	if err := d.call("cuInit", f.cuInit, 0); err != nil {
+		return nil, err
+	}
+	var n int32
+	if err := d.call("cuDeviceGetCount", f.cuDeviceGetCount, uintptr(unsafe.Pointer(&n))); err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, ErrNoDevice
+	}
+	for i := range n {
+		var dev int32
+		if err := d.call("cuDeviceGet", f.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(i)); err != nil {
+			return nil, err
+		}
+		var ctx uintptr
+		if err := d.call("cuDevicePrimaryCtxRetain", f.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(dev)); err != nil {
+			return nil, err
+		}
+		d.devs = append(d.devs, dev)
+		d.ctxs = append(d.ctxs, ctx)
+	}
+	return d, nil
+}
+
+// call invokes a CUresult-returning function and turns failure into *CUDAError.
+func (d *Driver) call(op string, fn uintptr, args ...uintptr) error {
+	r, _, _ := purego.SyscallN(fn, args...)
+	if int32(r) == 0 {
+		return nil
+	}
+	return d.cudaError(op, int(int32(r)))
+}
+
+func (d *Driver) cudaError(op string, code int) error {
+	e := &CUDAError{Op: op, Code: code}
+	if d.fn.cuGetErrorName != 0 {
+		var p uintptr
+		if r, _, _ := purego.SyscallN(d.fn.cuGetErrorName, uintptr(code), uintptr(unsafe.Pointer(&p))); r == 0 && p != 0 {
+			e.Name = goString(p, 64)
+		}
+	}
+	return e
+}
+
+// cPointer converts an address of C memory (never Go memory: the garbage
+// collector does not track it) to a pointer. The indirection keeps vet's
+// uintptr-to-pointer check, which is about Go memory, quiet.
+func cPointer(p uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&p)) }
+
+// goString copies a NUL-terminated C string of at most max bytes.
+func goString(p uintptr, max int) string {
+	b := unsafe.Slice((*byte)(cPointer(p)), max)
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
+// Devices is the number of CUDA devices.
+func (d *Driver) Devices() int { return len(d.ctxs) }
+
+// Do runs fn on a locked OS thread with device's primary context current.
+func (d *Driver) Do(device int, fn func() error) error {
+	if device < 0 || device >= len(d.ctxs) {
+		return fmt.Errorf("cufile: CUDA device %d does not exist (%d present)", device, len(d.ctxs))
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := d.call("cuCtxSetCurrent", d.fn.cuCtxSetCurrent, d.ctxs[device]); err != nil {
+		return err
+	}
+	return fn()
+}
+
+// Version is the driver's CUDA version (1000*major + 10*minor).
+func (d *Driver) Version() (int, error) {
+	var v int32
+	err := d.call("cuDriverGetVersion", d.fn.cuDriverGetVersion, uintptr(unsafe.Pointer(&v)))
+	return int(v), err
+}
+
+// DeviceName is device's marketing name.
+func (d *Driver) DeviceName(device int) (string, error) {
+	if device < 0 || device >= len(d.devs) {
+		return "", fmt.Errorf("cufile: CUDA device %d does not exist", device)
+	}
+	buf := make([]byte, 256)
+	if err := d.call("cuDeviceGetName", d.fn.cuDeviceGetName, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(d.devs[device])); err != nil {
+		return "", err
+	}
+	return goString(uintptr(unsafe.Pointer(&buf[0])), len(buf)), nil
+}
+
+// MemInfo returns device's free and total memory in bytes.
+func (d *Driver) MemInfo(device int) (free, total int64, err error) {
+	err = d.Do(device, func() error {
+		var f, t uint64
+		if err := d.call("cuMemGetInfo_v2", d.fn.cuMemGetInfo, uintptr(unsafe.Pointer(&f)), uintptr(unsafe.Pointer(&t))); err != nil {
+			return err
+		}
+		free, total = int64(f), int64(t)
+		return nil
+	})
+	return free, total, err
+}
+
+// MemAlloc allocates size bytes of device memory (cuMemAlloc: exportable by
+// CUDA IPC, registrable with cuFile).
+func (d *Driver) MemAlloc(device int, size int64) (uintptr, error) {
+	var p uint64
+	err := d.Do(device, func() error {
+		return d.call("cuMemAlloc_v2", d.fn.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size))
+	})
+	return uintptr(p), err
+}
+
+// MemFree frees device memory from MemAlloc.
+func (d *Driver) MemFree(device int, p uintptr) error {
+	return d.Do(device, func() error { return d.call("cuMemFree_v2", d.fn.cuMemFree, p) })
+}
+
+// Memset sets n bytes at p to v and waits until they are set.
+func (d *Driver) Memset(device int, p uintptr, v byte, n int64) error {
+	return d.Do(device, func() error {
+		if err := d.call("cuMemsetD8_v2", d.fn.cuMemsetD8, p, uintptr(v), uintptr(n)); err != nil {
+			return err
+		}
+		return d.call("cuCtxSynchronize", d.fn.cuCtxSynchronize)
+	})
+}
+
+// IPCHandle returns the 64-byte CUDA IPC handle of the allocation at p.
+func (d *Driver) IPCHandle(device int, p uintptr) ([]byte, error) {
+	h := make([]byte, 64)
+	err := d.Do(device, func() error {
+		return d.call("cuIpcGetMemHandle", d.fn.cuIpcGetMemHandle, uintptr(unsafe.Pointer(&h[0])), p)
+	})
+	return h, err
+}
+
+// HostAlloc allocates size bytes of pinned, portable host memory.
+func (d *Driver) HostAlloc(device int, size int64) ([]byte, error) {
+	var p uintptr
+	const portable = 0x01 // CU_MEMHOSTALLOC_PORTABLE: pinned for every context
+	err := d.Do(device, func() error {
+		return d.call("cuMemHostAlloc", d.fn.cuMemHostAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size), portable)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*byte)(cPointer(p)), size), nil
+}
+
+// HostFree frees memory from HostAlloc.
+func (d *Driver) HostFree(device int, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	return d.Do(device, func() error {
+		return d.call("cuMemFreeHost", d.fn.cuMemFreeHost, uintptr(unsafe.Pointer(&b[0])))
+	})
+}
+
+// CopyHtoD copies src to device memory dst and waits.
+func (d *Driver) CopyHtoD(device int, dst uintptr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return d.Do(device, func() error {
+		return d.call("cuMemcpyHtoD_v2", d.fn.cuMemcpyHtoD, dst, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)))
+	})
+}
+
+// CopyDtoH copies device memory src to dst and waits.
+func (d *Driver) CopyDtoH(device int, dst []byte, src uintptr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return d.Do(device, func() error {
+		return d.call("cuMemcpyDtoH_v2", d.fn.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)))
+	})
+}
+
+// The calls below run on the caller's thread, which must have called
+// SetCurrent (the posix engine's locked workers do).
+
+// SetCurrent makes device's primary context current on the calling OS thread,
+// which the caller must have locked.
+func (d *Driver) SetCurrent(device int) error {
+	if device < 0 || device >= len(d.ctxs) {
+		return fmt.Errorf("cufile: CUDA device %d does not exist", device)
+	}
+	return d.call("cuCtxSetCurrent", d.fn.cuCtxSetCurrent, d.ctxs[device])
+}
+
+// StreamCreate creates a non-blocking stream in the current context.
+func (d *Driver) StreamCreate() (uintptr, error) {
+	var s uintptr
+	const nonBlocking = 0x1
+	err := d.call("cuStreamCreate", d.fn.cuStreamCreate, uintptr(unsafe.Pointer(&s)), nonBlocking)
+	return s, err
+}
+
+// StreamSync waits for stream's work.
+func (d *Driver) StreamSync(s uintptr) error {
+	return d.call("cuStreamSynchronize", d.fn.cuStreamSynchronize, s)
+}
+
+// StreamDestroy destroys stream.
+func (d *Driver) StreamDestroy(s uintptr) error {
+	return d.call("cuStreamDestroy", d.fn.cuStreamDestroy, s)
+}
+
+// CopyHtoDAsync enqueues a copy of src (pinned) to dst on stream.
+func (d *Driver) CopyHtoDAsync(dst uintptr, src []byte, s uintptr) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return d.call("cuMemcpyHtoDAsync_v2", d.fn.cuMemcpyHtoDAsync, dst, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), s)
+}
+
+// CopyDtoHAsync enqueues a copy of device memory src to dst (pinned) on stream.
+func (d *Driver) CopyDtoHAsync(dst []byte, src uintptr, s uintptr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return d.call("cuMemcpyDtoHAsync_v2", d.fn.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)), s)
+}

@@ -1,0 +1,174 @@
+package cufile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// Engine moves bytes between a backing file and slab memory. Implementations
+// are safe for concurrent use; each call splits its range into chunks and
+// moves them in parallel. Callers pass ranges widened to gpubuf.Align (the
+// engines accept any range, but aligned ones are the fast ones).
+type Engine interface {
+	// Name is "host", "posix" or "gds".
+	Name() string
+	// ReadAt reads n bytes of f at fileOff into dst at dstOff and returns
+	// the bytes read, which is less than n only when the file ends first.
+	// When it returns, the bytes are in place in dst.
+	ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error)
+	// WriteAt writes n bytes of src at srcOff to f at fileOff. f must be
+	// open for writing. Durability is the caller's fsync.
+	WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error)
+}
+
+// Defaults for the zero values of Config's tuning fields.
+const (
+	DefaultChunkBytes = 8 << 20
+	DefaultWorkers    = 8
+)
+
+// ErrRange reports a transfer range outside its memory or file.
+var ErrRange = errors.New("cufile: range out of bounds")
+
+// checkRange validates a transfer of n bytes at memOff in mem and fileOff in
+// the file: shared by every engine so they agree on what is legal.
+func checkRange(mem gpubuf.Memory, memOff, fileOff, n int64) error {
+	if mem == nil {
+		return fmt.Errorf("%w: no memory", ErrRange)
+	}
+	if memOff < 0 || fileOff < 0 || n < 0 || memOff > mem.Size() || n > mem.Size()-memOff {
+		return fmt.Errorf("%w: %d bytes at memory offset %d (memory is %d bytes), file offset %d", ErrRange, n, memOff, mem.Size(), fileOff)
+	}
+	if fileOff > (1<<63-1)-n {
+		return fmt.Errorf("%w: file offset %d + %d overflows", ErrRange, fileOff, n)
+	}
+	return nil
+}
+
+// chunk is one piece of a transfer: n bytes at off from the start of the
+// transfer (the same offset into the file range and the memory range).
+type chunk struct {
+	index  int
+	off, n int64
+}
+
+// worker moves chunks; it reports the bytes moved, short only at end of file.
+type worker interface {
+	do(c chunk) (int64, error)
+	// finish waits for the worker's outstanding work (asynchronous copies)
+	// and releases what start acquired.
+	finish() error
+}
+
+// runChunks splits n bytes into chunkBytes pieces and moves them with up to
+// workers goroutines, each built by start on its own goroutine (so start may
+// lock the OS thread). It returns the length of the prefix of the range that
+// was moved completely: chunks after the first short one (end of file) do not
+// count. The first error stops the remaining chunks.
+func runChunks(ctx context.Context, n, chunkBytes int64, workers int, start func(ctx context.Context) (worker, error)) (int64, error) {
+	if n == 0 {
+		return 0, ctx.Err()
+	}
+	if chunkBytes <= 0 {
+		chunkBytes = DefaultChunkBytes
+	}
+	count := int((n + chunkBytes - 1) / chunkBytes)
+	workers = max(1, min(workers, count))
+	got := make([]int64, count)
+	var (
+		next     atomic.Int64
+		stop     atomic.Bool
+		errOnce  sync.Once
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err })
+		stop.Store(true)
+	}
+	for range workers {
+		wg.Go(func() {
+			w, err := start(ctx)
+			if err != nil {
+				fail(err)
+				return
+			}
+			for !stop.Load() {
+				if err := ctx.Err(); err != nil {
+					fail(err)
+					break
+				}
+				i := int(next.Add(1) - 1)
+				if i >= count {
+					break
+				}
+				c := chunk{index: i, off: int64(i) * chunkBytes}
+				c.n = min(chunkBytes, n-c.off)
+				m, err := w.do(c)
+				got[i] = m
+				if err != nil {
+					fail(fmt.Errorf("chunk at +%d: %w", c.off, err))
+					break
+				}
+			}
+			if err := w.finish(); err != nil {
+				fail(err)
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	var total int64
+	for i, m := range got {
+		total += m
+		if m < min(chunkBytes, n-int64(i)*chunkBytes) {
+			break
+		}
+	}
+	return total, nil
+}
+
+// preadFull reads len(b) bytes at off, stopping early only at end of file.
+func preadFull(f *os.File, b []byte, off int64) (int64, error) {
+	var done int64
+	for done < int64(len(b)) {
+		m, err := f.ReadAt(b[done:], off+done)
+		done += int64(m)
+		if err == io.EOF {
+			return done, nil
+		}
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// pwriteFull writes all of b at off.
+func pwriteFull(f *os.File, b []byte, off int64) error {
+	_, err := f.WriteAt(b, off)
+	return err
+}
+
+// funcWorker adapts plain functions to worker.
+type funcWorker struct {
+	doFn     func(c chunk) (int64, error)
+	finishFn func() error
+}
+
+func (w funcWorker) do(c chunk) (int64, error) { return w.doFn(c) }
+func (w funcWorker) finish() error {
+	if w.finishFn == nil {
+		return nil
+	}
+	return w.finishFn()
+}

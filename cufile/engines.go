@@ -1,0 +1,356 @@
+package cufile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// Engine choices for Config.Engine.
+const (
+	EngineAuto  = "auto"
+	EngineGDS   = "gds"
+	EnginePosix = "posix"
+	EngineHost  = "host"
+)
+
+// Config configures Open. The zero value is usable (auto).
+type Config struct {
+	// Engine is auto (default), gds, posix or host.
+	Engine string
+	// ChunkBytes is the transfer task size. Default DefaultChunkBytes.
+	ChunkBytes int64
+	// Workers is the number of parallel workers per transfer. Default
+	// DefaultWorkers.
+	Workers int
+	// Direct is the posix engine's O_DIRECT policy (PosixOptions.Direct).
+	Direct string
+	// HostDir holds host-backend slab files. Default /dev/shm/gdsfs-<pid>.
+	HostDir string
+	// Log receives the probe result and per-file fallbacks. Default silent.
+	Log zerolog.Logger
+}
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	var errs []error
+	switch c.Engine {
+	case "", EngineAuto, EngineGDS, EnginePosix, EngineHost:
+	default:
+		errs = append(errs, fmt.Errorf("cufile: Engine %q must be auto, gds, posix or host", c.Engine))
+	}
+	if c.ChunkBytes < 0 || c.ChunkBytes%gpubuf.Align != 0 {
+		errs = append(errs, fmt.Errorf("cufile: ChunkBytes (%d) must be a positive multiple of %d", c.ChunkBytes, gpubuf.Align))
+	}
+	if c.Workers < 0 {
+		errs = append(errs, fmt.Errorf("cufile: Workers (%d) must be positive", c.Workers))
+	}
+	switch c.Direct {
+	case "", "auto", "always", "never":
+	default:
+		errs = append(errs, fmt.Errorf("cufile: Direct %q must be auto, always or never", c.Direct))
+	}
+	return errors.Join(errs...)
+}
+
+// Probe is one check of the host's GPU and GDS stack.
+type Probe struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// Report is the result of probing: every check and the engine chosen.
+type Report struct {
+	Probes  []Probe `json:"probes"`
+	Engine  string  `json:"engine"`  // the engine files get unless a per-file check says otherwise
+	Backend string  `json:"backend"` // "cuda" or "host"
+	Why     string  `json:"why"`
+}
+
+// Engines is the set of engines usable on this host and the per-file chooser.
+type Engines struct {
+	cfg Config
+	log zerolog.Logger
+
+	drv     *Driver
+	lib     *Lib // non-nil when cuFileDriverOpen succeeded
+	nvfs    bool // /dev/nvidia-fs* present: GDS can be true P2P
+	report  Report
+	host    Engine
+	posix   *posixEngine
+	gds     *gdsEngine
+	backend gpubuf.Backend
+	hostBE  *gpubuf.HostBackend // owned, closed by Close
+
+	mu    sync.Mutex
+	files map[fileKey]choice // GUARDED_BY(mu): per-file decisions
+}
+
+type choice struct {
+	engine Engine
+	why    string
+}
+
+// Open probes the host once and prepares the engines cfg.Engine allows. It
+// fails only when the engine asked for explicitly cannot run here (for
+// example --engine gds without libcufile); auto always succeeds.
+func Open(cfg Config) (*Engines, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Engine == "" {
+		cfg.Engine = EngineAuto
+	}
+	e := &Engines{cfg: cfg, log: cfg.Log, files: map[fileKey]choice{}}
+	e.host = NewHostEngine(cfg.ChunkBytes, cfg.Workers)
+	add := func(name string, ok bool, format string, args ...any) {
+		e.report.Probes = append(e.report.Probes, Probe{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
+	}
+	var gpuErr error
+	if cfg.Engine != EngineHost {
+		e.drv, gpuErr = LoadDriver()
+		switch {
+		case gpuErr == nil:
+			v, _ := e.drv.Version()
+			add("libcuda", true, "libcuda.so.1 loaded, CUDA driver API %d.%d", v/1000, v%1000/10)
+			var names []string
+			for i := range e.drv.Devices() {
+				n, _ := e.drv.DeviceName(i)
+				free, total, _ := e.drv.MemInfo(i)
+				names = append(names, fmt.Sprintf("%d: %s (%d of %d MiB free)", i, n, free>>20, total>>20))
+			}
+			add("cuda devices", true, "%d: %v", e.drv.Devices(), names)
+		case errors.Is(gpuErr, ErrNoDevice):
+			add("libcuda", true, "libcuda.so.1 loaded")
+			add("cuda devices", false, "no CUDA device visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)")
+		default:
+			add("libcuda", false, "%v", gpuErr)
+		}
+	}
+	if e.drv != nil && cfg.Engine != EnginePosix {
+		e.probeCuFile(add)
+	}
+	if err := e.choose(gpuErr); err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.log.Info().Str("engine", e.report.Engine).Str("backend", e.report.Backend).Str("why", e.report.Why).Msg("cufile: transfer engine")
+	return e, nil
+}
+
+func (e *Engines) probeCuFile(add func(string, bool, string, ...any)) {
+	lib, err := LoadLib()
+	if err != nil {
+		add("libcufile", false, "%v", err)
+		return
+	}
+	add("libcufile", true, "libcufile.so.0 loaded, version %d.%d", lib.Version()/1000, lib.Version()%1000/10)
+	nodes, _ := filepath.Glob("/dev/nvidia-fs*")
+	e.nvfs = len(nodes) > 0
+	if e.nvfs {
+		add("nvidia-fs", true, "%d device nodes (%s...)", len(nodes), nodes[0])
+	} else {
+		add("nvidia-fs", false, "no /dev/nvidia-fs*: no peer-to-peer DMA; cuFile can only run in compat mode (load nvidia-fs.ko for true GDS)")
+		if _, err := os.Stat("/proc/driver/nvidia-fs/devcount"); err == nil {
+			// libcufile's error path closes fd 0 in this half-configured
+			// state (fastsafetensors #102): do not open the driver.
+			add("cuFileDriverOpen", false, "skipped: nvidia-fs is loaded but its /dev nodes are missing (create them with nvidia-fs's mknod script)")
+			return
+		}
+	}
+	if err := e.drv.Do(0, lib.DriverOpen); err != nil {
+		add("cuFileDriverOpen", false, "%v", err)
+		return
+	}
+	add("cuFileDriverOpen", true, "driver open")
+	e.lib = lib
+	if p, err := lib.DriverProps(); err == nil {
+		add("cuFile properties", true, "compat mode allowed=%v, GDS filesystems flags=%#x, max direct IO %d KiB, batch %d",
+			p.CompatAllowed(), p.StatusFlags, p.MaxDirectIOSizeBytes>>10, p.MaxBatchIOSize)
+	}
+	if err := unix.Access("/run/udev", unix.R_OK|unix.X_OK); err != nil {
+		add("udev", false, "/run/udev not readable: cuFile cannot classify block devices (error 5027 per file)")
+	} else {
+		add("udev", true, "/run/udev readable")
+	}
+}
+
+// choose sets the default engine and the pool backend.
+func (e *Engines) choose(gpuErr error) error {
+	r := &e.report
+	gpu := e.drv != nil
+	if gpu {
+		e.backend = &cudaBackend{d: e.drv}
+		e.posix = newPosixEngine(cudaStager{d: e.drv}, PosixOptions{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct})
+		r.Backend = "cuda"
+	}
+	if e.lib != nil {
+		e.gds = newGDSEngine(e.drv, e.lib, e.cfg.ChunkBytes, e.cfg.Workers)
+		e.backend = &cudaBackend{d: e.drv, lib: e.lib}
+	}
+	switch e.cfg.Engine {
+	case EngineHost:
+		r.Engine, r.Why = EngineHost, "--engine host"
+	case EnginePosix:
+		if !gpu {
+			return fmt.Errorf("cufile: --engine posix needs a GPU: %w (use --engine host or auto)", gpuErr)
+		}
+		r.Engine, r.Why = EnginePosix, "--engine posix"
+	case EngineGDS:
+		if e.gds == nil {
+			if !gpu {
+				return fmt.Errorf("cufile: --engine gds needs a GPU: %w (use --engine auto)", gpuErr)
+			}
+			return errors.New("cufile: --engine gds needs libcufile and cuFileDriverOpen, which failed (see gdsfs doctor; use --engine auto)")
+		}
+		r.Engine, r.Why = EngineGDS, "--engine gds"
+		if !e.nvfs {
+			r.Why += " (cuFile compat mode: no nvidia-fs)"
+		}
+	default:
+		switch {
+		case !gpu:
+			r.Engine, r.Why = EngineHost, fmt.Sprintf("no GPU (%v): slabs are shared host memory", gpuErr)
+		case e.gds != nil && e.nvfs:
+			r.Engine, r.Why = EngineGDS, "cuFile with nvidia-fs (peer-to-peer DMA), per file when cuFileHandleRegister accepts it"
+		case e.gds != nil:
+			r.Engine, r.Why = EnginePosix, "cuFile would run in compat mode (no nvidia-fs), which is no faster than the posix pipeline; --engine gds forces it"
+		default:
+			r.Engine, r.Why = EnginePosix, "GPUDirect Storage unavailable (see probes): parallel pread, pinned staging, async copies"
+		}
+	}
+	if r.Engine == EngineHost {
+		hb, err := gpubuf.NewHostBackend(gpubuf.HostBackendOptions{Dir: e.cfg.HostDir})
+		if err != nil {
+			return err
+		}
+		e.hostBE, e.backend, r.Backend = hb, hb, "host"
+	}
+	return nil
+}
+
+// Backend is the memory the pool must allocate slabs from: CUDA device
+// memory with a GPU engine, shared host memory with the host engine.
+func (e *Engines) Backend() gpubuf.Backend { return e.backend }
+
+// Probe returns the host probe (for gdsfs doctor and user.gdsfs.info).
+func (e *Engines) Probe() Report { return e.report }
+
+// Driver is the loaded CUDA driver, nil without a GPU (benchmarks use it).
+func (e *Engines) Driver() *Driver { return e.drv }
+
+// Engine returns the engine of the given name if it can run here.
+func (e *Engines) Engine(name string) (Engine, bool) {
+	switch name {
+	case EngineHost:
+		return e.host, e.report.Backend == "host"
+	case EnginePosix:
+		return e.posix, e.posix != nil
+	case EngineGDS:
+		return e.gds, e.gds != nil
+	}
+	return nil, false
+}
+
+// For returns the engine that serves backing file f (at path, for messages)
+// and why. With GDS it registers the file with cuFile once; a file cuFile
+// refuses is served by the posix engine, and that is logged once per file.
+// The returned engine also falls back to posix, for that file, if cuFile
+// fails mid-transfer: clients never see a cuFile error.
+func (e *Engines) For(f *os.File, path string) (Engine, string) {
+	r := e.report
+	if r.Engine != EngineGDS {
+		if r.Engine == EngineHost {
+			return e.host, r.Why
+		}
+		return e.posix, r.Why
+	}
+	k, err := keyOf(f, false)
+	if err != nil {
+		return e.posix, fmt.Sprintf("posix: %v", err)
+	}
+	e.mu.Lock()
+	c, ok := e.files[k]
+	e.mu.Unlock()
+	if ok {
+		return c.engine, c.why
+	}
+	if err := e.gds.probe(f); err != nil {
+		c = choice{e.posix, fmt.Sprintf("posix: cuFileHandleRegister refused the file: %v", err)}
+		e.log.Warn().Str("path", path).Err(err).Msg("cufile: cuFile refused file; serving it with the posix engine")
+	} else {
+		why := "gds: cuFile P2P"
+		if !e.nvfs {
+			why = "gds: cuFile compat mode (no nvidia-fs)"
+		}
+		c = choice{&fallbackEngine{e: e, key: k, path: path}, why}
+	}
+	e.mu.Lock()
+	if len(e.files) >= 4*handleCacheMax {
+		clear(e.files)
+	}
+	e.files[k] = c
+	e.mu.Unlock()
+	return c.engine, c.why
+}
+
+// fallbackEngine is gds for one file, switching that file to posix for good
+// on the first cuFile failure.
+type fallbackEngine struct {
+	e    *Engines
+	key  fileKey
+	path string
+}
+
+func (f *fallbackEngine) Name() string { return EngineGDS }
+
+func (f *fallbackEngine) demote(err error) {
+	f.e.log.Warn().Str("path", f.path).Err(err).Msg("cufile: cuFile failed on file; serving it with the posix engine from now on")
+	f.e.mu.Lock()
+	f.e.files[f.key] = choice{f.e.posix, fmt.Sprintf("posix: cuFile failed on this file: %v", err)}
+	f.e.mu.Unlock()
+}
+
+func (f *fallbackEngine) ReadAt(ctx context.Context, file *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
+	got, err := f.e.gds.ReadAt(ctx, file, dst, dstOff, fileOff, n)
+	if err == nil || ctx.Err() != nil || errors.Is(err, ErrRange) {
+		return got, err
+	}
+	f.demote(err)
+	return f.e.posix.ReadAt(ctx, file, dst, dstOff, fileOff, n)
+}
+
+func (f *fallbackEngine) WriteAt(ctx context.Context, file *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error) {
+	got, err := f.e.gds.WriteAt(ctx, file, src, srcOff, fileOff, n)
+	if err == nil || ctx.Err() != nil || errors.Is(err, ErrRange) || !isWritable(file) {
+		return got, err
+	}
+	f.demote(err)
+	return f.e.posix.WriteAt(ctx, file, src, srcOff, fileOff, n)
+}
+
+// Close releases cuFile handles, staging memory and the host backend's
+// directory. The pool built on Backend must be closed first. The cuFile
+// driver stays open and libcufile stays loaded (unloading it crashes).
+func (e *Engines) Close() error {
+	var errs []error
+	if e.gds != nil {
+		e.gds.Close()
+	}
+	if e.posix != nil {
+		errs = append(errs, e.posix.Close())
+	}
+	if e.hostBE != nil {
+		errs = append(errs, e.hostBE.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,229 @@
+package cufile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// fileKey identifies a backing file independently of the descriptor that
+// names it: a cuFile handle registered for one open serves every open of the
+// same file.
+type fileKey struct {
+	dev, ino uint64
+	writable bool
+}
+
+func keyOf(f *os.File, writable bool) (fileKey, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fileKey{}, fmt.Errorf("stat %q: %w", f.Name(), err)
+	}
+	return fileKey{dev: st.Dev, ino: st.Ino, writable: writable}, nil
+}
+
+// isWritable reports whether f was opened for writing: the kernel checked the
+// client's permission for exactly that at open.
+func isWritable(f *os.File) bool {
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	return err == nil && fl&unix.O_ACCMODE != unix.O_RDONLY
+}
+
+// handleCacheMax bounds the registered handles (each holds a descriptor).
+const handleCacheMax = 1024
+
+// gdsEngine moves bytes with cuFileRead/cuFileWrite in parallel chunks from
+// OS-thread-locked workers with the device context current.
+type gdsEngine struct {
+	d          *Driver
+	lib        *Lib
+	chunkBytes int64
+	workers    int
+
+	mu      sync.Mutex
+	handles map[fileKey]*fileHandle // GUARDED_BY(mu)
+}
+
+// fileHandle is a cuFile registration of the engine's own descriptor of a
+// backing file (so the handle outlives the caller's descriptor).
+type fileHandle struct {
+	f    *os.File
+	h    uintptr
+	refs int // GUARDED_BY(gdsEngine.mu)
+}
+
+func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int) *gdsEngine {
+	if chunkBytes <= 0 {
+		chunkBytes = DefaultChunkBytes
+	}
+	if workers <= 0 {
+		workers = DefaultWorkers
+	}
+	return &gdsEngine{d: d, lib: lib, chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
+}
+
+func (e *gdsEngine) Name() string { return "gds" }
+
+// acquire returns the registered handle for f, registering it on first use.
+func (e *gdsEngine) acquire(f *os.File, writable bool) (*fileHandle, func(), error) {
+	k, err := keyOf(f, writable)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.mu.Lock()
+	fh := e.handles[k]
+	if fh != nil {
+		fh.refs++
+		e.mu.Unlock()
+		return fh, func() { e.unref(fh) }, nil
+	}
+	e.mu.Unlock()
+	flags := os.O_RDONLY
+	if writable {
+		flags = os.O_RDWR
+	}
+	own, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), flags|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reopen %q for cuFile: %w", f.Name(), err)
+	}
+	h, err := e.lib.HandleRegister(int(own.Fd()))
+	if err != nil {
+		_ = own.Close()
+		return nil, nil, err
+	}
+	fh = &fileHandle{f: own, h: h, refs: 1}
+	e.mu.Lock()
+	if old := e.handles[k]; old != nil {
+		// Registered concurrently: keep the first, drop ours.
+		old.refs++
+		e.mu.Unlock()
+		e.lib.HandleDeregister(h)
+		_ = own.Close()
+		return old, func() { e.unref(old) }, nil
+	}
+	if len(e.handles) >= handleCacheMax {
+		e.evictLocked()
+	}
+	e.handles[k] = fh
+	e.mu.Unlock()
+	return fh, func() { e.unref(fh) }, nil
+}
+
+func (e *gdsEngine) unref(fh *fileHandle) {
+	e.mu.Lock()
+	fh.refs--
+	e.mu.Unlock()
+}
+
+// evictLocked drops idle handles. LOCKS_REQUIRED(e.mu)
+func (e *gdsEngine) evictLocked() {
+	for k, fh := range e.handles {
+		if fh.refs == 0 {
+			delete(e.handles, k)
+			e.lib.HandleDeregister(fh.h)
+			_ = fh.f.Close()
+		}
+	}
+}
+
+// probe registers f (the per-file step of the auto chooser).
+func (e *gdsEngine) probe(f *os.File) error {
+	_, done, err := e.acquire(f, false)
+	if err != nil {
+		return err
+	}
+	done()
+	return nil
+}
+
+// Close deregisters every handle.
+func (e *gdsEngine) Close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, fh := range e.handles {
+		delete(e.handles, k)
+		e.lib.HandleDeregister(fh.h)
+		_ = fh.f.Close()
+	}
+}
+
+func (e *gdsEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
+	return e.transfer(ctx, f, dst, dstOff, fileOff, n, false)
+}
+
+func (e *gdsEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error) {
+	if !isWritable(f) {
+		return 0, fmt.Errorf("gds write %q: %w", f.Name(), syscall.EBADF)
+	}
+	return e.transfer(ctx, f, src, srcOff, fileOff, n, true)
+}
+
+func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory, memOff, fileOff, n int64, write bool) (int64, error) {
+	op := "gds read"
+	if write {
+		op = "gds write"
+	}
+	if err := checkRange(mem, memOff, fileOff, n); err != nil {
+		return 0, err
+	}
+	dm, ok := mem.(gpubuf.DeviceMemory)
+	if !ok {
+		return 0, fmt.Errorf("%s: needs device memory, got %T", op, mem)
+	}
+	if cm, ok := mem.(*cudaMemory); ok {
+		if err := cm.register(e.lib); err != nil {
+			return 0, fmt.Errorf("%s: register slab: %w", op, err)
+		}
+	}
+	fh, done, err := e.acquire(f, write)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: %w", op, f.Name(), err)
+	}
+	defer done()
+	base := dm.DevicePtr()
+	got, err := runChunks(ctx, n, e.chunkBytes, e.workers, func(context.Context) (worker, error) {
+		runtime.LockOSThread()
+		if err := e.d.SetCurrent(dm.Device()); err != nil {
+			runtime.UnlockOSThread()
+			return nil, err
+		}
+		return funcWorker{
+			doFn: func(c chunk) (int64, error) {
+				var done int64
+				for done < c.n {
+					var m int64
+					var err error
+					if write {
+						m, err = e.lib.Write(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
+					} else {
+						m, err = e.lib.Read(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
+					}
+					if err != nil {
+						return done, err
+					}
+					if m == 0 {
+						if write {
+							return done, errors.New("cuFileWrite wrote 0 bytes")
+						}
+						break // end of file
+					}
+					done += m
+				}
+				return done, nil
+			},
+			finishFn: func() error { runtime.UnlockOSThread(); return nil },
+		}, nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: %w", op, f.Name(), err)
+	}
+	return got, nil
+}

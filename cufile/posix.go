@@ -1,0 +1,348 @@
+package cufile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// stager is the CUDA side of the posix pipeline, behind an interface so the
+// chunking, ordering and error handling can be tested without a GPU.
+type stager interface {
+	// bind makes device current on the calling goroutine's OS thread,
+	// which the caller has locked.
+	bind(device int) error
+	// newLane allocates a worker's staging: slots pinned buffers of
+	// bufBytes each, with one stream per slot.
+	newLane(device, slots int, bufBytes int64) (lane, error)
+}
+
+// lane is one worker's staging. Copies are asynchronous: a slot's buffer may
+// be reused only after sync(slot). Only its owning worker uses a lane.
+type lane interface {
+	buf(slot int) []byte
+	h2d(slot int, dst gpubuf.Memory, dstOff int64, src []byte) error
+	d2h(slot int, dst []byte, src gpubuf.Memory, srcOff int64) error
+	sync(slot int) error
+	close() error
+}
+
+// PosixOptions tunes the posix engine. The zero value is usable.
+type PosixOptions struct {
+	// ChunkBytes is the size of one pread / copy task. Default DefaultChunkBytes.
+	ChunkBytes int64
+	// Workers is the number of OS-thread workers per transfer, each with
+	// its own staging buffers and streams. Default DefaultWorkers.
+	Workers int
+	// Slots is the number of staging buffers per worker, so a worker reads
+	// the next chunk while the previous one is copied. Default 2.
+	Slots int
+	// Direct chooses O_DIRECT reads: "auto" (default: when less than half of
+	// the range is in the page cache), "always" or "never".
+	Direct string
+}
+
+// posixEngine reads with parallel chunked preads into pinned host staging and
+// copies to the GPU asynchronously on several streams, overlapping reads and
+// copies; writes go the reverse way.
+type posixEngine struct {
+	st   stager
+	opts PosixOptions
+
+	mu    sync.Mutex
+	lanes map[int]*lanePool // by device
+}
+
+// lanePool bounds the pinned memory of a device: at most Workers lanes exist,
+// shared by all concurrent transfers.
+type lanePool struct {
+	free    chan lane
+	mu      sync.Mutex
+	created int
+	max     int
+}
+
+func newPosixEngine(st stager, opts PosixOptions) *posixEngine {
+	if opts.ChunkBytes <= 0 {
+		opts.ChunkBytes = DefaultChunkBytes
+	}
+	opts.ChunkBytes = (opts.ChunkBytes + gpubuf.Align - 1) &^ (gpubuf.Align - 1)
+	if opts.Workers <= 0 {
+		opts.Workers = DefaultWorkers
+	}
+	if opts.Slots <= 0 {
+		opts.Slots = 2
+	}
+	if opts.Direct == "" {
+		opts.Direct = "auto"
+	}
+	return &posixEngine{st: st, opts: opts, lanes: map[int]*lanePool{}}
+}
+
+func (e *posixEngine) Name() string { return "posix" }
+
+// bufBytes leaves room to widen a chunk to 4 KiB alignment at both ends for
+// O_DIRECT.
+func (e *posixEngine) bufBytes() int64 { return e.opts.ChunkBytes + 2*gpubuf.Align }
+
+func (e *posixEngine) pool(device int) *lanePool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := e.lanes[device]
+	if p == nil {
+		p = &lanePool{free: make(chan lane, e.opts.Workers), max: e.opts.Workers}
+		e.lanes[device] = p
+	}
+	return p
+}
+
+// acquire returns an idle lane of device, creating one while under the
+// limit, else waiting for one (bounded by ctx).
+func (e *posixEngine) acquire(ctx context.Context, device int) (lane, error) {
+	p := e.pool(device)
+	select {
+	case l := <-p.free:
+		return l, nil
+	default:
+	}
+	p.mu.Lock()
+	if p.created < p.max {
+		p.created++
+		p.mu.Unlock()
+		l, err := e.st.newLane(device, e.opts.Slots, e.bufBytes())
+		if err != nil {
+			p.mu.Lock()
+			p.created--
+			p.mu.Unlock()
+			return nil, fmt.Errorf("allocate pinned staging: %w", err)
+		}
+		return l, nil
+	}
+	p.mu.Unlock()
+	select {
+	case l := <-p.free:
+		return l, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (e *posixEngine) release(device int, l lane) { e.pool(device).free <- l }
+
+// Close frees every idle lane's pinned memory. Transfers must have ended.
+func (e *posixEngine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var errs []error
+	for _, p := range e.lanes {
+		for {
+			select {
+			case l := <-p.free:
+				errs = append(errs, l.close())
+				continue
+			default:
+			}
+			break
+		}
+	}
+	e.lanes = map[int]*lanePool{}
+	return errors.Join(errs...)
+}
+
+func deviceOf(m gpubuf.Memory) int {
+	if dm, ok := m.(gpubuf.DeviceMemory); ok {
+		return dm.Device()
+	}
+	return 0
+}
+
+// useDirect decides whether a read of [off, off+n) of f goes around the page
+// cache: cold data reads faster with O_DIRECT (no copy through the cache, no
+// readahead limits), cached data faster buffered.
+func (e *posixEngine) useDirect(f *os.File, off, n int64) bool {
+	switch e.opts.Direct {
+	case "always":
+		return true
+	case "never":
+		return false
+	}
+	if n < 4*e.opts.ChunkBytes {
+		return false
+	}
+	cached, ok := cachedBytes(f, off, n)
+	return ok && cached < n/2
+}
+
+// cachestat(2) (Linux 6.5+): how much of a file range is in the page cache.
+const sysCachestat = 451
+
+type cachestatRange struct{ off, len uint64 }
+
+type cachestatResult struct {
+	cache, dirty, writeback, evicted, recentlyEvicted uint64
+}
+
+// cachedBytes reports the bytes of [off, off+n) of f in the page cache, or
+// false when the kernel cannot tell.
+func cachedBytes(f *os.File, off, n int64) (int64, bool) {
+	r := cachestatRange{uint64(off), uint64(n)}
+	var cs cachestatResult
+	_, _, errno := unix.Syscall6(sysCachestat, f.Fd(), uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
+	if errno != 0 {
+		return 0, false
+	}
+	return int64(cs.cache) * int64(os.Getpagesize()), true
+}
+
+// openDirect reopens f with O_DIRECT; nil when the filesystem refuses.
+func openDirect(f *os.File, flags int) *os.File {
+	d, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), flags|syscall.O_DIRECT|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	return d
+}
+
+func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
+	if err := checkRange(dst, dstOff, fileOff, n); err != nil {
+		return 0, err
+	}
+	var direct *os.File
+	if e.useDirect(f, fileOff, n) {
+		direct = openDirect(f, os.O_RDONLY)
+	}
+	if direct != nil {
+		defer direct.Close()
+	}
+	device := deviceOf(dst)
+	got, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(ctx context.Context) (worker, error) {
+		return e.startWorker(ctx, device, func(l lane, slot int, c chunk) (int64, error) {
+			b := l.buf(slot)
+			src, m, err := readChunk(f, direct, b, fileOff+c.off, c.n)
+			if err != nil {
+				return m, err
+			}
+			return m, l.h2d(slot, dst, dstOff+c.off, src)
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("posix read %q: %w", f.Name(), err)
+	}
+	return got, nil
+}
+
+// readChunk reads n bytes at off into b and returns the slice of b holding
+// them (shorter at end of file). With direct, it reads the 4 KiB-aligned
+// superset through O_DIRECT and returns the requested part of it; a
+// filesystem refusing O_DIRECT for this I/O gets a buffered read instead.
+func readChunk(f, direct *os.File, b []byte, off, n int64) ([]byte, int64, error) {
+	if direct != nil {
+		start := off &^ (gpubuf.Align - 1)
+		skip := off - start
+		span := (skip + n + gpubuf.Align - 1) &^ (gpubuf.Align - 1)
+		m, err := preadFull(direct, b[:span], start)
+		if err == nil {
+			got := max(0, min(m-skip, n))
+			return b[skip : skip+got], got, nil
+		}
+		if !errors.Is(err, syscall.EINVAL) {
+			return nil, 0, err
+		}
+	}
+	m, err := preadFull(f, b[:n], off)
+	return b[:m], m, err
+}
+
+func (e *posixEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error) {
+	if err := checkRange(src, srcOff, fileOff, n); err != nil {
+		return 0, err
+	}
+	device := deviceOf(src)
+	got, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(ctx context.Context) (worker, error) {
+		return e.startWorker(ctx, device, func(l lane, slot int, c chunk) (int64, error) {
+			b := l.buf(slot)[:c.n]
+			if err := l.d2h(slot, b, src, srcOff+c.off); err != nil {
+				return 0, err
+			}
+			if err := l.sync(slot); err != nil {
+				return 0, err
+			}
+			if err := pwriteFull(f, b, fileOff+c.off); err != nil {
+				return 0, err
+			}
+			return c.n, nil
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("posix write %q: %w", f.Name(), err)
+	}
+	return got, nil
+}
+
+// pipeWorker runs on a locked OS thread with the device current, cycling its
+// lane's slots so reading chunk k+1 overlaps the copy of chunk k.
+type pipeWorker struct {
+	e       *posixEngine
+	device  int
+	l       lane
+	step    func(l lane, slot int, c chunk) (int64, error)
+	k       int
+	pending []bool
+}
+
+func (e *posixEngine) startWorker(ctx context.Context, device int, step func(l lane, slot int, c chunk) (int64, error)) (worker, error) {
+	runtime.LockOSThread()
+	if err := e.st.bind(device); err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	l, err := e.acquire(ctx, device)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	return &pipeWorker{e: e, device: device, l: l, step: step, pending: make([]bool, e.opts.Slots)}, nil
+}
+
+func (w *pipeWorker) do(c chunk) (int64, error) {
+	slot := w.k % len(w.pending)
+	w.k++
+	if w.pending[slot] {
+		w.pending[slot] = false
+		if err := w.l.sync(slot); err != nil {
+			return 0, err
+		}
+	}
+	w.pending[slot] = true
+	return w.step(w.l, slot, c)
+}
+
+func (w *pipeWorker) finish() error {
+	defer runtime.UnlockOSThread()
+	var errs []error
+	for slot, p := range w.pending {
+		if p {
+			errs = append(errs, w.l.sync(slot))
+		}
+	}
+	err := errors.Join(errs...)
+	if err != nil {
+		// A lane whose stream failed is not trusted again.
+		errs = append(errs, w.l.close())
+		w.e.pool(w.device).mu.Lock()
+		w.e.pool(w.device).created--
+		w.e.pool(w.device).mu.Unlock()
+		return errors.Join(errs...)
+	}
+	w.e.release(w.device, w.l)
+	return nil
+}
