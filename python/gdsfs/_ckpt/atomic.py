@@ -1,0 +1,73 @@
+"""Atomic, durable replacement of a file or a directory entry.
+
+A save writes a temporary name in the destination directory, fsyncs it, renames it over the
+destination and fsyncs the directory. rename(2) within one directory is atomic, so after a crash
+at any point the destination is either the old file or the complete new one; the directory fsync
+makes the rename itself durable. Through a gdsfs mount every step reaches the backing directory
+(design.md: fsync is honest).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Iterator
+from contextlib import contextmanager
+
+TMP_MARKER = ".gdsfs-tmp-"
+
+
+def temp_name(dest: str) -> str:
+    """A fresh hidden temporary path next to ``dest`` (same directory, so rename is atomic)."""
+    d, base = os.path.split(dest)
+    return os.path.join(d, f".{base}{TMP_MARKER}{secrets.token_hex(6)}")
+
+
+def fsync_dir(path: str) -> None:
+    """fsync the directory ``path`` so renames and creations in it are durable."""
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def replace(dest: str | os.PathLike[str], *, sync: bool = True) -> Iterator[tuple[str, int]]:
+    """Create a temp file next to ``dest``; on success make it ``dest`` atomically.
+
+    Yields ``(temp_path, fd)``: the caller writes through ``fd`` (or reopens ``temp_path``). On a
+    normal exit the file is fsynced (when ``sync``), renamed over ``dest`` and the directory
+    fsynced; on an exception the temp file is removed and ``dest`` is untouched.
+
+    Example:
+        with replace("/mnt/gdsfs/ckpt.pt") as (tmp, fd):
+            os.pwrite(fd, b"...", 0)
+    """
+    dest = os.path.abspath(os.fspath(dest))
+    tmp = temp_name(dest)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        yield tmp, fd
+        if sync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    os.close(fd)
+    try:
+        os.rename(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if sync:
+        fsync_dir(os.path.dirname(dest))

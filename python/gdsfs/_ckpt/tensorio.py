@@ -1,0 +1,304 @@
+"""Moving tensor bytes between a file and tensors: through the daemon, or with plain I/O.
+
+A :class:`Mover` has two jobs, both positional (offsets given, so order does not matter):
+
+- ``read_into(fd, items)``: fill each destination tensor from its file offset;
+- ``write_from(fd, items)``: write each source tensor's bytes at its file offset.
+
+Items are ``(file_offset, tensor)`` with ``tensor`` a flat, contiguous ``uint8`` tensor on any
+device (see :func:`byte_view`). :class:`DaemonMover` batches every item of a call into as few
+daemon requests as the pool allows (ranges longer than a lease are split, batches shrink on
+EAGAIN), copies each lease into its destination with one device-to-device (or host) copy and
+releases the leases. :class:`PosixMover` is the stock path: ``preadv``/``pwrite`` through host
+memory, used off gdsfs and when the daemon cannot serve.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from gdsfs._errors import GDSUnavailableError
+
+# Largest piece one lease carries; a range longer than this (or than the daemon's max_lease) is
+# split. Big enough that per-request overhead vanishes, small enough to double-buffer in the pool.
+PIECE_BYTES = 256 << 20
+# Bytes of one read batch (one daemon request of up to max_ranges ranges). Two batches are in
+# flight: the copies out of one overlap the daemon filling the next.
+BATCH_BYTES = 1 << 30
+# Host staging for the plain path (CUDA destinations go through it in chunks).
+STAGING_BYTES = 64 << 20
+
+
+def untyped_storage(t: torch.Tensor) -> Any:
+    """The untyped storage under ``t`` (torch 1.13 and 2.x spell it differently)."""
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage()
+    return t.storage().untyped()
+
+
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """A flat ``uint8`` view of the bytes of the contiguous tensor ``t`` (no copy)."""
+    if not t.is_contiguous():
+        raise ValueError("gdsfs: byte_view needs a contiguous tensor")
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return torch.empty((0,), dtype=torch.uint8, device=t.device)
+    return storage_bytes(untyped_storage(t), t.storage_offset() * t.element_size(), n)
+
+
+def storage_bytes(storage: Any, offset: int = 0, nbytes: int | None = None) -> torch.Tensor:
+    """A flat ``uint8`` tensor over ``nbytes`` bytes of an untyped storage from ``offset``."""
+    if nbytes is None:
+        nbytes = storage.nbytes() - offset
+    out = torch.empty((0,), dtype=torch.uint8, device=storage.device)
+    if nbytes == 0:
+        return out
+    return out.set_(storage, offset, (nbytes,), (1,))
+
+
+class Mover(Protocol):
+    """Moves bytes between one open file and tensors. Not safe for concurrent calls."""
+
+    engine: str
+
+    def read_into(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+        """Fill every ``(file_offset, dest)``; short files raise EOFError."""
+
+    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+        """Write every ``(file_offset, src)``."""
+
+
+class PosixMover:
+    """Plain ``preadv``/``pwrite`` through host memory: the path off gdsfs."""
+
+    engine = "posix-client"
+
+    def read_into(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+        staging: torch.Tensor | None = None
+        for off, dest in items:
+            n = dest.numel()
+            if n == 0:
+                continue
+            if dest.device.type == "cpu":
+                _pread_full(fd, memoryview(dest.numpy()), off)
+                continue
+            if staging is None:
+                staging = torch.empty((min(STAGING_BYTES, n),), dtype=torch.uint8)
+                if torch.cuda.is_available():
+                    staging = staging.pin_memory()
+            pos = 0
+            while pos < n:
+                k = min(staging.numel(), n - pos)
+                _pread_full(fd, memoryview(staging[:k].numpy()), off + pos)
+                dest[pos : pos + k].copy_(staging[:k])
+                pos += k
+
+    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+        for off, src in items:
+            n = src.numel()
+            pos = 0
+            while pos < n:
+                k = min(STAGING_BYTES, n - pos) if src.device.type != "cpu" else n - pos
+                chunk = src[pos : pos + k]
+                if chunk.device.type != "cpu":
+                    chunk = chunk.cpu()
+                _pwrite_full(fd, memoryview(chunk.numpy()), off + pos)
+                pos += k
+
+
+def _pread_full(fd: int, buf: memoryview, off: int) -> None:
+    pos = 0
+    while pos < len(buf):
+        got = os.preadv(fd, [buf[pos:]], off + pos)
+        if got == 0:
+            raise EOFError(f"gdsfs: file ends at {off + pos}, {len(buf) - pos} bytes short of a tensor")
+        pos += got
+
+
+def _pwrite_full(fd: int, buf: memoryview, off: int) -> None:
+    pos = 0
+    while pos < len(buf):
+        pos += os.pwrite(fd, buf[pos:], off + pos)
+
+
+class DaemonMover:
+    """Batched reads and leased writes through a gdsfs session (see gdsfs._core)."""
+
+    def __init__(self, session: Any) -> None:
+        self._s = session
+        cap = int(getattr(session, "max_lease", 0) or 0)
+        self._piece = min(PIECE_BYTES, cap) if cap > 0 else PIECE_BYTES
+        self._max_ranges = int(getattr(getattr(session, "hello", None), "max_ranges", 0) or 256)
+        self.engine = "gdsfs"
+
+    def _view(self, ref: Any, n: int) -> torch.Tensor:
+        """A uint8 tensor over the first ``n`` bytes of a lease, without copying."""
+        if ref.device == -1:
+            # Host slab: the core maps it once per process; wrap the bytes in place.
+            return torch.frombuffer(self._s.host_buffer(ref), dtype=torch.uint8)[:n]
+        import gdsfs.torch as gtorch  # CUDA slabs: IPC mapping lives in gdsfs.torch (issue 6)
+
+        return gtorch.tensor_from_ref(ref, torch.uint8, (ref.valid,), copy=False, session=self._s)[:n]
+
+    def _device_for(self, t: torch.Tensor) -> int | None:
+        # CUDA tensors want slabs on their own GPU, CPU tensors host slabs. In host mode (no GPU
+        # in the daemon) everything is host memory: the daemon's default is right.
+        if getattr(self._s, "host_mode", True):
+            return None
+        if t.device.type == "cuda":
+            return t.device.index if t.device.index is not None else torch.cuda.current_device()
+        hello = getattr(self._s, "hello", None)
+        if hello is not None and int(hello.caps) & 1:  # CAP_HOST_SLABS
+            return -1
+        return None
+
+    def _pieces(self, items: Sequence[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+        out = []
+        for off, t in items:
+            n = t.numel()
+            for pos in range(0, n, self._piece):
+                out.append((off + pos, t[pos : pos + self._piece]))
+        return out
+
+    def read_into(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+        pieces = self._pieces(items)
+        # Group by target device: one request names one device.
+        by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
+        for p in pieces:
+            by_dev.setdefault(self._device_for(p[1]), []).append(p)
+        for dev, group in by_dev.items():
+            self._read_group(fd, dev, group)
+
+    def _read_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> None:
+        budget = BATCH_BYTES
+        pending: list[Any] = []  # refs whose copies may still be running
+        i = 0
+        try:
+            while i < len(pieces):
+                batch: list[tuple[int, torch.Tensor]] = []
+                size = 0
+                while i + len(batch) < len(pieces) and len(batch) < self._max_ranges:
+                    off, t = pieces[i + len(batch)]
+                    if batch and size + t.numel() > budget:
+                        break
+                    batch.append((off, t))
+                    size += t.numel()
+                ranges = [(off, t.numel()) for off, t in batch]
+                # Fail fast on a full pool while we hold the previous batch or could ask for less;
+                # only a single-piece request waits for other sessions to free memory.
+                alone = not pending and budget <= self._piece
+                try:
+                    refs = self._s.read(fd, ranges, device=dev, **({} if alone else {"timeout": 0}))
+                except GDSUnavailableError as e:
+                    if e.errno != _errno.EAGAIN or alone:
+                        raise
+                    if pending:  # free the previous batch, then retry at the same size
+                        self._finish(pending)
+                        pending = []
+                        continue
+                    budget = max(self._piece, budget // 2)
+                    continue
+                self._finish(pending)
+                pending = list(refs)
+                for ref, (off, t) in zip(refs, batch):
+                    n = t.numel()
+                    if n == 0:
+                        continue
+                    if int(ref.valid) < n:
+                        raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
+                    t.copy_(self._view(ref, n), non_blocking=True)
+                i += len(batch)
+        finally:
+            self._finish(pending)
+
+    def _finish(self, refs: list[Any]) -> None:
+        if not refs:
+            return
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        live = [r for r in refs if int(getattr(r, "lease", 1) or 0) != 0]
+        if live:
+            self._s.release(live)
+
+    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+        pieces = [p for p in self._pieces(items) if p[1].numel() > 0]
+        if not pieces:
+            return
+        leases: dict[int | None, Any] = {}
+        try:
+            for off, t in pieces:
+                dev = self._device_for(t)
+                ref = leases.get(dev)
+                if ref is None:
+                    ref = self._s.alloc(self._piece, device=dev)
+                    leases[dev] = ref
+                n = t.numel()
+                view = self._view(ref, n)
+                view.copy_(t)
+                if view.device.type == "cuda":
+                    torch.cuda.synchronize(view.device)
+                self._s.write(fd, ref, off, n)
+        finally:
+            if leases:
+                self._s.release(list(leases.values()))
+
+
+def open_mover(path: str, *, strict: bool = False, device: int | None = None) -> Mover:
+    """A DaemonMover when ``path`` is on a gdsfs mount that can serve, else a PosixMover.
+
+    Off gdsfs (or when the daemon cannot serve) the core issues the one-time
+    GDSFallbackWarning; ``strict=True`` raises GDSUnavailableError instead.
+    """
+    from gdsfs._core import Session
+
+    s = Session.open(path, device=device, strict=strict)
+    if s is None:
+        return PosixMover()
+    return _SessionMover(s)
+
+
+class _SessionMover(DaemonMover):
+    """A DaemonMover that owns its session and closes it."""
+
+    def close(self) -> None:
+        self._s.close()
+
+
+def close_mover(m: Mover) -> None:
+    """Release what a mover from :func:`open_mover` holds."""
+    close = getattr(m, "close", None)
+    if close is not None:
+        close()
+
+
+def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, write: bool, strict: bool = False) -> str:
+    """Read into (or write from) every item of one operation, falling back to plain I/O.
+
+    Opens a session for ``path`` (the file ``fd`` refers to), moves everything in one batched
+    call, and closes the session. When the daemon cannot serve, part way included, the whole
+    transfer is redone with plain I/O after the one-time GDSFallbackWarning (positional I/O makes
+    the redo safe); ``strict=True`` raises GDSUnavailableError instead.
+
+    Returns:
+        The engine that moved the bytes ("gdsfs" or "posix-client").
+    """
+    from gdsfs._errors import warn_fallback
+
+    mover = open_mover(path, strict=strict)
+    try:
+        try:
+            (mover.write_from if write else mover.read_into)(fd, items)
+            return mover.engine
+        except GDSUnavailableError as e:
+            if strict or isinstance(mover, PosixMover):
+                raise
+            warn_fallback(f"the daemon could not serve {path!r} ({e})")
+    finally:
+        close_mover(mover)
+    plain = PosixMover()
+    (plain.write_from if write else plain.read_into)(fd, items)
+    return plain.engine

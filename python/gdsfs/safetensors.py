@@ -1,0 +1,377 @@
+"""safetensors.torch through gdsfs: ``load_file``, ``save_file``, ``safe_open``.
+
+Loads read every tensor of the file through the daemon in one batched request, straight into
+memory on the target device (one device-to-device copy per tensor). Saves write a safetensors file
+whose byte buffer starts on a 4096-byte boundary (the JSON header is padded with spaces, which
+the format allows), with tensor bytes going from GPU or host memory to the file through the
+daemon's write path, atomically (temp name, fsync, rename, directory fsync). The files are
+ordinary safetensors files: the safetensors library reads what we write and we read what it
+writes.
+
+Off a gdsfs mount, or when the daemon cannot serve, the same code runs with plain reads and
+writes after the one-time GDSFallbackWarning (``strict=True`` raises instead).
+
+Example:
+    from gdsfs.safetensors import load_file, save_file
+    save_file(model.state_dict(), "/mnt/gdsfs/model.safetensors")
+    sd = load_file("/mnt/gdsfs/model.safetensors", device="cuda:0")
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+
+from gdsfs._ckpt import atomic, stformat
+from gdsfs._ckpt.tensorio import PosixMover, byte_view, transfer, untyped_storage
+from gdsfs._errors import GDSFallbackWarning, warn_fallback
+
+__all__ = ["load_file", "save_file", "safe_open", "load", "save"]
+
+_TO_TORCH_NAMES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "C64": "complex64",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+# Only dtypes the installed torch has (uint16/32/64 arrived in 2.3, float8 in 2.1).
+_TO_TORCH: dict[str, torch.dtype] = {
+    k: getattr(torch, v) for k, v in _TO_TORCH_NAMES.items() if isinstance(getattr(torch, v, None), torch.dtype)
+}
+_FROM_TORCH: dict[torch.dtype, str] = {v: k for k, v in _TO_TORCH.items()}
+
+_warned_cpu = [False]
+
+
+def _device(device: str | int | torch.device) -> torch.device:
+    if isinstance(device, int):
+        device = torch.device("cuda", device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        # The issue's default is device="cuda"; on CPU-only machines load to host memory, loudly.
+        if not _warned_cpu[0]:
+            _warned_cpu[0] = True
+            import warnings
+
+            warnings.warn(
+                f"gdsfs: CUDA is not available; loading to cpu instead of {device!r}",
+                GDSFallbackWarning,
+                stacklevel=3,
+            )
+        return torch.device("cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"gdsfs: device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'")
+    return dev
+
+
+def _torch_dtype(name: str, tensor: str) -> torch.dtype:
+    dt = _TO_TORCH.get(name)
+    if dt is None:
+        raise TypeError(
+            f"gdsfs: tensor {tensor!r} has dtype {name}, which torch {torch.__version__} cannot represent"
+        )
+    return dt
+
+
+def _read_header(fh: Any) -> stformat.Header:
+    return stformat.read_header(fh, os.fstat(fh.fileno()).st_size)
+
+
+def _is_gdsfs(path: str, strict: bool) -> bool:
+    from gdsfs._core import find_mount
+
+    if find_mount(path) is not None:
+        return True
+    warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, stacklevel=4)
+    return False
+
+
+def _load_tensors(path: str, fh: Any, infos: Sequence[stformat.TensorInfo], dev: torch.device,
+                  on_gdsfs: bool, strict: bool) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    items = []
+    for info in infos:
+        t = torch.empty(info.shape, dtype=_torch_dtype(info.dtype, info.name), device=dev)
+        out[info.name] = t
+        if info.nbytes:
+            items.append((info.offset, byte_view(t)))
+    if on_gdsfs:
+        transfer(path, fh.fileno(), items, write=False, strict=strict)
+    else:
+        PosixMover().read_into(fh.fileno(), items)
+    return out
+
+
+def load_file(
+    filename: str | os.PathLike,
+    device: str | int | torch.device = "cuda",
+    *,
+    strict: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Load a safetensors file into tensors on ``device``, all bytes in one batched request.
+
+    Args:
+        filename: path of the file (on a gdsfs mount for the fast path).
+        device: target device; "cuda" (the default) loads to the current GPU, and to cpu with a
+            one-time warning where CUDA is not available.
+        strict: raise GDSUnavailableError instead of falling back to plain reads.
+
+    Returns:
+        Tensor name -> tensor, in file order.
+
+    Example:
+        sd = load_file("/mnt/gdsfs/model.safetensors", device="cuda:0")
+    """
+    path = os.fspath(filename)
+    dev = _device(device)
+    on = _is_gdsfs(path, strict)
+    with open(path, "rb") as fh:
+        header = _read_header(fh)
+        return _load_tensors(path, fh, list(header.tensors.values()), dev, on, strict)
+
+
+def load(data: bytes, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Decode safetensors bytes held in memory (mirrors ``safetensors.torch.load``; no daemon)."""
+    import io
+
+    fh = io.BytesIO(data)
+    header = stformat.read_header(fh, len(data))
+    dev = _device(device)
+    out = {}
+    for info in header.tensors.values():
+        dt = _torch_dtype(info.dtype, info.name)
+        raw = bytearray(data[info.offset : info.offset + info.nbytes])
+        t = torch.frombuffer(raw, dtype=dt) if info.nbytes else torch.empty((0,), dtype=dt)
+        out[info.name] = t.reshape(info.shape).to(dev)
+    return out
+
+
+def _check_tensors(tensors: dict[str, torch.Tensor]) -> None:
+    if not isinstance(tensors, dict):
+        raise ValueError(f"gdsfs: expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    spans: dict[Any, list[tuple[int, int, str]]] = {}
+    for name, t in tensors.items():
+        if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+            raise ValueError(f"gdsfs: key {name!r} must be a str mapping to a torch.Tensor, not {type(t)}")
+        if t.layout != torch.strided:
+            raise ValueError(f"gdsfs: tensor {name!r} is {t.layout}; only dense tensors can be saved")
+        if not t.is_contiguous():
+            raise ValueError(
+                f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means "
+                "you are trying to save tensors which are reference of each other in which case it's recommended "
+                "to save only the full tensors, and reslice at load time, or simply call `.contiguous()` on your "
+                "tensor to pack it before saving."
+            )
+        if t.dtype not in _FROM_TORCH:
+            raise ValueError(f"gdsfs: tensor {name!r} has dtype {t.dtype}, which safetensors cannot store")
+        n = t.numel() * t.element_size()
+        if n == 0:
+            continue
+        st = untyped_storage(t)
+        start = st.data_ptr() + t.storage_offset() * t.element_size()
+        spans.setdefault((t.device, st.data_ptr()), []).append((start, start + n, name))
+    for group in spans.values():
+        group.sort()
+        for (a0, a1, an), (b0, _b1, bn) in zip(group, group[1:]):
+            if b0 < a1:
+                raise RuntimeError(
+                    f"Some tensors share memory, this will lead to duplicate memory on disk and potential "
+                    f"differences when loading them again: [{{{an!r}, {bn!r}}}]. A potential way to correctly "
+                    "save your model is to use `save_model`. More information at "
+                    "https://huggingface.co/docs/safetensors/torch_shared_tensors"
+                )
+
+
+def save_file(
+    tensors: dict[str, torch.Tensor],
+    filename: str | os.PathLike,
+    metadata: dict[str, str] | None = None,
+    *,
+    align: int = 4096,
+    sync: bool = True,
+    strict: bool = False,
+) -> None:
+    """Save tensors as a safetensors file whose byte buffer starts ``align``-aligned, atomically.
+
+    Args:
+        tensors: name -> contiguous, non-overlapping tensor (any device).
+        filename: destination path.
+        metadata: optional ``__metadata__`` of strings.
+        align: alignment of the byte buffer (power of two >= 8).
+        sync: fsync file and directory (durability).
+        strict: raise GDSUnavailableError instead of falling back to plain writes.
+
+    Example:
+        save_file({"w": torch.randn(4, 4, device="cuda")}, "/mnt/gdsfs/w.safetensors", {"step": "7"})
+    """
+    _check_tensors(tensors)
+    path = os.fspath(filename)
+    entries = [stformat.Entry(n, _FROM_TORCH[t.dtype], tuple(t.shape)) for n, t in tensors.items()]
+    head, infos = stformat.layout(entries, metadata, align)
+    on = _is_gdsfs(path, strict)
+    with atomic.replace(path, sync=sync) as (tmp, fd):
+        items = [(infos[n].offset, byte_view(t)) for n, t in tensors.items() if infos[n].nbytes]
+        if on:
+            transfer(tmp, fd, items, write=True, strict=strict)
+        else:
+            PosixMover().write_from(fd, items)
+        mv = memoryview(head)
+        off = 0
+        while off < len(mv):
+            off += os.pwrite(fd, mv[off:], off)
+        end = len(head) + sum(i.nbytes for i in infos.values())
+        os.ftruncate(fd, end)  # an all-empty file still has its full length
+
+
+def save(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """Encode tensors as safetensors bytes in memory (mirrors ``safetensors.torch.save``; no daemon)."""
+    _check_tensors(tensors)
+    entries = [stformat.Entry(n, _FROM_TORCH[t.dtype], tuple(t.shape)) for n, t in tensors.items()]
+    head, infos = stformat.layout(entries, metadata, 8)
+    out = bytearray(head)
+    out += bytes(sum(i.nbytes for i in infos.values()))
+    for n, t in tensors.items():
+        i = infos[n]
+        if i.nbytes:
+            out[i.offset : i.offset + i.nbytes] = memoryview(byte_view(t.detach().cpu()).numpy())
+    return bytes(out)
+
+
+class _Slice:
+    """A lazily-read tensor of a safe_open file (mirrors safetensors' PySafeSlice)."""
+
+    def __init__(self, owner: "safe_open", info: stformat.TensorInfo) -> None:
+        self._owner = owner
+        self._info = info
+
+    def get_shape(self) -> list[int]:
+        """The tensor's shape."""
+        return list(self._info.shape)
+
+    def get_dtype(self) -> str:
+        """The safetensors dtype name (e.g. "F32")."""
+        return self._info.dtype
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        info = self._info
+        idx = index if isinstance(index, tuple) else (index,)
+        if not info.shape or not idx or idx[0] is Ellipsis:
+            return self._owner.get_tensor(info.name)[index]
+        first = idx[0]
+        rows = info.shape[0]
+        if isinstance(first, int):
+            r = first + rows if first < 0 else first
+            if not 0 <= r < rows:
+                raise IndexError(f"index {first} is out of bounds for dimension 0 with size {rows}")
+            lo, hi, rest = r, r + 1, (0,) + idx[1:]
+        elif isinstance(first, slice):
+            start, stop, step = first.indices(rows)
+            if step <= 0:
+                raise ValueError("gdsfs: slices with a non-positive step are not supported")
+            lo, hi = start, max(start, stop)
+            rest = (slice(0, hi - lo, step),) + idx[1:]
+        else:
+            return self._owner.get_tensor(info.name)[index]
+        row_bytes = info.nbytes // rows if rows else 0
+        block = self._owner._read(info, lo * row_bytes, (hi - lo) * row_bytes, (hi - lo,) + info.shape[1:])
+        return block[rest]
+
+
+class safe_open:
+    """Open a safetensors file for lazy, per-tensor loads (mirrors ``safetensors.safe_open``).
+
+    Args:
+        filename: path of the file.
+        framework: "pt" (torch), the only framework supported.
+        device: where tensors are loaded ("cpu", "cuda", "cuda:N" or an index).
+
+    Example:
+        with safe_open("/mnt/gdsfs/model.safetensors", framework="pt", device="cuda") as f:
+            w = f.get_tensor("layer.weight")
+    """
+
+    def __init__(self, filename: str | os.PathLike, framework: str, device: str | int = "cpu", *, strict: bool = False) -> None:
+        if framework not in ("pt", "torch", "pytorch"):
+            raise ValueError(f"gdsfs: framework {framework!r} is not supported; use 'pt'")
+        self._path = os.fspath(filename)
+        self._dev = _device(device)
+        self._strict = strict
+        self._on = _is_gdsfs(self._path, strict)
+        self._fh: Any = open(self._path, "rb")
+        try:
+            self._header = _read_header(self._fh)
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file; idempotent."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def _file(self) -> Any:
+        if self._fh is None:
+            raise RuntimeError("gdsfs: safe_open file is closed")
+        return self._fh
+
+    def keys(self) -> list[str]:
+        """Tensor names, sorted (as safetensors returns them)."""
+        return sorted(self._header.tensors)
+
+    def offset_keys(self) -> list[str]:
+        """Tensor names in file order."""
+        return list(self._header.tensors)
+
+    def metadata(self) -> dict[str, str] | None:
+        """The ``__metadata__`` map, or None."""
+        return None if self._header.metadata is None else dict(self._header.metadata)
+
+    def _info(self, name: str) -> stformat.TensorInfo:
+        info = self._header.tensors.get(name)
+        if info is None:
+            raise KeyError(f"gdsfs: no tensor {name!r} in {self._path!r}")
+        return info
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        """Load one tensor to the device."""
+        fh = self._file()
+        return _load_tensors(self._path, fh, [self._info(name)], self._dev, self._on, self._strict)[name]
+
+    def get_tensors(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Load several tensors in one batched request."""
+        fh = self._file()
+        return _load_tensors(self._path, fh, [self._info(n) for n in names], self._dev, self._on, self._strict)
+
+    def get_slice(self, name: str) -> _Slice:
+        """A lazy handle whose indexing reads only the rows it needs."""
+        return _Slice(self, self._info(name))
+
+    def _read(self, info: stformat.TensorInfo, rel: int, nbytes: int, shape: tuple[int, ...]) -> torch.Tensor:
+        sub = stformat.TensorInfo(info.name, info.dtype, shape, info.offset + rel, nbytes)
+        return _load_tensors(self._path, self._file(), [sub], self._dev, self._on, self._strict)[info.name]
