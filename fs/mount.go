@@ -51,6 +51,9 @@ type Options struct {
 	AllowOther bool
 	// Debug logs every FUSE operation (very verbose).
 	Debug bool
+	// NoPassthrough makes the daemon serve all reads and writes even where
+	// the kernel offers passthrough (for comparison and tests).
+	NoPassthrough bool
 	// AttrTimeout and EntryTimeout are the kernel's attribute and name
 	// cache timeouts. Zero means the defaults above; negative disables
 	// caching.
@@ -192,7 +195,7 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		return fail(fmt.Errorf("mount %q: %w", o.Mountpoint, err))
 	}
 	s.srv = srv
-	m.pt.start(srv)
+	m.pt.start(srv, o.NoPassthrough)
 	on, why := m.pt.state()
 	ev := m.log.Info()
 	if !on {

@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"strings"
+	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -25,6 +26,13 @@ type node struct {
 	// ctl is the control file's inode; set on the root only, once, by
 	// addControl before the first request.
 	ctl *gofs.Inode
+
+	// dirs holds descriptors of this directory's open handles (see
+	// dirHandle); its lock is only ever taken alone.
+	dirs struct {
+		sync.Mutex
+		fds []int
+	}
 }
 
 var (

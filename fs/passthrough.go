@@ -45,8 +45,11 @@ func newPassthrough(log zerolog.Logger) *passthrough {
 
 // start inspects the kernel's INIT flags and probes a registration with a
 // memfd, which stands for any regular file on an unstacked filesystem.
-func (p *passthrough) start(srv *fuse.Server) {
-	why := p.probe(srv)
+func (p *passthrough) start(srv *fuse.Server, disabled bool) {
+	why := "disabled (--no-passthrough): the daemon serves all I/O"
+	if !disabled {
+		why = p.probe(srv)
+	}
 	p.mu.Lock()
 	p.mu.why = why
 	p.mu.Unlock()

@@ -32,6 +32,7 @@ type mountConfig struct {
 	readOnly     bool
 	allowOther   bool
 	debug        bool
+	noPass       bool
 	background   bool
 	attrTimeout  time.Duration
 	entryTimeout time.Duration
@@ -84,6 +85,7 @@ The mount runs in the foreground until SIGINT/SIGTERM or 'gdsfs unmount'.`,
 	f.BoolVar(&c.readOnly, "read-only", false, "mount read-only")
 	f.BoolVar(&c.allowOther, "allow-other", false, "let other users use the mount (the kernel still enforces the backing files' permissions)")
 	f.BoolVar(&c.debug, "debug", false, "log every FUSE operation (very verbose)")
+	f.BoolVar(&c.noPass, "no-passthrough", false, "serve all reads and writes in the daemon, even where the kernel offers passthrough")
 	f.BoolVar(&c.background, "background", false, "detach once the mount is ready; exit 0 only then")
 	f.DurationVar(&c.attrTimeout, "attr-timeout", fs.DefaultAttrTimeout, "how long the kernel caches file attributes (0 disables)")
 	f.DurationVar(&c.entryTimeout, "entry-timeout", fs.DefaultEntryTimeout, "how long the kernel caches names (0 disables)")
@@ -258,15 +260,16 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	srv, err := fs.Mount(ctx, fs.Options{
-		Source:       c.source,
-		Mountpoint:   c.mountpoint,
-		ReadOnly:     c.readOnly,
-		AllowOther:   c.allowOther,
-		Debug:        c.debug,
-		AttrTimeout:  flagTimeout(c.attrTimeout),
-		EntryTimeout: flagTimeout(c.entryTimeout),
-		Control:      ctl,
-		Logger:       log,
+		Source:        c.source,
+		Mountpoint:    c.mountpoint,
+		ReadOnly:      c.readOnly,
+		AllowOther:    c.allowOther,
+		Debug:         c.debug,
+		NoPassthrough: c.noPass,
+		AttrTimeout:   flagTimeout(c.attrTimeout),
+		EntryTimeout:  flagTimeout(c.entryTimeout),
+		Control:       ctl,
+		Logger:        log,
 	})
 	if err != nil {
 		if ctlCloser != nil {
