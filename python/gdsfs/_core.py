@@ -59,3 +59,674 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
 Ref is a frozen, picklable descriptor: it crosses process boundaries, slabs
 and file descriptors never do.
 """
+
+from __future__ import annotations
+
+import errno as _errno
+import fcntl
+import json
+import mmap
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence, Union
+
+from . import _protocol as proto
+from ._errors import GDSUnavailableError, warn_fallback
+
+__all__ = [
+    "Capabilities",
+    "Ref",
+    "Session",
+    "capabilities",
+    "find_mount",
+    "is_gdsfs_path",
+    "layout",
+    "status",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+CONTROL_NAME = ".gdsfs"
+INFO_XATTR = "user.gdsfs.info"
+INDEX_XATTR = "user.gdsfs.index"
+STATS_XATTR = "user.gdsfs.stats"
+
+# How long read()/alloc() retry on EAGAIN (pool full) before giving up. In a
+# DataLoader the main process releases leases as it consumes batches, so a
+# worker that finds the pool full waits for it to drain.
+EAGAIN_TIMEOUT_S = 120.0
+
+
+def _fileno(f: Any) -> int:
+    return f if isinstance(f, int) else f.fileno()
+
+
+def _daemon_error(op: str, err: OSError, what: str = "") -> GDSUnavailableError:
+    hint = proto.ERRNO_HINTS.get(err.errno or 0, "see the daemon log")
+    name = _errno.errorcode.get(err.errno or 0, str(err.errno))
+    where = f" {what}" if what else ""
+    return GDSUnavailableError(f"gdsfs: {op}{where} failed: {name}: {hint}", errno=err.errno)
+
+
+def find_mount(path: PathLike) -> str | None:
+    """The root of the gdsfs mount that holds path, or None.
+
+    Args:
+        path: any existing path (file or directory).
+
+    Returns:
+        The absolute mount root, or None when path is not on a gdsfs mount.
+    """
+    try:
+        p = os.path.realpath(os.fspath(path))
+    except (TypeError, ValueError):
+        return None
+    if not os.path.exists(p):
+        p = os.path.dirname(p)
+    while True:
+        if os.path.ismount(p):
+            ctl = os.path.join(p, CONTROL_NAME)
+            try:
+                os.getxattr(p, INFO_XATTR)
+            except OSError:
+                return None
+            return p if os.path.exists(ctl) else None
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
+def is_gdsfs_path(path: PathLike) -> bool:
+    """True when path lies on a gdsfs mount."""
+    return find_mount(path) is not None
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A picklable descriptor of one lease: bytes the daemon put in a slab.
+
+    Refs cross process boundaries (DataLoader workers hand them to the main
+    process); slabs and descriptors never do. The bytes of the range are
+    ``[offset, offset + valid)`` of slab ``slab``.
+
+    Attributes:
+        mount: root of the gdsfs mount that served the read.
+        session: session id of the token the lease belongs to.
+        secret: secret of that token.
+        daemon_pid: the daemon process (slab ids are unique per daemon run).
+        lease: lease id (0 when no memory was needed: valid == 0).
+        slab: slab id (0 when lease is 0).
+        offset: byte offset in the slab of the first requested byte.
+        length: the requested length.
+        valid: bytes of file data at offset (< length only at end of file).
+        device: -1 for host shared memory, else the CUDA device ordinal.
+        engine: name of the engine that moved the bytes (host, posix, gds, ...).
+    """
+
+    mount: str
+    session: int
+    secret: int
+    daemon_pid: int
+    lease: int
+    slab: int
+    offset: int
+    length: int
+    valid: int
+    device: int
+    engine: str
+
+    @property
+    def token(self) -> proto.Token:
+        return proto.Token(self.session, self.secret)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the gdsfs daemon serves for a path.
+
+    Attributes:
+        mount: the mount root.
+        engine: engine serving this path (host, posix, gds, gds-compat).
+        reason: why that engine was chosen.
+        gds: True when true or compat cuFile serves the path.
+        devices: CUDA device ordinals with slabs ([] in host mode).
+        host_slabs: True when shared host memory slabs are served.
+        io_alignment: alignment the daemon widens reads to.
+        max_lease: largest range one lease can hold.
+        format: index format of the file (tar, mds, safetensors, zip, npy) or "".
+        daemon_version: the daemon's version string.
+        writable: True when WRITE/ALLOC are served.
+        info: the full user.gdsfs.info document.
+    """
+
+    mount: str
+    engine: str
+    reason: str
+    gds: bool
+    devices: list[int]
+    host_slabs: bool
+    io_alignment: int
+    max_lease: int
+    format: str
+    daemon_version: str
+    writable: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _require_mount(path: PathLike) -> str:
+    mount = find_mount(path)
+    if mount is None:
+        raise GDSUnavailableError(f"gdsfs: {os.fspath(path)!r} is not on a gdsfs mount: mount its directory with `gdsfs mount`")
+    return mount
+
+
+def capabilities(path: PathLike) -> Capabilities:
+    """What the daemon serves for path (which engine, devices, alignment).
+
+    Args:
+        path: a file or directory on a gdsfs mount.
+
+    Raises:
+        GDSUnavailableError: path is not on a gdsfs mount.
+
+    Example:
+        >>> gdsfs.capabilities("/mnt/data/shard-000.tar").engine
+        'host'
+    """
+    mount = _require_mount(path)
+    try:
+        info = json.loads(os.getxattr(os.fspath(path), INFO_XATTR))
+    except OSError as e:
+        raise _daemon_error("getxattr user.gdsfs.info", e, repr(os.fspath(path))) from e
+    fd = os.open(os.path.join(mount, CONTROL_NAME), os.O_RDONLY)
+    try:
+        hello = _hello(fd)
+    finally:
+        os.close(fd)
+    engine = str(info.get("engine") or hello.engine)
+    return Capabilities(
+        mount=mount,
+        engine=engine,
+        reason=str(info.get("reason", "")),
+        gds=engine in ("gds", "gds-compat"),
+        devices=list(range(hello.devices)),
+        host_slabs=bool(hello.caps & proto.CAP_HOST_SLABS),
+        io_alignment=int(info.get("align", hello.align)),
+        max_lease=hello.max_lease,
+        format=str(info.get("format", "")),
+        daemon_version=hello.daemon_version,
+        writable=bool(hello.caps & proto.CAP_WRITE),
+        info=info,
+    )
+
+
+def _paged(fd: int, cmd: int, size: int, op: str) -> bytes:
+    for _attempt in range(8):
+        buf = proto.encode_page(None, size, 0)
+        fcntl.ioctl(fd, cmd, buf, True)
+        first = proto.decode_page(buf)
+        parts = [first.data]
+        got = len(first.data)
+        restart = False
+        while got < first.total:
+            buf = proto.encode_page(None, size, got)
+            fcntl.ioctl(fd, cmd, buf, True)
+            page = proto.decode_page(buf)
+            if page.generation != first.generation:
+                restart = True
+                break
+            if not page.data:
+                raise GDSUnavailableError(f"gdsfs: {op}: empty page at offset {got} of {first.total}")
+            parts.append(page.data)
+            got += len(page.data)
+        if not restart:
+            return b"".join(parts)
+    raise GDSUnavailableError(f"gdsfs: {op}: the document kept changing while being read; retry")
+
+
+def layout(path: PathLike) -> dict[str, Any]:
+    """The daemon's parsed index of a shard (tar, MDS, safetensors, zip, npy).
+
+    Args:
+        path: a file on a gdsfs mount.
+
+    Returns:
+        The index document (docs/index-format.md), as parsed JSON.
+
+    Raises:
+        GDSUnavailableError: not on a gdsfs mount, or the file has no
+            recognised format (errno ENODATA).
+    """
+    _require_mount(path)
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        return json.loads(_paged(fd, proto.INDEX, proto.INDEX_SIZE, "INDEX"))
+    except OSError as e:
+        raise _daemon_error("INDEX", e, repr(os.fspath(path))) from e
+    finally:
+        os.close(fd)
+
+
+def status(path: PathLike) -> dict[str, Any]:
+    """The daemon's status document (sessions, leases, pool, counters).
+
+    Args:
+        path: any path on the mount (its root is used).
+    """
+    mount = _require_mount(path)
+    fd = os.open(os.path.join(mount, CONTROL_NAME), os.O_RDONLY)
+    try:
+        return json.loads(_paged(fd, proto.STATUS, proto.STATUS_SIZE, "STATUS"))
+    except OSError as e:
+        raise _daemon_error("STATUS", e) from e
+    finally:
+        os.close(fd)
+
+
+def _hello(fd: int) -> proto.Hello:
+    buf = proto.request(proto.HELLO_SIZE)
+    try:
+        fcntl.ioctl(fd, proto.HELLO, buf, True)
+    except OSError as e:
+        raise _daemon_error("HELLO", e) from e
+    h = proto.decode_hello(buf)
+    if h.version != proto.VERSION:
+        raise GDSUnavailableError(f"gdsfs: daemon speaks protocol {h.version}, this client {proto.VERSION}: upgrade the gdsfs Python package")
+    return h
+
+
+class _HostMapping:
+    """One host slab mmapped into this process."""
+
+    def __init__(self, desc: proto.SlabDesc) -> None:
+        path = desc.handle.decode()
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self.mm = mmap.mmap(fd, desc.size + desc.map_offset, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.base = desc.map_offset
+        self.size = desc.size
+        self.view = memoryview(self.mm)
+
+
+class _ProcessSlabs:
+    """Per-process cache of slab descriptors and host mappings.
+
+    A slab is mapped once per process (CUDA forbids opening an IPC handle
+    twice in one process) and kept for the life of the process: slab ids are
+    not reused while a daemon runs, and keys include the daemon's pid.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.descs: dict[tuple[str, int, int], proto.SlabDesc] = {}
+        self.host: dict[tuple[str, int, int], _HostMapping] = {}
+        self.cuda: dict[tuple[str, int, int], Any] = {}
+
+    def reset(self) -> None:
+        # After fork: CUDA mappings do not survive, host mmaps do but a child
+        # maps what it needs itself.
+        self.lock = threading.Lock()
+        self.descs = {}
+        self.host = {}
+        self.cuda = {}
+
+
+_slabs = _ProcessSlabs()
+# Open sessions of this process by (mount, session id), so that a Ref that
+# arrives from a worker finds the control descriptor it needs for SLAB and
+# RELEASE without opening another one.
+_open_sessions: "weakref.WeakValueDictionary[tuple[str, int], Session]" = weakref.WeakValueDictionary()
+# Token-only sessions this process made for Refs it was handed.
+_token_sessions: dict[tuple[str, int], Session] = {}
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_slabs.reset)
+
+
+class Session:
+    """A session of the gdsfs daemon: the owner of leases (slab memory).
+
+    Open it in the main process; it pickles as a small token, so DataLoader
+    workers (forked or spawned) can read() into the same session, while the
+    main process maps slabs and releases leases. Closing the session (or the
+    exit of the process that opened it) returns every lease to the pool.
+
+    Args:
+        mount: the gdsfs mount root (see find_mount) or any path on it.
+        device: target device for reads: -1 for host memory, a CUDA ordinal,
+            or None for the daemon's default (device 0 when it has CUDA
+            slabs, else host memory).
+
+    Example:
+        >>> with gdsfs.Session("/mnt/data") as s, open("/mnt/data/a.bin", "rb") as f:
+        ...     [ref] = s.read(f, [(0, 4096)])
+        ...     bytes(s.host_buffer(ref)[:4])
+    """
+
+    def __init__(self, mount: PathLike, *, device: int | None = None) -> None:
+        root = _require_mount(mount)
+        self.mount = root
+        self._cfd: int | None = os.open(os.path.join(root, CONTROL_NAME), os.O_RDONLY)
+        self._owner_pid = os.getpid()
+        self._lock = threading.Lock()
+        try:
+            self.hello = _hello(self._cfd)
+        except BaseException:
+            os.close(self._cfd)
+            raise
+        self.token = self.hello.token
+        self.device = self._default_device(device)
+        self._closed = False
+        self._finalizer = weakref.finalize(self, os.close, self._cfd)
+        _open_sessions[(root, self.token.session)] = self
+
+    @classmethod
+    def open(cls, path: PathLike, *, device: int | None = None, strict: bool = False) -> "Session | None":
+        """A session of the mount holding path, or None (with a one-time
+        GDSFallbackWarning) when path is not on a gdsfs mount or the daemon
+        cannot serve it; strict=True raises GDSUnavailableError instead."""
+        mount = find_mount(path)
+        if mount is None:
+            warn_fallback(f"{os.fspath(path)!r} is not on a gdsfs mount", strict=strict)
+            return None
+        try:
+            return cls(mount, device=device)
+        except (GDSUnavailableError, OSError) as e:
+            warn_fallback(f"the gdsfs daemon at {mount!r} cannot serve: {e}", strict=strict)
+            return None
+
+    def _default_device(self, device: int | None) -> int:
+        if device is not None:
+            if device == proto.DEVICE_HOST:
+                if not self.hello.caps & proto.CAP_HOST_SLABS:
+                    raise GDSUnavailableError(f"gdsfs: the daemon at {self.mount!r} serves no host memory: ask for a CUDA device")
+            elif not 0 <= device < self.hello.devices:
+                raise GDSUnavailableError(f"gdsfs: the daemon at {self.mount!r} has no slabs on CUDA device {device} ({self.hello.devices} devices)")
+            return device
+        return 0 if self.hello.devices > 0 else proto.DEVICE_HOST
+
+    # Pickling: only the token travels.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"mount": self.mount, "hello": tuple(self.hello), "device": self.device}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        h = list(state["hello"])
+        h[3] = proto.Token(*h[3])
+        self.hello = proto.Hello(*h)
+        self.mount = state["mount"]
+        self.token = self.hello.token
+        self.device = state["device"]
+        self._cfd = None
+        self._owner_pid = -1
+        self._lock = threading.Lock()
+        self._closed = False
+        self._finalizer = None
+
+    @property
+    def host_mode(self) -> bool:
+        """True when this session reads into host shared memory."""
+        return self.device == proto.DEVICE_HOST
+
+    @property
+    def engine(self) -> str:
+        """The daemon's default engine name."""
+        return self.hello.engine
+
+    @property
+    def max_lease(self) -> int:
+        """Largest range one lease can hold."""
+        return self.hello.max_lease
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session(mount={self.mount!r}, session={self.token.session}, device={self.device}, engine={self.engine!r})"
+
+    def close(self) -> None:
+        """End the session (in the process that opened it): every lease it
+        holds returns to the pool. Idempotent. In other processes it only
+        drops this process's control descriptor."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._finalizer is not None:
+                self._finalizer()
+            elif self._cfd is not None:
+                os.close(self._cfd)
+            self._cfd = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _control_fd(self) -> tuple[int, proto.Token | None]:
+        """A control descriptor and the token to name on it: our own open
+        (token 0,0) where we have it, else a private open naming our token."""
+        if self._closed:
+            raise GDSUnavailableError("gdsfs: the session is closed: open a new Session")
+        with self._lock:
+            if self._cfd is None:
+                self._cfd = os.open(os.path.join(self.mount, CONTROL_NAME), os.O_RDONLY)
+                self._finalizer = weakref.finalize(self, os.close, self._cfd)
+                return self._cfd, self.token
+            if self._owner_pid == os.getpid():
+                return self._cfd, None
+            return self._cfd, self.token
+
+    def _make_ref(self, d: proto.LeaseDesc, device: int) -> Ref:
+        return Ref(
+            mount=self.mount,
+            session=self.token.session,
+            secret=self.token.secret,
+            daemon_pid=self.hello.daemon_pid,
+            lease=d.lease,
+            slab=d.slab,
+            offset=d.offset,
+            length=d.length,
+            valid=d.valid,
+            device=device,
+            engine=proto.ENGINES.get(d.engine, str(d.engine)),
+        )
+
+    def _ioctl_retry(self, fd: int, cmd: int, buf: bytearray, op: str, deadline_s: float) -> None:
+        """ioctl that waits (with backoff) while the pool is full."""
+        delay = 0.001
+        start = time.monotonic()
+        template = bytes(buf)
+        while True:
+            try:
+                fcntl.ioctl(fd, cmd, buf, True)
+                return
+            except OSError as e:
+                if e.errno == _errno.EINTR or (e.errno == _errno.EAGAIN and time.monotonic() - start < deadline_s):
+                    buf[:] = template
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.05)
+                    continue
+                raise
+
+    def read(self, fd: Any, ranges: Sequence[tuple[int, int]], *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> list[Ref]:
+        """Read byte ranges of an open file on the mount into slab memory.
+
+        Args:
+            fd: a descriptor (int) or file object opened on this mount.
+            ranges: (offset, length) pairs; any number (split into READs of
+                at most max_ranges).
+            device: override the session's target device.
+            timeout: seconds to wait for pool space when the pool is full.
+
+        Returns:
+            One Ref per range, in order. The bytes are in place on return.
+
+        Raises:
+            GDSUnavailableError: the daemon refused (errno and a hint in the
+                message), or the pool stayed full for timeout seconds.
+        """
+        dev = self.device if device is None else device
+        fdn = _fileno(fd)
+        for off, length in ranges:
+            if length > self.hello.max_lease:
+                raise ValueError(f"gdsfs: range ({off}, {length}) is longer than one slab ({self.hello.max_lease} bytes): split it")
+        out: list[Ref] = []
+        step = max(1, min(self.hello.max_ranges or proto.MAX_RANGES, proto.MAX_RANGES))
+        for i in range(0, len(ranges), step):
+            self._read_chunk(fdn, list(ranges[i : i + step]), dev, timeout, out)
+        return out
+
+    def _read_chunk(self, fd: int, ranges: list[tuple[int, int]], dev: int, timeout: float, out: list[Ref]) -> None:
+        buf = proto.encode_read(self.token, dev, ranges)
+        try:
+            self._ioctl_retry(fd, proto.READ, buf, "READ", timeout)
+        except OSError as e:
+            if e.errno == _errno.E2BIG and len(ranges) > 1:
+                # Together larger than the pool: read in halves.
+                half = len(ranges) // 2
+                self._read_chunk(fd, ranges[:half], dev, timeout, out)
+                self._read_chunk(fd, ranges[half:], dev, timeout, out)
+                return
+            raise _daemon_error("READ", e, f"of {len(ranges)} ranges") from e
+        out.extend(self._make_ref(d, dev) for d in proto.decode_read(buf, len(ranges)))
+
+    def read_names(self, fd: Any, names: Sequence[str], *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> list[Ref]:
+        """Read index entries by name (tar member path, MDS "sample/field",
+        safetensors tensor, zip record, "data" of an .npy) into slabs."""
+        dev = self.device if device is None else device
+        fdn = _fileno(fd)
+        out: list[Ref] = []
+        i = 0
+        names = list(names)
+        while i < len(names):
+            n, used = 0, 0
+            while i + n < len(names) and n < proto.MAX_RANGES and used + len(names[i + n].encode()) + 1 <= proto.NAMES_BYTES:
+                used += len(names[i + n].encode()) + 1
+                n += 1
+            if n == 0:
+                raise ValueError(f"gdsfs: name {names[i][:64]!r}... is longer than the names area")
+            buf = proto.encode_read_names(self.token, dev, names[i : i + n])
+            try:
+                self._ioctl_retry(fdn, proto.READ_NAMES, buf, "READ_NAMES", timeout)
+            except OSError as e:
+                raise _daemon_error("READ_NAMES", e, f"of {n} names") from e
+            out.extend(self._make_ref(d, dev) for d in proto.decode_read(buf, n))
+            i += n
+        return out
+
+    def alloc(self, nbytes: int, *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> Ref:
+        """A writable lease of nbytes (for writes to files on the mount)."""
+        dev = self.device if device is None else device
+        fd, tok = self._control_fd()
+        buf = proto.encode_alloc(tok, dev, nbytes)
+        try:
+            self._ioctl_retry(fd, proto.ALLOC, buf, "ALLOC", timeout)
+        except OSError as e:
+            raise _daemon_error("ALLOC", e, f"of {nbytes} bytes") from e
+        return self._make_ref(proto.decode_lease(buf, 32), dev)
+
+    def write(self, fd: Any, ref: Ref, offset: int, nbytes: int | None = None, *, lease_offset: int = 0, sync: bool = False) -> int:
+        """Write a lease's bytes to an open (writable) file on the mount.
+
+        Args:
+            fd: descriptor or file object opened for writing on the mount.
+            ref: a lease of this session (from alloc() or read()).
+            offset: file offset to write at.
+            nbytes: bytes to write (default: ref.valid - lease_offset).
+            lease_offset: first byte of the lease to write.
+            sync: fdatasync the file before returning.
+
+        Returns:
+            Bytes written.
+        """
+        n = ref.valid - lease_offset if nbytes is None else nbytes
+        buf = proto.encode_write(self.token, ref.lease, lease_offset, offset, n, sync=sync)
+        try:
+            fcntl.ioctl(_fileno(fd), proto.WRITE, buf, True)
+        except OSError as e:
+            raise _daemon_error("WRITE", e, f"of {n} bytes at {offset}") from e
+        written, _engine = proto.decode_write(buf)
+        return written
+
+    def release(self, refs: Iterable[Ref | int]) -> None:
+        """Return leases to the pool. Unknown or already released ids are
+        ignored (the daemon answers ENOENT for them)."""
+        ids = [r if isinstance(r, int) else r.lease for r in refs]
+        ids = [i for i in ids if i]
+        if not ids or self._closed:
+            return
+        fd, tok = self._control_fd()
+        for i in range(0, len(ids), proto.MAX_RELEASE):
+            chunk = ids[i : i + proto.MAX_RELEASE]
+            buf = proto.encode_release(tok, chunk)
+            try:
+                fcntl.ioctl(fd, proto.RELEASE, buf, True)
+            except OSError as e:
+                raise _daemon_error("RELEASE", e, f"of {len(chunk)} leases") from e
+
+    def slab_info(self, slab: int) -> proto.SlabDesc:
+        """How to map a slab (cached per process)."""
+        key = (self.mount, self.hello.daemon_pid, slab)
+        d = _slabs.descs.get(key)
+        if d is not None:
+            return d
+        fd, tok = self._control_fd()
+        buf = proto.encode_slab(tok, slab)
+        try:
+            fcntl.ioctl(fd, proto.SLAB, buf, True)
+        except OSError as e:
+            raise _daemon_error("SLAB", e, f"of slab {slab}") from e
+        d = proto.decode_slab(buf)
+        with _slabs.lock:
+            _slabs.descs[key] = d
+        return d
+
+    def _host_mapping(self, slab: int) -> _HostMapping:
+        key = (self.mount, self.hello.daemon_pid, slab)
+        m = _slabs.host.get(key)
+        if m is not None:
+            return m
+        d = self.slab_info(slab)
+        if d.kind != proto.SLAB_KIND_HOST:
+            raise GDSUnavailableError(f"gdsfs: slab {slab} is CUDA memory (device {d.device}): materialize it with gdsfs.torch")
+        with _slabs.lock:
+            m = _slabs.host.get(key)
+            if m is None:
+                m = _HostMapping(d)
+                _slabs.host[key] = m
+        return m
+
+    def host_buffer(self, ref: Ref) -> memoryview:
+        """A writable memoryview of ref's valid bytes in its host slab."""
+        if ref.lease == 0:
+            return memoryview(bytearray(0))
+        m = self._host_mapping(ref.slab)
+        start = m.base + ref.offset
+        if ref.offset + ref.valid > m.size:
+            raise GDSUnavailableError(f"gdsfs: lease {ref.lease} [{ref.offset}, +{ref.valid}) lies outside slab {ref.slab} of {m.size} bytes")
+        return m.view[start : start + ref.valid]
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's status document."""
+        return status(self.mount)
+
+
+def session_for(ref: Ref) -> Session:
+    """The session of this process that a Ref belongs to: the open one when
+    this process opened it, else a token-only session for its mount."""
+    s = _open_sessions.get((ref.mount, ref.session))
+    if s is not None and not s.closed:
+        return s
+    s = _token_sessions.get((ref.mount, ref.session))
+    if s is not None:
+        return s
+    s = Session.__new__(Session)
+    s.__setstate__({"mount": ref.mount, "hello": (proto.VERSION, os.getuid(), 0, (ref.session, ref.secret), proto.MAX_RANGES, proto.NAMES_BYTES, 4096, 0, 1 << 62, 16256, ref.daemon_pid, "", ""), "device": ref.device})
+    _token_sessions[(ref.mount, ref.session)] = s
+    return s

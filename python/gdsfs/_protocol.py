@@ -1,0 +1,255 @@
+"""Encoding of the gdsfs control-path wire protocol, version 1.
+
+docs/protocol.md is normative; this module mirrors it with struct formats.
+Every command is _IOWR and uses one fixed-size buffer that holds the request
+on the way in and the reply on the way out.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import struct
+from typing import NamedTuple, Sequence
+
+MAGIC = 0x53464447
+VERSION = 1
+HEADER_BYTES = 32
+MAX_RANGES = 256
+MAX_RELEASE = 256
+NAMES_BYTES = 12288
+PAGE_DATA_OFFSET = 64
+
+DEVICE_HOST = -1
+
+CAP_HOST_SLABS = 1 << 0
+CAP_CUDA_SLABS = 1 << 1
+CAP_READ_NAMES = 1 << 2
+CAP_INDEX = 1 << 3
+CAP_WRITE = 1 << 4
+
+SLAB_KIND_HOST = 1
+SLAB_KIND_CUDA = 2
+
+WRITE_SYNC = 1
+
+ENGINES = {0: "none", 1: "host", 2: "posix", 3: "gds", 4: "gds-compat"}
+
+
+def _iowr(nr: int, size: int) -> int:
+    return (3 << 30) | (size << 16) | (0x47 << 8) | nr
+
+
+HELLO_SIZE = 256
+SLAB_SIZE = 640
+ALLOC_SIZE = 128
+RELEASE_SIZE = 2112
+STATUS_SIZE = 16320
+READ_SIZE = 12352
+WRITE_SIZE = 128
+INDEX_SIZE = 16320
+
+HELLO = _iowr(0x01, HELLO_SIZE)
+SLAB = _iowr(0x02, SLAB_SIZE)
+ALLOC = _iowr(0x03, ALLOC_SIZE)
+RELEASE = _iowr(0x04, RELEASE_SIZE)
+STATUS = _iowr(0x05, STATUS_SIZE)
+READ = _iowr(0x10, READ_SIZE)
+READ_NAMES = _iowr(0x11, READ_SIZE)
+WRITE = _iowr(0x12, WRITE_SIZE)
+INDEX = _iowr(0x13, INDEX_SIZE)
+
+_HEADER = struct.Struct("<IHHQQQ")
+_LEASE = struct.Struct("<QQQQQII")
+LEASE_BYTES = _LEASE.size  # 48
+
+
+class Token(NamedTuple):
+    """A session token: (session id, secret)."""
+
+    session: int
+    secret: int
+
+
+class Hello(NamedTuple):
+    """The HELLO reply."""
+
+    version: int
+    uid: int
+    caps: int
+    token: Token
+    max_ranges: int
+    max_names_bytes: int
+    align: int
+    devices: int
+    max_lease: int
+    page: int
+    daemon_pid: int
+    engine: str
+    daemon_version: str
+
+
+class LeaseDesc(NamedTuple):
+    """A lease descriptor (READ, READ_NAMES and ALLOC replies)."""
+
+    lease: int
+    slab: int
+    offset: int
+    length: int
+    valid: int
+    engine: int
+
+
+class SlabDesc(NamedTuple):
+    """The SLAB reply: how to map a slab."""
+
+    slab: int
+    size: int
+    map_offset: int
+    kind: int
+    device: int
+    handle: bytes
+
+
+class Page(NamedTuple):
+    """One page of a STATUS or INDEX document."""
+
+    total: int
+    generation: int
+    data: bytes
+
+
+def request(size: int, token: Token | None = None) -> bytearray:
+    """A zeroed request buffer of size bytes with the common header filled."""
+    buf = bytearray(size)
+    s, k = token if token is not None else (0, 0)
+    _HEADER.pack_into(buf, 0, MAGIC, VERSION, 0, s, k, 0)
+    return buf
+
+
+def _cstr(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode("ascii", "replace")
+
+
+def decode_hello(buf: bytes) -> Hello:
+    version, uid, caps, sess, secret, max_ranges, max_names, align, devices = struct.unpack_from("<IIQQQIIII", buf, 32)
+    max_lease, page, pid = struct.unpack_from("<QQI", buf, 80)
+    return Hello(
+        version=version,
+        uid=uid,
+        caps=caps,
+        token=Token(sess, secret),
+        max_ranges=max_ranges,
+        max_names_bytes=max_names,
+        align=align,
+        devices=devices,
+        max_lease=max_lease,
+        page=page,
+        daemon_pid=pid,
+        engine=_cstr(buf[104:136]),
+        daemon_version=_cstr(buf[136:168]),
+    )
+
+
+def encode_slab(token: Token | None, slab: int) -> bytearray:
+    buf = request(SLAB_SIZE, token)
+    struct.pack_into("<Q", buf, 32, slab)
+    return buf
+
+
+def decode_slab(buf: bytes) -> SlabDesc:
+    slab, size, map_offset, kind, device, handle_len = struct.unpack_from("<QQQIiI", buf, 32)
+    if handle_len > 512:
+        raise ValueError(f"gdsfs: SLAB reply handle_len {handle_len} > 512")
+    return SlabDesc(slab, size, map_offset, kind, device, bytes(buf[128 : 128 + handle_len]))
+
+
+def encode_alloc(token: Token | None, device: int, length: int) -> bytearray:
+    buf = request(ALLOC_SIZE, token)
+    struct.pack_into("<iIQ", buf, 32, device, 0, length)
+    return buf
+
+
+def decode_lease(buf: bytes, off: int) -> LeaseDesc:
+    lease, slab, offset, length, valid, engine, _ = _LEASE.unpack_from(buf, off)
+    return LeaseDesc(lease, slab, offset, length, valid, engine)
+
+
+def encode_release(token: Token | None, ids: Sequence[int]) -> bytearray:
+    if not 1 <= len(ids) <= MAX_RELEASE:
+        raise ValueError(f"gdsfs: RELEASE of {len(ids)} ids (1..{MAX_RELEASE})")
+    buf = request(RELEASE_SIZE, token)
+    struct.pack_into("<I", buf, 32, len(ids))
+    struct.pack_into(f"<{len(ids)}Q", buf, 64, *ids)
+    return buf
+
+
+def decode_release(buf: bytes, count: int) -> tuple[int, list[int]]:
+    (released,) = struct.unpack_from("<I", buf, 32)
+    return released, list(struct.unpack_from(f"<{count}i", buf, 64))
+
+
+def encode_page(token: Token | None, size: int, offset: int) -> bytearray:
+    buf = request(size, token)
+    struct.pack_into("<Q", buf, 32, offset)
+    return buf
+
+
+def decode_page(buf: bytes) -> Page:
+    total, generation, n = struct.unpack_from("<QQI", buf, 32)
+    if n > len(buf) - PAGE_DATA_OFFSET:
+        raise ValueError(f"gdsfs: page len {n} exceeds the buffer")
+    return Page(total, generation, bytes(buf[PAGE_DATA_OFFSET : PAGE_DATA_OFFSET + n]))
+
+
+def encode_read(token: Token, device: int, ranges: Sequence[tuple[int, int]]) -> bytearray:
+    n = len(ranges)
+    if not 1 <= n <= MAX_RANGES:
+        raise ValueError(f"gdsfs: READ of {n} ranges (1..{MAX_RANGES})")
+    buf = request(READ_SIZE, token)
+    struct.pack_into("<iII", buf, 32, device, 0, n)
+    flat: list[int] = []
+    for off, length in ranges:
+        flat.append(off)
+        flat.append(length)
+    struct.pack_into(f"<{2 * n}Q", buf, 64, *flat)
+    return buf
+
+
+def encode_read_names(token: Token, device: int, names: Sequence[str]) -> bytearray:
+    n = len(names)
+    if not 1 <= n <= MAX_RANGES:
+        raise ValueError(f"gdsfs: READ_NAMES of {n} names (1..{MAX_RANGES})")
+    area = b"".join(name.encode() + b"\0" for name in names)
+    if len(area) > NAMES_BYTES:
+        raise ValueError(f"gdsfs: READ_NAMES names take {len(area)} bytes (max {NAMES_BYTES})")
+    buf = request(READ_SIZE, token)
+    struct.pack_into("<iIII", buf, 32, device, 0, n, len(area))
+    buf[64 : 64 + len(area)] = area
+    return buf
+
+
+def decode_read(buf: bytes, count: int) -> list[LeaseDesc]:
+    return [decode_lease(buf, 64 + i * LEASE_BYTES) for i in range(count)]
+
+
+def encode_write(token: Token, lease: int, lease_offset: int, file_offset: int, length: int, *, sync: bool = False) -> bytearray:
+    buf = request(WRITE_SIZE, token)
+    struct.pack_into("<QQQQI", buf, 32, lease, lease_offset, file_offset, length, WRITE_SYNC if sync else 0)
+    return buf
+
+
+def decode_write(buf: bytes) -> tuple[int, int]:
+    written, engine = struct.unpack_from("<QI", buf, 32)
+    return written, engine
+
+
+ERRNO_HINTS = {
+    _errno.EAGAIN: "the daemon's buffer pool is full: release leases (consume batches) or mount with a larger pool",
+    _errno.E2BIG: "a range is larger than one slab: split it",
+    _errno.EPERM: "the session token is not valid for this process (session ended, or another uid)",
+    _errno.ENODEV: "the daemon has no slabs for that device",
+    _errno.ENOTTY: "the file is not on a gdsfs mount, or the daemon does not speak this command",
+    _errno.EPROTO: "the daemon speaks another protocol version: upgrade the gdsfs Python package",
+    _errno.EROFS: "the mount is read-only",
+    _errno.EBADF: "the file is not open for writing",
+}
