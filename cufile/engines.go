@@ -261,8 +261,8 @@ func (e *Engines) Engine(name string) (Engine, bool) {
 	return nil, false
 }
 
-// For returns the engine that serves backing file f (at path, for messages)
-// and why. With GDS it registers the file with cuFile once; a file cuFile
+// For returns the engine that serves backing file f (at path) and why. f may
+// be nil when only the path is known (xattrs): For then opens path itself. With GDS it registers the file with cuFile once; a file cuFile
 // refuses is served by the posix engine, and that is logged once per file.
 // The returned engine also falls back to posix, for that file, if cuFile
 // fails mid-transfer: clients never see a cuFile error.
@@ -273,6 +273,14 @@ func (e *Engines) For(f *os.File, path string) (Engine, string) {
 			return e.host, r.Why
 		}
 		return e.posix, r.Why
+	}
+	if f == nil {
+		own, err := os.Open(path)
+		if err != nil {
+			return e.posix, fmt.Sprintf("posix: open %q: %v", path, err)
+		}
+		defer own.Close()
+		f = own
 	}
 	k, err := keyOf(f, false)
 	if err != nil {
@@ -353,4 +361,32 @@ func (e *Engines) Close() error {
 		errs = append(errs, e.hostBE.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// ProbeFile reports whether cuFile accepts the file at path
+// (cuFileHandleRegister), whatever engine the file would get. It returns a
+// failed probe without a GPU or libcufile.
+func (e *Engines) ProbeFile(path string) Probe {
+	p := Probe{Name: "cuFileHandleRegister"}
+	if e.gds == nil {
+		p.Detail = "not tried: cuFile is not usable on this host (see above)"
+		return p
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		p.Detail = err.Error()
+		return p
+	}
+	defer f.Close()
+	if err := e.gds.probe(f); err != nil {
+		p.Detail = err.Error()
+		var fe *FileError
+		if errors.As(err, &fe) && fe.Code == fileHandleNotRegistered {
+			p.Detail += " (cuFile cannot classify the file's block device: is there a udev record for it in /run/udev/data?)"
+		}
+		return p
+	}
+	p.OK = true
+	p.Detail = "registered"
+	return p
 }

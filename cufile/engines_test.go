@@ -84,6 +84,9 @@ func TestOpenWithoutGPU(t *testing.T) {
 			if eng.Name() != EngineHost || why == "" {
 				t.Fatalf("For = %s (%q)", eng.Name(), why)
 			}
+			if eng2, why2 := e.For(nil, f.Name()); eng2 != eng || why2 != why {
+				t.Errorf("For(nil, path) = %s (%q), want the same answer as with the file", eng2.Name(), why2)
+			}
 			l, err := pool.Alloc(context.Background(), gpubuf.Owner{Session: 1, UID: uint32(os.Getuid())}, 0, 10*gpubuf.Align)
 			if err != nil {
 				t.Fatal(err)

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestDoctorJSON(t *testing.T) {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse on this host")
+	}
+	f := t.TempDir() + "/data"
+	if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := newDoctorCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--json", f})
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("doctor failed on a host that can serve: %v\n%s", err, out.String())
+	}
+	var r doctorReport
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("doctor --json output does not parse: %v\n%s", err, out.String())
+	}
+	if !r.CanServe || r.Engine == "" || r.Why == "" || r.Path != f || r.PathWhy == "" {
+		t.Errorf("report %+v: want can_serve with an engine and reasons for the host and the file", r)
+	}
+	names := map[string]bool{}
+	for _, p := range r.Probes {
+		names[p.Name] = true
+	}
+	for _, want := range []string{"libcuda", "/dev/fuse", "fusermount3", "kernel passthrough"} {
+		if !names[want] {
+			t.Errorf("probe %q missing from %v", want, names)
+		}
+	}
+}
+
+func TestDoctorTable(t *testing.T) {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse on this host")
+	}
+	cmd := newDoctorCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs(nil)
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"PROBE", "RESULT", "/dev/fuse", "verdict: engine", "gdsfs can serve"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestDoctorBadPathIsUsageError(t *testing.T) {
+	if code := run([]string{"doctor", "/nonexistent/gdsfs-doctor"}); code != exitUsage {
+		t.Errorf("exit code %d, want %d", code, exitUsage)
+	}
+}
+
+func TestKernelVersion(t *testing.T) {
+	for _, tc := range []struct {
+		rel      string
+		maj, min int
+	}{
+		{"6.18.44-fc-v595", 6, 18},
+		{"6.9.0", 6, 9},
+		{"5.15.0-91-generic", 5, 15},
+		{"6.10rc1", 6, 10},
+		{"garbage", 0, 0},
+	} {
+		if maj, min := kernelVersion(tc.rel); maj != tc.maj || min != tc.min {
+			t.Errorf("kernelVersion(%q) = %d.%d, want %d.%d", tc.rel, maj, min, tc.maj, tc.min)
+		}
+	}
+}

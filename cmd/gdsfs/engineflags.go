@@ -1,0 +1,176 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/dustin/go-humanize"
+	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// engineFlags are the transfer engine and buffer pool flags shared by
+// `gdsfs mount` (through the control path) and `gdsfs bench engines`.
+type engineFlags struct {
+	engine   string
+	gpuPool  string
+	hostPool string
+	slabSize string
+	chunk    string
+	workers  int
+	direct   string
+}
+
+// addEngineFlags registers the engine and pool flags on fs.
+func addEngineFlags(fs *pflag.FlagSet) *engineFlags {
+	f := &engineFlags{}
+	fs.StringVar(&f.engine, "engine", cufile.EngineAuto, "transfer engine: auto, gds (cuFile), posix (parallel pread + pinned copies) or host (no GPU)")
+	fs.StringVar(&f.gpuPool, "gpu-pool", "", "GPU memory per device for slabs, e.g. 8GiB (default: 2GiB or a quarter of free memory, whichever is less)")
+	fs.StringVar(&f.hostPool, "host-pool", "", "shared host memory for slabs with the host engine, e.g. 4GiB (default: 2GiB or a quarter of /dev/shm, whichever is less)")
+	fs.StringVar(&f.slabSize, "slab-size", "64MiB", "size of one slab (leases larger than this get a slab of their own)")
+	fs.StringVar(&f.chunk, "chunk-size", "8MiB", "size of one parallel transfer task")
+	fs.IntVar(&f.workers, "io-workers", 0, "parallel transfer workers per request (default: CPU count, 4 to 16)")
+	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix engine's reads: auto (when the range is not cached), always or never")
+	return f
+}
+
+// parseSize parses a size flag such as "2GiB" that must be a positive
+// multiple of 4 KiB.
+func parseSize(flag, v string) (int64, error) {
+	n, err := humanize.ParseBytes(v)
+	if err != nil || n == 0 || n > 1<<50 {
+		return 0, usagef("--%s %q: give a size such as 64MiB or 2GiB", flag, v)
+	}
+	if n%gpubuf.Align != 0 {
+		return 0, usagef("--%s %q: must be a multiple of 4KiB", flag, v)
+	}
+	return int64(n), nil
+}
+
+// engineSettings is the parsed form of engineFlags.
+type engineSettings struct {
+	cfg               cufile.Config
+	slabBytes         int64
+	gpuPool, hostPool int64 // 0: default
+}
+
+func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
+	var s engineSettings
+	switch f.engine {
+	case cufile.EngineAuto, cufile.EngineGDS, cufile.EnginePosix, cufile.EngineHost:
+	default:
+		return s, usagef("--engine %q: use auto, gds, posix or host", f.engine)
+	}
+	switch f.direct {
+	case "auto", "always", "never":
+	default:
+		return s, usagef("--direct-io %q: use auto, always or never", f.direct)
+	}
+	if f.workers < 0 || f.workers > 256 {
+		return s, usagef("--io-workers %d: give 1 to 256, or 0 for the default", f.workers)
+	}
+	var err error
+	if s.slabBytes, err = parseSize("slab-size", f.slabSize); err != nil {
+		return s, err
+	}
+	chunk, err := parseSize("chunk-size", f.chunk)
+	if err != nil {
+		return s, err
+	}
+	if f.gpuPool != "" {
+		if s.gpuPool, err = parseSize("gpu-pool", f.gpuPool); err != nil {
+			return s, err
+		}
+	}
+	if f.hostPool != "" {
+		if s.hostPool, err = parseSize("host-pool", f.hostPool); err != nil {
+			return s, err
+		}
+	}
+	for _, p := range []struct {
+		name string
+		v    int64
+	}{{"gpu-pool", s.gpuPool}, {"host-pool", s.hostPool}} {
+		if p.v != 0 && p.v < s.slabBytes {
+			return s, usagef("--%s %s is smaller than --slab-size %s; give at least one slab", p.name, humanize.IBytes(uint64(p.v)), f.slabSize)
+		}
+	}
+	s.cfg = cufile.Config{Engine: f.engine, ChunkBytes: chunk, Workers: f.workers, Direct: f.direct, Log: log}
+	return s, nil
+}
+
+// open probes the engines and builds the pool on the backend they chose.
+// The caller closes the pool, then the engines.
+func (f *engineFlags) open(log zerolog.Logger) (*cufile.Engines, *gpubuf.Pool, error) {
+	s, err := f.parse(log)
+	if err != nil {
+		return nil, nil, err
+	}
+	eng, err := cufile.Open(s.cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w; run gdsfs doctor to see why", err)
+	}
+	budget, err := s.budget(eng)
+	if err != nil {
+		eng.Close()
+		return nil, nil, err
+	}
+	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: eng.Backend(), SlabBytes: s.slabBytes, BudgetBytes: budget, Log: log})
+	if err != nil {
+		eng.Close()
+		return nil, nil, err
+	}
+	log.Info().Str("backend", eng.Backend().Name()).Str("budget", humanize.IBytes(uint64(budget))).
+		Str("slab", humanize.IBytes(uint64(s.slabBytes))).Msg("buffer pool")
+	return eng, pool, nil
+}
+
+// budget is the per-device pool budget: the flag, or min(2 GiB, a quarter
+// of the free memory), at least one slab.
+func (s engineSettings) budget(eng *cufile.Engines) (int64, error) {
+	var free int64
+	if eng.Backend().Name() == "host" {
+		if s.hostPool != 0 {
+			return s.hostPool, nil
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs("/dev/shm", &st); err != nil {
+			return 0, fmt.Errorf("statfs /dev/shm: %w; give --host-pool", err)
+		}
+		free = int64(st.Bavail) * int64(st.Bsize)
+	} else {
+		if s.gpuPool != 0 {
+			return s.gpuPool, nil
+		}
+		f, _, err := eng.Driver().MemInfo(0)
+		if err != nil {
+			return 0, fmt.Errorf("read free GPU memory: %w; give --gpu-pool", err)
+		}
+		free = f
+	}
+	b := min(int64(gpubuf.DefaultBudgetBytes), free/4)
+	b -= b % s.slabBytes
+	if b < s.slabBytes {
+		if free < s.slabBytes {
+			return 0, fmt.Errorf("only %s of %s memory is free, less than one %s slab; free memory or lower --slab-size",
+				humanize.IBytes(uint64(free)), eng.Backend().Name(), humanize.IBytes(uint64(s.slabBytes)))
+		}
+		b = s.slabBytes
+	}
+	return b, nil
+}
+
+// ctlEngines adapts *cufile.Engines to ctl.EngineChooser.
+type ctlEngines struct{ e *cufile.Engines }
+
+var _ ctl.EngineChooser = ctlEngines{}
+
+func (c ctlEngines) For(f *os.File, path string) (ctl.Engine, string) {
+	eng, why := c.e.For(f, path)
+	return eng, why
+}

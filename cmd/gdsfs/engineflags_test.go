@@ -1,0 +1,55 @@
+package main
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
+)
+
+func TestEngineFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		ok    bool
+		check func(t *testing.T, s engineSettings)
+	}{
+		{"defaults", nil, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.Engine != "auto" || s.slabBytes != 64<<20 || s.cfg.ChunkBytes != 8<<20 || s.gpuPool != 0 {
+				t.Errorf("settings %+v", s)
+			}
+		}},
+		{"sizes", []string{"--engine", "posix", "--gpu-pool", "8GiB", "--host-pool", "1GiB", "--slab-size", "32MiB", "--chunk-size", "16MiB", "--io-workers", "16"}, true,
+			func(t *testing.T, s engineSettings) {
+				if s.gpuPool != 8<<30 || s.hostPool != 1<<30 || s.slabBytes != 32<<20 || s.cfg.ChunkBytes != 16<<20 || s.cfg.Workers != 16 {
+					t.Errorf("settings %+v", s)
+				}
+			}},
+		{"bad engine", []string{"--engine", "fast"}, false, nil},
+		{"bad size", []string{"--gpu-pool", "lots"}, false, nil},
+		{"unaligned size", []string{"--slab-size", "1000"}, false, nil},
+		{"pool below slab", []string{"--gpu-pool", "16MiB"}, false, nil},
+		{"bad direct", []string{"--direct-io", "maybe"}, false, nil},
+		{"too many workers", []string{"--io-workers", "1000"}, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+			f := addEngineFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			s, err := f.parse(zerolog.Nop())
+			if tc.ok != (err == nil) {
+				t.Fatalf("parse = %v, want ok=%v", err, tc.ok)
+			}
+			var ue usageError
+			if err != nil && !errors.As(err, &ue) {
+				t.Errorf("error %v is not a usage error", err)
+			}
+			if tc.check != nil {
+				tc.check(t, s)
+			}
+		})
+	}
+}
