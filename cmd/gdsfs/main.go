@@ -47,6 +47,7 @@ func newRootCmd() *cobra.Command {
 		newMountCmd(),
 		newUnmountCmd(),
 		newBenchCmd(),
+		newDoctorCmd(),
 	)
 	return root
 }
