@@ -49,10 +49,12 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
     layout(path) -> dict                    the daemon's parsed index (JSON)
 
     gdsfs.torch.tensor_from_ref(ref, dtype, shape, device=None, *, copy=True,
-                                session=None) -> torch.Tensor
+                                session=None, release=None) -> torch.Tensor
         Materialize a Ref as a tensor: CPU tensor from the host slab in host
         mode; a CUDA tensor (D2D copy, or a zero-copy view with copy=False)
-        from the IPC-mapped slab otherwise.
+        from the IPC-mapped slab otherwise. release defaults to True with
+        copy=True (lease released after the copy) and False with copy=False
+        (the caller releases; release=True releases when the view dies).
     gdsfs.torch.writable_view(session, ref, dtype, shape) -> torch.Tensor
         A tensor view of an allocated lease to fill (host or CUDA).
 

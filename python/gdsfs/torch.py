@@ -123,13 +123,13 @@ def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
     return t
 
 
-def _ref_bytes(ref: Ref, start: int, nbytes: int) -> torch.Tensor:
+def _ref_bytes(ref: Ref, start: int, nbytes: int, session: Optional[Session] = None) -> torch.Tensor:
     """uint8 view of bytes [start, start+nbytes) of ref's valid data."""
     if start < 0 or start + nbytes > ref.valid:
         raise ValueError(f"gdsfs: bytes [{start}, {start + nbytes}) outside lease {ref.lease} of {ref.valid} valid bytes")
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
-    slab = _slab_tensor(_core.session_for(ref), ref.slab)
+    slab = _slab_tensor(session or _core.session_for(ref), ref.slab)
     return slab[ref.offset + start : ref.offset + start + nbytes]
 
 
@@ -177,6 +177,7 @@ def tensor_from_ref(
     device: Device = None,
     *,
     copy: bool = True,
+    session: Optional[Session] = None,
     start: int = 0,
     nbytes: Optional[int] = None,
     release: Optional[bool] = None,
@@ -190,10 +191,13 @@ def tensor_from_ref(
         device: target device (default: where the slab is: CPU in host mode,
             else the slab's CUDA device).
         copy: True (default) copies into an ordinary tensor; False returns a
-            zero-copy view of the slab that keeps the lease until it is freed.
+            zero-copy view of the slab.
+        session: the session the lease belongs to (default: found from ref).
         start: first byte within the lease's valid bytes.
         nbytes: bytes to use (default: the rest of the valid bytes).
-        release: release the lease after copying (default: True when copy).
+        release: give the lease back: with copy=True right after the copy;
+            with copy=False when the last view of it is freed. Default: True
+            with copy=True, False with copy=False (the caller releases).
 
     Returns:
         The tensor.
@@ -202,20 +206,22 @@ def tensor_from_ref(
     esize = torch.empty((), dtype=dtype).element_size()
     if shape is None:
         shape = (n // esize,)
-    b = _ref_bytes(ref, start, n)
+    b = _ref_bytes(ref, start, n, session)
     target = _device(device) or b.device
     if not copy:
         if target != b.device:
             raise ValueError(f"gdsfs: a zero-copy view lives on {b.device}; ask for that device or copy=True")
         if (b.storage_offset() % esize) != 0:
             raise ValueError(f"gdsfs: bytes at slab offset {ref.offset + start} are not aligned for {dtype}: use copy=True")
+        if not release:
+            return _view_as(b, dtype, shape, False)
         if b.device.type == "cuda":
             from . import _cuda
 
             arr = _cuda.CudaArray(b.data_ptr(), n, _ZeroCopyOwner(ref))
             b = torch.as_tensor(arr, device=b.device)
         else:
-            base = _core.session_for(ref).host_buffer(ref)[start : start + n]
+            base = (session or _core.session_for(ref)).host_buffer(ref)[start : start + n]
             b = torch.frombuffer(base, dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
             # torch keeps base alive as long as any view of b exists.
             weakref.finalize(base, _release_quietly, ref)
@@ -279,10 +285,9 @@ class TensorRef:
     def materialize(self, device: Device = None, copy: bool = True) -> torch.Tensor:
         """The field as a tensor (see tensor_from_ref). With copy=True the
         lease is released: materialize each TensorRef once."""
-        if self.fortran:
-            t = tensor_from_ref(self.ref, self.dtype, tuple(reversed(self.shape)), device, copy=copy, start=self.start, nbytes=self.nbytes)
-            return t.permute(*reversed(range(len(self.shape))))
-        return tensor_from_ref(self.ref, self.dtype, self.shape, device, copy=copy, start=self.start, nbytes=self.nbytes)
+        shape = tuple(reversed(self.shape)) if self.fortran else self.shape
+        t = tensor_from_ref(self.ref, self.dtype, shape, device, copy=copy, start=self.start, nbytes=self.nbytes, release=True)
+        return t.permute(*reversed(range(len(self.shape)))) if self.fortran else t
 
     def pin_memory(self, device: Device = None) -> torch.Tensor:
         """Materialize (the DataLoader pin-memory thread calls this)."""
@@ -857,7 +862,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             for c in x["columns"]:
                 r = s["columns"][c["name"]]
                 plans.append(_FieldPlan(c["name"], int(r["offset"]), int(r["length"]), c["name"] in self.gpu_keys, "mds:" + c["encoding"]))
-            return str(idx), plans
+            return f"{os.path.basename(st.path)}/{idx}", plans
         stem = os.path.basename(st.path)
         key, _, ext = stem.partition(".")
         ext = ext or "raw"
