@@ -17,6 +17,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/fs"
 )
@@ -172,18 +173,18 @@ func checkDir(what, p string) error {
 	return nil
 }
 
-// cleanStale detaches a mount whose daemon died (ENOTCONN on access).
+// cleanStale detaches a FUSE mount on mp whose daemon died. Such a mount
+// answers ENOTCONN to every request; statfs is never served from the
+// kernel's caches, so it asks (a stat may still be answered from cached
+// attributes).
 func cleanStale(mp string, log zerolog.Logger) error {
-	_, err := os.Stat(mp)
-	if !errors.Is(err, syscall.ENOTCONN) {
+	m, mounted, err := mountAt(mp)
+	if err != nil || !mounted || !strings.HasPrefix(m.FSType, "fuse") {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(mp, &st); !errors.Is(err, syscall.ENOTCONN) {
 		return nil
-	}
-	m, mounted, merr := mountAt(mp)
-	if merr != nil {
-		return merr
-	}
-	if !mounted || !strings.HasPrefix(m.FSType, "fuse") {
-		return usagef("mountpoint %s: %v; it is not a FUSE mount gdsfs can clean up", mp, err)
 	}
 	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
 		if out, ferr := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); ferr != nil {

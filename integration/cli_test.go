@@ -1,0 +1,272 @@
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMountBadInput: every user error exits 2 with a one-line message that
+// names the problem, and leaves nothing mounted.
+func TestMountBadInput(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	mp := filepath.Join(dir, "mp")
+	file := filepath.Join(dir, "file")
+	tmpfs := tmpfsDir(t)
+	gdsfsMnt, _ := mountGdsfs(t, mountOpts{})
+	for _, d := range []string{mp} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, file, []byte("x"))
+
+	cases := []struct {
+		name string
+		args []string
+		want string // in the message
+	}{
+		{"no mountpoint", []string{"mount"}, "accepts 1 arg"},
+		{"two mountpoints", []string{"mount", mp, mp}, "accepts 1 arg"},
+		{"missing mountpoint", []string{"mount", filepath.Join(dir, "nope")}, "does not exist"},
+		{"mountpoint is a file", []string{"mount", file}, "not a directory"},
+		{"missing source", []string{"mount", "--source", filepath.Join(dir, "nope"), mp}, "does not exist"},
+		{"source is a file", []string{"mount", "--source", file, mp}, "not a directory"},
+		{"source is the mountpoint", []string{"mount", "--source", mp, mp}, "leave --source out"},
+		{"unknown flag", []string{"mount", "--bogus", mp}, "unknown flag"},
+		{"bad log level", []string{"mount", "--log-level", "loud", mp}, "--log-level"},
+		{"already gdsfs", []string{"mount", gdsfsMnt}, "already mounted by gdsfs"},
+		{"source hides a mount", []string{"mount", "--source", dir, tmpfs}, "already a mount point"},
+		{"background, missing mountpoint", []string{"mount", "--background", filepath.Join(dir, "nope")}, "does not exist"},
+		{"unmount a plain dir", []string{"unmount", mp}, "not a mount point"},
+		{"unmount tmpfs", []string{"unmount", tmpfs}, "not gdsfs"},
+		{"unmount, no args", []string{"unmount"}, "accepts 1 arg"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, code := runGdsfs(t, c.args...)
+			if code != 2 {
+				t.Errorf("gdsfs %v: exit %d, want 2; output %q", c.args, code, out)
+			}
+			if !strings.Contains(out, c.want) || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+				t.Errorf("gdsfs %v: output %q, want one line containing %q", c.args, out, c.want)
+			}
+			if typ := mountType(t, mp); typ != "" {
+				t.Errorf("%s left mounted (%s)", mp, typ)
+			}
+		})
+	}
+	if typ := mountType(t, tmpfs); typ != "tmpfs" {
+		t.Errorf("tmpfs mount changed to %q", typ)
+	}
+}
+
+// TestBackgroundLifecycle: --background returns once the mount is ready,
+// writes reach the backing dir, `gdsfs unmount` ends it (busy first while a
+// file is open, --force then).
+func TestBackgroundLifecycle(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	src, mp := filepath.Join(dir, "src"), filepath.Join(dir, "mp")
+	for _, d := range []string{src, mp} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cleanupMount(t, mp)
+	logFile := filepath.Join(dir, "log")
+	if out, code := runGdsfs(t, "mount", "--background", "--log-file", logFile, "--source", src, mp); code != 0 {
+		t.Fatalf("mount --background: exit %d: %s", code, out)
+	}
+	// No waiting: --background returns only once the mount is ready.
+	if typ := mountType(t, mp); typ != "fuse.gdsfs" {
+		t.Fatalf("after mount --background returned: %s is %q, want fuse.gdsfs", mp, typ)
+	}
+	writeFile(t, filepath.Join(mp, "f"), []byte("through the mount"))
+	if got, err := os.ReadFile(filepath.Join(src, "f")); string(got) != "through the mount" || err != nil {
+		t.Errorf("backing file: %q, %v", got, err)
+	}
+	log, err := os.ReadFile(logFile)
+	if err != nil || !bytes.Contains(log, []byte(`"passthrough":`)) {
+		t.Errorf("daemon log %q (%v) does not say whether passthrough is used", log, err)
+	}
+
+	f, err := os.Open(filepath.Join(mp, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code := runGdsfs(t, "unmount", mp)
+	if code != 1 || !strings.Contains(out, "busy") {
+		t.Errorf("unmount with an open file: exit %d %q, want 1 and 'busy'", code, out)
+	}
+	f.Close()
+	// The release of f reaches the daemon asynchronously; --force does not
+	// depend on it.
+	if out, code := runGdsfs(t, "unmount", "--force", mp); code != 0 {
+		t.Fatalf("unmount --force: exit %d: %s", code, out)
+	}
+	waitMounted(t, mp, false)
+}
+
+// startForeground runs `gdsfs mount` in the foreground and waits for the
+// mount.
+func startForeground(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(gdsfsBin(t), append([]string{"mount"}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("daemon output:\n%s", out.String())
+		}
+	})
+	waitMounted(t, args[len(args)-1], true)
+	return cmd
+}
+
+// waitExit waits (bounded) for cmd and returns its exit code.
+func waitExit(t *testing.T, cmd *exec.Cmd) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("daemon did not exit within 30s")
+		return -1
+	}
+}
+
+// TestSignalsUnmount: SIGINT and SIGTERM unmount cleanly and exit 0, even
+// with a file open; so does `gdsfs unmount` from outside.
+func TestSignalsUnmount(t *testing.T) {
+	requireRoot(t)
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, 0} {
+		name := "unmount"
+		if sig != 0 {
+			name = sig.String()
+		}
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			mp := filepath.Join(dir, "mp")
+			if err := os.Mkdir(mp, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cleanupMount(t, mp)
+			cmd := startForeground(t, "--source", dir, mp)
+			if sig == 0 {
+				if out, code := runGdsfs(t, "unmount", mp); code != 0 {
+					t.Fatalf("gdsfs unmount: exit %d: %s", code, out)
+				}
+			} else {
+				if err := cmd.Process.Signal(sig); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if code := waitExit(t, cmd); code != 0 {
+				t.Errorf("daemon exit code %d, want 0", code)
+			}
+			if typ := mountType(t, mp); typ != "" {
+				t.Errorf("still mounted after the daemon exited: %s", typ)
+			}
+		})
+	}
+}
+
+// TestStaleMountCleanup: a daemon killed with SIGKILL leaves a dead mount
+// (ENOTCONN); the next `gdsfs mount` of the path cleans it up and mounts.
+func TestStaleMountCleanup(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	src, mp := filepath.Join(dir, "src"), filepath.Join(dir, "mp")
+	for _, d := range []string{src, mp} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, filepath.Join(src, "f"), []byte("data"))
+	cleanupMount(t, mp)
+	cmd := startForeground(t, "--source", src, mp)
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, cmd)
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(mp, &st); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("statfs of a killed daemon's mount: %v, want ENOTCONN", err)
+	}
+	out, code := runGdsfs(t, "mount", "--background", "--source", src, mp)
+	if code != 0 {
+		t.Fatalf("mount over a stale mount: exit %d: %s", code, out)
+	}
+	if got, err := os.ReadFile(filepath.Join(mp, "f")); string(got) != "data" || err != nil {
+		t.Errorf("read after stale cleanup: %q, %v", got, err)
+	}
+	if out, code := runGdsfs(t, "unmount", mp); code != 0 {
+		t.Fatalf("unmount: exit %d: %s", code, out)
+	}
+	waitMounted(t, mp, false)
+	// Only the stale mount was there: nothing is stacked below.
+	if typ := mountType(t, mp); typ != "" {
+		t.Errorf("after unmount %s is still a %s mount", mp, typ)
+	}
+}
+
+// TestOvermount: without --source gdsfs serves the directory it mounts on;
+// after unmount the directory holds every write made through the mount.
+func TestOvermount(t *testing.T) {
+	requireRoot(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	writeFile(t, filepath.Join(dir, "shard-0.tar"), []byte("original"))
+	writeFile(t, filepath.Join(dir, "sub/keep"), []byte("keep"))
+	cleanupMount(t, dir)
+	if out, code := runGdsfs(t, "mount", "--background", dir); code != 0 {
+		t.Fatalf("overmount: exit %d: %s", code, out)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "shard-0.tar")); string(got) != "original" || err != nil {
+		t.Fatalf("read through the overmount: %q, %v", got, err)
+	}
+	writeFile(t, filepath.Join(dir, "shard-0.tar.tmp"), []byte("rewritten"))
+	if err := os.Rename(filepath.Join(dir, "shard-0.tar.tmp"), filepath.Join(dir, "shard-0.tar")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "new/file"), []byte("new"))
+	if err := os.Remove(filepath.Join(dir, "sub/keep")); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := runGdsfs(t, "unmount", dir); code != 0 {
+		t.Fatalf("unmount: exit %d: %s", code, out)
+	}
+	waitMounted(t, dir, false)
+	for p, want := range map[string]string{"shard-0.tar": "rewritten", "new/file": "new"} {
+		if got, err := os.ReadFile(filepath.Join(dir, p)); string(got) != want || err != nil {
+			t.Errorf("after unmount %s: %q, %v; want %q", p, got, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sub/keep")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("file removed through the mount is back after unmount: %v", err)
+	}
+}
