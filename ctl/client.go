@@ -1,0 +1,448 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ControlName is the control file's name at the mount root.
+const ControlName = ".gdsfs"
+
+// transport carries one ioctl to the daemon: the kernel in production, a
+// Server in process in tests.
+type transport interface {
+	// control issues cmd on the control file.
+	control(ctx context.Context, cmd uint32, buf []byte) error
+	// file issues cmd on the data file f.
+	file(ctx context.Context, f *os.File, cmd uint32, buf []byte) error
+	close() error
+}
+
+// Client is a control-path session seen from a client process: the Go
+// counterpart of the Python gdsfs client, used by the CLI, tests and
+// benchmarks. Its methods are safe for concurrent use. The ioctls it issues
+// cannot be cancelled through ctx once in the kernel (the daemon honours
+// signals); ctx is checked before each one.
+type Client struct {
+	t     transport
+	hello HelloReply
+	tok   Token // the token requests carry (the attached session's, or this one's)
+
+	mu     sync.Mutex
+	maps   map[uint64]mapping // GUARDED_BY(mu): host slab mappings
+	closed bool               // GUARDED_BY(mu)
+}
+
+// mapping is one mmap of a host slab's file.
+type mapping struct {
+	whole []byte // the whole mapping, for munmap
+	slab  []byte // the slab's bytes within it
+}
+
+// OpenSession opens <mountpoint>/.gdsfs, which starts a session owned by
+// the caller's uid, and says hello.
+func OpenSession(mountpoint string) (*Client, error) {
+	f, err := os.OpenFile(filepath.Join(mountpoint, ControlName), os.O_RDONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("gdsfs: open control file (is %s a gdsfs mount?): %w", mountpoint, err)
+	}
+	return NewClient(f)
+}
+
+// NewClient says hello on an open control file (for example one inherited
+// from a parent process: the session is the parent's). The Client owns f.
+func NewClient(f *os.File) (*Client, error) {
+	return newClient(context.Background(), kernel{ctl: f}, Token{})
+}
+
+// Attach opens <mountpoint>/.gdsfs and acts on the session of tok (handed
+// over by another process of the same uid) instead of the new one: leases
+// it takes belong to tok's session and outlive this Client.
+func Attach(mountpoint string, tok Token) (*Client, error) {
+	f, err := os.OpenFile(filepath.Join(mountpoint, ControlName), os.O_RDONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("gdsfs: open control file (is %s a gdsfs mount?): %w", mountpoint, err)
+	}
+	return newClient(context.Background(), kernel{ctl: f}, tok)
+}
+
+func newClient(ctx context.Context, t transport, attach Token) (*Client, error) {
+	buf := make([]byte, SizeHello)
+	EncodeHello(buf)
+	if err := t.control(ctx, CmdHello, buf); err != nil {
+		t.close()
+		return nil, fmt.Errorf("gdsfs: HELLO: %w", err)
+	}
+	h, err := DecodeHelloReply(buf)
+	if err != nil {
+		t.close()
+		return nil, fmt.Errorf("gdsfs: HELLO reply: %w", err)
+	}
+	if h.Version != uint32(Version) {
+		t.close()
+		return nil, fmt.Errorf("gdsfs: daemon speaks protocol %d, this client %d: %w", h.Version, Version, syscall.EPROTO)
+	}
+	c := &Client{t: t, hello: h, tok: h.Token, maps: map[uint64]mapping{}}
+	if !attach.IsZero() {
+		c.tok = attach
+	}
+	return c, nil
+}
+
+// Hello is what the daemon said at hello time.
+func (c *Client) Hello() HelloReply { return c.hello }
+
+// Token is the token of the session this client acts on; hand it to
+// another process of the same uid to share the session (Attach).
+func (c *Client) Token() Token { return c.tok }
+
+// Read reads ranges of f (a file opened on the mount) into slabs of device
+// and returns one lease per range. More than MaxRanges ranges are sent in
+// several requests; if one fails, the leases of the earlier ones are
+// released and the error returned.
+func (c *Client) Read(ctx context.Context, f *os.File, device int32, ranges []Range) ([]Lease, error) {
+	var out []Lease
+	buf := make([]byte, SizeRead)
+	for len(ranges) > 0 {
+		batch := ranges[:min(len(ranges), MaxRanges)]
+		ranges = ranges[len(batch):]
+		req := ReadRequest{Token: c.tok, Device: device, Ranges: batch}
+		req.Encode(buf)
+		ls, err := c.readCall(ctx, f, CmdRead, buf)
+		if err != nil {
+			c.releaseQuietly(out)
+			return nil, fmt.Errorf("gdsfs: READ %s: %w", f.Name(), err)
+		}
+		out = append(out, ls...)
+	}
+	return out, nil
+}
+
+// ReadNames reads entries of f's index (docs/protocol.md, READ_NAMES) into
+// slabs of device, one lease per name.
+func (c *Client) ReadNames(ctx context.Context, f *os.File, device int32, names []string) ([]Lease, error) {
+	var out []Lease
+	buf := make([]byte, SizeRead)
+	for len(names) > 0 {
+		// Fill the names area as far as it goes.
+		n, used := 0, 0
+		for n < len(names) && n < MaxRanges && used+len(names[n])+1 <= NamesBytes {
+			used += len(names[n]) + 1
+			n++
+		}
+		if n == 0 {
+			c.releaseQuietly(out)
+			return nil, fmt.Errorf("gdsfs: READ_NAMES %s: name of %d bytes does not fit the %d-byte names area: %w", f.Name(), len(names[0]), NamesBytes, syscall.E2BIG)
+		}
+		req := ReadNamesRequest{Token: c.tok, Device: device, Names: names[:n]}
+		names = names[n:]
+		if err := req.Encode(buf); err != nil {
+			c.releaseQuietly(out)
+			return nil, fmt.Errorf("gdsfs: READ_NAMES %s: %w", f.Name(), err)
+		}
+		ls, err := c.readCall(ctx, f, CmdReadNames, buf)
+		if err != nil {
+			c.releaseQuietly(out)
+			return nil, fmt.Errorf("gdsfs: READ_NAMES %s: %w", f.Name(), err)
+		}
+		out = append(out, ls...)
+	}
+	return out, nil
+}
+
+func (c *Client) readCall(ctx context.Context, f *os.File, cmd uint32, buf []byte) ([]Lease, error) {
+	if err := c.t.file(ctx, f, cmd, buf); err != nil {
+		return nil, err
+	}
+	r, err := DecodeReadReply(buf)
+	if err != nil {
+		return nil, err
+	}
+	return r.Leases, nil
+}
+
+func (c *Client) releaseQuietly(ls []Lease) {
+	ids := make([]uint64, 0, len(ls))
+	for _, l := range ls {
+		if l.ID != 0 {
+			ids = append(ids, l.ID)
+		}
+	}
+	_ = c.Release(context.Background(), ids...)
+}
+
+// Alloc leases n bytes of device memory to fill and WRITE from.
+func (c *Client) Alloc(ctx context.Context, device int32, n int64) (Lease, error) {
+	if n <= 0 {
+		return Lease{}, fmt.Errorf("gdsfs: ALLOC of %d bytes: %w", n, syscall.EINVAL)
+	}
+	buf := make([]byte, SizeAlloc)
+	req := AllocRequest{Token: c.ctlToken(), Device: device, Length: uint64(n)}
+	req.Encode(buf)
+	if err := c.t.control(ctx, CmdAlloc, buf); err != nil {
+		return Lease{}, fmt.Errorf("gdsfs: ALLOC %d bytes on device %d: %w", n, device, err)
+	}
+	return DecodeAllocReply(buf)
+}
+
+// Write writes n bytes of lease l, starting leaseOff bytes after its first
+// byte, to f at fileOff; with sync the daemon fdatasyncs f first.
+func (c *Client) Write(ctx context.Context, f *os.File, l Lease, leaseOff, fileOff, n int64, sync bool) error {
+	if leaseOff < 0 || fileOff < 0 || n <= 0 {
+		return fmt.Errorf("gdsfs: WRITE %s: offsets must be >= 0 and length > 0: %w", f.Name(), syscall.EINVAL)
+	}
+	buf := make([]byte, SizeWrite)
+	req := WriteRequest{Token: c.tok, Lease: l.ID, LeaseOffset: uint64(leaseOff), FileOffset: uint64(fileOff), Length: uint64(n)}
+	if sync {
+		req.Flags = WriteSync
+	}
+	req.Encode(buf)
+	if err := c.t.file(ctx, f, CmdWrite, buf); err != nil {
+		return fmt.Errorf("gdsfs: WRITE %s: %w", f.Name(), err)
+	}
+	r, err := DecodeWriteReply(buf)
+	if err != nil {
+		return fmt.Errorf("gdsfs: WRITE %s reply: %w", f.Name(), err)
+	}
+	if r.Written != uint64(n) {
+		return fmt.Errorf("gdsfs: WRITE %s: daemon wrote %d of %d bytes: %w", f.Name(), r.Written, n, syscall.EIO)
+	}
+	return nil
+}
+
+// Release gives leases back. It returns an error naming the ids the session
+// did not hold (all the others are released).
+func (c *Client) Release(ctx context.Context, ids ...uint64) error {
+	buf := make([]byte, SizeRelease)
+	var errs []error
+	for len(ids) > 0 {
+		batch := ids[:min(len(ids), MaxReleaseIDs)]
+		ids = ids[len(batch):]
+		req := ReleaseRequest{Token: c.ctlToken(), IDs: batch}
+		req.Encode(buf)
+		if err := c.t.control(ctx, CmdRelease, buf); err != nil {
+			return fmt.Errorf("gdsfs: RELEASE: %w", err)
+		}
+		r, err := DecodeReleaseReply(buf, len(batch))
+		if err != nil {
+			return fmt.Errorf("gdsfs: RELEASE reply: %w", err)
+		}
+		for i, e := range r.Status {
+			if e != 0 {
+				errs = append(errs, fmt.Errorf("gdsfs: release lease %d: %w", batch[i], e))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ctlToken is the token control-file commands carry: zero for this
+// client's own session (the control file names it), the attached one's
+// otherwise.
+func (c *Client) ctlToken() Token {
+	if c.tok == c.hello.Token {
+		return Token{}
+	}
+	return c.tok
+}
+
+// Slab asks how to map slab id.
+func (c *Client) Slab(ctx context.Context, id uint64) (SlabReply, error) {
+	buf := make([]byte, SizeSlab)
+	req := SlabRequest{Token: c.ctlToken(), Slab: id}
+	req.Encode(buf)
+	if err := c.t.control(ctx, CmdSlab, buf); err != nil {
+		return SlabReply{}, fmt.Errorf("gdsfs: SLAB %d: %w", id, err)
+	}
+	return DecodeSlabReply(buf)
+}
+
+// Map returns the bytes of host slab id, mapping it on first use. The
+// mapping stays valid until Close.
+func (c *Client) Map(ctx context.Context, id uint64) ([]byte, error) {
+	c.mu.Lock()
+	m, ok := c.maps[id]
+	c.mu.Unlock()
+	if ok {
+		return m.slab, nil
+	}
+	r, err := c.Slab(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if r.Kind != SlabHost {
+		return nil, fmt.Errorf("gdsfs: slab %d is CUDA memory on device %d: open its IPC handle with CUDA, it cannot be mapped on the host", id, r.Device)
+	}
+	whole := r.MapOffset + r.Size
+	if r.Size == 0 || whole < r.Size || whole > 1<<46 {
+		return nil, fmt.Errorf("gdsfs: slab %d: implausible size %d at offset %d: %w", id, r.Size, r.MapOffset, syscall.EBADMSG)
+	}
+	f, err := os.OpenFile(string(r.Handle), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("gdsfs: open slab %d: %w", id, err)
+	}
+	defer f.Close()
+	b, err := unix.Mmap(int(f.Fd()), 0, int(whole), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("gdsfs: map slab %d (%s): %w", id, r.Handle, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev, ok := c.maps[id]; ok {
+		// Another goroutine mapped it meanwhile: keep one mapping.
+		_ = unix.Munmap(b)
+		return prev.slab, nil
+	}
+	m = mapping{whole: b, slab: b[r.MapOffset:whole:whole]}
+	c.maps[id] = m
+	return m.slab, nil
+}
+
+// Bytes returns the valid bytes of host lease l (mapping its slab on first
+// use). They alias the slab: valid until l is released or the client closes.
+func (c *Client) Bytes(ctx context.Context, l Lease) ([]byte, error) {
+	if l.Valid == 0 {
+		return nil, nil
+	}
+	m, err := c.Map(ctx, l.Slab)
+	if err != nil {
+		return nil, err
+	}
+	if l.Offset > uint64(len(m)) || l.Valid > uint64(len(m))-l.Offset {
+		return nil, fmt.Errorf("gdsfs: lease %d (%d bytes at %d) lies outside slab %d (%d bytes): %w", l.ID, l.Valid, l.Offset, l.Slab, len(m), syscall.EBADMSG)
+	}
+	return m[l.Offset : l.Offset+l.Valid : l.Offset+l.Valid], nil
+}
+
+// Status returns the daemon's STATUS document (JSON).
+func (c *Client) Status(ctx context.Context) ([]byte, error) {
+	doc, err := c.pages(ctx, func(buf []byte) error { return c.t.control(ctx, CmdStatus, buf) })
+	if err != nil {
+		return nil, fmt.Errorf("gdsfs: STATUS: %w", err)
+	}
+	return doc, nil
+}
+
+// Index returns f's shard index (JSON), however large.
+func (c *Client) Index(ctx context.Context, f *os.File) ([]byte, error) {
+	doc, err := c.pages(ctx, func(buf []byte) error { return c.t.file(ctx, f, CmdIndex, buf) })
+	if err != nil {
+		return nil, fmt.Errorf("gdsfs: INDEX %s: %w", f.Name(), err)
+	}
+	return doc, nil
+}
+
+// pages reads a paged document, starting again when it changes meanwhile.
+func (c *Client) pages(ctx context.Context, call func([]byte) error) ([]byte, error) {
+	buf := make([]byte, SizePage)
+	for attempt := 0; attempt < 5; attempt++ {
+		var doc []byte
+		var gen uint64
+		for {
+			(&PageRequest{Offset: uint64(len(doc))}).Encode(buf)
+			if err := call(buf); err != nil {
+				return nil, err
+			}
+			p, err := DecodePageReply(buf)
+			if err != nil {
+				return nil, err
+			}
+			if len(doc) == 0 {
+				gen = p.Generation
+				if p.Total > 1<<32 {
+					return nil, fmt.Errorf("document of %d bytes: %w", p.Total, syscall.EBADMSG)
+				}
+				doc = make([]byte, 0, p.Total)
+			} else if p.Generation != gen {
+				break
+			}
+			if len(p.Data) == 0 && uint64(len(doc)) < p.Total {
+				return nil, fmt.Errorf("empty page at %d of %d: %w", len(doc), p.Total, syscall.EBADMSG)
+			}
+			doc = append(doc, p.Data...)
+			if uint64(len(doc)) >= p.Total {
+				return doc[:p.Total], nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("document kept changing while it was read: %w", syscall.EAGAIN)
+}
+
+// Close unmaps every slab and closes the control file, which ends the
+// session unless another process still holds the descriptor. Close is
+// idempotent.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	maps := c.maps
+	c.maps = map[uint64]mapping{}
+	c.mu.Unlock()
+	var errs []error
+	for id, m := range maps {
+		if err := unix.Munmap(m.whole); err != nil {
+			errs = append(errs, fmt.Errorf("gdsfs: unmap slab %d: %w", id, err))
+		}
+	}
+	if err := c.t.close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// kernel is the production transport: ioctl(2) on descriptors.
+type kernel struct {
+	ctl *os.File
+}
+
+func (k kernel) control(ctx context.Context, cmd uint32, buf []byte) error {
+	return ioctl(ctx, k.ctl, cmd, buf)
+}
+
+func (k kernel) file(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
+	return ioctl(ctx, f, cmd, buf)
+}
+
+func (k kernel) close() error { return k.ctl.Close() }
+
+// ioctl issues cmd on f with buf as its argument (len(buf) must be the size
+// encoded in cmd). EINTR is retried: the daemon undoes an interrupted
+// request, so repeating it is safe.
+func ioctl(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
+	if len(buf) != CmdSize(cmd) {
+		return fmt.Errorf("BUG: ctl: %d-byte buffer for a %d-byte command", len(buf), CmdSize(cmd))
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var errno syscall.Errno
+		if err := rc.Control(func(fd uintptr) {
+			_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&buf[0])))
+		}); err != nil {
+			return err
+		}
+		if errno == syscall.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	}
+}

@@ -1,0 +1,636 @@
+package ctl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/rs/zerolog"
+)
+
+// Engine moves bytes between a backing file and slab memory (cufile.Engine
+// satisfies it). ReadAt is short only at end of file. All methods may be
+// called concurrently.
+type Engine interface {
+	// Name is the engine's protocol name ("host", "posix", "gds", ...).
+	Name() string
+	ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error)
+	WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error)
+}
+
+// EngineChooser picks the engine for one backing file and says why. f may be
+// nil when only the path is known (xattrs); it then answers for a file
+// opened at path.
+type EngineChooser interface {
+	For(f *os.File, path string) (e Engine, reason string)
+}
+
+// Indexer returns parsed shard indexes (*cache.Indexes satisfies it). Get
+// fails with an error wrapping cache.ErrNoIndex for files of no known
+// format. f may be nil (xattrs); then the index is found by path.
+type Indexer interface {
+	Get(ctx context.Context, path string, f *os.File) (*cache.Index, error)
+	// Invalidate forgets what is cached about path.
+	Invalidate(path string)
+}
+
+// Options configures a Server.
+type Options struct {
+	// Pool supplies slab memory and leases. Required.
+	Pool *gpubuf.Pool
+	// Engines picks the engine per file. Required.
+	Engines EngineChooser
+	// Indexes serves shard indexes; nil disables INDEX, READ_NAMES and
+	// user.gdsfs.index (ENODATA).
+	Indexes Indexer
+	// Engine is the default engine's name, reported by HELLO and stats.
+	Engine string
+	// ReadOnly refuses WRITE and ALLOC with EROFS (a read-only mount).
+	ReadOnly bool
+	// Version is the daemon version reported by HELLO.
+	Version string
+	// Log receives refusals at debug level and failures at error level.
+	Log zerolog.Logger
+}
+
+// Validate reports every problem of o at once.
+func (o Options) Validate() error {
+	var errs []error
+	if o.Pool == nil {
+		errs = append(errs, errors.New("ctl: Options.Pool is nil"))
+	}
+	if o.Engines == nil {
+		errs = append(errs, errors.New("ctl: Options.Engines is nil"))
+	}
+	return errors.Join(errs...)
+}
+
+// sessionShards is the number of independently locked session tables.
+const sessionShards = 16
+
+// xattrMax is the largest value a FUSE getxattr can return.
+const xattrMax = 64 << 10
+
+// Server is the daemon's control path; it implements fs.Control. All
+// methods are safe for concurrent use.
+//
+// Lock order: sessionShard.mu, then session.mu, then gpubuf's locks. No
+// Server lock is held across an engine call.
+type Server struct {
+	opts     Options
+	host     bool  // the pool's backend is host memory (wire device -1)
+	devices  int   // the pool backend's device count
+	maxLease int64 // the largest lease the pool can grant (its per-device budget)
+	pid      uint32
+
+	nextSession atomic.Uint64
+	shards      [sessionShards]sessionShard
+	counters    counters
+}
+
+type sessionShard struct {
+	mu       sync.Mutex
+	sessions map[uint64]*session // GUARDED_BY(mu)
+}
+
+var _ fs.Control = (*Server)(nil)
+
+// NewServer returns a Server over the pool, engines and indexes of opts.
+func NewServer(opts Options) (*Server, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opts:    opts,
+		host:    opts.Pool.Backend().Name() == "host",
+		devices: opts.Pool.Backend().Devices(),
+		pid:     uint32(os.Getpid()),
+	}
+	for _, d := range opts.Pool.Stats().Devices {
+		s.maxLease = max(s.maxLease, d.BudgetBytes)
+	}
+	for i := range s.shards {
+		s.shards[i].sessions = make(map[uint64]*session)
+	}
+	return s, nil
+}
+
+func (s *Server) shard(id uint64) *sessionShard { return &s.shards[id%sessionShards] }
+
+// OpenSession implements fs.Control: one open of <mount>/.gdsfs.
+func (s *Server) OpenSession(ctx context.Context, c fs.Caller) (fs.Session, syscall.Errno) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		s.opts.Log.Error().Err(err).Msg("ctl: session secret")
+		return nil, syscall.EIO
+	}
+	ss := &session{
+		srv:    s,
+		id:     s.nextSession.Add(1),
+		secret: binary.LittleEndian.Uint64(b[:]),
+		uid:    c.UID,
+		leases: make(map[uint64]leaseInfo),
+	}
+	sh := s.shard(ss.id)
+	sh.mu.Lock()
+	sh.sessions[ss.id] = ss
+	sh.mu.Unlock()
+	s.opts.Log.Debug().Uint64("session", ss.id).Uint32("uid", c.UID).Uint32("pid", c.PID).Msg("ctl: session opened")
+	return ss, 0
+}
+
+// session returns the live session of token t if caller may use it (S1).
+func (s *Server) session(t Token, c fs.Caller) (*session, syscall.Errno) {
+	sh := s.shard(t.Session)
+	sh.mu.Lock()
+	ss := sh.sessions[t.Session]
+	sh.mu.Unlock()
+	if ss == nil || ss.secret != t.Secret || ss.uid != c.UID {
+		return nil, syscall.EPERM
+	}
+	return ss, 0
+}
+
+// device maps a wire device number to the pool's.
+func (s *Server) device(d int32) (int, syscall.Errno) {
+	switch {
+	case s.host && d == HostDevice:
+		return 0, 0
+	case !s.host && d >= 0 && int(d) < s.devices:
+		return int(d), 0
+	}
+	return 0, syscall.ENODEV
+}
+
+// wireDevice maps a pool device number to the wire's.
+func (s *Server) wireDevice(d int) int32 {
+	if s.host {
+		return HostDevice
+	}
+	return int32(d)
+}
+
+// FileIoctl implements fs.Control: READ, READ_NAMES, WRITE and INDEX on a
+// data file. Everything else is ENOTTY.
+func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	var errno syscall.Errno
+	switch cmd {
+	case CmdRead:
+		errno = s.read(ctx, c, f, path, in, out, false)
+	case CmdReadNames:
+		errno = s.read(ctx, c, f, path, in, out, true)
+	case CmdWrite:
+		errno = s.write(ctx, c, f, path, in, out)
+	case CmdIndex:
+		errno = s.index(ctx, f, path, in, out)
+	default:
+		errno = syscall.ENOTTY
+	}
+	s.counters.result(errno)
+	if errno != 0 {
+		s.opts.Log.Debug().Str("op", "ioctl").Hex("cmd", u32bytes(cmd)).Str("path", path).Uint32("uid", c.UID).
+			Str("errno", errnoName(errno)).Msg("ctl: refused")
+	}
+	return 0, errno
+}
+
+func u32bytes(v uint32) []byte { return []byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)} }
+
+// fileSize returns the size of the regular file f; anything else is ENOTTY
+// (a data-file command on something that is not a data file).
+func fileSize(f *os.File) (int64, syscall.Errno) {
+	if f == nil {
+		return 0, syscall.ENOTTY
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	if !st.Mode().IsRegular() {
+		return 0, syscall.ENOTTY
+	}
+	return st.Size(), 0
+}
+
+// read serves READ and READ_NAMES.
+func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte, byName bool) syscall.Errno {
+	if len(in) != SizeRead || len(out) != SizeRead {
+		return syscall.EINVAL
+	}
+	size, errno := fileSize(f)
+	if errno != 0 {
+		return errno
+	}
+	var (
+		tok    Token
+		dev    int32
+		ranges []Range
+	)
+	if byName {
+		req, err := DecodeReadNamesRequest(in)
+		if err != nil {
+			return errnoOf(err)
+		}
+		tok, dev = req.Token, req.Device
+		// Check the caller before touching the index: a stranger learns
+		// nothing about the file from the errno.
+		if _, errno := s.session(tok, c); errno != 0 {
+			return errno
+		}
+		if ranges, errno = s.resolve(ctx, f, path, req.Names); errno != 0 {
+			return errno
+		}
+	} else {
+		req, err := DecodeReadRequest(in)
+		if err != nil {
+			return errnoOf(err)
+		}
+		tok, dev, ranges = req.Token, req.Device, req.Ranges
+	}
+	ss, errno := s.session(tok, c)
+	if errno != 0 {
+		return errno
+	}
+	pdev, errno := s.device(dev)
+	if errno != 0 {
+		return errno
+	}
+	plan, errno := s.plan(ranges, size)
+	if errno != 0 {
+		return errno
+	}
+	eng, _ := s.opts.Engines.For(f, path)
+	leases, errno := ss.readRanges(ctx, f, eng, EngineCodeOf(eng.Name()), pdev, plan)
+	if errno != 0 {
+		return errno
+	}
+	(&ReadReply{Leases: leases}).Encode(out)
+	return 0
+}
+
+// span is one validated range: the requested bytes and the 4 KiB-widened
+// bytes the engine reads.
+type span struct {
+	off, length, valid int64 // requested offset and length, bytes present
+	start, end         int64 // widened [start, end), empty when valid == 0
+}
+
+// plan validates ranges against a file of size bytes (S4) and widens them.
+func (s *Server) plan(ranges []Range, size int64) ([]span, syscall.Errno) {
+	plan := make([]span, len(ranges))
+	var total int64
+	for i, r := range ranges {
+		if addOverflows(r.Offset, r.Length) {
+			return nil, syscall.ERANGE
+		}
+		off, n := int64(r.Offset), int64(r.Length)
+		if off > size {
+			return nil, syscall.EINVAL
+		}
+		valid := min(n, size-off)
+		if valid > s.maxLease {
+			return nil, syscall.E2BIG
+		}
+		sp := span{off: off, length: n, valid: valid}
+		if valid > 0 {
+			sp.start = off &^ (AlignBytes - 1)
+			sp.end = alignUp(off + valid)
+			total += sp.end - sp.start
+		}
+		plan[i] = sp
+	}
+	if total > s.maxLease {
+		return nil, syscall.E2BIG
+	}
+	return plan, 0
+}
+
+func alignUp(n int64) int64 { return (n + AlignBytes - 1) &^ (AlignBytes - 1) }
+
+// resolve maps index names of f to ranges.
+func (s *Server) resolve(ctx context.Context, f *os.File, path string, names []string) ([]Range, syscall.Errno) {
+	if s.opts.Indexes == nil {
+		return nil, syscall.ENODATA
+	}
+	x, err := s.opts.Indexes.Get(ctx, path, f)
+	if err != nil {
+		return nil, s.indexErrno(err, path)
+	}
+	ranges := make([]Range, len(names))
+	for i, name := range names {
+		off, n, err := x.Resolve(name)
+		switch {
+		case errors.Is(err, cache.ErrNotFound):
+			return nil, syscall.ENOENT
+		case errors.Is(err, cache.ErrNotAddressable):
+			return nil, syscall.EOPNOTSUPP
+		case err != nil:
+			return nil, s.indexErrno(err, path)
+		case off < 0 || n < 0:
+			s.opts.Log.Error().Str("path", path).Str("name", name).Msg("BUG: ctl: index resolved to a negative range")
+			return nil, syscall.EIO
+		}
+		ranges[i] = Range{Offset: uint64(off), Length: uint64(n)}
+	}
+	return ranges, 0
+}
+
+// indexErrno maps an index lookup failure.
+func (s *Server) indexErrno(err error, path string) syscall.Errno {
+	switch {
+	case errors.Is(err, cache.ErrNoIndex), errors.Is(err, cache.ErrInvalid):
+		return syscall.ENODATA
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno
+	}
+	s.opts.Log.Error().Err(err).Str("path", path).Msg("ctl: index")
+	return syscall.EIO
+}
+
+// write serves WRITE.
+func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte) syscall.Errno {
+	if len(in) != SizeWrite || len(out) != SizeWrite {
+		return syscall.EINVAL
+	}
+	if _, errno := fileSize(f); errno != 0 {
+		return errno
+	}
+	req, err := DecodeWriteRequest(in)
+	if err != nil {
+		return errnoOf(err)
+	}
+	if s.opts.ReadOnly {
+		return syscall.EROFS
+	}
+	ss, errno := s.session(req.Token, c)
+	if errno != 0 {
+		return errno
+	}
+	if addOverflows(req.FileOffset, req.Length) || addOverflows(req.LeaseOffset, req.Length) {
+		return syscall.ERANGE
+	}
+	if req.Length == 0 {
+		return syscall.EINVAL
+	}
+	if !writable(f) {
+		return syscall.EBADF
+	}
+	li, l, errno := ss.lease(req.Lease)
+	if errno != 0 {
+		return errno
+	}
+	if req.LeaseOffset+req.Length > uint64(li.valid) {
+		return syscall.EINVAL
+	}
+	eng, _ := s.opts.Engines.For(f, path)
+	srcOff := li.slabOff + int64(req.LeaseOffset)
+	n, err := eng.WriteAt(ctx, f, l.Slab.Memory, srcOff, int64(req.FileOffset), int64(req.Length))
+	s.Changed(path)
+	if err != nil {
+		return s.ioErrno(err, "write", path)
+	}
+	if n != int64(req.Length) {
+		s.opts.Log.Error().Str("path", path).Int64("wrote", n).Uint64("want", req.Length).Msg("BUG: ctl: engine wrote short without an error")
+		return syscall.EIO
+	}
+	if req.Flags&WriteSync != 0 {
+		if err := fdatasync(f); err != nil {
+			return s.ioErrno(err, "fdatasync", path)
+		}
+	}
+	s.counters.writes.Add(1)
+	s.counters.writeBytes.Add(req.Length)
+	(&WriteReply{Written: req.Length, Engine: EngineCodeOf(eng.Name())}).Encode(out)
+	return 0
+}
+
+// writable reports whether f was opened for writing.
+func writable(f *os.File) bool {
+	fl, err := fcntlGetfl(f)
+	return err == nil && fl&syscall.O_ACCMODE != syscall.O_RDONLY
+}
+
+// ioErrno maps an engine or backing-file failure, logging it once.
+func (s *Server) ioErrno(err error, op, path string) syscall.Errno {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return syscall.EINTR
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		switch errno {
+		case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG, syscall.EBADF, syscall.EINTR:
+			return errno
+		}
+	}
+	s.opts.Log.Error().Err(err).Str("op", op).Str("path", path).Msg("ctl: engine failed")
+	return syscall.EIO
+}
+
+// index serves INDEX.
+func (s *Server) index(ctx context.Context, f *os.File, path string, in, out []byte) syscall.Errno {
+	if len(in) != SizePage || len(out) != SizePage {
+		return syscall.EINVAL
+	}
+	if _, errno := fileSize(f); errno != 0 {
+		return errno
+	}
+	req, err := DecodePageRequest(in)
+	if err != nil {
+		return errnoOf(err)
+	}
+	if s.opts.Indexes == nil {
+		return syscall.ENODATA
+	}
+	x, err := s.opts.Indexes.Get(ctx, path, f)
+	if err != nil {
+		return s.indexErrno(err, path)
+	}
+	doc, err := x.JSON()
+	if err != nil {
+		return s.indexErrno(err, path)
+	}
+	return errnoOf(EncodePage(out, doc, req.Offset))
+}
+
+// Changed implements fs.Control.
+func (s *Server) Changed(path string) {
+	if s.opts.Indexes != nil {
+		s.opts.Indexes.Invalidate(path)
+	}
+}
+
+// caps is the HELLO capability set.
+func (s *Server) caps() uint64 {
+	var c uint64
+	if s.host {
+		c |= CapHostSlabs
+	} else {
+		c |= CapCUDASlabs
+	}
+	if s.opts.Indexes != nil {
+		c |= CapReadNames | CapIndex
+	}
+	if !s.opts.ReadOnly {
+		c |= CapWrite
+	}
+	return c
+}
+
+// errnoOf extracts the errno of a wire or syscall error (EIO otherwise).
+func errnoOf(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno
+	}
+	return syscall.EIO
+}
+
+// Stats is the document of user.gdsfs.stats and STATUS.
+type Stats struct {
+	DaemonPID uint32       `json:"daemon_pid"`
+	Version   string       `json:"version"`
+	Engine    string       `json:"engine"`
+	Sessions  int          `json:"sessions"`
+	Leases    int          `json:"leases"`
+	Pool      gpubuf.Stats `json:"pool"`
+	Counters  CounterStats `json:"counters"`
+}
+
+// Stats returns a snapshot of the control path's figures.
+func (s *Server) Stats() Stats {
+	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, Engine: s.opts.Engine, Pool: s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Sessions += len(sh.sessions)
+		sh.mu.Unlock()
+	}
+	for _, d := range st.Pool.Devices {
+		st.Leases += d.Leases
+	}
+	return st
+}
+
+func (s *Server) statsJSON() ([]byte, syscall.Errno) {
+	b, err := json.Marshal(s.Stats())
+	if err != nil {
+		s.opts.Log.Error().Err(err).Msg("BUG: ctl: encode stats")
+		return nil, syscall.EIO
+	}
+	return b, 0
+}
+
+// fileInfo is the document of user.gdsfs.info.
+type fileInfo struct {
+	Path    string `json:"path"`
+	Type    string `json:"type"`
+	Size    int64  `json:"size"`
+	Dev     uint64 `json:"dev"`
+	Ino     uint64 `json:"ino"`
+	MtimeNs int64  `json:"mtime_ns"`
+	Align   int    `json:"align"`
+	Engine  string `json:"engine"`
+	Reason  string `json:"reason"`
+	Format  string `json:"format"`
+}
+
+// Xattr implements fs.Control: the user.gdsfs.* names (docs/protocol.md
+// section 6).
+func (s *Server) Xattr(ctx context.Context, c fs.Caller, path string, isRoot bool, name string) ([]byte, syscall.Errno) {
+	switch name {
+	case "user.gdsfs.backing":
+		return []byte(path), 0
+	case "user.gdsfs.stats":
+		if !isRoot {
+			return nil, syscall.ENODATA
+		}
+		return s.statsJSON()
+	case "user.gdsfs.info":
+		return s.info(ctx, path)
+	case "user.gdsfs.index":
+		if s.opts.Indexes == nil {
+			return nil, syscall.ENODATA
+		}
+		x, err := s.opts.Indexes.Get(ctx, path, nil)
+		if err != nil {
+			return nil, s.indexErrno(err, path)
+		}
+		doc, err := x.JSON()
+		if err != nil {
+			return nil, s.indexErrno(err, path)
+		}
+		if len(doc) > xattrMax {
+			return nil, syscall.E2BIG
+		}
+		return doc, 0
+	}
+	return nil, syscall.ENODATA
+}
+
+// info builds user.gdsfs.info for path.
+func (s *Server) info(ctx context.Context, path string) ([]byte, syscall.Errno) {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		return nil, errnoOf(err)
+	}
+	fi := fileInfo{Path: path, Size: st.Size, Dev: st.Dev, Ino: st.Ino, MtimeNs: st.Mtim.Nano(), Align: AlignBytes}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		fi.Type = "file"
+		var eng Engine
+		eng, fi.Reason = s.opts.Engines.For(nil, path)
+		fi.Engine = eng.Name()
+		if s.opts.Indexes != nil {
+			if x, err := s.opts.Indexes.Get(ctx, path, nil); err == nil {
+				fi.Format = string(x.Format)
+			}
+		}
+	case syscall.S_IFDIR:
+		fi.Type = "dir"
+		fi.Reason = "directories have no data for the control path"
+	case syscall.S_IFLNK:
+		fi.Type = "symlink"
+		fi.Reason = "the control path serves the file a symlink points to"
+	default:
+		fi.Type = "other"
+		fi.Reason = "only regular files are served by the control path"
+	}
+	b, err := json.Marshal(fi)
+	if err != nil {
+		return nil, syscall.EIO
+	}
+	return b, 0
+}
+
+// Close ends every session (unmount).
+func (s *Server) Close() error {
+	var all []*session
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, ss := range sh.sessions {
+			all = append(all, ss)
+		}
+		sh.mu.Unlock()
+	}
+	for _, ss := range all {
+		ss.Close()
+	}
+	return nil
+}

@@ -1,0 +1,408 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
+	"golang.org/x/sys/unix"
+)
+
+// session is one open of <mount>/.gdsfs: it owns leases until they are
+// released or the session closes. It implements fs.Session.
+type session struct {
+	srv    *Server
+	id     uint64
+	secret uint64
+	uid    uint32
+
+	mu sync.Mutex
+	// GUARDED_BY(mu)
+	closed bool
+	leases map[uint64]leaseInfo // what the client was told about each lease
+	status []byte               // STATUS snapshot taken at offset 0
+}
+
+// leaseInfo is what the session told the client about a lease: where its
+// first byte is in the slab and how many bytes the client may use.
+type leaseInfo struct {
+	slabOff int64
+	valid   int64
+}
+
+var _ fs.Session = (*session)(nil)
+
+func (ss *session) owner() gpubuf.Owner { return gpubuf.Owner{Session: ss.id, UID: ss.uid} }
+
+// Ioctl implements fs.Session: the control-file commands.
+func (ss *session) Ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	errno := ss.ioctl(ctx, c, cmd, in, out)
+	ss.srv.counters.result(errno)
+	if errno != 0 {
+		ss.srv.opts.Log.Debug().Str("op", "ctl-ioctl").Hex("cmd", u32bytes(cmd)).Uint64("session", ss.id).
+			Uint32("uid", c.UID).Str("errno", errnoName(errno)).Msg("ctl: refused")
+	}
+	return 0, errno
+}
+
+func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out []byte) syscall.Errno {
+	size := CmdSize(cmd)
+	if len(in) != size || len(out) != size {
+		return syscall.ENOTTY
+	}
+	// The descriptor may have been passed to another uid (SCM_RIGHTS,
+	// setuid after fork): the session still serves only its owner (S1).
+	if c.UID != ss.uid {
+		return syscall.EPERM
+	}
+	switch cmd {
+	case CmdHello:
+		if err := DecodeHello(in); err != nil {
+			return errnoOf(err)
+		}
+		ss.hello(out)
+		return 0
+	case CmdSlab:
+		req, err := DecodeSlabRequest(in)
+		if err != nil {
+			return errnoOf(err)
+		}
+		t, errno := ss.target(req.Token, c)
+		if errno != 0 {
+			return errno
+		}
+		return t.slab(req.Slab, out)
+	case CmdAlloc:
+		req, err := DecodeAllocRequest(in)
+		if err != nil {
+			return errnoOf(err)
+		}
+		t, errno := ss.target(req.Token, c)
+		if errno != 0 {
+			return errno
+		}
+		return t.alloc(ctx, req, out)
+	case CmdRelease:
+		req, err := DecodeReleaseRequest(in)
+		if err != nil {
+			return errnoOf(err)
+		}
+		t, errno := ss.target(req.Token, c)
+		if errno != 0 {
+			return errno
+		}
+		t.release(req.IDs, out)
+		return 0
+	case CmdStatus:
+		req, err := DecodePageRequest(in)
+		if err != nil {
+			return errnoOf(err)
+		}
+		return ss.statusPage(req.Offset, out)
+	}
+	return syscall.ENOTTY
+}
+
+// target is the session a control-file command acts on: the token's when
+// one is given, this one otherwise.
+func (ss *session) target(t Token, c fs.Caller) (*session, syscall.Errno) {
+	if t.IsZero() {
+		return ss, 0
+	}
+	return ss.srv.session(t, c)
+}
+
+func (ss *session) hello(out []byte) {
+	s := ss.srv
+	r := HelloReply{
+		Version:       uint32(Version),
+		UID:           ss.uid,
+		Caps:          s.caps(),
+		Token:         Token{Session: ss.id, Secret: ss.secret},
+		MaxRanges:     MaxRanges,
+		MaxNamesBytes: NamesBytes,
+		Align:         AlignBytes,
+		MaxLease:      uint64(s.maxLease),
+		Page:          PageBytes,
+		DaemonPID:     s.pid,
+		Engine:        s.opts.Engine,
+		DaemonVersion: s.opts.Version,
+	}
+	if !s.host {
+		r.Devices = uint32(s.devices)
+	}
+	r.Encode(out)
+}
+
+// slab serves SLAB for this session.
+func (ss *session) slab(id uint64, out []byte) syscall.Errno {
+	p := ss.srv.opts.Pool
+	if id == 0 || id > 1<<32-1 {
+		return syscall.ENOENT
+	}
+	sl, err := p.Slab(uint32(id))
+	if err != nil {
+		return syscall.ENOENT
+	}
+	h, err := p.Export(ss.owner(), uint32(id))
+	if errors.Is(err, gpubuf.ErrNotFound) {
+		return syscall.EPERM
+	}
+	if err != nil {
+		ss.srv.opts.Log.Error().Err(err).Uint64("slab", id).Msg("ctl: export slab")
+		return syscall.EIO
+	}
+	if len(h) > HandleBytes {
+		ss.srv.opts.Log.Error().Int("bytes", len(h)).Uint64("slab", id).Msg("ctl: slab handle does not fit the SLAB reply")
+		return syscall.EIO
+	}
+	r := SlabReply{Slab: id, Size: uint64(sl.Size), Kind: SlabHost, Device: ss.srv.wireDevice(sl.Device), Handle: h}
+	if _, ok := sl.Memory.(gpubuf.DeviceMemory); ok {
+		r.Kind = SlabCUDA
+	}
+	r.Encode(out)
+	return 0
+}
+
+// alloc serves ALLOC for this session.
+func (ss *session) alloc(ctx context.Context, req AllocRequest, out []byte) syscall.Errno {
+	s := ss.srv
+	if s.opts.ReadOnly {
+		return syscall.EROFS
+	}
+	dev, errno := s.device(req.Device)
+	if errno != 0 {
+		return errno
+	}
+	switch {
+	case req.Length == 0:
+		return syscall.EINVAL
+	case req.Length > uint64(s.maxLease):
+		return syscall.E2BIG
+	}
+	n := int64(req.Length)
+	l, errno := ss.allocLease(ctx, dev, n, leaseInfo{valid: n})
+	if errno != 0 {
+		return errno
+	}
+	EncodeAllocReply(out, Lease{ID: l.ID, Slab: uint64(l.Slab.ID), Offset: uint64(l.Offset), Length: req.Length, Valid: req.Length})
+	return 0
+}
+
+// allocLease leases n bytes on dev and records the lease in the session
+// (S2); li.slabOff is relative to the lease's start.
+func (ss *session) allocLease(ctx context.Context, dev int, n int64, li leaseInfo) (*gpubuf.Lease, syscall.Errno) {
+	p := ss.srv.opts.Pool
+	l, err := p.Alloc(ctx, ss.owner(), dev, n)
+	switch {
+	case errors.Is(err, gpubuf.ErrExhausted):
+		return nil, syscall.EAGAIN
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return nil, syscall.EINTR
+	case err != nil:
+		ss.srv.opts.Log.Error().Err(err).Uint64("session", ss.id).Msg("ctl: allocate lease")
+		return nil, syscall.EIO
+	}
+	li.slabOff += l.Offset
+	ss.mu.Lock()
+	closed := ss.closed
+	if !closed {
+		ss.leases[l.ID] = li
+	}
+	ss.mu.Unlock()
+	if closed {
+		// Close ran between Alloc and now; its ReleaseSession may or may
+		// not have seen this lease, so release it here (ErrNotFound is
+		// fine).
+		_ = p.Release(ss.owner(), l.ID)
+		return nil, syscall.EPERM
+	}
+	return l, 0
+}
+
+// release serves RELEASE for this session.
+func (ss *session) release(ids []uint64, out []byte) {
+	r := ReleaseReply{Status: make([]syscall.Errno, len(ids))}
+	for i, id := range ids {
+		if ss.forget(id) {
+			if err := ss.srv.opts.Pool.Release(ss.owner(), id); err == nil {
+				r.Released++
+				continue
+			}
+		}
+		r.Status[i] = syscall.ENOENT
+	}
+	r.Encode(out)
+}
+
+// forget removes lease id from the session's table and reports whether it
+// was there.
+func (ss *session) forget(id uint64) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	_, ok := ss.leases[id]
+	delete(ss.leases, id)
+	return ok
+}
+
+// lease returns what the session knows about lease id and the pool's lease.
+func (ss *session) lease(id uint64) (leaseInfo, *gpubuf.Lease, syscall.Errno) {
+	ss.mu.Lock()
+	li, ok := ss.leases[id]
+	ss.mu.Unlock()
+	if !ok {
+		return leaseInfo{}, nil, syscall.ENOENT
+	}
+	l, err := ss.srv.opts.Pool.Lookup(ss.owner(), id)
+	if err != nil {
+		return leaseInfo{}, nil, syscall.ENOENT
+	}
+	return li, l, 0
+}
+
+// statusPage serves STATUS: a snapshot at offset 0, pages from it after.
+func (ss *session) statusPage(off uint64, out []byte) syscall.Errno {
+	ss.mu.Lock()
+	doc := ss.status
+	ss.mu.Unlock()
+	if off == 0 || doc == nil {
+		var errno syscall.Errno
+		if doc, errno = ss.srv.statsJSON(); errno != 0 {
+			return errno
+		}
+		ss.mu.Lock()
+		ss.status = doc
+		ss.mu.Unlock()
+	}
+	return errnoOf(EncodePage(out, doc, off))
+}
+
+// readRanges leases memory for every span and reads it with eng. All or
+// nothing (S3): on error every lease of the request is released.
+func (ss *session) readRanges(ctx context.Context, f *os.File, eng Engine, code EngineCode, dev int, plan []span) ([]Lease, syscall.Errno) {
+	out := make([]Lease, len(plan))
+	held := make([]*gpubuf.Lease, len(plan))
+	fail := func(errno syscall.Errno) ([]Lease, syscall.Errno) {
+		for _, l := range held {
+			if l != nil && ss.forget(l.ID) {
+				_ = ss.srv.opts.Pool.Release(ss.owner(), l.ID)
+			}
+		}
+		return nil, errno
+	}
+	for i, sp := range plan {
+		out[i] = Lease{Offset: 0, Length: uint64(sp.length)}
+		if sp.valid == 0 {
+			continue
+		}
+		l, errno := ss.allocLease(ctx, dev, sp.end-sp.start, leaseInfo{slabOff: sp.off - sp.start, valid: sp.valid})
+		if errno != 0 {
+			return fail(errno)
+		}
+		held[i] = l
+	}
+	// Ranges are independent: read them concurrently, a few at a time
+	// (engines parallelise within a range too).
+	errs := make([]error, len(plan))
+	got := make([]int64, len(plan))
+	workers := min(len(plan), runtime.GOMAXPROCS(0), 8)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				sp, l := plan[i], held[i]
+				got[i], errs[i] = eng.ReadAt(ctx, f, l.Slab.Memory, l.Offset, sp.start, sp.end-sp.start)
+			}
+		}()
+	}
+	for i := range plan {
+		if held[i] != nil {
+			next <- i
+		}
+	}
+	close(next)
+	wg.Wait()
+	var bytes uint64
+	for i, sp := range plan {
+		l := held[i]
+		if l == nil {
+			continue
+		}
+		if errs[i] != nil {
+			return fail(ss.srv.ioErrno(errs[i], "read", f.Name()))
+		}
+		// The file may have shrunk since it was measured: report what
+		// the engine found (short only at end of file).
+		valid := min(sp.valid, max(0, got[i]-(sp.off-sp.start)))
+		if valid != sp.valid {
+			ss.mu.Lock()
+			if li, ok := ss.leases[l.ID]; ok {
+				li.valid = valid
+				ss.leases[l.ID] = li
+			}
+			ss.mu.Unlock()
+		}
+		out[i] = Lease{ID: l.ID, Slab: uint64(l.Slab.ID), Offset: uint64(l.Offset + sp.off - sp.start),
+			Length: uint64(sp.length), Valid: uint64(valid), Engine: code}
+		bytes += uint64(valid)
+	}
+	ss.srv.counters.reads.Add(1)
+	ss.srv.counters.readRanges.Add(uint64(len(plan)))
+	ss.srv.counters.readBytes.Add(bytes)
+	return out, 0
+}
+
+// Close implements fs.Session: it ends the session and releases every lease
+// it holds (S2). It is idempotent.
+func (ss *session) Close() error {
+	ss.mu.Lock()
+	if ss.closed {
+		ss.mu.Unlock()
+		return nil
+	}
+	ss.closed = true
+	ss.leases = nil
+	ss.mu.Unlock()
+	sh := ss.srv.shard(ss.id)
+	sh.mu.Lock()
+	delete(sh.sessions, ss.id)
+	sh.mu.Unlock()
+	n := ss.srv.opts.Pool.ReleaseSession(ss.id)
+	ss.srv.opts.Log.Debug().Uint64("session", ss.id).Int("leases", n).Msg("ctl: session closed")
+	return nil
+}
+
+// fcntlGetfl returns f's open flags.
+func fcntlGetfl(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var fl int
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
+		return 0, err
+	}
+	return fl, ferr
+}
+
+// fdatasync flushes f's data to stable storage.
+func fdatasync(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Fdatasync(int(fd)) }); err != nil {
+		return err
+	}
+	return serr
+}
