@@ -1,0 +1,223 @@
+package metrics
+
+import (
+	"sort"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// MaxUIDLabels bounds the uid label: pool figures of more uids than this
+// are summed into uid="other".
+const MaxUIDLabels = 32
+
+// PoolStats is the buffer pool's state at one instant, in the shape the
+// metrics need (cmd/gdsfs converts gpubuf.Stats to it).
+type PoolStats struct {
+	// Backend names the slab memory ("host", "cuda").
+	Backend string
+	Devices []DevicePool
+	UIDs    []UIDPool
+}
+
+// DevicePool is one device's pool. Device -1 is shared host memory.
+type DevicePool struct {
+	Device int
+	// BudgetBytes is the most slab memory the device may hold.
+	BudgetBytes int64
+	// AllocatedBytes is the slab memory allocated now.
+	AllocatedBytes int64
+	// LeasedBytes is the part of it held by leases.
+	LeasedBytes int64
+	Slabs       int
+	Leases      int
+}
+
+// UIDPool is what the sessions of one uid hold.
+type UIDPool struct {
+	UID         uint32
+	Sessions    int
+	LeasedBytes int64
+}
+
+// IndexStats are the shard-index cache counters.
+type IndexStats struct {
+	Hits, Misses, Evictions uint64
+	Parses, ParseErrors     uint64
+	BudgetBytes, UsedBytes  int64
+}
+
+// PassthroughStats is the mount's kernel-passthrough state.
+type PassthroughStats struct {
+	// Enabled is true while the kernel does reads and writes of opened
+	// files itself.
+	Enabled bool
+	// Opens of data files by how their I/O is served, and kernel refusals.
+	Passthrough, Daemon, Refused uint64
+}
+
+// SetPool makes every scrape read the pool through f (nil removes it).
+func (m *Metrics) SetPool(f func() PoolStats) {
+	if m != nil {
+		m.state.set(func(s *sources) { s.pool = f })
+	}
+}
+
+// SetIndex makes every scrape read the index cache counters through f.
+func (m *Metrics) SetIndex(f func() IndexStats) {
+	if m != nil {
+		m.state.set(func(s *sources) { s.index = f })
+	}
+}
+
+// SetPassthrough makes every scrape read the passthrough state through f.
+func (m *Metrics) SetPassthrough(f func() PassthroughStats) {
+	if m != nil {
+		m.state.set(func(s *sources) { s.passthrough = f })
+	}
+}
+
+type sources struct {
+	pool        func() PoolStats
+	index       func() IndexStats
+	passthrough func() PassthroughStats
+}
+
+// stateCollector turns the callbacks into metrics at scrape time, so the
+// figures are never stale and the producers keep no metric state.
+type stateCollector struct {
+	mu  sync.Mutex
+	src sources // guarded by mu
+
+	poolBudget, poolAllocated, poolLeased, poolFree *prometheus.Desc
+	poolSlabs, poolLeases                           *prometheus.Desc
+	uidLeased, uidSessions                          *prometheus.Desc
+	idxHits, idxMisses, idxEvictions                *prometheus.Desc
+	idxParses, idxParseErrors                       *prometheus.Desc
+	idxBudget, idxUsed                              *prometheus.Desc
+	ptEnabled, ptOpens, ptRefused                   *prometheus.Desc
+}
+
+func newStateCollector() *stateCollector {
+	d := func(sub, name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(namespace, sub, name), help, labels, nil)
+	}
+	return &stateCollector{
+		poolBudget:     d("pool", "budget_bytes", "Most slab memory the pool may hold on the device.", "device"),
+		poolAllocated:  d("pool", "allocated_bytes", "Slab memory allocated on the device.", "device"),
+		poolLeased:     d("pool", "in_use_bytes", "Slab memory held by leases on the device.", "device"),
+		poolFree:       d("pool", "free_bytes", "Budget not held by leases on the device (allocated or not).", "device"),
+		poolSlabs:      d("pool", "slabs", "Slabs allocated on the device.", "device"),
+		poolLeases:     d("pool", "leases", "Leases alive on the device.", "device"),
+		uidLeased:      d("pool", "uid_in_use_bytes", "Slab memory held by the leases of one uid's sessions (at most 32 uids, the rest as uid=\"other\").", "uid"),
+		uidSessions:    d("pool", "uid_sessions", "Sessions of one uid holding leases.", "uid"),
+		idxHits:        d("index_cache", "hits_total", "Shard index lookups served from the cache."),
+		idxMisses:      d("index_cache", "misses_total", "Shard index lookups that had to parse."),
+		idxEvictions:   d("index_cache", "evictions_total", "Shard indexes evicted from the cache."),
+		idxParses:      d("index_cache", "parses_total", "Shard index parses."),
+		idxParseErrors: d("index_cache", "parse_errors_total", "Shard index parses that failed."),
+		idxBudget:      d("index_cache", "budget_bytes", "Most memory the index cache may hold."),
+		idxUsed:        d("index_cache", "used_bytes", "Memory the index cache holds."),
+		ptEnabled:      d("fuse", "passthrough_enabled", "1 while the kernel serves reads and writes of open files itself (FUSE passthrough), 0 otherwise."),
+		ptOpens:        d("fuse", "opens_total", "Opens of data files by how their I/O is served (mode=passthrough|daemon).", "mode"),
+		ptRefused:      d("fuse", "passthrough_refused_total", "Backing files the kernel refused for passthrough."),
+	}
+}
+
+func (c *stateCollector) set(f func(*sources)) {
+	c.mu.Lock()
+	f(&c.src)
+	c.mu.Unlock()
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		c.poolBudget, c.poolAllocated, c.poolLeased, c.poolFree, c.poolSlabs, c.poolLeases,
+		c.uidLeased, c.uidSessions,
+		c.idxHits, c.idxMisses, c.idxEvictions, c.idxParses, c.idxParseErrors, c.idxBudget, c.idxUsed,
+		c.ptEnabled, c.ptOpens, c.ptRefused,
+	} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	src := c.src
+	c.mu.Unlock()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	if src.pool != nil {
+		ps := src.pool()
+		for _, dv := range ps.Devices {
+			l := deviceLabel(dv.Device)
+			gauge(c.poolBudget, float64(dv.BudgetBytes), l)
+			gauge(c.poolAllocated, float64(dv.AllocatedBytes), l)
+			gauge(c.poolLeased, float64(dv.LeasedBytes), l)
+			gauge(c.poolFree, float64(max(dv.BudgetBytes-dv.LeasedBytes, 0)), l)
+			gauge(c.poolSlabs, float64(dv.Slabs), l)
+			gauge(c.poolLeases, float64(dv.Leases), l)
+		}
+		for _, u := range boundUIDs(ps.UIDs) {
+			gauge(c.uidLeased, float64(u.LeasedBytes), u.label)
+			gauge(c.uidSessions, float64(u.Sessions), u.label)
+		}
+	}
+	if src.index != nil {
+		is := src.index()
+		counter(c.idxHits, is.Hits)
+		counter(c.idxMisses, is.Misses)
+		counter(c.idxEvictions, is.Evictions)
+		counter(c.idxParses, is.Parses)
+		counter(c.idxParseErrors, is.ParseErrors)
+		gauge(c.idxBudget, float64(is.BudgetBytes))
+		gauge(c.idxUsed, float64(is.UsedBytes))
+	}
+	if src.passthrough != nil {
+		pt := src.passthrough()
+		on := 0.0
+		if pt.Enabled {
+			on = 1
+		}
+		gauge(c.ptEnabled, on)
+		counter(c.ptOpens, pt.Passthrough, "passthrough")
+		counter(c.ptOpens, pt.Daemon, "daemon")
+		counter(c.ptRefused, pt.Refused)
+	}
+}
+
+type labelledUID struct {
+	UIDPool
+	label string
+}
+
+// boundUIDs keeps the MaxUIDLabels uids holding the most bytes and sums
+// the rest into "other".
+func boundUIDs(uids []UIDPool) []labelledUID {
+	sorted := append([]UIDPool(nil), uids...)
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].LeasedBytes != sorted[j].LeasedBytes {
+			return sorted[i].LeasedBytes > sorted[j].LeasedBytes
+		}
+		return sorted[i].UID < sorted[j].UID
+	})
+	var out []labelledUID
+	var rest UIDPool
+	for i, u := range sorted {
+		if i < MaxUIDLabels {
+			out = append(out, labelledUID{u, strconv.FormatUint(uint64(u.UID), 10)})
+			continue
+		}
+		rest.Sessions += u.Sessions
+		rest.LeasedBytes += u.LeasedBytes
+	}
+	if len(sorted) > MaxUIDLabels {
+		out = append(out, labelledUID{rest, other})
+	}
+	return out
+}
