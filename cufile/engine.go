@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -28,11 +29,13 @@ type Engine interface {
 	WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error)
 }
 
-// Defaults for the zero values of Config's tuning fields.
-const (
-	DefaultChunkBytes = 8 << 20
-	DefaultWorkers    = 8
-)
+// DefaultChunkBytes is the transfer task size when none is configured.
+const DefaultChunkBytes = 8 << 20
+
+// DefaultWorkers is the number of parallel workers per transfer when none is
+// configured: one per CPU, at least 4 (I/O waits leave CPUs idle) and at most
+// 16 (more only adds contention on the measured machines).
+func DefaultWorkers() int { return min(16, max(4, runtime.NumCPU())) }
 
 // ErrRange reports a transfer range outside its memory or file.
 var ErrRange = errors.New("cufile: range out of bounds")

@@ -29,7 +29,7 @@ type Config struct {
 	// ChunkBytes is the transfer task size. Default DefaultChunkBytes.
 	ChunkBytes int64
 	// Workers is the number of parallel workers per transfer. Default
-	// DefaultWorkers.
+	// DefaultWorkers().
 	Workers int
 	// Direct is the posix engine's O_DIRECT policy (PosixOptions.Direct).
 	Direct string

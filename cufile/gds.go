@@ -65,7 +65,7 @@ func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int) *gdsEngine
 		chunkBytes = DefaultChunkBytes
 	}
 	if workers <= 0 {
-		workers = DefaultWorkers
+		workers = DefaultWorkers()
 	}
 	return &gdsEngine{d: d, lib: lib, chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
 }

@@ -22,7 +22,7 @@ func NewHostEngine(chunkBytes int64, workers int) Engine {
 		chunkBytes = DefaultChunkBytes
 	}
 	if workers <= 0 {
-		workers = DefaultWorkers
+		workers = DefaultWorkers()
 	}
 	return &hostEngine{chunkBytes: chunkBytes, workers: workers}
 }

@@ -41,7 +41,7 @@ type PosixOptions struct {
 	// ChunkBytes is the size of one pread / copy task. Default DefaultChunkBytes.
 	ChunkBytes int64
 	// Workers is the number of OS-thread workers per transfer, each with
-	// its own staging buffers and streams. Default DefaultWorkers.
+	// its own staging buffers and streams. Default DefaultWorkers().
 	Workers int
 	// Slots is the number of staging buffers per worker, so a worker reads
 	// the next chunk while the previous one is copied. Default 2.
@@ -77,7 +77,7 @@ func newPosixEngine(st stager, opts PosixOptions) *posixEngine {
 	}
 	opts.ChunkBytes = (opts.ChunkBytes + gpubuf.Align - 1) &^ (gpubuf.Align - 1)
 	if opts.Workers <= 0 {
-		opts.Workers = DefaultWorkers
+		opts.Workers = DefaultWorkers()
 	}
 	if opts.Slots <= 0 {
 		opts.Slots = 2

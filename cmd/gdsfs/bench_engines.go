@@ -1,0 +1,537 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// enginesBench is the configuration of `gdsfs bench engines`.
+type enginesBench struct {
+	file      string
+	size      string
+	sizeBytes int64
+	threads   int
+	runs      int
+	noCold    bool
+	keep      bool
+	minWarm   float64
+	minCold   float64
+	flags     *engineFlags
+}
+
+func newBenchEnginesCmd() *cobra.Command {
+	b := &enginesBench{}
+	cmd := &cobra.Command{
+		Use:   "engines",
+		Short: "Read throughput of each transfer engine against plain pread and copy baselines",
+		Long: `Reads one large file into slab memory with every engine that can run here
+(gds, posix, host), warm (page cache) and cold (after dropping caches, as
+root), and measures the baselines the engines must be judged against:
+
+  pread16-pinned   16 threads of page-cache pread into pinned host memory (warm)
+  h2d-pinned       pinned host to GPU copy (cuMemcpyHtoD)
+  pread1+copy      1 thread: pread into pinned memory, then copy to the GPU
+  odirect16        16 threads of O_DIRECT pread: the disk's parallel rate (cold)
+
+Without a GPU the baselines read into ordinary memory. The table gives each
+engine's GB/s (best of --runs warm, one run cold) and its ratio to the bound
+that applies: warm, the slower of pread16 and h2d; cold, odirect16.
+--min-warm-ratio / --min-cold-ratio make the command fail below a ratio.`,
+		Example: `  gdsfs bench engines
+  gdsfs bench engines --size 4GiB --file /nvme/bench.dat --io-workers 16
+  gdsfs bench engines --engine gds --min-warm-ratio 0.8 --min-cold-ratio 0.9`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			n, err := humanize.ParseBytes(b.size)
+			if err != nil || n < 1<<20 || n > 1<<40 {
+				return usagef("--size %q: give a size from 1MiB to 1TiB, such as 4GiB", b.size)
+			}
+			b.sizeBytes = int64(n) &^ (gpubuf.Align - 1)
+			if b.threads < 1 || b.threads > 256 {
+				return usagef("--threads %d: give 1 to 256", b.threads)
+			}
+			if b.runs < 1 || b.runs > 100 {
+				return usagef("--runs %d: give 1 to 100", b.runs)
+			}
+			return b.run(cmd.Context(), cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&b.file, "file", "", "file to read (created with that size if missing; default: a temporary file under $TMPDIR)")
+	f.StringVar(&b.size, "size", "1GiB", "file size")
+	f.IntVar(&b.threads, "threads", 16, "threads of the parallel baselines")
+	f.IntVar(&b.runs, "runs", 3, "warm runs per measurement (the best counts)")
+	f.BoolVar(&b.noCold, "no-cold", false, "skip the cold (dropped page cache) measurements")
+	f.BoolVar(&b.keep, "keep", false, "keep the generated file")
+	f.Float64Var(&b.minWarm, "min-warm-ratio", 0, "fail if an engine's warm ratio is below this")
+	f.Float64Var(&b.minCold, "min-cold-ratio", 0, "fail if an engine's cold ratio is below this")
+	b.flags = addEngineFlags(f)
+	return cmd
+}
+
+// engineRow is one line of the table.
+type engineRow struct {
+	name, mode string
+	gbps       float64
+	note       string
+}
+
+func (b *enginesBench) run(ctx context.Context, out io.Writer) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	s, err := b.flags.parse(zerolog.Nop())
+	if err != nil {
+		return err
+	}
+	eng, err := cufile.Open(s.cfg)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	path, cleanup, err := b.prepareFile()
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("open bench file: %w", err)
+	}
+	defer f.Close()
+	rep := eng.Probe()
+	fmt.Fprintf(out, "file %s (%s), engine %s: %s\n", path, humanize.IBytes(uint64(b.sizeBytes)), rep.Engine, rep.Why)
+
+	env := &benchEnv{b: b, f: f, drv: eng.Driver(), chunk: s.cfg.ChunkBytes}
+	if env.chunk == 0 {
+		env.chunk = cufile.DefaultChunkBytes
+	}
+	defer env.close()
+	if err := env.setup(ctx, eng); err != nil {
+		return err
+	}
+	var rows []engineRow
+	add := func(name, mode string, bytes int64, d time.Duration, note string, err error) {
+		r := engineRow{name: name, mode: mode, note: note}
+		if err != nil {
+			r.note = "failed: " + err.Error()
+		} else if d > 0 {
+			r.gbps = float64(bytes) / d.Seconds() / 1e9
+		}
+		rows = append(rows, r)
+	}
+	// Engines to measure, in order of preference.
+	type engCase struct {
+		name string
+		e    cufile.Engine
+		mem  gpubuf.Memory
+	}
+	var engines []engCase
+	for _, name := range []string{cufile.EngineGDS, cufile.EnginePosix} {
+		if e, ok := eng.Engine(name); ok && env.dev != nil {
+			engines = append(engines, engCase{name, e, env.dev})
+		}
+	}
+	engines = append(engines, engCase{cufile.EngineHost, cufile.NewHostEngine(s.cfg.ChunkBytes, s.cfg.Workers), env.host})
+
+	measure := func(cold bool) {
+		mode := "warm"
+		runs := b.runs
+		if cold {
+			mode, runs = "cold", 1
+		}
+		best := func(fn func() (int64, error)) (int64, time.Duration, error) {
+			var bestD time.Duration
+			var n int64
+			for range runs {
+				if cold {
+					if err := dropFileCache(f); err != nil {
+						return 0, 0, err
+					}
+				}
+				t0 := time.Now()
+				m, err := fn()
+				d := time.Since(t0)
+				if err != nil {
+					return 0, 0, err
+				}
+				if bestD == 0 || d < bestD {
+					bestD, n = d, m
+				}
+			}
+			return n, bestD, nil
+		}
+		if !cold {
+			n, d, err := best(func() (int64, error) { return env.preadParallel(ctx, false) })
+			add(fmt.Sprintf("pread%d-%s", b.threads, env.hostKind()), mode, n, d, "baseline", err)
+			n, d, err = best(func() (int64, error) { return env.preadInto(ctx, env.host.(gpubuf.HostMemory).HostBytes()) })
+			add(fmt.Sprintf("pread%d-slab", b.threads), mode, n, d, "baseline: into the host slab", err)
+			if env.drv != nil {
+				n, d, err := best(env.h2d)
+				add("h2d-pinned", mode, n, d, "baseline", err)
+			}
+		} else {
+			n, d, err := best(func() (int64, error) { return env.preadParallel(ctx, true) })
+			add(fmt.Sprintf("odirect%d", b.threads), mode, n, d, "baseline: disk parallel rate", err)
+		}
+		if env.drv != nil {
+			n, d, err := best(env.pread1Copy)
+			add("pread1+copy", mode, n, d, "baseline", err)
+		}
+		for _, ec := range engines {
+			n, d, err := best(func() (int64, error) {
+				m, err := ec.e.ReadAt(ctx, f, ec.mem, 0, 0, b.sizeBytes)
+				if err == nil && m != b.sizeBytes {
+					err = fmt.Errorf("read %d of %d bytes", m, b.sizeBytes)
+				}
+				return m, err
+			})
+			add(ec.name, mode, n, d, "engine", err)
+		}
+	}
+	// Warm-up: the file may be partly cached (just written) or not at all.
+	if _, err := env.preadParallel(ctx, false); err != nil {
+		return err
+	}
+	measure(false)
+	coldNote := ""
+	if !b.noCold {
+		if err := dropFileCache(f); err != nil {
+			coldNote = fmt.Sprintf("cold runs skipped: %v", err)
+		} else {
+			measure(true)
+		}
+	}
+	failed := printEngineTable(out, rows, env.drv != nil, b.minWarm, b.minCold)
+	if coldNote != "" {
+		fmt.Fprintln(out, coldNote)
+	}
+	if failed != "" {
+		return errors.New(failed)
+	}
+	return nil
+}
+
+// printEngineTable prints rows with each engine's ratio to its bound and
+// returns a failure message for ratios under the minimums.
+func printEngineTable(out io.Writer, rows []engineRow, gpu bool, minWarm, minCold float64) string {
+	get := func(prefix, mode string) float64 {
+		for _, r := range rows {
+			if r.mode == mode && len(r.name) >= len(prefix) && r.name[:len(prefix)] == prefix {
+				return r.gbps
+			}
+		}
+		return 0
+	}
+	warmBound := get("pread", "warm")
+	boundName := "pread"
+	if gpu {
+		if h := get("h2d-pinned", "warm"); h > 0 && (warmBound == 0 || h < warmBound) {
+			warmBound, boundName = h, "h2d"
+		}
+	}
+	coldBound := get("odirect", "cold")
+	slabBound := 0.0
+	for _, r := range rows {
+		if r.mode == "warm" && len(r.name) > 5 && r.name[len(r.name)-5:] == "-slab" {
+			slabBound = r.gbps
+		}
+	}
+	var failed string
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "read\tmode\tGB/s\tratio\t\tnote\t")
+	for _, r := range rows {
+		ratio, against := "", ""
+		if r.note == "engine" && r.gbps > 0 {
+			bound, min := warmBound, minWarm
+			against = "vs " + boundName
+			if r.name == cufile.EngineHost && slabBound > 0 {
+				bound, against = slabBound, "vs pread-slab"
+			}
+			if r.mode == "cold" {
+				bound, min, against = coldBound, minCold, "vs odirect"
+			}
+			if bound > 0 {
+				q := r.gbps / bound
+				ratio = fmt.Sprintf("%.2f", q)
+				if min > 0 && q < min && (r.name != cufile.EngineHost || !gpu) {
+					failed += fmt.Sprintf("%s %s ratio %.2f < %.2f; ", r.name, r.mode, q, min)
+				}
+			}
+		}
+		gb := "-"
+		if r.gbps > 0 {
+			gb = fmt.Sprintf("%.2f", r.gbps)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.mode, gb, ratio, against, r.note)
+	}
+	tw.Flush()
+	return failed
+}
+
+// benchEnv holds the bench's memory: device memory for the GPU engines,
+// shared host memory for the host engine, pinned buffers for baselines.
+type benchEnv struct {
+	b      *enginesBench
+	f      *os.File
+	drv    *cufile.Driver
+	chunk  int64
+	dev    gpubuf.Memory
+	host   gpubuf.Memory
+	hostBE *gpubuf.HostBackend
+	bufs   [][]byte // per-thread staging (pinned with a GPU), chunk+Align bytes
+	free   []func()
+}
+
+func (e *benchEnv) hostKind() string {
+	if e.drv != nil {
+		return "pinned"
+	}
+	return "memory"
+}
+
+func (e *benchEnv) setup(ctx context.Context, eng *cufile.Engines) error {
+	size := e.b.sizeBytes
+	if e.drv != nil {
+		m, err := eng.Backend().Alloc(ctx, 0, size, uint32(os.Getuid()))
+		if err != nil {
+			return fmt.Errorf("allocate %s of GPU memory: %w", humanize.IBytes(uint64(size)), err)
+		}
+		e.dev = m
+		e.free = append(e.free, func() { m.Close() })
+	}
+	hb, err := gpubuf.NewHostBackend(gpubuf.HostBackendOptions{Dir: filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-bench-%d", os.Getpid()))})
+	if err != nil {
+		return err
+	}
+	e.hostBE = hb
+	hm, err := hb.Alloc(ctx, 0, size, uint32(os.Getuid()))
+	if err != nil {
+		return fmt.Errorf("allocate %s of shared memory (is /dev/shm large enough?): %w", humanize.IBytes(uint64(size)), err)
+	}
+	e.host = hm
+	e.free = append(e.free, func() { hm.Close() })
+	for range e.b.threads {
+		b, free, err := e.alloc(e.chunk + gpubuf.Align)
+		if err != nil {
+			return err
+		}
+		e.bufs = append(e.bufs, b)
+		e.free = append(e.free, free)
+	}
+	return nil
+}
+
+// alloc returns page-aligned memory: pinned with a GPU, anonymous mmap without.
+func (e *benchEnv) alloc(n int64) ([]byte, func(), error) {
+	if e.drv != nil {
+		b, err := e.drv.HostAlloc(0, n)
+		if err != nil {
+			return nil, nil, err
+		}
+		return b, func() { e.drv.HostFree(0, b) }, nil
+	}
+	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, func() { unix.Munmap(b) }, nil
+}
+
+func (e *benchEnv) close() {
+	for i := len(e.free) - 1; i >= 0; i-- {
+		e.free[i]()
+	}
+	if e.hostBE != nil {
+		e.hostBE.Close()
+	}
+}
+
+// preadParallel reads the whole file with e.b.threads threads in chunks into
+// per-thread buffers (the rate of the reads alone); direct uses O_DIRECT.
+func (e *benchEnv) preadParallel(ctx context.Context, direct bool) (int64, error) {
+	f := e.f
+	if direct {
+		d, err := os.OpenFile(e.f.Name(), os.O_RDONLY|syscall.O_DIRECT, 0)
+		if err != nil {
+			return 0, fmt.Errorf("O_DIRECT open: %w", err)
+		}
+		defer d.Close()
+		f = d
+	}
+	var next, total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, len(e.bufs))
+	for i, buf := range e.bufs {
+		wg.Go(func() {
+			b := buf[:e.chunk]
+			for ctx.Err() == nil {
+				off := next.Add(e.chunk) - e.chunk
+				if off >= e.b.sizeBytes {
+					return
+				}
+				n, err := f.ReadAt(b, off)
+				total.Add(int64(n))
+				if err != nil && !errors.Is(err, io.EOF) {
+					errs[i] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
+		return 0, err
+	}
+	return total.Load(), nil
+}
+
+// preadInto reads the whole file with e.b.threads threads straight into dst
+// (one file-sized buffer): what the host engine does, without the engine.
+func (e *benchEnv) preadInto(ctx context.Context, dst []byte) (int64, error) {
+	var next, total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, e.b.threads)
+	for i := range e.b.threads {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				off := next.Add(e.chunk) - e.chunk
+				if off >= e.b.sizeBytes {
+					return
+				}
+				n, err := e.f.ReadAt(dst[off:min(off+e.chunk, e.b.sizeBytes)], off)
+				total.Add(int64(n))
+				if err != nil && !errors.Is(err, io.EOF) {
+					errs[i] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
+		return 0, err
+	}
+	return total.Load(), nil
+}
+
+// h2d copies one pinned buffer over the whole device memory.
+func (e *benchEnv) h2d() (int64, error) {
+	dm := e.dev.(gpubuf.DeviceMemory)
+	src := e.bufs[0][:e.chunk]
+	var n int64
+	for off := int64(0); off < e.b.sizeBytes; off += e.chunk {
+		m := min(e.chunk, e.b.sizeBytes-off)
+		if err := e.drv.CopyHtoD(0, dm.DevicePtr()+uintptr(off), src[:m]); err != nil {
+			return 0, err
+		}
+		n += m
+	}
+	return n, nil
+}
+
+// pread1Copy is the naive loader: one thread, pread then a synchronous copy.
+func (e *benchEnv) pread1Copy() (int64, error) {
+	dm := e.dev.(gpubuf.DeviceMemory)
+	b := e.bufs[0][:e.chunk]
+	var n int64
+	for off := int64(0); off < e.b.sizeBytes; off += e.chunk {
+		m, err := e.f.ReadAt(b, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return 0, err
+		}
+		if err := e.drv.CopyHtoD(0, dm.DevicePtr()+uintptr(off), b[:m]); err != nil {
+			return 0, err
+		}
+		n += int64(m)
+	}
+	return n, nil
+}
+
+// dropFileCache empties the page cache (root only) so the next read is cold.
+func dropFileCache(f *os.File) error {
+	unix.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
+		return fmt.Errorf("drop page cache: %w (run as root, or pass --no-cold)", err)
+	}
+	// Belt and braces for filesystems that keep pages drop_caches misses.
+	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+	return nil
+}
+
+// prepareFile returns the bench file, creating it with pseudo-random
+// content (not zeroes: some storage compresses or skips them).
+func (b *enginesBench) prepareFile() (string, func(), error) {
+	path := b.file
+	temp := path == ""
+	if temp {
+		path = filepath.Join(os.TempDir(), fmt.Sprintf("gdsfs-bench-engines-%d.dat", os.Getpid()))
+	}
+	cleanup := func() {
+		if temp && !b.keep {
+			os.Remove(path)
+		}
+	}
+	if st, err := os.Stat(path); err == nil && st.Size() == b.sizeBytes {
+		return path, cleanup, nil
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return "", nil, usagef("--file %q: %v", path, err)
+	}
+	defer f.Close()
+	const block = 8 << 20
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	errs := make([]error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			buf := make([]byte, block)
+			x := uint64(w)*0x9E3779B97F4A7C15 + 1
+			for {
+				off := next.Add(block) - block
+				if off >= b.sizeBytes {
+					return
+				}
+				for i := 0; i+8 <= len(buf); i += 8 {
+					x ^= x << 13
+					x ^= x >> 7
+					x ^= x << 17
+					buf[i], buf[i+1], buf[i+2], buf[i+3] = byte(x), byte(x>>8), byte(x>>16), byte(x>>24)
+					buf[i+4], buf[i+5], buf[i+6], buf[i+7] = byte(x>>32), byte(x>>40), byte(x>>48), byte(x>>56)
+				}
+				if _, err := f.WriteAt(buf[:min(block, b.sizeBytes-off)], off); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("write bench file %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("sync bench file %s: %w", path, err)
+	}
+	return path, cleanup, nil
+}
