@@ -31,6 +31,7 @@ func newBenchCmd() *cobra.Command {
 	}
 	cmd.AddCommand(
 		newBenchMountCmd(),
+		newBenchEnginesCmd(),
 	)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		for _, s := range cmd.Commands() {
