@@ -297,8 +297,9 @@ class TensorRef:
 class GDSSample(dict):
     """One sample: "__key__", "__url__", TensorRef fields, decoded CPU fields."""
 
-    # (slot, position after this sample) for resume bookkeeping.
-    progress: Optional[tuple[int, int]] = None
+    # (slot, samples of the slot handed out including this one, slots) for
+    # resume bookkeeping.
+    progress: Optional[tuple[int, int, int]] = None
     epoch: int = 0
     gpu_fields: tuple[str, ...] = ()
 
@@ -310,13 +311,13 @@ class _RefColumn:
     refs: list[TensorRef]
 
 
-def _gather(col: _RefColumn, device: Device, *, pin: bool) -> torch.Tensor:
-    """One gather per field: stack the byte views, then reinterpret."""
+def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor, list[torch.Tensor]]:
+    """One gather per field: stack the byte views, then reinterpret. Fields
+    whose samples differ in dtype or shape become a list of tensors."""
     trs = col.refs
     first = trs[0]
-    same = all(t.dtype == first.dtype and t.shape == first.shape and t.fortran == first.fortran for t in trs)
-    if not same:
-        raise ValueError(f"gdsfs: cannot batch tensors of different dtype/shape ({first.dtype}{list(first.shape)} vs others): use a custom collate_fn")
+    if not all(t.dtype == first.dtype and t.shape == first.shape and t.fortran == first.fortran for t in trs):
+        return [_gather(_RefColumn([t]), device, pin=pin)[0] for t in trs]
     views = [t._bytes() for t in trs]
     src = views[0].device
     target = _device(device) or src
@@ -347,11 +348,14 @@ class GDSBatch:
     releasing the batch's leases with one request.
     """
 
-    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None, epoch: int = 0) -> None:
+    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None, epoch: int = 0, slots: int = 0) -> None:
         self.data = data
         self.gpu_fields = tuple(gpu_fields)
+        # Resume bookkeeping: samples handed out per (rank, worker) slot
+        # after this batch, the epoch and the number of slots.
         self.progress = dict(progress or {})
         self.epoch = epoch
+        self.slots = slots
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
@@ -417,7 +421,7 @@ class GDSBatch:
                     out[k] = v
         finally:
             _sync_and_release(self._refs())
-        return GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch)
+        return GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots)
 
     def pin_memory(self, device: Device = None) -> "GDSBatch":
         """What DataLoader(pin_memory=True) calls in its pin-memory thread:
@@ -430,7 +434,7 @@ class GDSBatch:
         b = self.materialize(device, pin=non_blocking)
         d = _device(device)
         data = {k: (v.to(d, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v) for k, v in b.data.items()}
-        return GDSBatch(data, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch)
+        return GDSBatch(data, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots)
 
 
 def collate(samples: Sequence[Mapping[str, Any]]) -> GDSBatch:
@@ -458,16 +462,17 @@ def collate(samples: Sequence[Mapping[str, Any]]) -> GDSBatch:
         else:
             data[k] = torch.tensor(vals)
     progress: dict[int, int] = {}
-    epoch = 0
+    epoch = slots = 0
     for s in samples:
         p = getattr(s, "progress", None)
         if p is not None:
             progress[p[0]] = max(progress.get(p[0], 0), p[1])
+            slots = p[2]
         epoch = getattr(s, "epoch", epoch)
     gpu_fields = set(gpu)
     for s in samples[:1]:
         gpu_fields.update(getattr(s, "gpu_fields", ()))
-    return GDSBatch(data, gpu_fields=sorted(gpu_fields), progress=progress, epoch=epoch)
+    return GDSBatch(data, gpu_fields=sorted(gpu_fields), progress=progress, epoch=epoch, slots=slots)
 
 
 def materialize(obj: Any, device: Device = None, *, copy: bool = True) -> Any:
@@ -790,10 +795,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._consumed = dict(self._resume)
             self._slots_seen = int(state.get("slots", 0))
 
-    def _observe(self, epoch: int, progress: Mapping[int, int], slots: int = 0) -> None:
+    def _observe(self, epoch: int, progress: Mapping[int, int], slots: int) -> None:
         with self._lock:
             if epoch != self.epoch:
                 return
+            if slots:
+                self._slots_seen = slots
             for k, v in progress.items():
                 self._consumed[k] = max(self._consumed.get(k, 0), v)
 
@@ -941,17 +948,17 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._consumed[slot] = skip
         plan = EpochPlan(self.counts, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, slots=slots)
         epoch = self.epoch
-        lo, _hi = plan.block(slot)
         pending: list[tuple[int, int, int]] = []
         for item in plan.positions(slot, skip):
             pending.append(item)
             if len(pending) >= self.read_ahead:
-                yield from self._emit(pending, slot, lo, epoch)
+                yield from self._emit(pending, slot, plan, epoch)
                 pending = []
         if pending:
-            yield from self._emit(pending, slot, lo, epoch)
+            yield from self._emit(pending, slot, plan, epoch)
 
-    def _emit(self, items: list[tuple[int, int, int]], slot: int, lo: int, epoch: int) -> Iterator[GDSSample]:
+    def _emit(self, items: list[tuple[int, int, int]], slot: int, plan: EpochPlan, epoch: int) -> Iterator[GDSSample]:
+        lo = plan.block(slot)[0]
         # Plan every field, then one daemon request per shard for the chunk.
         planned: list[tuple[int, _ShardState, str, list[_FieldPlan]]] = []
         wanted: dict[int, list[tuple[int, int]]] = {}
@@ -996,7 +1003,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             out.append(sample)
         for n, sample in enumerate(out):
             pos = items[n][0]
-            sample.progress = (slot, pos - lo + 1)
+            sample.progress = (slot, pos - lo + 1, plan.slots)
             sample.epoch = epoch
             sample.gpu_fields = self.gpu_keys
             with self._lock:
@@ -1030,7 +1037,7 @@ class DataLoader(torch.utils.data.DataLoader):
                     if not batch.materialized:
                         batch = batch.materialize()
                     if isinstance(ds, GDSShardDataset):
-                        ds._observe(batch.epoch, batch.progress)
+                        ds._observe(batch.epoch, batch.progress, batch.slots)
                 yield batch
             ok = True
         finally:
