@@ -1,0 +1,145 @@
+// Package instrument wraps the daemon's components with metrics
+// recording: decorators over fs.Control (control-path requests, sessions)
+// and ctl.EngineChooser (bytes moved per engine). cmd/gdsfs composes them
+// when it builds the mount, so neither fs nor ctl knows metrics exist.
+//
+// It is separate from package metrics so that metrics stays a leaf every
+// package may use, while this package depends on fs and ctl.
+package instrument
+
+import (
+	"context"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// Recorder is what the decorators record into (*metrics.Metrics
+// satisfies it).
+type Recorder interface {
+	ObserveControl(command string, d time.Duration, errno syscall.Errno)
+	AddBytes(engine, direction string, n int64)
+	SessionOpened()
+	SessionClosed()
+}
+
+// CommandName names an ioctl command number as docs/protocol.md does
+// ("READ"), or "other" for a number the protocol does not define.
+func CommandName(cmd uint32) string {
+	switch cmd {
+	case ctl.CmdHello:
+		return "HELLO"
+	case ctl.CmdSlab:
+		return "SLAB"
+	case ctl.CmdAlloc:
+		return "ALLOC"
+	case ctl.CmdRelease:
+		return "RELEASE"
+	case ctl.CmdStatus:
+		return "STATUS"
+	case ctl.CmdRead:
+		return "READ"
+	case ctl.CmdReadNames:
+		return "READ_NAMES"
+	case ctl.CmdWrite:
+		return "WRITE"
+	case ctl.CmdIndex:
+		return "INDEX"
+	}
+	return "other"
+}
+
+// Control returns c with every control-path request, its latency and its
+// errno recorded in r, and sessions counted. Recording never changes a
+// result.
+func Control(c fs.Control, r Recorder) fs.Control {
+	return &control{Control: c, r: r}
+}
+
+type control struct {
+	fs.Control
+	r Recorder
+}
+
+func (c *control) OpenSession(ctx context.Context, who fs.Caller) (fs.Session, syscall.Errno) {
+	s, errno := c.Control.OpenSession(ctx, who)
+	if errno != 0 || s == nil {
+		return s, errno
+	}
+	c.r.SessionOpened()
+	return &session{Session: s, r: c.r}, 0
+}
+
+func (c *control) FileIoctl(ctx context.Context, who fs.Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	start := time.Now()
+	n, errno := c.Control.FileIoctl(ctx, who, f, path, cmd, in, out)
+	c.r.ObserveControl(CommandName(cmd), time.Since(start), errno)
+	return n, errno
+}
+
+func (c *control) Xattr(ctx context.Context, who fs.Caller, path string, isRoot bool, name string) ([]byte, syscall.Errno) {
+	start := time.Now()
+	v, errno := c.Control.Xattr(ctx, who, path, isRoot, name)
+	c.r.ObserveControl("xattr:"+strings.TrimPrefix(name, "user.gdsfs."), time.Since(start), errno)
+	return v, errno
+}
+
+type session struct {
+	fs.Session
+	r Recorder
+}
+
+func (s *session) Ioctl(ctx context.Context, who fs.Caller, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	start := time.Now()
+	n, errno := s.Session.Ioctl(ctx, who, cmd, in, out)
+	s.r.ObserveControl(CommandName(cmd), time.Since(start), errno)
+	return n, errno
+}
+
+// Close ends the session; fs calls it once per session.
+func (s *session) Close() error {
+	err := s.Session.Close()
+	s.r.SessionClosed()
+	return err
+}
+
+// Engines returns ch with the bytes every chosen engine moves recorded in
+// r under the engine's name.
+func Engines(ch ctl.EngineChooser, r Recorder) ctl.EngineChooser {
+	return &chooser{EngineChooser: ch, r: r}
+}
+
+type chooser struct {
+	ctl.EngineChooser
+	r Recorder
+}
+
+func (c *chooser) For(f *os.File, path string) (ctl.Engine, string) {
+	e, why := c.EngineChooser.For(f, path)
+	if e == nil {
+		return e, why
+	}
+	return &engine{Engine: e, r: c.r}, why
+}
+
+type engine struct {
+	ctl.Engine
+	r Recorder
+}
+
+func (e *engine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
+	got, err := e.Engine.ReadAt(ctx, f, dst, dstOff, fileOff, n)
+	e.r.AddBytes(e.Name(), "read", got)
+	return got, err
+}
+
+func (e *engine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error) {
+	got, err := e.Engine.WriteAt(ctx, f, src, srcOff, fileOff, n)
+	e.r.AddBytes(e.Name(), "write", got)
+	return got, err
+}

@@ -1,0 +1,140 @@
+package instrument
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/metrics"
+)
+
+type fixedEngine struct{ e ctl.Engine }
+
+func (c fixedEngine) For(*os.File, string) (ctl.Engine, string) { return c.e, "test" }
+
+// newServer is a ctl.Server over a small host pool, wrapped as cmd/gdsfs
+// wraps it.
+func newServer(t *testing.T, m *metrics.Metrics) fs.Control {
+	t.Helper()
+	be, err := gpubuf.NewHostBackend(gpubuf.HostBackendOptions{Dir: filepath.Join(t.TempDir(), "slabs")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: be, SlabBytes: 1 << 20, BudgetBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	srv, err := ctl.NewServer(ctl.Options{
+		Pool:    pool,
+		Engines: Engines(fixedEngine{cufile.NewHostEngine(64<<10, 2)}, m),
+		Engine:  "host",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return Control(srv, m)
+}
+
+func TestControlAndEngineRecording(t *testing.T) {
+	m := metrics.New()
+	c := newServer(t, m)
+	ctx := context.Background()
+	who := fs.Caller{UID: 1000, GID: 1000, PID: 1}
+
+	sess, errno := c.OpenSession(ctx, who)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	buf := make([]byte, ctl.SizeHello)
+	ctl.EncodeHello(buf)
+	out := make([]byte, ctl.SizeHello)
+	if _, errno := sess.Ioctl(ctx, who, ctl.CmdHello, buf, out); errno != 0 {
+		t.Fatalf("HELLO: %v", errno)
+	}
+	hello, err := ctl.DecodeHelloReply(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := hello.Token
+
+	p := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(p, make([]byte, 10000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	req := make([]byte, ctl.SizeRead)
+	(&ctl.ReadRequest{Token: tok, Device: ctl.HostDevice, Ranges: []ctl.Range{{Offset: 0, Length: 10000}}}).Encode(req)
+	out = make([]byte, ctl.SizeRead)
+	if _, errno := c.FileIoctl(ctx, who, f, p, ctl.CmdRead, req, out); errno != 0 {
+		t.Fatalf("READ: %v", errno)
+	}
+	// A refusal: the same token from another uid.
+	if _, errno := c.FileIoctl(ctx, fs.Caller{UID: 1001}, f, p, ctl.CmdRead, req, make([]byte, ctl.SizeRead)); errno != syscall.EPERM {
+		t.Fatalf("READ as another uid: %v, want EPERM", errno)
+	}
+	if _, errno := c.FileIoctl(ctx, who, f, p, 0xdeadbeef, nil, nil); errno != syscall.ENOTTY {
+		t.Fatalf("unknown command: %v, want ENOTTY", errno)
+	}
+	if _, errno := c.Xattr(ctx, who, p, false, "user.gdsfs.backing"); errno != 0 {
+		t.Fatalf("xattr backing: %v", errno)
+	}
+	if err := sess.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := m.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"gdsfs_control_requests_total", []string{"command", "HELLO"}, 1},
+		{"gdsfs_control_requests_total", []string{"command", "READ"}, 2},
+		{"gdsfs_control_errors_total", []string{"command", "READ", "errno", "EPERM"}, 1},
+		{"gdsfs_control_errors_total", []string{"command", "other", "errno", "ENOTTY"}, 1},
+		{"gdsfs_control_requests_total", []string{"command", "xattr:backing"}, 1},
+		// 10000 bytes widened to 4 KiB alignment.
+		{"gdsfs_bytes_total", []string{"engine", "host", "direction", "read"}, 10000},
+		{"gdsfs_control_sessions", nil, 0},
+		{"gdsfs_control_sessions_opened_total", nil, 1},
+	}
+	for _, tt := range tests {
+		got, ok := s.Get(tt.name, tt.labels...)
+		if !ok || got != tt.want {
+			t.Errorf("%s = %v (present %v), want %v", metrics.Series(tt.name, tt.labels...), got, ok, tt.want)
+		}
+	}
+}
+
+func TestCommandName(t *testing.T) {
+	tests := []struct {
+		cmd  uint32
+		want string
+	}{
+		{ctl.CmdHello, "HELLO"}, {ctl.CmdSlab, "SLAB"}, {ctl.CmdAlloc, "ALLOC"},
+		{ctl.CmdRelease, "RELEASE"}, {ctl.CmdStatus, "STATUS"}, {ctl.CmdRead, "READ"},
+		{ctl.CmdReadNames, "READ_NAMES"}, {ctl.CmdWrite, "WRITE"}, {ctl.CmdIndex, "INDEX"},
+		{0, "other"}, {ctl.CmdRead&^0xff | 0x7f, "other"},
+	}
+	for _, tt := range tests {
+		if got := CommandName(tt.cmd); got != tt.want {
+			t.Errorf("CommandName(%#x) = %q, want %q", tt.cmd, got, tt.want)
+		}
+	}
+}
