@@ -48,6 +48,9 @@ func newRootCmd() *cobra.Command {
 		newUnmountCmd(),
 		newBenchCmd(),
 		newDoctorCmd(),
+		newReadCmd(),
+		newStatCmd(),
+		newStatusCmd(),
 	)
 	return root
 }

@@ -51,7 +51,14 @@ type mountConfig struct {
 type controlFactory func(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error)
 
 func newMountCmd() *cobra.Command {
-	return newMountCmdWith(nil, runMount)
+	// The control path's flags are registered on the command its factory
+	// reads them from (cmd/gdsfs/control.go).
+	var cf *controlFlags
+	cmd := newMountCmdWith(func(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error) {
+		return cf.newControl(cmd, log)
+	}, runMount)
+	cf = addControlFlags(cmd)
+	return cmd
 }
 
 // newMountCmdWith builds the command with its action as a parameter, so

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// daemonVersion is reported by HELLO and user.gdsfs.stats.
+const daemonVersion = "0.1.0"
+
+// controlFlags are the mount command's control-path flags: the engine and
+// pool flags plus the index cache size.
+type controlFlags struct {
+	engine     *engineFlags
+	indexCache string
+}
+
+// addControlFlags registers the control path's flags on the mount command.
+func addControlFlags(cmd *cobra.Command) *controlFlags {
+	cf := &controlFlags{engine: addEngineFlags(cmd.Flags())}
+	cmd.Flags().StringVar(&cf.indexCache, "index-cache", "256MiB", "memory for parsed shard indexes (tar, MDS, safetensors, torch zip, npy)")
+	return cf
+}
+
+// newControl builds the control path (the controlFactory of the mount
+// command) from the flags: engines, buffer pool, index cache and server.
+// The returned closer ends every session, then frees the pool, the
+// engines and the cache, in that order.
+func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error) {
+	readOnly, err := cmd.Flags().GetBool("read-only")
+	if err != nil {
+		return nil, nil, fmt.Errorf("BUG: mount has no --read-only flag: %w", err)
+	}
+	indexBytes, err := parseSize("index-cache", cf.indexCache)
+	if err != nil {
+		return nil, nil, err
+	}
+	engines, pool, err := cf.engine.open(log)
+	if err != nil {
+		return nil, nil, err
+	}
+	indexes, err := cache.NewIndexes(indexBytes, log)
+	if err != nil {
+		pool.Close()
+		engines.Close()
+		return nil, nil, err
+	}
+	srv, err := ctl.NewServer(ctl.Options{
+		Pool:     pool,
+		Engines:  ctlEngines{engines},
+		Indexes:  indexes,
+		Engine:   engines.Probe().Engine,
+		ReadOnly: readOnly,
+		Version:  daemonVersion,
+		Log:      log,
+	})
+	if err != nil {
+		indexes.Close()
+		pool.Close()
+		engines.Close()
+		return nil, nil, err
+	}
+	log.Info().Str("engine", engines.Probe().Engine).Str("why", engines.Probe().Why).Bool("read_only", readOnly).Msg("control path ready")
+	return srv, controlCloser{srv: srv, pool: pool, engines: engines, indexes: indexes}, nil
+}
+
+// controlCloser tears the control path down after unmount.
+type controlCloser struct {
+	srv     *ctl.Server
+	pool    *gpubuf.Pool
+	engines *cufile.Engines
+	indexes *cache.Indexes
+}
+
+func (c controlCloser) Close() error {
+	var errs []error
+	if err := c.srv.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close sessions: %w", err))
+	}
+	if err := c.pool.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("free buffer pool: %w", err))
+	}
+	if err := c.engines.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close engines: %w", err))
+	}
+	c.indexes.Close()
+	return errors.Join(errs...)
+}

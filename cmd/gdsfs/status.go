@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+
+	"github.com/gdsfs/gdsfs/ctl"
+)
+
+func newStatusCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status [--json] MOUNTPOINT",
+		Short: "Show a mount's buffer pool, sessions and control-path counters",
+		Long: `Ask the daemon serving MOUNTPOINT for its figures: the engine, the buffer
+pool per device (budget, allocated, leased), open sessions and what they hold,
+and counters of reads, writes and refusals by errno.`,
+		Example: `  gdsfs status /data
+  gdsfs status --json /data | jq .pool.devices`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runStatus(cmd.Context(), cmd.OutOrStdout(), args[0], asJSON)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status JSON as it is")
+	return cmd
+}
+
+func runStatus(ctx context.Context, w io.Writer, mp string, asJSON bool) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if st, err := os.Stat(filepath.Join(mp, ctl.ControlName)); err != nil || !st.Mode().IsRegular() {
+		return usagef("%s is not a gdsfs mountpoint (no %s in it); give the directory gdsfs mount was given", mp, ctl.ControlName)
+	}
+	cl, err := ctl.OpenSession(mp)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	doc, err := cl.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_, err := fmt.Fprintf(w, "%s\n", doc)
+		return err
+	}
+	var st ctl.Stats
+	if err := json.Unmarshal(doc, &st); err != nil {
+		return fmt.Errorf("status of %s is not the expected JSON: %w", mp, err)
+	}
+	h := cl.Hello()
+	// This command's own session is one of the sessions counted.
+	fmt.Fprintf(w, "mount:    %s (daemon pid %d, version %s)\n", mp, st.DaemonPID, st.Version)
+	fmt.Fprintf(w, "engine:   %s (%s slabs)\n", st.Engine, st.Pool.Backend)
+	fmt.Fprintf(w, "protocol: v%d, up to %d ranges per read, largest lease %s\n", h.Version, h.MaxRanges, humanize.IBytes(h.MaxLease))
+	fmt.Fprintf(w, "sessions: %d open (this one included), %d leases\n", st.Sessions, st.Leases)
+	for _, d := range st.Pool.Devices {
+		name := fmt.Sprintf("device %d", d.Device)
+		if st.Pool.Backend == "host" {
+			name = "host"
+		}
+		fmt.Fprintf(w, "pool %s: %s leased, %s allocated of %s budget, %d slabs (%d in use), %d leases\n",
+			name, humanize.IBytes(uint64(d.LeasedBytes)), humanize.IBytes(uint64(d.AllocatedBytes)),
+			humanize.IBytes(uint64(d.BudgetBytes)), d.Slabs, d.SlabsInUse, d.Leases)
+	}
+	c := st.Counters
+	fmt.Fprintf(w, "reads:    %d requests, %d ranges, %s\n", c.Reads, c.ReadRanges, humanize.IBytes(c.ReadBytes))
+	fmt.Fprintf(w, "writes:   %d requests, %s\n", c.Writes, humanize.IBytes(c.WriteBytes))
+	if len(c.Errors) > 0 {
+		names := make([]string, 0, len(c.Errors))
+		for n := range c.Errors {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		fmt.Fprint(w, "refused: ")
+		for _, n := range names {
+			fmt.Fprintf(w, " %s=%d", n, c.Errors[n])
+		}
+		fmt.Fprintln(w)
+	}
+	return nil
+}
