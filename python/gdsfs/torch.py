@@ -78,7 +78,7 @@ def _torch_dtype(descr: str) -> torch.dtype:
 
 
 def _device(device: Device) -> Optional[torch.device]:
-    if device is None:
+    if device is None or device == "":
         return None
     if isinstance(device, int):
         return torch.device("cuda", device)

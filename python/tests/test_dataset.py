@@ -94,6 +94,14 @@ def test_mds_every_sample_once_byte_identical(datasets, num_workers: int) -> Non
     ds.close()
 
 
+def test_spawned_workers_use_the_pickled_token(datasets) -> None:
+    ds = gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=WDS_GPU, shuffle=True, seed=1)
+    dl = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=gt.collate, multiprocessing_context="spawn")
+    _check_epoch(dl, datasets.wds)
+    assert datasets.mount.wait_leases(0) == 0
+    ds.close()
+
+
 def test_npy_files(datasets) -> None:
     shards = sorted(os.path.join(datasets.dir("npy"), f) for f in os.listdir(datasets.dir("npy", False)))
     with gt.GDSShardDataset(shards, gpu_keys=["npy"]) as ds:
