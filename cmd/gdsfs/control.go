@@ -23,6 +23,8 @@ const daemonVersion = "0.1.0"
 type controlFlags struct {
 	engine     *engineFlags
 	indexCache string
+	// wrapEngines, if set, decorates the engine chooser (metrics).
+	wrapEngines func(ctl.EngineChooser) ctl.EngineChooser
 }
 
 // addControlFlags registers the control path's flags on the mount command.
@@ -55,9 +57,13 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 		engines.Close()
 		return nil, nil, err
 	}
+	var chooser ctl.EngineChooser = ctlEngines{engines}
+	if cf.wrapEngines != nil {
+		chooser = cf.wrapEngines(chooser)
+	}
 	srv, err := ctl.NewServer(ctl.Options{
 		Pool:     pool,
-		Engines:  ctlEngines{engines},
+		Engines:  chooser,
 		Indexes:  indexes,
 		Engine:   engines.Probe().Engine,
 		ReadOnly: readOnly,

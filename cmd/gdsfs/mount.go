@@ -53,11 +53,15 @@ type controlFactory func(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io
 func newMountCmd() *cobra.Command {
 	// The control path's flags are registered on the command its factory
 	// reads them from (cmd/gdsfs/control.go).
+	// --metrics-addr wraps the control path (cmd/gdsfs/metricsflags.go).
 	var cf *controlFlags
+	var mf *metricsFlags
 	cmd := newMountCmdWith(func(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error) {
-		return cf.newControl(cmd, log)
+		return mf.instrument(cf.newControl)(cmd, log)
 	}, runMount)
 	cf = addControlFlags(cmd)
+	mf = addMetricsFlags(cmd)
+	cf.wrapEngines = mf.wrapEngines
 	return cmd
 }
 
@@ -284,6 +288,9 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 			ctlCloser.Close()
 		}
 		return fmt.Errorf("mount %s: %w", c.mountpoint, err)
+	}
+	if h, ok := ctlCloser.(interface{ Mounted(*fs.Server) }); ok {
+		h.Mounted(srv) // metrics: passthrough figures
 	}
 	if report != nil {
 		fmt.Fprintln(report, "ok")
