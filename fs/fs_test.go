@@ -417,3 +417,63 @@ func TestPassthroughReported(t *testing.T) {
 		t.Errorf("after one open with passthrough on: stats %+v", st)
 	}
 }
+
+// TestPassthroughRefusedPerFile: a backing file the kernel refuses for
+// passthrough (here: one on another FUSE mount, stacked too deep) is served
+// by the daemon and reported, and passthrough stays on for other files
+// (go-fuse alone would turn it off for the whole mount).
+func TestPassthroughRefusedPerFile(t *testing.T) {
+	mnt, backing, srv := testMount(t, nil)
+	if on, why := srv.Passthrough(); !on {
+		t.Skipf("no passthrough on this machine: %s", why)
+	}
+	// The inner mount sits inside the outer mount's backing directory.
+	innerSrc := t.TempDir()
+	innerMnt := filepath.Join(backing, "inner")
+	if err := os.Mkdir(innerMnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := Mount(context.Background(), Options{Source: innerSrc, Mountpoint: innerMnt, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := inner.Unmount(); err != nil {
+			inner.UnmountLazy()
+		}
+		inner.Wait()
+	})
+	// Cleanups run last-in first-out: the inner mount goes before the
+	// outer one, which is what unmounting needs.
+	if err := os.WriteFile(filepath.Join(innerSrc, "deep"), []byte("deep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a", "b"} {
+		if err := os.WriteFile(filepath.Join(backing, n), []byte(n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(rel, want string) {
+		t.Helper()
+		got, err := os.ReadFile(filepath.Join(mnt, rel))
+		if err != nil || string(got) != want {
+			t.Fatalf("read %s: %q, %v; want %q", rel, got, err, want)
+		}
+	}
+	read("a", "a")
+	before := srv.Stats()
+	read("inner/deep", "deep")
+	mid := srv.Stats()
+	if mid.Refused != before.Refused+1 || mid.Daemon != before.Daemon+1 {
+		t.Errorf("open of a file on a nested FUSE mount: stats %+v -> %+v, want one refusal served by the daemon", before, mid)
+	}
+	read("b", "b")
+	after := srv.Stats()
+	if after.Passthrough != mid.Passthrough+1 {
+		t.Errorf("open after a refusal: stats %+v -> %+v, want passthrough still used", mid, after)
+	}
+	on, why := srv.Passthrough()
+	if !on || !strings.Contains(why, "refused for 1") || !strings.Contains(why, "inner/deep") {
+		t.Errorf("Passthrough() = %v, %q; want on, naming the refused file", on, why)
+	}
+}
