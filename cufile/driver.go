@@ -54,11 +54,11 @@ func LoadDriver() (*Driver, error) {
 	}, nil); err != nil {
 		return nil, err
 	}
-	if err := d.call("cuInit", f.cuInit, 0); err != nil {
+	if err := d.check("cuInit", cuCall(f.cuInit, 0)); err != nil {
 		return nil, err
 	}
 	var n int32
-	if err := d.call("cuDeviceGetCount", f.cuDeviceGetCount, uintptr(unsafe.Pointer(&n))); err != nil {
+	if err := d.check("cuDeviceGetCount", cuCall(f.cuDeviceGetCount, uintptr(unsafe.Pointer(&n)))); err != nil {
 		return nil, err
 	}
 	if n == 0 {
@@ -66,11 +66,11 @@ func LoadDriver() (*Driver, error) {
 	}
 	for i := range n {
 		var dev int32
-		if err := d.call("cuDeviceGet", f.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(i)); err != nil {
+		if err := d.check("cuDeviceGet", cuCall(f.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(i))); err != nil {
 			return nil, err
 		}
 		var ctx uintptr
-		if err := d.call("cuDevicePrimaryCtxRetain", f.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(dev)); err != nil {
+		if err := d.check("cuDevicePrimaryCtxRetain", cuCall(f.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(dev))); err != nil {
 			return nil, err
 		}
 		d.devs = append(d.devs, dev)
@@ -79,13 +79,22 @@ func LoadDriver() (*Driver, error) {
 	return d, nil
 }
 
-// call invokes a CUresult-returning function and turns failure into *CUDAError.
-func (d *Driver) call(op string, fn uintptr, args ...uintptr) error {
+// cuCall invokes a CUresult-returning C function. Like purego.SyscallN it is
+// marked uintptrescapes: a Go pointer converted to uintptr in the call
+// expression stays valid (and unmoved) for the duration of the call.
+//
+//go:uintptrescapes
+func cuCall(fn uintptr, args ...uintptr) int32 {
 	r, _, _ := purego.SyscallN(fn, args...)
-	if int32(r) == 0 {
+	return int32(r)
+}
+
+// check turns a failed CUresult into *CUDAError.
+func (d *Driver) check(op string, r int32) error {
+	if r == 0 {
 		return nil
 	}
-	return d.cudaError(op, int(int32(r)))
+	return d.cudaError(op, int(r))
 }
 
 func (d *Driver) cudaError(op string, code int) error {
@@ -125,7 +134,7 @@ func (d *Driver) Do(device int, fn func() error) error {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := d.call("cuCtxSetCurrent", d.fn.cuCtxSetCurrent, d.ctxs[device]); err != nil {
+	if err := d.check("cuCtxSetCurrent", cuCall(d.fn.cuCtxSetCurrent, d.ctxs[device])); err != nil {
 		return err
 	}
 	return fn()
@@ -134,7 +143,7 @@ func (d *Driver) Do(device int, fn func() error) error {
 // Version is the driver's CUDA version (1000*major + 10*minor).
 func (d *Driver) Version() (int, error) {
 	var v int32
-	err := d.call("cuDriverGetVersion", d.fn.cuDriverGetVersion, uintptr(unsafe.Pointer(&v)))
+	err := d.check("cuDriverGetVersion", cuCall(d.fn.cuDriverGetVersion, uintptr(unsafe.Pointer(&v))))
 	return int(v), err
 }
 
@@ -144,7 +153,7 @@ func (d *Driver) DeviceName(device int) (string, error) {
 		return "", fmt.Errorf("cufile: CUDA device %d does not exist", device)
 	}
 	buf := make([]byte, 256)
-	if err := d.call("cuDeviceGetName", d.fn.cuDeviceGetName, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(d.devs[device])); err != nil {
+	if err := d.check("cuDeviceGetName", cuCall(d.fn.cuDeviceGetName, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(d.devs[device]))); err != nil {
 		return "", err
 	}
 	return goString(uintptr(unsafe.Pointer(&buf[0])), len(buf)), nil
@@ -154,7 +163,7 @@ func (d *Driver) DeviceName(device int) (string, error) {
 func (d *Driver) MemInfo(device int) (free, total int64, err error) {
 	err = d.Do(device, func() error {
 		var f, t uint64
-		if err := d.call("cuMemGetInfo_v2", d.fn.cuMemGetInfo, uintptr(unsafe.Pointer(&f)), uintptr(unsafe.Pointer(&t))); err != nil {
+		if err := d.check("cuMemGetInfo_v2", cuCall(d.fn.cuMemGetInfo, uintptr(unsafe.Pointer(&f)), uintptr(unsafe.Pointer(&t)))); err != nil {
 			return err
 		}
 		free, total = int64(f), int64(t)
@@ -168,23 +177,23 @@ func (d *Driver) MemInfo(device int) (free, total int64, err error) {
 func (d *Driver) MemAlloc(device int, size int64) (uintptr, error) {
 	var p uint64
 	err := d.Do(device, func() error {
-		return d.call("cuMemAlloc_v2", d.fn.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size))
+		return d.check("cuMemAlloc_v2", cuCall(d.fn.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size)))
 	})
 	return uintptr(p), err
 }
 
 // MemFree frees device memory from MemAlloc.
 func (d *Driver) MemFree(device int, p uintptr) error {
-	return d.Do(device, func() error { return d.call("cuMemFree_v2", d.fn.cuMemFree, p) })
+	return d.Do(device, func() error { return d.check("cuMemFree_v2", cuCall(d.fn.cuMemFree, p)) })
 }
 
 // Memset sets n bytes at p to v and waits until they are set.
 func (d *Driver) Memset(device int, p uintptr, v byte, n int64) error {
 	return d.Do(device, func() error {
-		if err := d.call("cuMemsetD8_v2", d.fn.cuMemsetD8, p, uintptr(v), uintptr(n)); err != nil {
+		if err := d.check("cuMemsetD8_v2", cuCall(d.fn.cuMemsetD8, p, uintptr(v), uintptr(n))); err != nil {
 			return err
 		}
-		return d.call("cuCtxSynchronize", d.fn.cuCtxSynchronize)
+		return d.check("cuCtxSynchronize", cuCall(d.fn.cuCtxSynchronize))
 	})
 }
 
@@ -192,7 +201,7 @@ func (d *Driver) Memset(device int, p uintptr, v byte, n int64) error {
 func (d *Driver) IPCHandle(device int, p uintptr) ([]byte, error) {
 	h := make([]byte, 64)
 	err := d.Do(device, func() error {
-		return d.call("cuIpcGetMemHandle", d.fn.cuIpcGetMemHandle, uintptr(unsafe.Pointer(&h[0])), p)
+		return d.check("cuIpcGetMemHandle", cuCall(d.fn.cuIpcGetMemHandle, uintptr(unsafe.Pointer(&h[0])), p))
 	})
 	return h, err
 }
@@ -202,7 +211,7 @@ func (d *Driver) HostAlloc(device int, size int64) ([]byte, error) {
 	var p uintptr
 	const portable = 0x01 // CU_MEMHOSTALLOC_PORTABLE: pinned for every context
 	err := d.Do(device, func() error {
-		return d.call("cuMemHostAlloc", d.fn.cuMemHostAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size), portable)
+		return d.check("cuMemHostAlloc", cuCall(d.fn.cuMemHostAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size), portable))
 	})
 	if err != nil {
 		return nil, err
@@ -216,7 +225,7 @@ func (d *Driver) HostFree(device int, b []byte) error {
 		return nil
 	}
 	return d.Do(device, func() error {
-		return d.call("cuMemFreeHost", d.fn.cuMemFreeHost, uintptr(unsafe.Pointer(&b[0])))
+		return d.check("cuMemFreeHost", cuCall(d.fn.cuMemFreeHost, uintptr(unsafe.Pointer(&b[0]))))
 	})
 }
 
@@ -226,7 +235,7 @@ func (d *Driver) CopyHtoD(device int, dst uintptr, src []byte) error {
 		return nil
 	}
 	return d.Do(device, func() error {
-		return d.call("cuMemcpyHtoD_v2", d.fn.cuMemcpyHtoD, dst, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)))
+		return d.check("cuMemcpyHtoD_v2", cuCall(d.fn.cuMemcpyHtoD, dst, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src))))
 	})
 }
 
@@ -236,7 +245,7 @@ func (d *Driver) CopyDtoH(device int, dst []byte, src uintptr) error {
 		return nil
 	}
 	return d.Do(device, func() error {
-		return d.call("cuMemcpyDtoH_v2", d.fn.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)))
+		return d.check("cuMemcpyDtoH_v2", cuCall(d.fn.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst))))
 	})
 }
 
@@ -249,25 +258,25 @@ func (d *Driver) SetCurrent(device int) error {
 	if device < 0 || device >= len(d.ctxs) {
 		return fmt.Errorf("cufile: CUDA device %d does not exist", device)
 	}
-	return d.call("cuCtxSetCurrent", d.fn.cuCtxSetCurrent, d.ctxs[device])
+	return d.check("cuCtxSetCurrent", cuCall(d.fn.cuCtxSetCurrent, d.ctxs[device]))
 }
 
 // StreamCreate creates a non-blocking stream in the current context.
 func (d *Driver) StreamCreate() (uintptr, error) {
 	var s uintptr
 	const nonBlocking = 0x1
-	err := d.call("cuStreamCreate", d.fn.cuStreamCreate, uintptr(unsafe.Pointer(&s)), nonBlocking)
+	err := d.check("cuStreamCreate", cuCall(d.fn.cuStreamCreate, uintptr(unsafe.Pointer(&s)), nonBlocking))
 	return s, err
 }
 
 // StreamSync waits for stream's work.
 func (d *Driver) StreamSync(s uintptr) error {
-	return d.call("cuStreamSynchronize", d.fn.cuStreamSynchronize, s)
+	return d.check("cuStreamSynchronize", cuCall(d.fn.cuStreamSynchronize, s))
 }
 
 // StreamDestroy destroys stream.
 func (d *Driver) StreamDestroy(s uintptr) error {
-	return d.call("cuStreamDestroy", d.fn.cuStreamDestroy, s)
+	return d.check("cuStreamDestroy", cuCall(d.fn.cuStreamDestroy, s))
 }
 
 // CopyHtoDAsync enqueues a copy of src (pinned) to dst on stream.
@@ -275,7 +284,7 @@ func (d *Driver) CopyHtoDAsync(dst uintptr, src []byte, s uintptr) error {
 	if len(src) == 0 {
 		return nil
 	}
-	return d.call("cuMemcpyHtoDAsync_v2", d.fn.cuMemcpyHtoDAsync, dst, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), s)
+	return d.check("cuMemcpyHtoDAsync_v2", cuCall(d.fn.cuMemcpyHtoDAsync, dst, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), s))
 }
 
 // CopyDtoHAsync enqueues a copy of device memory src to dst (pinned) on stream.
@@ -283,5 +292,5 @@ func (d *Driver) CopyDtoHAsync(dst []byte, src uintptr, s uintptr) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	return d.call("cuMemcpyDtoHAsync_v2", d.fn.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)), s)
+	return d.check("cuMemcpyDtoHAsync_v2", cuCall(d.fn.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)), s))
 }

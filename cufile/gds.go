@@ -179,9 +179,10 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 		return 0, fmt.Errorf("%s: needs device memory, got %T", op, mem)
 	}
 	if cm, ok := mem.(*cudaMemory); ok {
-		if err := cm.register(e.lib); err != nil {
-			return 0, fmt.Errorf("%s: register slab: %w", op, err)
-		}
+		// Unregistered memory still works (cuFile bounces it through its
+		// own registered buffers), only slower: registration failing (BAR1
+		// space, 5016) is no reason to fail the transfer.
+		_ = cm.register(e.lib)
 	}
 	fh, done, err := e.acquire(f, write)
 	if err != nil {

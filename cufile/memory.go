@@ -47,7 +47,8 @@ type cudaMemory struct {
 	size   int64
 
 	mu         sync.Mutex
-	registered *Lib // cuFile library the memory is registered with, or nil
+	registered *Lib  // cuFile library the memory is registered with, or nil
+	regErr     error // why registration failed; not retried
 	closed     bool
 }
 
@@ -83,8 +84,8 @@ func (m *cudaMemory) register(lib *Lib) error {
 	if m.closed {
 		return errors.New("cufile: memory closed")
 	}
-	if m.registered != nil {
-		return nil
+	if m.registered != nil || m.regErr != nil {
+		return m.regErr
 	}
 	err := m.d.Do(m.device, func() error { return lib.BufRegister(m.ptr, m.size) })
 	var fe *FileError
@@ -92,6 +93,7 @@ func (m *cudaMemory) register(lib *Lib) error {
 		err = nil
 	}
 	if err != nil {
+		m.regErr = err
 		return err
 	}
 	m.registered = lib

@@ -129,7 +129,7 @@ func (p *Pool) checkInvariants() error {
 				if i > 0 && s.free[i-1].off+s.free[i-1].len >= e.off {
 					errs = append(errs, fmt.Errorf("slab %d free extents %d,%d overlap or touch", s.ID, i-1, i))
 				}
-				all = append(all, iv{e.off, e.len})
+				all = append(all, iv(e))
 			}
 			for _, l := range ls {
 				if l.Owner.UID != s.uid {

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs every GPU check and benchmark of gdsfs on a GPU machine, from the
+# binaries scripts/gpu-build.sh put in build/gpu/ (nothing is built here), and
+# prints a short table last. Run as root from the repository root.
+#
+#   GDSFS_GPU_TEST_DIR  directory on the disk under test (default /root/gdsfs-gpu)
+#   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
+#   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=build/gpu
+out=${OUT:-/tmp/gdsfs-gpu-out}
+work=${GDSFS_GPU_TEST_DIR:-/root/gdsfs-gpu}
+size=${GDSFS_BENCH_SIZE:-4GiB}
+mkdir -p "$out" "$work"
+for b in gdsfs cufile.test gpubuf.test; do
+	[ -x "$bin/$b" ] || { echo "gpu-test: $bin/$b missing: run scripts/gpu-build.sh first and carry build/gpu" >&2; exit 2; }
+done
+status=0
+export CUFILE_LOGFILE_PATH="$out/cufile.log"
+
+echo "== machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4
+uname -r; nproc; findmnt -no SOURCE,FSTYPE -T "$work"
+
+# libcufile may live outside the loader's default path (CUDA toolkit dir or
+# the nvidia-cufile wheel): point the loader at it.
+if ! ldconfig -p | grep -q 'libcufile\.so\.0 '; then
+	lib=$(find /usr/local/cuda*/ /usr/lib /opt -xdev -name 'libcufile.so.0' 2>/dev/null | head -1)
+	if [ -n "$lib" ]; then
+		export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+		echo "libcufile: $lib"
+	fi
+fi
+
+# cuFile classifies a file's block device through udev; this machine has no
+# udev, so write the record cuFile reads (test machines only, never in the
+# product: design.md "Testing").
+read -r maj min < <(python3 -c 'import os,sys; s=os.stat(sys.argv[1]); print(os.major(s.st_dev), os.minor(s.st_dev))' "$work")
+fstype=$(findmnt -no FSTYPE -T "$work")
+rec=/run/udev/data/b$maj:$min
+if command -v nvidia-smi >/dev/null; then
+	mkdir -p /run/udev/data
+	[ -e "$rec" ] || printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$fstype" >"$rec"
+	echo "udev record $rec: $(tr '\n' ' ' <"$rec")"
+else
+	echo "no nvidia-smi: not a GPU machine, no udev record written"
+fi
+
+echo "== gdsfs doctor"
+: >"$work/doctor-probe"
+"$bin/gdsfs" doctor "$work/doctor-probe" 2>&1 | tee "$out/doctor.txt" || status=1
+
+echo "== GPU tests (byte-exact random ranges per engine, write round trip, scrub, IPC from a second process)"
+GDSFS_GPU_TEST_DIR="$work" GDSFS_IPC_CHECK=scripts/gpu_ipc_check.py \
+	"$bin/cufile.test" -test.v -test.count=1 -test.timeout 300s 2>&1 | tee "$out/cufile-test.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+"$bin/gpubuf.test" -test.count=1 -test.timeout 120s 2>&1 | tee "$out/gpubuf-test.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "== benchmark: $size file, warm and cold"
+"$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" --io-workers 16 --threads 16 --runs 3 \
+	--min-warm-ratio 0.8 --min-cold-ratio 0.9 2>&1 | tee "$out/bench.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== torch.cuda.gds on the same file"
+python3 scripts/gpu_torch_gds.py "$work/bench.dat" 2>&1 | tee "$out/torch-gds.txt"
+
+echo
+echo "================ summary ================"
+grep -E '^(--- |ok |FAIL|PASS)' "$out/cufile-test.txt" | grep -E -- '--- (PASS|FAIL|SKIP): TestGPU' | sed 's/ (.*//'
+grep -E '^(ok|PASS|FAIL)' "$out/gpubuf-test.txt" | sed 's/^/gpubuf tests: /' | head -1
+grep -E 'byte-exact|match' "$out/cufile-test.txt" | sed 's/^ *gpu_test.go:[0-9]*: //' | sort -u
+grep -E '^ *(read|pread|h2d|odirect|gds|posix|host)' "$out/bench.txt"
+grep -E 'torch.cuda.gds' "$out/torch-gds.txt"
+grep -E '^verdict' "$out/doctor.txt"
+echo "gpu-test: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+exit $status
