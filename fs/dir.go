@@ -27,6 +27,10 @@ type dirHandle struct {
 	loopbackDir
 	n  *node
 	fd int
+	// hideControl drops a backing entry named like the control file from
+	// the root's listing: the virtual file shadows it, and it is not
+	// listed either.
+	hideControl bool
 }
 
 var (
@@ -60,7 +64,18 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 	n.dirs.Lock()
 	n.dirs.fds = append(n.dirs.fds, keep)
 	n.dirs.Unlock()
-	return &dirHandle{loopbackDir: ld, n: n, fd: keep}, 0, 0
+	return &dirHandle{loopbackDir: ld, n: n, fd: keep, hideControl: n.ctl != nil}, 0, 0
+}
+
+// Readdirent returns the next entry, skipping the control file's name at
+// the root.
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	for {
+		de, errno := d.loopbackDir.Readdirent(ctx)
+		if errno != 0 || de == nil || !d.hideControl || de.Name != controlName {
+			return de, errno
+		}
+	}
 }
 
 // Releasedir closes the stream and the kept descriptor.

@@ -157,6 +157,14 @@ func TestControlFile(t *testing.T) {
 	ctl := newFakeControl()
 	mnt, backing, _ := testMount(t, ctl)
 	p := filepath.Join(mnt, controlName)
+	// A backing file of the same name is shadowed and not listed.
+	shadowed := filepath.Join(backing, controlName+"-shadowed")
+	if err := os.WriteFile(shadowed, []byte("backing"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(shadowed, filepath.Join(backing, controlName)); err != nil {
+		t.Fatal(err)
+	}
 
 	st, err := os.Stat(p)
 	if err != nil {
@@ -166,8 +174,8 @@ func TestControlFile(t *testing.T) {
 	if st.Mode() != 0o666 || st.Size() != 0 || sys.Uid != 0 {
 		t.Errorf("control file: mode %v size %d uid %d, want -rw-rw-rw- 0 0", st.Mode(), st.Size(), sys.Uid)
 	}
-	if _, err := os.Stat(filepath.Join(backing, controlName)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("control file reached the backing directory: %v", err)
+	if got, err := os.ReadFile(filepath.Join(backing, controlName)); string(got) != "backing" || err != nil {
+		t.Errorf("backing %s changed: %q, %v", controlName, got, err)
 	}
 	names, err := os.ReadDir(mnt)
 	if err != nil {
