@@ -82,7 +82,7 @@ func TestBackgroundLifecycle(t *testing.T) {
 	}
 	cleanupMount(t, mp)
 	logFile := filepath.Join(dir, "log")
-	if out, code := runGdsfs(t, "mount", "--background", "--log-file", logFile, "--source", src, mp); code != 0 {
+	if out, code := runGdsfs(t, "mount", "--background", "--debug", "--log-file", logFile, "--source", src, mp); code != 0 {
 		t.Fatalf("mount --background: exit %d: %s", code, out)
 	}
 	// No waiting: --background returns only once the mount is ready.
@@ -96,6 +96,9 @@ func TestBackgroundLifecycle(t *testing.T) {
 	log, err := os.ReadFile(logFile)
 	if err != nil || !bytes.Contains(log, []byte(`"passthrough":`)) {
 		t.Errorf("daemon log %q (%v) does not say whether passthrough is used", log, err)
+	}
+	if !bytes.Contains(log, []byte("LOOKUP")) {
+		t.Errorf("--debug log has no FUSE operation trace:\n%s", log)
 	}
 
 	f, err := os.Open(filepath.Join(mp, "f"))
