@@ -49,21 +49,21 @@ fi
 
 echo "== gdsfs doctor"
 : >"$work/doctor-probe"
-"$bin/gdsfs" doctor "$work/doctor-probe" 2>&1 | tee "$out/doctor.txt" || status=1
+timeout 60 "$bin/gdsfs" doctor "$work/doctor-probe" 2>&1 | tee "$out/doctor.txt" || status=1
 
 echo "== GPU tests (byte-exact random ranges per engine, write round trip, scrub, IPC from a second process)"
 GDSFS_GPU_TEST_DIR="$work" GDSFS_IPC_CHECK=scripts/gpu_ipc_check.py \
-	"$bin/cufile.test" -test.v -test.count=1 -test.timeout 300s 2>&1 | tee "$out/cufile-test.txt"
+	timeout 320 "$bin/cufile.test" -test.v -test.count=1 -test.timeout 300s 2>&1 | tee "$out/cufile-test.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-"$bin/gpubuf.test" -test.count=1 -test.timeout 120s 2>&1 | tee "$out/gpubuf-test.txt"
+timeout 120 "$bin/gpubuf.test" -test.count=1 -test.timeout 120s 2>&1 | tee "$out/gpubuf-test.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== benchmark: $size file, warm and cold"
-"$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" --io-workers 16 --threads 16 --runs 3 \
+timeout 300 "$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" --io-workers 16 --threads 16 --runs 3 \
 	--min-warm-ratio 0.8 --min-cold-ratio 0.9 2>&1 | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "== torch.cuda.gds on the same file"
-python3 scripts/gpu_torch_gds.py "$work/bench.dat" 2>&1 | tee "$out/torch-gds.txt"
+timeout 120 python3 scripts/gpu_torch_gds.py "$work/bench.dat" 2>&1 | tee "$out/torch-gds.txt"
 
 echo
 echo "================ summary ================"
