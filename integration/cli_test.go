@@ -199,6 +199,38 @@ func TestSignalsUnmount(t *testing.T) {
 	}
 }
 
+// TestSignalWithOpenFile: SIGTERM while a process has a file open on the
+// mount detaches the mount at once (new opens no longer reach it), keeps
+// serving the open file, and exits 0 after the last close.
+func TestSignalWithOpenFile(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	mp := filepath.Join(dir, "mp")
+	if err := os.Mkdir(mp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "f"), []byte("open during shutdown"))
+	cleanupMount(t, mp)
+	cmd := startForeground(t, "--source", dir, mp)
+	f, err := os.Open(filepath.Join(mp, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitMounted(t, mp, false)
+	buf := make([]byte, 64)
+	if n, err := f.ReadAt(buf, 0); string(buf[:n]) != "open during shutdown" {
+		t.Errorf("read of a file open across SIGTERM: %q, %v", buf[:n], err)
+	}
+	f.Close()
+	if code := waitExit(t, cmd); code != 0 {
+		t.Errorf("daemon exit code %d after the last close, want 0", code)
+	}
+}
+
 // TestStaleMountCleanup: a daemon killed with SIGKILL leaves a dead mount
 // (ENOTCONN); the next `gdsfs mount` of the path cleans it up and mounts.
 func TestStaleMountCleanup(t *testing.T) {
