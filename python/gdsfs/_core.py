@@ -367,7 +367,7 @@ class _ProcessSlabs:
         self.lock = threading.Lock()
         self.descs: dict[tuple[str, int, int], proto.SlabDesc] = {}
         self.host: dict[tuple[str, int, int], _HostMapping] = {}
-        self.cuda: dict[tuple[str, int, int], Any] = {}
+        self.tensors: dict[tuple[str, int, int], Any] = {}  # slab -> torch tensor (gdsfs.torch)
 
     def reset(self) -> None:
         # After fork: CUDA mappings do not survive, host mmaps do but a child
@@ -375,7 +375,7 @@ class _ProcessSlabs:
         self.lock = threading.Lock()
         self.descs = {}
         self.host = {}
-        self.cuda = {}
+        self.tensors = {}
 
 
 _slabs = _ProcessSlabs()

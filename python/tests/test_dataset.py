@@ -120,6 +120,30 @@ def test_one_daemon_request_per_shard_chunk(datasets) -> None:
     assert reads == 4, reads
 
 
+def test_read_ahead_bytes_bounds_requests(datasets) -> None:
+    before = datasets.mount.stats()["counters"]["reads"]
+    # Each sample's gpu fields are well over 1 byte: one sample per request.
+    with gt.GDSShardDataset(datasets.wds_shards()[:1], gpu_keys=["x.npy"], read_ahead_bytes=1) as ds:
+        samples = list(ds)
+        assert len(samples) == 13
+        assert datasets.mount.stats()["counters"]["reads"] - before == 13
+        assert datasets.mount.stats()["leases"] == 13  # the samples' leases are the consumer's
+        for smp in samples:
+            smp["x.npy"].materialize()
+        assert datasets.mount.stats()["leases"] == 0
+
+
+def test_stopping_early_returns_unread_leases(datasets) -> None:
+    with gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=WDS_GPU, read_ahead=64) as ds:
+        it = iter(ds)
+        first = next(it)
+        first["x.npy"].materialize()
+        first["y.npy"].materialize()
+        first["jpg"].materialize()
+        it.close()  # the other 51 samples of the chunk were read, never handed out
+        assert datasets.mount.wait_leases(0) == 0
+
+
 def test_pin_memory_hook_is_called_on_batch(datasets) -> None:
     from torch.utils.data._utils.pin_memory import pin_memory
 

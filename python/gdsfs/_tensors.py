@@ -1,0 +1,479 @@
+"""Tensors from gdsfs leases: TensorRef, GDSBatch, collate, materialize.
+
+Re-exported by gdsfs.torch. Slabs are mapped once per process (host: mmap of
+the daemon's shared-memory file; CUDA: IPC handle opened through libcuda)
+and cached; materialization copies out of them (one gather per batched
+field) and releases the leases.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+import torch
+import torch.utils.data
+
+from . import _core
+from . import _protocol as proto
+from ._core import Ref, Session
+from ._errors import GDSUnavailableError
+
+__all__ = [
+    "GDSBatch",
+    "GDSSample",
+    "TensorRef",
+    "collate",
+    "materialize",
+    "tensor_from_ref",
+    "writable_view",
+]
+
+Device = Union[int, str, torch.device, None]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "b1": torch.bool, "u1": torch.uint8, "i1": torch.int8, "i2": torch.int16, "i4": torch.int32, "i8": torch.int64,
+    "f2": torch.float16, "f4": torch.float32, "f8": torch.float64, "c8": torch.complex64, "c16": torch.complex128,
+}
+_NAMED: dict[str, torch.dtype] = {
+    "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "bool": torch.bool,
+    "bfloat16": torch.bfloat16, "int": torch.int64,
+}
+_SIGNED_OK = {"uint16": torch.int16, "uint32": torch.int32, "uint64": torch.int64}
+
+
+def _torch_dtype(descr: str) -> torch.dtype:
+    """torch dtype of a numpy descr ("<f4") or a name ("float32")."""
+    if descr in _NAMED:
+        return _NAMED[descr]
+    if descr in _SIGNED_OK:
+        # torch 1.13 has no uint16/32/64: same-width signed bytes, documented.
+        return getattr(torch, descr, _SIGNED_OK[descr])
+    order, code = descr[:1], descr[1:]
+    if order not in "<|=" or code not in _DTYPES:
+        if order == ">":
+            raise ValueError(f"gdsfs: big-endian dtype {descr!r} cannot be viewed on this machine: convert the data to little-endian")
+        raise ValueError(f"gdsfs: dtype {descr!r} has no torch equivalent")
+    return _DTYPES[code]
+
+
+def _device(device: Device) -> Optional[torch.device]:
+    if device is None or device == "":
+        return None
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+# ----------------------------------------------------------------------------
+# Slabs as tensors (per process, cached).
+
+
+_slab_lock = threading.Lock()
+
+
+def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
+    """A uint8 tensor over a whole slab: mapped once per process."""
+    key = (session.mount, session.hello.daemon_pid, slab)
+    t = _core._slabs.tensors.get(key)
+    if t is not None:
+        return t
+    d = session.slab_info(slab)
+    with _slab_lock:
+        t = _core._slabs.tensors.get(key)
+        if t is not None:
+            return t
+        if d.kind == proto.SLAB_KIND_HOST:
+            m = session._host_mapping(slab)
+            t = torch.frombuffer(m.view[m.base : m.base + m.size], dtype=torch.uint8)
+        elif d.kind == proto.SLAB_KIND_CUDA:
+            from . import _cuda
+
+            torch.cuda.init()
+            with torch.cuda.device(d.device):
+                ptr = _cuda.open_ipc_handle(d.handle, d.device)
+                arr = _cuda.CudaArray(ptr + d.map_offset, d.size)
+                t = torch.as_tensor(arr, device=torch.device("cuda", d.device))
+        else:
+            raise GDSUnavailableError(f"gdsfs: slab {slab} has unknown kind {d.kind}: upgrade the gdsfs Python package")
+        _core._slabs.tensors[key] = t
+    return t
+
+
+def _ref_bytes(ref: Ref, start: int, nbytes: int, session: Optional[Session] = None) -> torch.Tensor:
+    """uint8 view of bytes [start, start+nbytes) of ref's valid data."""
+    if start < 0 or start + nbytes > ref.valid:
+        raise ValueError(f"gdsfs: bytes [{start}, {start + nbytes}) outside lease {ref.lease} of {ref.valid} valid bytes")
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    slab = _slab_tensor(session or _core.session_for(ref), ref.slab)
+    return slab[ref.offset + start : ref.offset + start + nbytes]
+
+
+def _sync_and_release(refs: Sequence[Ref]) -> None:
+    """Wait for copies out of CUDA slabs, then give the leases back."""
+    devs = {r.device for r in refs if r.device >= 0 and r.lease}
+    for d in devs:
+        torch.cuda.current_stream(d).synchronize()
+    by_session: dict[tuple[str, int], list[Ref]] = {}
+    for r in refs:
+        if r.lease:
+            by_session.setdefault((r.mount, r.session), []).append(r)
+    for rs in by_session.values():
+        _core.session_for(rs[0]).release(rs)
+
+
+def _release_quietly(ref: Ref) -> None:
+    try:
+        _core.session_for(ref).release([ref])
+    except Exception:  # noqa: BLE001 - runs in finalizers; the session's end frees the lease anyway
+        pass
+
+
+class _ZeroCopyOwner:
+    """Releases a lease when the last tensor viewing it is freed."""
+
+    def __init__(self, ref: Ref) -> None:
+        self.ref = ref
+
+    def __del__(self) -> None:
+        _release_quietly(self.ref)
+
+
+def _view_as(b: torch.Tensor, dtype: torch.dtype, shape: Sequence[int], fortran: bool) -> torch.Tensor:
+    t = b.view(dtype) if dtype != torch.uint8 else b
+    if fortran:
+        return t.reshape(tuple(reversed(shape))).permute(*reversed(range(len(shape))))
+    return t.reshape(tuple(shape))
+
+
+def tensor_from_ref(
+    ref: Ref,
+    dtype: torch.dtype = torch.uint8,
+    shape: Optional[Sequence[int]] = None,
+    device: Device = None,
+    *,
+    copy: bool = True,
+    session: Optional[Session] = None,
+    start: int = 0,
+    nbytes: Optional[int] = None,
+    release: Optional[bool] = None,
+) -> torch.Tensor:
+    """Materialize bytes of a lease as a tensor in this process.
+
+    Args:
+        ref: the lease.
+        dtype: element type of the bytes.
+        shape: tensor shape (default: 1-D over all bytes).
+        device: target device (default: where the slab is: CPU in host mode,
+            else the slab's CUDA device).
+        copy: True (default) copies into an ordinary tensor; False returns a
+            zero-copy view of the slab.
+        session: the session the lease belongs to (default: found from ref).
+        start: first byte within the lease's valid bytes.
+        nbytes: bytes to use (default: the rest of the valid bytes).
+        release: give the lease back: with copy=True right after the copy;
+            with copy=False when the last view of it is freed. Default: True
+            with copy=True, False with copy=False (the caller releases).
+
+    Returns:
+        The tensor.
+    """
+    n = ref.valid - start if nbytes is None else nbytes
+    esize = torch.empty((), dtype=dtype).element_size()
+    if shape is None:
+        shape = (n // esize,)
+    b = _ref_bytes(ref, start, n, session)
+    target = _device(device) or b.device
+    if not copy:
+        if target != b.device:
+            raise ValueError(f"gdsfs: a zero-copy view lives on {b.device}; ask for that device or copy=True")
+        if (b.storage_offset() % esize) != 0:
+            raise ValueError(f"gdsfs: bytes at slab offset {ref.offset + start} are not aligned for {dtype}: use copy=True")
+        if not release:
+            return _view_as(b, dtype, shape, False)
+        if b.device.type == "cuda":
+            from . import _cuda
+
+            arr = _cuda.CudaArray(b.data_ptr(), n, _ZeroCopyOwner(ref))
+            b = torch.as_tensor(arr, device=b.device)
+        else:
+            base = (session or _core.session_for(ref)).host_buffer(ref)[start : start + n]
+            b = torch.frombuffer(base, dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+            # torch keeps base alive as long as any view of b exists.
+            weakref.finalize(base, _release_quietly, ref)
+        return _view_as(b, dtype, shape, False)
+    out = torch.empty(n, dtype=torch.uint8, device=target)
+    out.copy_(b)
+    if release if release is not None else True:
+        _sync_and_release([ref])
+    return _view_as(out, dtype, shape, False)
+
+
+def writable_view(session: Session, ref: Ref, dtype: torch.dtype = torch.uint8, shape: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """A tensor view of an allocated lease (Session.alloc) to fill before
+    Session.write. CPU in host mode, CUDA on the slab's device otherwise."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    if shape is None:
+        shape = (ref.valid // esize,)
+    slab = _slab_tensor(session, ref.slab)
+    b = slab[ref.offset : ref.offset + ref.valid]
+    return _view_as(b[: esize * _numel(shape)], dtype, shape, False)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+# ----------------------------------------------------------------------------
+# Descriptors that cross the worker -> main process boundary.
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A sample field in daemon memory, before materialization.
+
+    Picklable and small: what DataLoader workers hand to the main process.
+
+    Attributes:
+        ref: the lease holding the bytes.
+        dtype: element type.
+        shape: tensor shape.
+        start: first byte of the tensor within the lease.
+        fortran: the bytes are column-major (.npy fortran_order).
+    """
+
+    ref: Ref
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int = 0
+    fortran: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+    def _bytes(self) -> torch.Tensor:
+        return _ref_bytes(self.ref, self.start, self.nbytes)
+
+    def materialize(self, device: Device = None, copy: bool = True) -> torch.Tensor:
+        """The field as a tensor (see tensor_from_ref). With copy=True the
+        lease is released: materialize each TensorRef once."""
+        shape = tuple(reversed(self.shape)) if self.fortran else self.shape
+        t = tensor_from_ref(self.ref, self.dtype, shape, device, copy=copy, start=self.start, nbytes=self.nbytes, release=True)
+        return t.permute(*reversed(range(len(self.shape)))) if self.fortran else t
+
+    def pin_memory(self, device: Device = None) -> torch.Tensor:
+        """Materialize (the DataLoader pin-memory thread calls this)."""
+        return self.materialize(device)
+
+
+class GDSSample(dict):
+    """One sample: "__key__", "__url__", TensorRef fields, decoded CPU fields."""
+
+    # (slot, samples of the slot handed out including this one, slots) for
+    # resume bookkeeping.
+    progress: Optional[tuple[int, int, int]] = None
+    epoch: int = 0
+    gpu_fields: tuple[str, ...] = ()
+
+
+@dataclass
+class _RefColumn:
+    """A batched field still in daemon memory: gathered in one copy."""
+
+    refs: list[TensorRef]
+
+
+def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor, list[torch.Tensor]]:
+    """One gather per field: stack the byte views, then reinterpret. Fields
+    whose samples differ in dtype or shape become a list of tensors."""
+    trs = col.refs
+    first = trs[0]
+    if not all(t.dtype == first.dtype and t.shape == first.shape and t.fortran == first.fortran for t in trs):
+        return [_gather(_RefColumn([t]), device, pin=pin)[0] for t in trs]
+    views = [t._bytes() for t in trs]
+    src = views[0].device
+    target = _device(device) or src
+    if src.type == "cpu" and target.type == "cuda":
+        host = torch.stack(views)
+        if pin:
+            host = host.pin_memory()
+        out = host.to(target, non_blocking=pin)
+    elif src == target:
+        out = torch.stack(views)
+        if pin and out.device.type == "cpu" and torch.cuda.is_available():
+            out = out.pin_memory()
+    else:
+        out = torch.stack(views).to(target)
+    out = out.view(first.dtype) if first.dtype != torch.uint8 else out
+    if first.fortran:
+        out = out.reshape((len(trs),) + tuple(reversed(first.shape)))
+        return out.permute(0, *[len(first.shape) - i for i in range(len(first.shape))])
+    return out.reshape((len(trs),) + tuple(first.shape))
+
+
+class GDSBatch:
+    """A collated batch whose GPU fields are still in daemon memory.
+
+    Dict-like (batch["field"], keys(), items()). pin_memory() (called by the
+    DataLoader's pin-memory thread when pin_memory=True) and materialize()
+    return a new GDSBatch of tensors, gathering each field with one copy and
+    releasing the batch's leases with one request.
+    """
+
+    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None, epoch: int = 0, slots: int = 0) -> None:
+        self.data = data
+        self.gpu_fields = tuple(gpu_fields)
+        # Resume bookkeeping: samples handed out per (rank, worker) slot
+        # after this batch, the epoch and the number of slots.
+        self.progress = dict(progress or {})
+        self.epoch = epoch
+        self.slots = slots
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def keys(self) -> Any:
+        return self.data.keys()
+
+    def values(self) -> Any:
+        return self.data.values()
+
+    def items(self) -> Any:
+        return self.data.items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def __repr__(self) -> str:
+        state = "materialized" if self.materialized else "in daemon memory"
+        return f"GDSBatch({list(self.data)}, {state})"
+
+    @property
+    def materialized(self) -> bool:
+        return not any(isinstance(v, _RefColumn) for v in self.data.values())
+
+    def _refs(self) -> list[Ref]:
+        return [t.ref for v in self.data.values() if isinstance(v, _RefColumn) for t in v.refs]
+
+    def materialize(self, device: Device = None, *, pin: bool = False) -> "GDSBatch":
+        """Tensors for every field (gpu fields on device, default: where
+        the daemon put them), then release the leases.
+
+        Args:
+            device: target device for gpu fields.
+            pin: also pin CPU tensors (what pin_memory does).
+        """
+        out: dict[str, Any] = {}
+        try:
+            for k, v in self.data.items():
+                if isinstance(v, _RefColumn):
+                    out[k] = _gather(v, device, pin=pin)
+                elif k in self.gpu_fields and isinstance(v, torch.Tensor):
+                    # Plain-read fallback: deliver gpu fields where asked.
+                    tgt = _device(device)
+                    if tgt is None and pin and torch.cuda.is_available():
+                        tgt = torch.device("cuda", torch.cuda.current_device())
+                    if tgt is not None and tgt != v.device:
+                        src = v.pin_memory() if pin and tgt.type == "cuda" else v
+                        out[k] = src.to(tgt, non_blocking=pin)
+                    else:
+                        out[k] = v
+                elif pin and isinstance(v, torch.Tensor) and torch.cuda.is_available():
+                    out[k] = v.pin_memory()
+                else:
+                    out[k] = v
+        finally:
+            _sync_and_release(self._refs())
+        return GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots)
+
+    def pin_memory(self, device: Device = None) -> "GDSBatch":
+        """What DataLoader(pin_memory=True) calls in its pin-memory thread:
+        gpu fields become CUDA tensors (host mode: pinned CPU tensors), other
+        tensors are pinned."""
+        return self.materialize(device, pin=True)
+
+    def to(self, device: Device, non_blocking: bool = False) -> "GDSBatch":
+        """Materialize, then move every tensor to device."""
+        b = self.materialize(device, pin=non_blocking)
+        d = _device(device)
+        data = {k: (v.to(d, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v) for k, v in b.data.items()}
+        return GDSBatch(data, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots)
+
+
+def collate(samples: Sequence[Mapping[str, Any]]) -> GDSBatch:
+    """Collate GDSSamples into a GDSBatch (use as DataLoader collate_fn).
+
+    TensorRef fields stay in daemon memory until pin_memory()/materialize();
+    tensors are stacked, numbers become tensors, everything else a list.
+    """
+    if not samples:
+        raise ValueError("gdsfs: collate of an empty batch")
+    keys = list(samples[0].keys())
+    data: dict[str, Any] = {}
+    gpu: list[str] = []
+    for k in keys:
+        vals = [s[k] for s in samples]
+        v0 = vals[0]
+        if isinstance(v0, TensorRef):
+            data[k] = _RefColumn(list(vals))
+            gpu.append(k)
+        elif isinstance(v0, torch.Tensor):
+            same = all(isinstance(v, torch.Tensor) and v.shape == v0.shape and v.dtype == v0.dtype for v in vals)
+            data[k] = torch.stack(vals) if same else vals
+        elif isinstance(v0, bool) or not isinstance(v0, (int, float)) or k.startswith("__"):
+            data[k] = vals
+        else:
+            data[k] = torch.tensor(vals)
+    progress: dict[int, int] = {}
+    epoch = slots = 0
+    for s in samples:
+        p = getattr(s, "progress", None)
+        if p is not None:
+            progress[p[0]] = max(progress.get(p[0], 0), p[1])
+            slots = p[2]
+        epoch = getattr(s, "epoch", epoch)
+    gpu_fields = set(gpu)
+    for s in samples[:1]:
+        gpu_fields.update(getattr(s, "gpu_fields", ()))
+    return GDSBatch(data, gpu_fields=sorted(gpu_fields), progress=progress, epoch=epoch, slots=slots)
+
+
+def materialize(obj: Any, device: Device = None, *, copy: bool = True) -> Any:
+    """Materialize every TensorRef/GDSBatch in a nested structure."""
+    if isinstance(obj, TensorRef):
+        return obj.materialize(device, copy=copy)
+    if isinstance(obj, GDSBatch):
+        return obj.materialize(device)
+    if isinstance(obj, GDSSample):
+        out = GDSSample({k: materialize(v, device, copy=copy) for k, v in obj.items()})
+        out.progress, out.epoch = obj.progress, obj.epoch
+        return out
+    if isinstance(obj, Mapping):
+        return type(obj)({k: materialize(v, device, copy=copy) for k, v in obj.items()})  # type: ignore[call-arg]
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(materialize(v, device, copy=copy) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(materialize(v, device, copy=copy) for v in obj)
+    return obj
+
+
