@@ -62,6 +62,13 @@ echo "== benchmark: $size file, warm and cold"
 timeout 300 "$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" --io-workers 16 --threads 16 --runs 3 \
 	--min-warm-ratio 0.8 --min-cold-ratio 0.9 2>&1 | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== tuning: chunk size and workers (warm only)"
+for args in "--chunk-size 2MiB --io-workers 16" "--chunk-size 32MiB --io-workers 16" "--chunk-size 8MiB --io-workers 8"; do
+	echo "-- $args"
+	# shellcheck disable=SC2086
+	timeout 120 "$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" --threads 16 --runs 2 --no-cold $args 2>&1 |
+		grep -E '^ *(posix|gds|h2d|pread16-pinned)' | tee -a "$out/tuning.txt"
+done
 echo "== torch.cuda.gds on the same file"
 timeout 120 python3 scripts/gpu_torch_gds.py "$work/bench.dat" 2>&1 | tee "$out/torch-gds.txt"
 
