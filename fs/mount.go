@@ -244,9 +244,12 @@ func (s *Server) Passthrough() (bool, string) { return s.m.pt.state() }
 
 // PassthroughStats counts opens of data files by how their I/O is served.
 type PassthroughStats struct {
-	// Passthrough opens: the kernel does the I/O on the backing file.
+	// Passthrough counts backing files registered with the kernel: one per
+	// file opened while no other open of it was active (later concurrent
+	// opens share the registration and are not counted).
 	Passthrough uint64
-	// Daemon opens: the daemon serves reads and writes.
+	// Daemon counts opens whose reads and writes the daemon serves
+	// (passthrough off, or refused for that file).
 	Daemon uint64
 	// Refused counts kernel refusals of a backing file.
 	Refused uint64

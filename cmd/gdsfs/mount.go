@@ -50,6 +50,13 @@ type mountConfig struct {
 // instead of nil. With nil the mount has no control path.
 type controlFactory func(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error)
 
+// mountedHook is implemented by a Control or its closer that wants the
+// running mount (for Server.Passthrough and Server.Stats); Mounted is
+// called once, after the mount is ready and before it serves the caller.
+type mountedHook interface {
+	Mounted(srv *fs.Server)
+}
+
 func newMountCmd() *cobra.Command {
 	// The control path's flags are registered on the command its factory
 	// reads them from (cmd/gdsfs/control.go).
@@ -291,6 +298,13 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 	}
 	if h, ok := ctlCloser.(interface{ Mounted(*fs.Server) }); ok {
 		h.Mounted(srv) // metrics: passthrough figures
+	}
+	// Components that report on the running mount (metrics, the control
+	// path's stats) get it once it is up.
+	for _, c := range []any{ctl, ctlCloser} {
+		if h, ok := c.(mountedHook); ok {
+			h.Mounted(srv)
+		}
 	}
 	if report != nil {
 		fmt.Fprintln(report, "ok")
