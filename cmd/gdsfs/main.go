@@ -51,6 +51,7 @@ func newRootCmd() *cobra.Command {
 		newReadCmd(),
 		newStatCmd(),
 		newStatusCmd(),
+		newWarmCmd(),
 	)
 	return root
 }
