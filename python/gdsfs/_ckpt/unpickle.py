@@ -13,6 +13,7 @@ other callable is refused before anything is called.
 
 from __future__ import annotations
 
+import _compat_pickle
 import collections
 import io
 import pickle
@@ -136,6 +137,11 @@ class TorchUnpickler(pickle.Unpickler):
                 return torch.serialization.StorageType(name)
             except KeyError:
                 pass
+        # Protocol-2 pickles name Python 2 modules (__builtin__.set); map them as pickle does.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         if module == "torch.tensor":  # renamed module (pytorch#51633), as torch.load maps it
             module = "torch._tensor"
         if self._allowed is not None:

@@ -199,23 +199,30 @@ def locate(f: BinaryIO) -> tuple[str, dict[str, Located]]:
     """
     try:
         zf = zipfile.ZipFile(f)
-    except zipfile.BadZipFile as e:
+        infos = zf.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error, OverflowError) as e:
         raise ZipFormatError(f"zip: not a torch.save archive: {e}") from None
-    infos = zf.infolist()
     if not infos:
         raise ZipFormatError("zip: archive has no records")
     archive = infos[0].filename.split("/", 1)[0]
+    end = f.seek(0, 2)
     out: dict[str, Located] = {}
     for info in infos:
         head, sep, rest = info.filename.partition("/")
         if not sep:
             continue
-        f.seek(info.header_offset)
-        lh = f.read(_LOCAL_FIXED)
+        try:
+            f.seek(info.header_offset)
+            lh = f.read(_LOCAL_FIXED)
+        except (ValueError, OSError) as e:
+            raise ZipFormatError(f"zip: cannot read the local header of {info.filename!r}: {e}") from None
         if len(lh) != _LOCAL_FIXED or struct.unpack_from("<I", lh)[0] != _LOCAL_SIG:
             raise ZipFormatError(f"zip: bad local header for {info.filename!r} at {info.header_offset}")
         name_len, extra_len = struct.unpack_from("<HH", lh, 26)
         if info.compress_type != zipfile.ZIP_STORED and rest.startswith("data/"):
             raise ZipFormatError(f"zip: record {info.filename!r} is compressed; only stored records are supported")
-        out[rest] = Located(rest, info.header_offset + _LOCAL_FIXED + name_len + extra_len, info.file_size)
+        loc = Located(rest, info.header_offset + _LOCAL_FIXED + name_len + extra_len, info.file_size)
+        if loc.offset + loc.size > end:
+            raise ZipFormatError(f"zip: record {info.filename!r} runs past the end of the {end}-byte archive")
+        out[rest] = loc
     return archive, out

@@ -1,0 +1,371 @@
+"""torch.distributed.checkpoint storage through gdsfs: GDSFileSystemWriter and GDSFileSystemReader.
+
+Both subclass the stock FileSystemWriter/FileSystemReader and keep their on-disk layout: the same
+``.metadata`` pickle, the same ``__{rank}_{n}.distcp`` files, each tensor item a complete
+torch.save archive and each byte item raw bytes, located by ``_StorageInfo(relative_path, offset,
+length)``. So the stock FileSystemReader loads what GDSFileSystemWriter saves and
+GDSFileSystemReader loads what the stock writer saves. What changes is how bytes move:
+
+- **Writes.** Each tensor item is laid out at a 4096-byte boundary with its storage record
+  4096-aligned too; the tensor bytes go from GPU (or host) memory to the file through the daemon
+  in one batched call per file, with no trip through a CPU copy in this process. Each data file
+  is written under a temporary name, fsynced and renamed; ``finish`` commits ``.metadata`` the
+  stock way (temp, fsync, rename) and then fsyncs the directory.
+- **Reads.** Every tensor item's pickle is decoded here; the storage bytes of all items of a file
+  are fetched in one batched request straight into the planner's target tensors when the saved
+  chunk matches the target (the common case), else into a temporary that is narrowed and copied.
+- **Async staging.** ``stage`` (used by ``dcp.async_save``) copies the state dict into daemon
+  slabs (leases) instead of CPU memory; ``write_data`` then writes those leases to the files
+  without another copy, and releases them. Where the pool cannot hold the state dict, or off
+  gdsfs, it stages the stock way.
+
+Off gdsfs, or when the daemon cannot serve, both fall back to the stock implementation after the
+one-time GDSFallbackWarning (``strict=True`` raises instead). A DataLoader's state rides along as
+any ``Stateful`` does (a BYTE_IO item).
+
+Example:
+    import torch.distributed.checkpoint as dcp
+    from gdsfs.dcp import GDSFileSystemWriter, GDSFileSystemReader
+    dcp.save({"model": model.state_dict(), "loader": loader},
+             storage_writer=GDSFileSystemWriter("/mnt/gdsfs/ckpt/step_1000"))
+    dcp.load(state, storage_reader=GDSFileSystemReader("/mnt/gdsfs/ckpt/step_1000"))
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import filesystem as _fs
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.futures import Future
+
+from gdsfs._ckpt import atomic, torchzip
+from gdsfs._ckpt.tensorio import byte_view, transfer, untyped_storage
+from gdsfs._errors import GDSUnavailableError, warn_fallback
+
+__all__ = ["GDSFileSystemWriter", "GDSFileSystemReader"]
+
+_SUFFIX = getattr(_fs, "DEFAULT_SUFFIX", ".distcp")
+_ALIGN = 4096
+
+
+def _on_gdsfs(path: str, strict: bool) -> bool:
+    from gdsfs._core import find_mount
+
+    if find_mount(path) is not None:
+        return True
+    warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, stacklevel=4)
+    return False
+
+
+def _buckets(bins: int, items: list[Any]) -> list[list[Any]]:
+    split = getattr(_fs, "_split_by_size_and_type", None)
+    if split is not None:
+        return split(bins, items)
+    return [items]
+
+
+def _align_up(n: int, a: int = _ALIGN) -> int:
+    return -(-n // a) * a
+
+
+class GDSFileSystemWriter(FileSystemWriter):
+    """A FileSystemWriter whose tensor bytes move through gdsfs (see the module doc).
+
+    Takes every argument of the installed FileSystemWriter, plus:
+
+    Args:
+        strict: raise GDSUnavailableError instead of falling back to the stock writer.
+        staging: "gdsfs" stages ``dcp.async_save`` snapshots into daemon slabs where possible;
+            "cpu" always stages the stock way.
+    """
+
+    def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, staging: str = "gdsfs",
+                 **kwargs: Any) -> None:
+        if staging not in ("gdsfs", "cpu"):
+            raise ValueError(f"gdsfs: staging {staging!r} must be 'gdsfs' or 'cpu'")
+        super().__init__(path, *args, **kwargs)
+        self._strict = strict
+        self._staging = staging
+        # data_ptr -> (session, Ref) of tensors staged into leases by stage().
+        self._staged: dict[int, tuple[Any, Any]] = {}
+        self._stage_session: Any = None
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _stock_only(self) -> bool:
+        fmt = getattr(self, "serialization_format", None)
+        if fmt is not None and getattr(fmt, "value", "torch_save") != "torch_save":
+            return True
+        transforms = getattr(self, "transforms", None)
+        return bool(getattr(transforms, "extensions", ()))
+
+    def write_data(self, plan: Any, planner: Any) -> Future:
+        """Write the plan's items as stock DCP does, tensor bytes through gdsfs."""
+        root = os.fspath(self.path)
+        if self._stock_only() or not _on_gdsfs(root, self._strict):
+            try:
+                return super().write_data(plan, planner)  # synchronous: done when it returns
+            finally:
+                self._release_staged()
+        prefix = plan.storage_data.prefix
+        files: list[tuple[str, list[Any]]] = []
+        if self.single_file_per_rank:
+            for bucket in _buckets(max(1, int(getattr(self, "thread_count", 1))), plan.items):
+                files.append((f"{prefix}{len(files)}{_SUFFIX}", bucket))
+        else:
+            for item in plan.items:
+                files.append((f"{prefix}{len(files)}{_SUFFIX}", [item]))
+        results: list[Any] = []
+        try:
+            for name, items in files:
+                results += self._write_file(os.path.join(root, name), name, items, planner)
+        finally:
+            self._release_staged()
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_file(self, path: str, name: str, items: list[Any], planner: Any) -> list[Any]:
+        byte_items = [wi for wi in items if wi.type == WriteItemType.BYTE_IO]
+        tensor_items = [wi for wi in items if wi.type != WriteItemType.BYTE_IO]
+        results = []
+        small: list[tuple[int, bytes]] = []
+        data: list[tuple[int, torch.Tensor]] = []
+        direct: list[tuple[int, Any, Any, int]] = []  # (file offset, session, ref, nbytes) of staged leases
+        pos = 0
+        for wi in byte_items:  # raw bytes first, as the stock writer orders them
+            buf = planner.resolve_data(wi)
+            b = bytes(buf.getbuffer()) if isinstance(buf, io.BytesIO) else bytes(buf)
+            small.append((pos, b))
+            results.append(_result(wi, name, pos, len(b)))
+            pos += len(b)
+        for wi in tensor_items:
+            t = planner.resolve_data(wi).detach()
+            if t.device.type not in ("cpu", "cuda"):
+                t = t.cpu()
+            staged = self._staged.get(t.data_ptr()) if t.numel() else None
+            if (
+                not t.is_contiguous()
+                or t.storage_offset() != 0
+                or untyped_storage(t).nbytes() != t.numel() * t.element_size()
+            ):
+                # An item holds exactly its tensor's bytes, as stock DCP's host copy does.
+                t = t.clone(memory_format=torch.contiguous_format)
+                staged = None
+            pos = _align_up(pos)
+            arc = torchzip.build(t, "archive", alignment=_ALIGN, location="cpu")
+            if staged is not None and len(arc.storages) == 1 and arc.storages[0][0].size:
+                rec = arc.storages[0][0]
+                direct.append((pos + rec.data_offset, staged[0], staged[1], rec.size))
+            else:
+                data += arc.data_items(pos)
+            small += arc.metadata_writes(pos)
+            results.append(_result(wi, name, pos, arc.size))
+            pos += arc.size
+        with atomic.replace(path, sync=bool(self.sync_files)) as (tmp, fd):
+            if data:
+                transfer(tmp, fd, data, write=True, strict=self._strict)
+            for off, sess, ref, n in direct:
+                sess.write(fd, ref, off, n)
+            for off, b in small:
+                torchzip.pwrite_all(fd, b, off)
+            os.ftruncate(fd, pos)
+        return results
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        """Commit ``.metadata`` the stock way, then make the rename durable."""
+        super().finish(metadata, results)
+        if self.sync_files:
+            atomic.fsync_dir(os.fspath(self.path))
+
+    # -- async staging -------------------------------------------------------------------------
+
+    def stage(self, state_dict: Any) -> Any:
+        """Snapshot ``state_dict`` into daemon slabs (``dcp.async_save``); stock staging otherwise."""
+        if self._staging != "gdsfs":
+            return super().stage(state_dict)
+        root = os.fspath(self.path)
+        from gdsfs._core import Session, find_mount
+
+        probe = root if os.path.exists(root) else os.path.dirname(os.path.abspath(root))
+        if find_mount(probe) is None:
+            return super().stage(state_dict)
+        self._release_staged()
+        try:
+            sess = Session.open(probe, strict=self._strict)
+            if sess is None:
+                return super().stage(state_dict)
+            self._stage_session = sess
+            return _map_tensors(state_dict, lambda t: self._stage_tensor(sess, t))
+        except (GDSUnavailableError, ValueError, OSError) as e:
+            if self._strict:
+                raise
+            self._release_staged()
+            warn_fallback(f"staging into daemon slabs failed ({e})")
+            return super().stage(state_dict)
+
+    def _stage_tensor(self, sess: Any, t: torch.Tensor) -> torch.Tensor:
+        from gdsfs._ckpt.tensorio import DaemonMover
+
+        t = t.detach()
+        n = t.numel() * t.element_size()
+        if n == 0 or t.device.type not in ("cpu", "cuda") or n > sess.max_lease:
+            return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+        mover = DaemonMover(sess)
+        dev = mover._device_for(t)
+        ref = sess.alloc(n, device=dev)
+        view = mover._view(ref, n)
+        src = t if t.is_contiguous() else t.contiguous()
+        view.copy_(byte_view(src))
+        if view.device.type == "cuda":
+            torch.cuda.synchronize(view.device)
+        staged = view.view(t.dtype).view(t.shape) if t.dim() else view.view(t.dtype).reshape(())
+        self._staged[staged.data_ptr()] = (sess, ref)
+        return staged
+
+    def _release_staged(self) -> None:
+        self._staged.clear()
+        if self._stage_session is not None:
+            self._stage_session.close()  # returns every lease of the session
+            self._stage_session = None
+
+
+def _result(wi: Any, name: str, offset: int, length: int) -> Any:
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    return WriteResult(index=wi.index, size_in_bytes=length, storage_data=_fs._StorageInfo(name, offset, length))
+
+
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        if type(obj) not in (torch.Tensor, torch.nn.Parameter):
+            # DTensor, ShardedTensor, ...: the stock stager knows how to copy them.
+            raise ValueError(f"{type(obj).__name__} is staged the stock way")
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items()) if type(obj) is not dict else {
+            k: _map_tensors(v, fn) for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [_map_tensors(v, fn) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_map_tensors(v, fn) for v in obj)
+    return obj
+
+
+class GDSFileSystemReader(FileSystemReader):
+    """A FileSystemReader whose tensor bytes move through gdsfs (see the module doc).
+
+    Takes every argument of the installed FileSystemReader, plus:
+
+    Args:
+        strict: raise GDSUnavailableError instead of falling back to the stock reader.
+    """
+
+    def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self._strict = strict
+
+    def read_data(self, plan: Any, planner: Any) -> Future:
+        """Load the plan's items: pickles decoded here, tensor bytes in one batch per file."""
+        root = os.fspath(self.path)
+        infos = [self.storage_data[req.storage_index] for req in plan.items]
+        if any(getattr(i, "transform_descriptors", None) for i in infos) or not _on_gdsfs(root, self._strict):
+            return super().read_data(plan, planner)
+        per_file: dict[str, list[Any]] = {}
+        for req, info in zip(plan.items, infos):
+            per_file.setdefault(info.relative_path, []).append(req)
+        batch = _default_hooks(planner)
+        for rel, reqs in per_file.items():
+            reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
+            self._read_file(os.path.join(root, rel), reqs, planner, batch)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool) -> None:
+        with open(path, "rb") as fh:
+            fd = fh.fileno()
+            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []  # (req, target, temp to narrow)
+            items: list[tuple[int, torch.Tensor]] = []
+
+            def flush() -> None:
+                if items:
+                    transfer(path, fd, list(items), write=False, strict=self._strict)
+                for req, target, temp in pending:
+                    if temp is not None:
+                        src = _narrow(temp, req.storage_offsets, req.lengths)
+                        if src.size() != target.size():
+                            raise ValueError(f"gdsfs: {req.storage_index} has size {tuple(src.size())}, the target {tuple(target.size())}")
+                        target.copy_(src)
+                    planner.commit_tensor(req, target)
+                items.clear()
+                pending.clear()
+
+            for req in reqs:
+                info = self.storage_data[req.storage_index]
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, io.BytesIO(os.pread(fd, info.length, info.offset)))
+                    continue
+                target = planner.resolve_tensor(req).detach()
+                dev = target.device if target.device.type in ("cpu", "cuda") else torch.device("cpu")
+                try:
+                    dec = torchzip.decode(fh, info.offset, info.length, lambda _loc: dev, weights_only=True)
+                except torchzip.NotAddressable:
+                    fh.seek(info.offset)
+                    saved = torch.load(io.BytesIO(fh.read(info.length)), map_location="cpu", weights_only=True)
+                    src = _narrow(saved, req.storage_offsets, req.lengths)
+                    target.copy_(src)
+                    planner.commit_tensor(req, target)
+                    continue
+                saved = dec.obj
+                if not isinstance(saved, torch.Tensor):
+                    raise ValueError(f"gdsfs: item {req.storage_index} of {path!r} does not hold a tensor")
+                whole = all(o == 0 for o in req.storage_offsets) and tuple(req.lengths) == tuple(saved.shape)
+                if (
+                    whole
+                    and len(dec.items) == 1
+                    and type(target) is torch.Tensor
+                    and target.device == dev
+                    and target.dtype == saved.dtype
+                    and target.is_contiguous()
+                    and saved.is_contiguous()
+                    and saved.storage_offset() == 0
+                    and dec.items[0][1].numel() == target.numel() * target.element_size()
+                    and not (target.is_conj() or target.is_neg())
+                ):
+                    items.append((dec.items[0][0], byte_view(target)))  # straight into the target
+                    pending.append((req, target, None))
+                else:
+                    items.extend(dec.items)
+                    pending.append((req, target, saved))
+                if not batch:
+                    flush()
+            flush()
+
+
+def _narrow(t: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
+    """The chunk ``offsets``/``lengths`` of ``t`` (what DCP's narrow_tensor_by_index does)."""
+    for dim, (off, n) in enumerate(zip(offsets, lengths)):
+        if n < t.size(dim):
+            t = t.narrow(dim, off, n)
+    return t
+
+
+def _default_hooks(planner: Any) -> bool:
+    """True when resolve_tensor/commit_tensor are the default ones, so all targets may be resolved
+    before any commit (as the stock parallel reader requires)."""
+    try:
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    except ImportError:
+        return False
+    return (
+        type(planner).resolve_tensor is DefaultLoadPlanner.resolve_tensor
+        and type(planner).commit_tensor is DefaultLoadPlanner.commit_tensor
+    )
+

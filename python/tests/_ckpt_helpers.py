@@ -1,0 +1,132 @@
+"""Shared helpers for the checkpoint tests: reference state dicts, deep equality, a saver to kill."""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any
+
+import torch
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+# Every dtype torch can save whose bytes we move (quantized types need their own rebuilders).
+DTYPES = [
+    d
+    for d in (
+        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+        torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+        getattr(torch, "uint16", None), getattr(torch, "uint32", None), getattr(torch, "uint64", None),
+        getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None),
+    )
+    if d is not None
+]
+
+
+def make_tensor(dtype: torch.dtype, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Deterministic values of any dtype (via random bytes, so every bit pattern class appears)."""
+    n = 1
+    for s in shape:
+        n *= s
+    esize = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * esize,), dtype=torch.uint8, generator=gen)
+    if dtype == torch.bool:
+        return (raw % 2).to(torch.bool).reshape(shape)
+    if dtype.is_floating_point or dtype.is_complex:
+        # Finite values only, so equality checks are meaningful (NaN != NaN).
+        f = torch.randn((n * (2 if dtype.is_complex else 1),), generator=gen) * 10
+        if dtype.is_complex:
+            return torch.view_as_complex(f.reshape(n, 2)).to(dtype).reshape(shape)
+        return f.to(dtype).reshape(shape)
+    return raw.view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+
+
+def nested_state(seed: int = 0, scale: int = 1) -> dict[str, Any]:
+    """A nested state dict with every dtype, 0-d, empty, views, shared storages, parameters."""
+    g = torch.Generator().manual_seed(seed)
+    sd: dict[str, Any] = {}
+    for i, dt in enumerate(DTYPES):
+        sd[f"dtype.{str(dt).split('.')[-1]}"] = make_tensor(dt, (3, 5 * scale), g)
+        sd[f"scalar.{i}"] = make_tensor(dt, (), g)
+        sd[f"empty.{i}"] = make_tensor(dt, (0, 4), g)
+    base = torch.randn(64 * scale, 48, generator=g)
+    model = collections.OrderedDict(
+        [("layer.weight", base), ("layer.bias", torch.randn(64, generator=g)),
+         ("emb", torch.randn(100, 16, generator=g).to(torch.bfloat16))]
+    )
+    model._metadata = {"": {"version": 2}}  # type: ignore[attr-defined]
+    sd["model"] = model
+    sd["views"] = {
+        "strided": base[::2, 1:5],          # non-contiguous view of a shared storage
+        "transposed": base.t(),             # shares storage with model.layer.weight
+        "offset": base[5],                  # storage offset
+        "expand": torch.randn(1, 4, generator=g).expand(3, 4),  # zero stride
+    }
+    sd["param"] = torch.nn.Parameter(torch.randn(4, 4, generator=g))
+    sd["frozen"] = torch.nn.Parameter(torch.randn(2, generator=g), requires_grad=False)
+    sd["optim"] = {"step": 17, "lr": 0.1, "betas": (0.9, 0.999), "m": [torch.ones(3), torch.zeros(2, 2)],
+                   "name": "adam", "none": None, "flags": {1, 2}}
+    return sd
+
+
+def assert_same(a: Any, b: Any, path: str = "") -> None:
+    """Deep equality with dtype, shape, strides, storage offsets and requires_grad."""
+    assert type(a) is type(b), f"{path}: type {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {a.shape} != {b.shape}"
+        assert a.stride() == b.stride(), f"{path}: stride {a.stride()} != {b.stride()}"
+        assert a.storage_offset() == b.storage_offset(), f"{path}: storage offset"
+        assert a.requires_grad == b.requires_grad, f"{path}: requires_grad"
+        assert a.device == b.device, f"{path}: device {a.device} != {b.device}"
+        assert torch.equal(_bytes(a), _bytes(b)), f"{path}: values differ"
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+        assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), f"{path}: _metadata"
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{path}: length"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    x = t.detach().cpu().contiguous().reshape(-1)
+    return x.view(torch.uint8) if x.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """An identity for the storage under t (shared storages compare equal)."""
+    return t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
+
+
+def flat_state(seed: int, nbytes: int) -> dict[str, torch.Tensor]:
+    """A flat dict of float32 tensors of about nbytes in total (for safetensors and kill tests)."""
+    g = torch.Generator().manual_seed(seed)
+    per = max(1, nbytes // 8 // 4)
+    return {f"w{i}": torch.randn(per, generator=g) for i in range(8)}
+
+
+def save_loop(kind: str, path: str, seed: int, nbytes: int, ready: Any) -> None:
+    """Save the same new checkpoint over and over until killed (run in a child process)."""
+    torch.set_num_threads(1)
+    import warnings
+
+    warnings.simplefilter("ignore")
+    sd = flat_state(seed, nbytes)
+    if kind == "checkpoint":
+        from gdsfs.checkpoint import save
+
+        def once() -> None:
+            save(sd, path)
+    else:
+        from gdsfs.safetensors import save_file
+
+        def once() -> None:
+            save_file(sd, path, metadata={"seed": str(seed)})
+    ready.send(True)
+    while True:
+        once()

@@ -1,0 +1,234 @@
+"""gdsfs.checkpoint: torch.save/torch.load compatibility through the control path.
+
+References: the installed torch.save/torch.load (Debian 1.13 in CI) and fixtures written by
+torch 2.11 (fixtures/*.pt, default 64-byte and 4096-byte record alignment).
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import os
+import pickle
+import shutil
+import struct
+import warnings
+import zipfile
+
+import pytest
+import torch
+
+from _ckpt_helpers import FIXTURES, assert_same, nested_state, storage_key
+from gdsfs import GDSFallbackWarning, GDSUnavailableError
+from gdsfs._ckpt import zipfmt
+from gdsfs._errors import _reset_fallback_warning
+import gdsfs.checkpoint as gck
+
+
+@pytest.fixture
+def mdir(gdsfs_mount, request):
+    d = gdsfs_mount.path("ckpt", request.node.name.replace("/", "_"))
+    os.makedirs(d, exist_ok=True)
+    _reset_fallback_warning()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)  # on the mount, no silent fallback
+        yield d
+    assert gdsfs_mount.wait_leases(0) == 0, "leases left behind"
+
+
+def counters(m) -> dict:
+    return m.stats()["counters"]
+
+
+def payload(obj) -> int:
+    seen, n = set(), 0
+
+    def walk(o):
+        nonlocal n
+        if isinstance(o, torch.Tensor):
+            k = storage_key(o)
+            if k not in seen:
+                seen.add(k)
+                n += o.untyped_storage().nbytes() if hasattr(o, "untyped_storage") else o.storage().nbytes()
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    return n
+
+
+def data_offsets(path: str) -> dict[str, int]:
+    with open(path, "rb") as f:
+        _, recs = zipfmt.locate(f)
+    return {n: r.offset for n, r in recs.items() if n.startswith("data/")}
+
+
+# --- loads of files written by torch ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["nested_default.pt", "model_align4096.pt", "dtypes_default.pt"])
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_load_fixtures_written_by_torch_2_11(gdsfs_mount, mdir, name, weights_only):
+    dst = os.path.join(mdir, name)
+    shutil.copyfile(os.path.join(FIXTURES, name), dst)
+    want = torch.load(os.path.join(FIXTURES, name))
+    before = counters(gdsfs_mount)["read_bytes"]
+    got = gck.load(dst, weights_only=weights_only)
+    assert_same(want, got)
+    assert counters(gdsfs_mount)["read_bytes"] - before >= payload(want)
+    if name == "nested_default.pt":  # views keep sharing their storage
+        assert storage_key(got["t"]) == storage_key(got["model"]["layer.weight"]) == storage_key(got["view"])
+
+
+def test_load_what_torch_save_wrote(gdsfs_mount, mdir):
+    sd = nested_state(1)
+    p = os.path.join(mdir, "by_torch.pt")
+    torch.save(sd, p)  # torch 1.13 writes through the mount (passthrough), 64-byte records
+    for wo in (False, True):
+        got = gck.load(p, weights_only=wo)
+        assert_same(sd, got)
+    assert storage_key(got["views"]["transposed"]) == storage_key(got["model"]["layer.weight"])
+
+
+# --- saves read by torch ---------------------------------------------------------------------
+
+
+def test_save_is_read_by_torch_load(gdsfs_mount, mdir):
+    sd = nested_state(2)
+    p = os.path.join(mdir, "ours.pt")
+    before = counters(gdsfs_mount)["write_bytes"]
+    gck.save(sd, p)
+    assert counters(gdsfs_mount)["write_bytes"] - before >= payload(sd), "storages did not go through the daemon"
+    got = torch.load(p)
+    assert_same(sd, got)
+    assert storage_key(got["views"]["strided"]) == storage_key(got["model"]["layer.weight"])
+    offs = data_offsets(p)
+    assert offs and all(o % 4096 == 0 for o in offs.values()), offs
+    with zipfile.ZipFile(p) as z:  # a valid zip, CRCs included (host-resident storages)
+        assert z.testzip() is None
+        assert z.namelist()[0] == "ours/data.pkl"
+        assert z.read("ours/version") == b"3\n" and z.read("ours/byteorder") == b"little"
+    assert_same(sd, gck.load(p))
+
+
+def test_round_trip_with_map_location_and_weights_only(gdsfs_mount, mdir):
+    sd = nested_state(3)
+    p = os.path.join(mdir, "rt.pt")
+    gck.save(sd, p)
+    for ml in (None, "cpu", torch.device("cpu"), {"cpu": "cpu"}):
+        assert_same(sd, gck.load(p, map_location=ml, weights_only=True))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            gck.load(p, map_location="cuda")
+        with pytest.raises(RuntimeError, match="CUDA"):
+            gck.load(p, map_location={"cpu": "cuda:0"})
+
+
+class Custom:
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return type(other) is Custom and other.x == self.x
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_weights_only_refuses_foreign_globals(gdsfs_mount, mdir):
+    p = os.path.join(mdir, "custom.pt")
+    gck.save({"c": Custom(torch.ones(2)), "t": torch.zeros(3)}, p)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only"):
+        gck.load(p, weights_only=True)
+    got = gck.load(p, weights_only=False)
+    assert torch.equal(got["c"].x, torch.ones(2)) and torch.equal(got["t"], torch.zeros(3))
+    torch.save({"e": Evil()}, os.path.join(mdir, "evil.pt"))
+    with pytest.raises(pickle.UnpicklingError, match="os.system|posix.system"):
+        gck.load(os.path.join(mdir, "evil.pt"), weights_only=True)
+
+
+def test_save_is_atomic_replace(gdsfs_mount, mdir):
+    p = os.path.join(mdir, "a.pt")
+    gck.save({"v": torch.zeros(3)}, p)
+    ino = os.stat(p).st_ino
+    gck.save({"v": torch.ones(3)}, p)
+    assert os.stat(p).st_ino != ino
+    assert torch.equal(torch.load(p)["v"], torch.ones(3))
+    with pytest.raises(pickle.PicklingError):
+        gck.save({"f": lambda: 1}, p)  # a failed save leaves the old file and no temp
+    assert torch.equal(torch.load(p)["v"], torch.ones(3))
+    assert os.listdir(mdir) == ["a.pt"]
+
+
+def test_corrupt_archive_is_an_error_not_a_crash(gdsfs_mount, mdir):
+    p = os.path.join(mdir, "c.pt")
+    gck.save({"w": torch.randn(100)}, p)
+    b = bytearray(open(p, "rb").read())
+    off = data_offsets(p)["data/0"]
+    # Claim a record larger than the file in the central directory.
+    cd = b.rfind(b"PK\x01\x02", 0)
+    while cd != -1:
+        n = struct.unpack_from("<H", b, cd + 28)[0]
+        if b[cd + 46 : cd + 46 + n].endswith(b"data/0"):
+            struct.pack_into("<II", b, cd + 20, 1 << 30, 1 << 30)
+        cd = b.rfind(b"PK\x01\x02", 0, cd)
+    bad = os.path.join(mdir, "bad.pt")
+    open(bad, "wb").write(b)
+    with pytest.raises((zipfmt.ZipFormatError, pickle.UnpicklingError)):
+        gck.load(bad)
+    assert off % 4096 == 0
+
+
+# --- pass-throughs and fallbacks -------------------------------------------------------------
+
+
+def test_file_objects_go_to_torch(tmp_path):
+    sd = nested_state(4)
+    buf = io.BytesIO()
+    gck.save(sd, buf)
+    buf.seek(0)
+    assert_same(sd, gck.load(buf))
+
+
+def test_off_gdsfs_warns_once_and_matches_torch(tmp_path):
+    _reset_fallback_warning()
+    sd = nested_state(5)
+    p = str(tmp_path / "off.pt")
+    with pytest.warns(GDSFallbackWarning, match="not on a gdsfs mount"):
+        gck.save(sd, p)
+    assert_same(sd, torch.load(p))
+    assert all(o % 4096 == 0 for o in data_offsets(p).values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
+        assert_same(sd, gck.load(p))
+    with pytest.raises(GDSUnavailableError):
+        gck.load(p, strict=True)
+
+
+def test_decoder_without_daemon_matches_torch(tmp_path):
+    """The pickle decoder on its own (plain reads), for every fixture and weights_only mode."""
+    for name in ["nested_default.pt", "model_align4096.pt", "dtypes_default.pt"]:
+        p = os.path.join(FIXTURES, name)
+        want = torch.load(p)
+        for wo in (False, True):
+            got = gck._load_path(p, gck._restorer("cpu"), wo, {"encoding": "utf-8"}, strict=False, via_daemon=False)
+            assert_same(want, got)
+
+
+def test_signatures_mirror_torch():
+    ours_load = inspect.signature(gck.load).parameters
+    for name, p in inspect.signature(torch.load).parameters.items():
+        assert name in ours_load, f"load lacks {name}"
+        assert ours_load[name].kind == p.kind, name
+        if name not in ("weights_only", "mmap"):  # ours: None = the installed torch's default
+            assert ours_load[name].default == p.default, name
+    ours_save = list(inspect.signature(gck.save).parameters.values())
+    theirs_save = list(inspect.signature(torch.save).parameters.values())
+    for a, b in zip(ours_save, theirs_save):
+        assert (a.name, a.kind, a.default) == (b.name, b.kind, b.default)

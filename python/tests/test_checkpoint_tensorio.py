@@ -1,0 +1,181 @@
+"""gdsfs._ckpt.tensorio.DaemonMover against an in-process session with a small, strict pool.
+
+The fake session keeps the protocol's rules that matter to the mover (docs/protocol.md): a range
+longer than max_lease is refused, the pool is finite (a full pool raises EAGAIN at once when
+timeout=0, as the core does after its wait), leases must be released, and a WRITE may not run past
+its lease. This pins down batching, splitting and the EAGAIN back-off without a daemon; the mount
+tests cover the real one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from gdsfs import GDSUnavailableError
+from gdsfs._ckpt import tensorio
+
+
+@dataclass(frozen=True)
+class FakeRef:
+    lease: int
+    slab: int
+    offset: int
+    length: int
+    valid: int
+    device: int = -1
+    engine: str = "fake"
+
+
+class FakeSession:
+    host_mode = True
+
+    def __init__(self, pool_bytes: int, max_lease: int) -> None:
+        self.max_lease = max_lease
+        self.pool = bytearray(pool_bytes)
+        self.free = [(0, pool_bytes)]
+        self.leases: dict[int, tuple[int, int]] = {}
+        self.next_id = 1
+        self.reads = 0
+        self.eagain = 0
+        self.max_live = 0
+
+    def _take(self, n: int, timeout: float | None) -> int:
+        for i, (off, size) in enumerate(self.free):
+            if size >= n:
+                self.free[i] = (off + n, size - n)
+                return off
+        self.eagain += 1
+        raise GDSUnavailableError("pool full", errno=errno.EAGAIN)
+
+    def read(self, fd, ranges, *, device=None, timeout=None):
+        self.reads += 1
+        need = sum(n for _, n in ranges)
+        if sum(s for _, s in self.free) < need or not any(s >= need for _, s in self.free):
+            self.eagain += 1
+            raise GDSUnavailableError("pool full", errno=errno.EAGAIN)
+        refs = []
+        for off, n in ranges:
+            assert n <= self.max_lease, "range longer than one lease"
+            at = self._take(n, timeout)
+            data = os.pread(fd, n, off)
+            self.pool[at : at + len(data)] = data
+            lid = self.next_id
+            self.next_id += 1
+            self.leases[lid] = (at, n)
+            refs.append(FakeRef(lid, 1, at, n, len(data)))
+        self.max_live = max(self.max_live, sum(n for _, n in self.leases.values()))
+        return refs
+
+    def alloc(self, n, *, device=None, timeout=None):
+        assert n <= self.max_lease
+        at = self._take(n, timeout)
+        lid = self.next_id
+        self.next_id += 1
+        self.leases[lid] = (at, n)
+        return FakeRef(lid, 1, at, n, n)
+
+    def write(self, fd, ref, offset, nbytes=None):
+        at, n = self.leases[ref.lease]
+        k = n if nbytes is None else nbytes
+        assert k <= n, "write past the lease"
+        return os.pwrite(fd, bytes(self.pool[at : at + k]), offset)
+
+    def release(self, refs):
+        for r in refs:
+            at, n = self.leases.pop(r.lease)
+            self.free.append((at, n))
+        # Coalesce so freed space is usable as one block again.
+        self.free.sort()
+        merged = []
+        for off, size in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == off:
+                merged[-1] = (merged[-1][0], merged[-1][1] + size)
+            elif size:
+                merged.append((off, size))
+        self.free = merged
+
+    def host_buffer(self, ref):
+        at, _ = self.leases[ref.lease]
+        return memoryview(self.pool)[at : at + ref.valid]
+
+
+@pytest.mark.parametrize(
+    "pool,max_lease,piece,batch",
+    [
+        (1 << 20, 1 << 20, 256 << 20, 1 << 30),   # defaults: everything fits in one request
+        (256 << 10, 64 << 10, 256 << 20, 1 << 30),  # pieces cut to max_lease; batches shrink on EAGAIN
+        (96 << 10, 32 << 10, 16 << 10, 64 << 10),   # double-buffered batches barely fit
+    ],
+)
+def test_read_into_and_write_from(tmp_path, monkeypatch, pool, max_lease, piece, batch):
+    monkeypatch.setattr(tensorio, "PIECE_BYTES", piece)
+    monkeypatch.setattr(tensorio, "BATCH_BYTES", batch)
+    g = torch.Generator().manual_seed(0)
+    sizes = [0, 1, 4095, 4096, 70000, 150000, 33]
+    srcs = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in sizes]
+    offs, pos = [], 0
+    for n in sizes:
+        offs.append(pos)
+        pos += n + 123  # unaligned, with gaps
+    p = tmp_path / "f.bin"
+    sess = FakeSession(pool, max_lease)
+    with open(p, "wb+") as f:
+        tensorio.DaemonMover(sess).write_from(f.fileno(), list(zip(offs, srcs)))
+        assert not sess.leases, "write leases not released"
+        raw = open(p, "rb").read()
+        for o, t in zip(offs, srcs):
+            assert raw[o : o + t.numel()] == t.numpy().tobytes()
+        dests = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        tensorio.DaemonMover(sess).read_into(f.fileno(), list(zip(offs, dests)))
+    assert not sess.leases, "read leases not released"
+    assert sess.max_live <= pool
+    for s, d in zip(srcs, dests):
+        assert torch.equal(s, d)
+
+
+def test_pool_too_small_for_one_piece_raises(tmp_path):
+    sess = FakeSession(1 << 10, 4 << 10)
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"x" * 8192)
+    with open(p, "rb") as f, pytest.raises(GDSUnavailableError):
+        tensorio.DaemonMover(sess).read_into(f.fileno(), [(0, torch.empty(4096, dtype=torch.uint8))])
+    assert not sess.leases
+
+
+def test_short_file_is_eof(tmp_path):
+    sess = FakeSession(1 << 20, 1 << 20)
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"x" * 100)
+    with open(p, "rb") as f, pytest.raises(EOFError):
+        tensorio.DaemonMover(sess).read_into(f.fileno(), [(50, torch.empty(100, dtype=torch.uint8))])
+    assert not sess.leases
+
+
+def test_transfer_falls_back_when_the_daemon_fails(tmp_path, monkeypatch):
+    """A daemon failure part way: the whole transfer is redone with plain I/O, after the warning."""
+    from gdsfs import GDSFallbackWarning
+    from gdsfs._errors import _reset_fallback_warning
+
+    class Broken(FakeSession):
+        def read(self, *a, **k):
+            raise GDSUnavailableError("EIO", errno=errno.EIO)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tensorio, "open_mover", lambda path, strict=False: tensorio._SessionMover(Broken(1 << 20, 1 << 20)))
+    p = tmp_path / "f.bin"
+    p.write_bytes(bytes(range(256)))
+    d = torch.empty(16, dtype=torch.uint8)
+    _reset_fallback_warning()
+    with open(p, "rb") as f:
+        with pytest.warns(GDSFallbackWarning):
+            assert tensorio.transfer(str(p), f.fileno(), [(16, d)], write=False) == "posix-client"
+        assert torch.equal(d, torch.arange(16, 32, dtype=torch.uint8))
+        with pytest.raises(GDSUnavailableError):
+            tensorio.transfer(str(p), f.fileno(), [(16, d)], write=False, strict=True)

@@ -1,0 +1,185 @@
+"""gdsfs.dcp: GDSFileSystemWriter/Reader keep stock DCP's files and move bytes through gdsfs.
+
+With a torch that has torch.distributed.checkpoint (>= 2.x), the real dcp.save/dcp.load run
+against the real stock FileSystemWriter/FileSystemReader, both directions, plus the committed
+fixture written by stock DCP on torch 2.11. Debian's torch 1.13 has no usable DCP (its
+torch.distributed._shard does not even import on Python 3.11), so there the writer and reader run
+against _dcp_standin, which implements the stock on-disk contract; those tests say so in their
+names. scripts/gpu/dcp_2gpu.py runs the 2-rank check on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+
+import _dcp_standin
+from _ckpt_helpers import FIXTURES
+from gdsfs import GDSFallbackWarning
+from gdsfs._errors import _reset_fallback_warning
+
+REAL = _dcp_standin.has_real_dcp()
+needs_real = pytest.mark.skipif(not REAL, reason=f"torch {torch.__version__} has no torch.distributed.checkpoint")
+needs_standin = pytest.mark.skipif(REAL, reason="the real torch.distributed.checkpoint is installed; see the *_real tests")
+
+if not REAL:
+    _dcp_standin.install()
+import gdsfs.dcp as gdcp  # noqa: E402  (after the stand-in is installed)
+
+
+@pytest.fixture
+def mdir(gdsfs_mount, request):
+    d = gdsfs_mount.path("dcp", request.node.name.replace("/", "_"))
+    os.makedirs(d, exist_ok=True)
+    _reset_fallback_warning()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
+        yield d
+    assert gdsfs_mount.wait_leases(0) == 0, "leases left behind"
+
+
+def state(seed: int = 0) -> dict[str, object]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(64, 48, generator=g),
+        "view": torch.randn(10, 10, generator=g)[:, 2:5],  # non-contiguous: saved as its own bytes
+        "i16": torch.arange(7, dtype=torch.int16),
+        "bf16": torch.randn(33, generator=g).to(torch.bfloat16),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.empty(0, 3),
+        "loader": b"dataloader state: epoch 3, sample 1234",  # a Stateful's pickled state (BYTE_IO)
+    }
+
+
+# --- stand-in (torch 1.13) -------------------------------------------------------------------
+
+
+def _write(writer_cls, d, data, prefix="__0_"):
+    S = _dcp_standin
+    items = [S.WriteItem(S.MetadataIndex(k), S.WriteItemType.BYTE_IO if isinstance(v, bytes) else S.WriteItemType.TENSOR)
+             for k, v in data.items()]
+    w = writer_cls(d)
+    res = w.write_data(S.SavePlan(items, S._StoragePrefix(prefix)), S.SavePlannerStub(data)).wait()
+    w.finish(S.Metadata(), [res])
+    return res
+
+
+def _read(reader_cls, d, data, chunks=None):
+    S = _dcp_standin
+    r = reader_cls(d)
+    r.read_metadata()
+    targets = {k: torch.full_like(v, 7) for k, v in data.items() if not isinstance(v, bytes)}
+    planner = S.DefaultLoadPlanner(targets)
+    reqs = []
+    for k, v in data.items():
+        if isinstance(v, bytes):
+            reqs.append(S.ReadItem(S.LoadItemType.BYTE_IO, S.MetadataIndex(k)))
+        elif chunks and k in chunks:
+            for offs, lens in chunks[k]:
+                reqs.append(S.ReadItem(S.LoadItemType.TENSOR, S.MetadataIndex(k), offs, lens))
+        else:
+            reqs.append(S.ReadItem(S.LoadItemType.TENSOR, S.MetadataIndex(k), (0,) * v.dim(), tuple(v.shape)))
+    r.read_data(S.LoadPlan(reqs), planner)
+    return targets, planner
+
+
+def _check(data, targets, planner):
+    for k, v in data.items():
+        if isinstance(v, bytes):
+            assert planner.bytes[k] == v
+        else:
+            assert torch.equal(targets[k], v), k
+
+
+@needs_standin
+def test_standin_stock_reader_reads_gds_writer(gdsfs_mount, mdir):
+    data = state(1)
+    before = gdsfs_mount.stats()["counters"]["write_bytes"]
+    res = _write(gdcp.GDSFileSystemWriter, mdir, data)
+    assert gdsfs_mount.stats()["counters"]["write_bytes"] - before >= 64 * 48 * 4
+    assert sorted(os.listdir(mdir)) == [".metadata", "__0_0.distcp"]
+    for r in res:
+        if r.index.fqn != "loader":
+            assert r.storage_data.offset % 4096 == 0  # every tensor item starts 4 KiB-aligned
+    _check(data, *_read(_dcp_standin.FileSystemReader, mdir, data))
+
+
+@needs_standin
+def test_standin_gds_reader_reads_stock_writer(gdsfs_mount, mdir):
+    data = state(2)
+    _write(_dcp_standin.FileSystemWriter, mdir, data)
+    before = gdsfs_mount.stats()["counters"]["read_bytes"]
+    _check(data, *_read(gdcp.GDSFileSystemReader, mdir, data))
+    assert gdsfs_mount.stats()["counters"]["read_bytes"] - before >= 64 * 48 * 4
+
+
+@needs_standin
+@pytest.mark.parametrize("writer", ["gds", "stock"])
+def test_standin_resharded_reads(gdsfs_mount, mdir, writer):
+    """Requests for parts of saved chunks (a different sharding on load) are narrowed correctly."""
+    data = {"w": torch.randn(12, 8), "v": torch.arange(30.0)}
+    _write(gdcp.GDSFileSystemWriter if writer == "gds" else _dcp_standin.FileSystemWriter, mdir, data)
+    chunks = {"w": [((0, 0), (5, 8)), ((5, 0), (7, 8))], "v": [((3,), (10,)), ((0,), (3,)), ((13,), (17,))]}
+    targets, planner = _read(gdcp.GDSFileSystemReader, mdir, data, chunks)
+    _check(data, targets, planner)
+
+
+@needs_standin
+def test_standin_async_staging_into_slabs(gdsfs_mount, mdir):
+    data = state(3)
+    w = gdcp.GDSFileSystemWriter(mdir)
+    tensors = {k: v for k, v in data.items() if not isinstance(v, bytes)}
+    staged = w.stage(tensors)
+    assert w._staged, "nothing was staged into daemon slabs"
+    assert gdsfs_mount.stats()["leases"] > 0
+    for k, v in tensors.items():
+        assert torch.equal(staged[k], v)
+        if v.numel():
+            v.zero_()  # training goes on: the snapshot must not change
+    S = _dcp_standin
+    items = [S.WriteItem(S.MetadataIndex(k), S.WriteItemType.TENSOR) for k in staged]
+    res = w.write_data(S.SavePlan(items, S._StoragePrefix("__0_")), S.SavePlannerStub(staged)).wait()
+    w.finish(S.Metadata(), [res])
+    assert not w._staged and gdsfs_mount.wait_leases(0) == 0
+    want = {k: v for k, v in state(3).items() if not isinstance(v, bytes)}
+    _check(want, *_read(_dcp_standin.FileSystemReader, mdir, want))
+
+
+# --- real DCP (torch >= 2) ---------------------------------------------------------------------
+
+
+@needs_real
+def test_real_fixture_written_by_stock_dcp(gdsfs_mount, mdir):
+    import torch.distributed.checkpoint as dcp
+
+    dst = os.path.join(mdir, "ckpt")
+    shutil.copytree(os.path.join(FIXTURES, "dcp_ckpt"), dst)
+    ref = {"model": {"layer.weight": torch.zeros(64, 48), "layer.bias": torch.zeros(64),
+                     "emb": torch.zeros(100, 16, dtype=torch.bfloat16)}, "step": torch.tensor(0)}
+    got = {"model": {k: v.clone() for k, v in ref["model"].items()}, "step": torch.tensor(0)}
+    dcp.load(ref, storage_reader=dcp.FileSystemReader(dst))
+    dcp.load(got, storage_reader=gdcp.GDSFileSystemReader(dst))
+    assert int(got["step"]) == 17
+    for k in ref["model"]:
+        assert torch.equal(got["model"][k], ref["model"][k]), k
+
+
+@needs_real
+@pytest.mark.parametrize("direction", ["gds-save-stock-load", "stock-save-gds-load", "gds-both"])
+def test_real_round_trips(gdsfs_mount, mdir, direction):
+    import torch.distributed.checkpoint as dcp
+
+    data = {k: v for k, v in state(4).items() if not isinstance(v, bytes)}
+    d = os.path.join(mdir, "ck")
+    writer = dcp.FileSystemWriter(d) if direction == "stock-save-gds-load" else gdcp.GDSFileSystemWriter(d)
+    dcp.save(data, storage_writer=writer)
+    got = {k: torch.full_like(v, 7) for k, v in data.items()}
+    reader = dcp.FileSystemReader(d) if direction == "gds-save-stock-load" else gdcp.GDSFileSystemReader(d)
+    dcp.load(got, storage_reader=reader)
+    for k in data:
+        assert torch.equal(got[k], data[k]), k
+
