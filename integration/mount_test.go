@@ -252,3 +252,40 @@ func tmpfsDir(t testing.TB) string {
 	})
 	return dir
 }
+
+// mountCLI mounts backing (a fresh directory if empty) with
+// `gdsfs mount --background` and default flags, and unmounts it when the
+// test ends.
+func mountCLI(t testing.TB, backing string, extra ...string) string {
+	t.Helper()
+	requireRoot(t)
+	dir := t.TempDir()
+	if backing == "" {
+		backing = filepath.Join(dir, "backing")
+		if err := os.Mkdir(backing, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(dir, "gdsfs.log")
+	args := append([]string{"mount", "--background", "--log-file", logFile, "--source", backing}, extra...)
+	if out, code := runGdsfs(t, append(args, mnt)...); code != 0 {
+		t.Fatalf("gdsfs %v: exit %d: %s", args, code, out)
+	}
+	t.Cleanup(func() {
+		if out, code := runGdsfs(t, "unmount", mnt); code != 0 {
+			t.Errorf("gdsfs unmount %s: exit %d: %s", mnt, code, out)
+			runGdsfs(t, "unmount", "--force", mnt)
+		}
+		waitMounted(t, mnt, false)
+		if t.Failed() {
+			if b, err := os.ReadFile(logFile); err == nil {
+				t.Logf("daemon log:\n%s", b)
+			}
+		}
+	})
+	return mnt
+}

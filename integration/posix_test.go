@@ -10,7 +10,9 @@ import (
 
 // TestPosixtest runs every test of go-fuse's posixtest suite against a
 // fresh gdsfs mount, once with kernel passthrough (where the kernel offers
-// it) and once with the daemon serving all I/O. No test is skipped.
+// it), once with the daemon serving all I/O, and once against the gdsfs
+// binary mounted with its default flags (control path included). No test
+// is skipped.
 func TestPosixtest(t *testing.T) {
 	tests := maps.Clone(posixtest.All) // never mutate go-fuse's map
 	// Tests whose backing directory must be on tmpfs, and why.
@@ -23,7 +25,8 @@ func TestPosixtest(t *testing.T) {
 	for _, mode := range []struct {
 		name          string
 		noPassthrough bool
-	}{{"passthrough", false}, {"daemon", true}} {
+		cli           bool
+	}{{"passthrough", false, false}, {"daemon", true, false}, {"cli", false, true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			for _, name := range slices.Sorted(maps.Keys(tests)) {
 				t.Run(name, func(t *testing.T) {
@@ -31,7 +34,12 @@ func TestPosixtest(t *testing.T) {
 					if _, ok := onTmpfs[name]; ok {
 						o.Backing = tmpfsDir(t)
 					}
-					mnt, _ := mountGdsfs(t, o)
+					var mnt string
+					if mode.cli {
+						mnt = mountCLI(t, o.Backing)
+					} else {
+						mnt, _ = mountGdsfs(t, o)
+					}
 					tests[name](t, mnt)
 				})
 			}
