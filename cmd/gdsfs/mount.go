@@ -296,9 +296,6 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 		}
 		return fmt.Errorf("mount %s: %w", c.mountpoint, err)
 	}
-	if h, ok := ctlCloser.(interface{ Mounted(*fs.Server) }); ok {
-		h.Mounted(srv) // metrics: passthrough figures
-	}
 	// Components that report on the running mount (metrics, the control
 	// path's stats) get it once it is up.
 	for _, c := range []any{ctl, ctlCloser} {
