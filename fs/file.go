@@ -113,3 +113,19 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 func dupCloexec(fd int) (int, error) {
 	return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 }
+
+var _ = (gofs.NodeCopyFileRanger)((*node)(nil))
+
+// CopyFileRange lets the backing filesystem copy (or reflink) between two
+// files of the mount. go-fuse's loopback only accepts its own handle type,
+// so both handles are unwrapped; the destination is reported as changed.
+func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut, size, flags uint64) (uint32, syscall.Errno) {
+	in, ok1 := fhIn.(*fileHandle)
+	dst, ok2 := fhOut.(*fileHandle)
+	if !ok1 || !ok2 {
+		return 0, syscall.EOPNOTSUPP // the kernel falls back to a plain copy
+	}
+	count, errno := n.LoopbackNode.CopyFileRange(ctx, in.LoopbackFile, offIn, out, dst.LoopbackFile, offOut, size, flags)
+	n.m.changed(dst.path)
+	return count, errno
+}

@@ -507,3 +507,35 @@ func TestPermissions(t *testing.T) {
 		t.Error("unprivileged user: reading public should work and secret should fail")
 	}
 }
+
+// TestCopyFileRange: copy_file_range between two files on the mount is
+// done by the backing filesystem and gives the same bytes.
+func TestCopyFileRange(t *testing.T) {
+	mnt, backing := mountGdsfs(t, mountOpts{})
+	data := randomBytes(11, 3<<20+5)
+	writeFile(t, filepath.Join(backing, "src"), data)
+	in, err := os.Open(filepath.Join(mnt, "src"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.Create(filepath.Join(mnt, "dst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	offIn, offOut := int64(5), int64(0)
+	for offIn < int64(len(data)) {
+		n, err := unix.CopyFileRange(int(in.Fd()), &offIn, int(out.Fd()), &offOut, len(data), 0)
+		if err != nil {
+			t.Fatalf("copy_file_range: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	got, err := os.ReadFile(filepath.Join(backing, "dst"))
+	if err != nil || !bytes.Equal(got, data[5:]) {
+		t.Errorf("copied %d bytes (%v), want %d equal bytes", len(got), err, len(data)-5)
+	}
+}
