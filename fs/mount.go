@@ -150,7 +150,11 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 	}
 	m.pt = newPassthrough(m.log)
 	s.m = m
-	rootNode := &node{LoopbackNode: lb.(*gofs.LoopbackNode), m: m}
+	lbRoot, ok := lb.(*gofs.LoopbackNode)
+	if !ok {
+		return fail(fmt.Errorf("BUG: go-fuse's loopback root is a %T, not a *LoopbackNode", lb))
+	}
+	rootNode := &node{LoopbackNode: lbRoot, m: m}
 	rootNode.RootData.RootNode = rootNode
 
 	attr := timeout(o.AttrTimeout, DefaultAttrTimeout)
