@@ -31,6 +31,7 @@ class _Driver:
         except OSError as e:
             raise RuntimeError(f"gdsfs: libcuda.so.1 is not loadable ({e}): install the NVIDIA driver or use a host-mode mount") from e
         self.lib = lib
+        lib.cuInit.argtypes = [ctypes.c_uint]
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
@@ -39,6 +40,8 @@ class _Driver:
         lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), _IpcMemHandle, ctypes.c_uint]
         self.lock = threading.Lock()
         self.ctx: dict[int, ctypes.c_void_p] = {}
+        # Idempotent; torch has normally called it already.
+        self.check(lib.cuInit(0), "cuInit")
 
     def check(self, rc: int, what: str) -> None:
         if rc != 0:

@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""GPU check and benchmark of gdsfs.torch.GDSShardDataset (issue 6).
+
+Usage: dataset_check.py MOUNTPOINT BACKING_DIR [--quick] [--cpu] [--workers N] [--json PATH]
+
+MOUNTPOINT is a gdsfs mount serving BACKING_DIR at its root (gdsfs mount
+--source BACKING_DIR MOUNTPOINT, or an overmount where both are the same
+path). The script writes WebDataset tars of float32 .npy tensors (100 KiB and
+4 MiB samples) under <mount>/gdsfs-dataset-check/, then:
+
+1. correctness: GDSShardDataset with num_workers=8, pin_memory=True and a
+   stock DataLoader (collate_fn=gdsfs.torch.collate): every batch's tensors
+   are CUDA tensors, every sample arrives once, and each equals the plain-read
+   reference (sha256 of the .npy data read with tarfile + numpy from the
+   backing directory);
+2. no CUDA in workers: nvidia-smi lists the main process, and none of the
+   DataLoader worker pids, as a compute process;
+3. benchmark, warm and cold (page cache dropped), samples/s and GB/s of
+   tensor payload for: gdsfs; (a) a plain IterableDataset reading the same
+   tars through the mount with pin_memory=True and .cuda(non_blocking=True);
+   (b) the same reading the backing directory directly.
+
+Prints one table; exits 1 when a correctness check fails (the speed target,
+gdsfs >= 2x (b) for 4 MiB samples warm, is reported, not enforced).
+
+--cpu runs the same on a machine without GPU (a host-mode mount): tensors
+stay on the CPU, pin_memory is off and the CUDA-context check is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Any, Iterator
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.utils.data  # noqa: E402
+
+import gdsfs  # noqa: E402
+import gdsfs.torch as gt  # noqa: E402
+
+SUBDIR = "gdsfs-dataset-check"
+
+
+def log(msg: str) -> None:
+    print(f"dataset_check: {msg}", flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Data.
+
+
+def _npy(arr: np.ndarray) -> bytes:
+    b = io.BytesIO()
+    np.save(b, arr)
+    return b.getvalue()
+
+
+def make_dataset(root: str, name: str, sample_bytes: int, nsamples: int, nshards: int) -> list[str]:
+    """WebDataset tars of {x.npy: float32[sample_bytes/4], cls: label};
+    reused when a previous run wrote the same layout."""
+    d = os.path.join(root, name)
+    stamp = os.path.join(d, "DONE")
+    want = f"{sample_bytes} {nsamples} {nshards}\n"
+    shards = [os.path.join(d, f"shard-{s:04d}.tar") for s in range(nshards)]
+    if os.path.exists(stamp) and open(stamp).read() == want:
+        return shards
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(sample_bytes)
+    per = nsamples // nshards
+    n = sample_bytes // 4
+    t0 = time.monotonic()
+    for s, path in enumerate(shards):
+        with open(path + ".tmp", "wb") as f, tarfile.open(fileobj=f, mode="w") as tf:
+            for i in range(per):
+                key = f"{s:04d}_{i:06d}"
+                x = rng.standard_normal(n, dtype=np.float32)
+                for ext, data in (("cls", str(i % 1000).encode()), ("x.npy", _npy(x))):
+                    ti = tarfile.TarInfo(f"{key}.{ext}")
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+            tf.close()
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+    with open(stamp, "w") as f:
+        f.write(want)
+    log(f"wrote {name}: {nsamples} samples of {sample_bytes} B in {nshards} shards ({time.monotonic() - t0:.1f}s)")
+    return shards
+
+
+def reference(shards: list[str]) -> dict[str, str]:
+    """sha256 of each sample's x.npy array bytes, read plainly."""
+    out = {}
+    for p in shards:
+        with tarfile.open(p, "r|") as tf:
+            for m in tf:
+                if m.name.endswith(".x.npy"):
+                    arr = np.load(io.BytesIO(tf.extractfile(m).read()))
+                    out[m.name[: -len(".x.npy")]] = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+    return out
+
+
+# ----------------------------------------------------------------------------
+# The plain baseline: what users do today.
+
+
+class PlainTarDataset(torch.utils.data.IterableDataset):
+    """Reads tars sequentially with tarfile, splits shards across workers,
+    decodes .npy with numpy."""
+
+    def __init__(self, shards: list[str]) -> None:
+        super().__init__()
+        self.shards = shards
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        wi = torch.utils.data.get_worker_info()
+        mine = self.shards if wi is None else self.shards[wi.id :: wi.num_workers]
+        for p in mine:
+            with open(p, "rb", buffering=1 << 20) as f, tarfile.open(fileobj=f, mode="r|") as tf:
+                cur: dict[str, Any] = {}
+                for m in tf:
+                    key, _, ext = m.name.partition(".")
+                    data = tf.extractfile(m).read()
+                    if cur and cur["__key__"] != key:
+                        yield cur
+                        cur = {}
+                    cur["__key__"] = key
+                    cur[ext] = torch.from_numpy(np.load(io.BytesIO(data))) if ext == "x.npy" else int(data)
+                if cur:
+                    yield cur
+
+
+# ----------------------------------------------------------------------------
+# Runs.
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError as e:
+        log(f"cannot drop the page cache ({e}): cold runs are skipped")
+        return False
+
+
+class Opts:
+    workers = 8
+    cuda = True
+
+
+def gds_loader(shards: list[str], batch: int, sample_bytes: int, **kw: Any) -> tuple[torch.utils.data.DataLoader, gt.GDSShardDataset]:
+    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, read_ahead=batch, read_ahead_bytes=max(batch * sample_bytes, 1 << 20))
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda, collate_fn=gt.collate, timeout=300, **kw)
+    return dl, ds
+
+
+def plain_loader(shards: list[str], batch: int) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(PlainTarDataset(shards), batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda, timeout=300)
+
+
+def timed(dl: torch.utils.data.DataLoader, plain: bool) -> tuple[float, int, int]:
+    """(seconds, samples, payload bytes) of one full pass, batches on the
+    GPU (on the CPU with --cpu)."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if Opts.cuda else torch.device("cpu")
+    n = nbytes = 0
+    t0 = time.perf_counter()
+    for b in dl:
+        if isinstance(b, gt.GDSBatch) and not b.materialized:
+            b = b.materialize()  # --cpu: no pin-memory thread does it
+        x = b["x.npy"]
+        if plain and Opts.cuda:
+            x = x.cuda(non_blocking=True)
+        if x.device != dev:
+            raise RuntimeError(f"batch tensor on {x.device}, expected {dev}")
+        n += x.shape[0]
+        nbytes += x.numel() * x.element_size()
+    if Opts.cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, n, nbytes
+
+
+def correctness(shards: list[str], batch: int, sample_bytes: int, ref: dict[str, str]) -> list[str]:
+    """Errors found checking values, once-only delivery and worker contexts."""
+    errs: list[str] = []
+    piddir = tempfile.mkdtemp(prefix="gdsfs-workers-")
+
+    def init(_wid: int) -> None:
+        open(os.path.join(piddir, str(os.getpid())), "w").close()
+
+    dl, ds = gds_loader(shards, batch, sample_bytes, persistent_workers=True, worker_init_fn=init)
+    seen: dict[str, str] = {}
+    for b in dl:
+        if not Opts.cuda:
+            b = b.materialize()
+        x = b["x.npy"]
+        if not (isinstance(x, torch.Tensor) and x.is_cuda == Opts.cuda):
+            errs.append(f"batch field x.npy is {type(x).__name__} on {getattr(x, 'device', '?')}, not a CUDA tensor")
+            break
+        host = x.cpu().numpy()
+        for i, key in enumerate(b["__key__"]):
+            if key in seen:
+                errs.append(f"sample {key} delivered twice")
+            seen[key] = hashlib.sha256(host[i].tobytes()).hexdigest()
+    bad = [k for k in ref if seen.get(k) != ref[k]]
+    if bad:
+        errs.append(f"{len(bad)} samples differ from the plain-read reference or are missing (e.g. {bad[:3]})")
+    extra = set(seen) - set(ref)
+    if extra:
+        errs.append(f"{len(extra)} unexpected samples (e.g. {sorted(extra)[:3]})")
+    # Workers are alive (persistent_workers): ask the driver who has contexts.
+    workers = {int(p) for p in os.listdir(piddir)}
+    try:
+        if not Opts.cuda:
+            raise StopIteration
+        q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
+        ctx = {int(x) for x in q.stdout.split() if x.strip().isdigit()}
+        if os.getpid() not in ctx:
+            log(f"warning: nvidia-smi does not list this process ({os.getpid()}) among {sorted(ctx)}: pid namespaces? worker check is then inconclusive")
+        if workers & ctx:
+            errs.append(f"DataLoader workers {sorted(workers & ctx)} hold CUDA contexts")
+        log(f"workers {sorted(workers)}; processes with CUDA contexts {sorted(ctx)}")
+    except StopIteration:
+        pass
+    except (OSError, subprocess.TimeoutExpired) as e:
+        errs.append(f"nvidia-smi failed ({e}): cannot check worker contexts")
+    del dl
+    ds.close()
+    st = gdsfs.status(shards[0])
+    log(f"daemon after correctness run: sessions={st.get('sessions')} leases={st.get('leases')}")
+    return errs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mountpoint")
+    ap.add_argument("backing")
+    ap.add_argument("--quick", action="store_true", help="smaller datasets (a smoke test)")
+    ap.add_argument("--json", help="also write the results as JSON here")
+    ap.add_argument("--cpu", action="store_true", help="no GPU: host-mode mount, CPU tensors")
+    ap.add_argument("--workers", type=int, default=8, help="DataLoader workers (default 8)")
+    a = ap.parse_args()
+    Opts.workers, Opts.cuda = a.workers, not a.cpu
+    if Opts.cuda and not torch.cuda.is_available():
+        print("dataset_check: torch sees no CUDA device: run this on the GPU machine, or pass --cpu", file=sys.stderr)
+        return 2
+    try:
+        caps = gdsfs.capabilities(a.mountpoint)
+    except gdsfs.GDSUnavailableError as e:
+        print(f"dataset_check: {e}", file=sys.stderr)
+        return 2
+    log(f"mount {caps.mount}: engine={caps.engine} devices={caps.devices} reason={caps.reason!r} version={caps.daemon_version}")
+    if Opts.cuda:
+        torch.cuda.init()
+        torch.cuda.set_device(0)
+
+    sizes = [("100KiB", 100 << 10, 2048 if a.quick else 8192, 16, 64), ("4MiB", 4 << 20, 128 if a.quick else 512, 16, 8)]
+    root_m = os.path.join(a.mountpoint, SUBDIR)
+    root_b = os.path.join(a.backing, SUBDIR)
+    results: list[dict[str, Any]] = []
+    errors: list[str] = []
+    can_drop = True
+    for name, sb, ns, nsh, batch in sizes:
+        shards_m = make_dataset(root_m, name, sb, ns, nsh)
+        shards_b = [os.path.join(root_b, name, os.path.basename(p)) for p in shards_m]
+        for pm, pb in zip(shards_m, shards_b):
+            if not os.path.exists(pb) or os.path.getsize(pb) != os.path.getsize(pm):
+                print(f"dataset_check: {pb} does not match {pm}: BACKING_DIR must be the directory the mount serves", file=sys.stderr)
+                return 2
+        ref = reference(shards_b)
+        errs = correctness(shards_m, batch, sb, ref)
+        errors += [f"{name}: {e}" for e in errs]
+        log(f"{name} correctness: {'ok' if not errs else '; '.join(errs)}")
+        for cache in ("warm", "cold"):
+            for label, make, plain in (
+                ("gdsfs", lambda: gds_loader(shards_m, batch, sb)[0], False),
+                ("(a) plain via mount", lambda: plain_loader(shards_m, batch), True),
+                ("(b) plain backing dir", lambda: plain_loader(shards_b, batch), True),
+            ):
+                if cache == "warm":
+                    timed(make(), plain)  # fill the page cache (and the index cache)
+                elif not (can_drop and drop_caches()):
+                    can_drop = False
+                    continue
+                secs, n, nb = timed(make(), plain)
+                if n != ns:
+                    errors.append(f"{name} {cache} {label}: {n} samples, expected {ns}")
+                results.append({"size": name, "cache": cache, "loader": label, "seconds": secs, "samples": n, "samples_per_s": n / secs, "GBps": nb / secs / 1e9})
+                log(f"{name} {cache} {label}: {n / secs:.0f} samples/s, {nb / secs / 1e9:.2f} GB/s")
+
+    print()
+    print(f"{'sample':<8} {'cache':<5} {'loader':<22} {'samples/s':>10} {'GB/s':>7} {'vs (b)':>7}")
+    for r in results:
+        base = next((x for x in results if x["size"] == r["size"] and x["cache"] == r["cache"] and x["loader"].startswith("(b)")), None)
+        ratio = f"{r['GBps'] / base['GBps']:.2f}x" if base else "-"
+        print(f"{r['size']:<8} {r['cache']:<5} {r['loader']:<22} {r['samples_per_s']:>10.0f} {r['GBps']:>7.2f} {ratio:>7}")
+    g = next((x for x in results if x["size"] == "4MiB" and x["cache"] == "warm" and x["loader"] == "gdsfs"), None)
+    b = next((x for x in results if x["size"] == "4MiB" and x["cache"] == "warm" and x["loader"].startswith("(b)")), None)
+    if g and b:
+        ratio = g["GBps"] / b["GBps"]
+        print(f"target gdsfs >= 2x (b) for 4 MiB warm: {ratio:.2f}x -> {'met' if ratio >= 2 else 'NOT met'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"engine": caps.engine, "results": results, "errors": errors}, f, indent=1)
+    for e in errors:
+        print(f"dataset_check: FAIL: {e}")
+    print(f"dataset_check: {'PASS' if not errors else 'FAIL'}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
