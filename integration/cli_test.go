@@ -305,3 +305,63 @@ func TestOvermount(t *testing.T) {
 		t.Errorf("file removed through the mount is back after unmount: %v", err)
 	}
 }
+
+// TestMountAsUser: an unprivileged user either gets a working user mount
+// (fusermount3 usable here), whose log explains why passthrough is off, or
+// exit code 2 with a message saying how to fix it; never a half mount.
+func TestMountAsUser(t *testing.T) {
+	requireRoot(t)
+	const nobody = 65534
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, mp := filepath.Join(dir, "src"), filepath.Join(dir, "mp")
+	for _, d := range []string{src, mp} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cleanupMount(t, mp)
+	logFile := filepath.Join(src, "log") // writable by nobody
+	asNobody := func(args ...string) (string, int) {
+		cmd := exec.Command(gdsfsBin(t), args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	out, code := asNobody("mount", "--background", "--log-file", logFile, "--source", src, mp)
+	switch code {
+	case 0:
+		log, _ := os.ReadFile(logFile)
+		if !bytes.Contains(log, []byte(`"passthrough":false`)) || !bytes.Contains(log, []byte("root")) {
+			t.Errorf("user mount log does not explain why passthrough is off:\n%s", log)
+		}
+		if out, code := asNobody("unmount", mp); code != 0 {
+			t.Errorf("user unmount: exit %d: %s", code, out)
+		}
+		waitMounted(t, mp, false)
+	case 2:
+		if !strings.Contains(out, "run gdsfs as root") {
+			t.Errorf("user mount failure %q does not say how to fix it", out)
+		}
+		if typ := mountType(t, mp); typ != "" {
+			t.Errorf("failed user mount left a %s mount", typ)
+		}
+	default:
+		t.Errorf("mount as uid %d: exit %d, want 0 or 2: %s", nobody, code, out)
+	}
+}

@@ -221,6 +221,14 @@ func checkFuseAccess(allowOther bool) error {
 	if os.Geteuid() == 0 {
 		return nil
 	}
+	if err := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); err != nil {
+		// fusermount3 is setuid root and opens /dev/fuse itself, but only
+		// where setuid works; a device closed to the user usually means
+		// user mounts are not set up.
+		if _, serr := exec.LookPath("fusermount3"); serr != nil {
+			return usagef("/dev/fuse is not accessible to uid %d and fusermount3 is missing: run gdsfs as root, or install fuse3", os.Geteuid())
+		}
+	}
 	if _, err := exec.LookPath("fusermount3"); err != nil {
 		return usagef("mounting as a non-root user needs fusermount3: install fuse3, or run gdsfs as root")
 	}
@@ -293,6 +301,10 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 	if err != nil {
 		if ctlCloser != nil {
 			ctlCloser.Close()
+		}
+		if os.Geteuid() != 0 {
+			return usagef("mount %s as uid %d: %v; run gdsfs as root, or make user mounts work (fuse3's setuid fusermount3 and /dev/fuse open to users)",
+				c.mountpoint, os.Geteuid(), strings.TrimSpace(err.Error()))
 		}
 		return fmt.Errorf("mount %s: %w", c.mountpoint, err)
 	}
