@@ -9,6 +9,8 @@ fields. Never touches CUDA.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import multiprocessing.context
 import os
 import struct
 import threading
@@ -104,6 +106,13 @@ def _rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+class _EpochBox:
+    """A plain stand-in for the shared epoch value."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
 class GDSShardDataset(torch.utils.data.IterableDataset):
     """An IterableDataset over WebDataset tars, MDS shards or .npy/raw files
     whose gpu_keys fields the gdsfs daemon reads into GPU (or host) memory.
@@ -182,7 +191,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         if read_ahead_bytes < 1:
             raise ValueError(f"gdsfs: read_ahead_bytes {read_ahead_bytes} must be >= 1")
         self.read_ahead_bytes = read_ahead_bytes
-        self.epoch = 0
+        # Shared memory, so that set_epoch() reaches persistent workers.
+        self._epoch: Any = multiprocessing.RawValue("q", 0)
         self._resume: dict[int, int] = {}
         self._resume_epoch = 0
         self._consumed: dict[int, int] = {}
@@ -289,10 +299,23 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def epoch(self) -> int:
+        """The current epoch (set_epoch)."""
+        return int(self._epoch.value)
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch.value = int(epoch)
+
     def __getstate__(self) -> dict[str, Any]:
         st = self.__dict__.copy()
         st["_open"] = OrderedDict()
         st["_lock"] = None
+        if multiprocessing.context.get_spawning_popen() is None:
+            # Pickled for something other than starting a worker: the
+            # shared epoch cannot travel, its value does.
+            st["_epoch"] = _EpochBox(self.epoch)
         return st
 
     def __setstate__(self, st: dict[str, Any]) -> None:

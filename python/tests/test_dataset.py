@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import signal
 import warnings
 from typing import Any
@@ -169,6 +170,24 @@ def test_shuffle_is_seeded_and_set_epoch_reshuffles(datasets) -> None:
     assert keys(1, 0) != keys(1, 1)
     assert keys(1, 0) != keys(2, 0)
     assert sorted(keys(1, 1)) == sorted(datasets.wds)
+
+
+def test_set_epoch_reaches_persistent_workers(datasets) -> None:
+    ds = gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=["x.npy"], shuffle=True, seed=8)
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    epochs = []
+    for e in range(2):
+        ds.set_epoch(e)
+        epochs.append([k for b in dl for k in b["__key__"]])
+    del dl
+    ds.close()
+    fresh = gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=["x.npy"], shuffle=True, seed=8)
+    fresh.set_epoch(1)
+    want = [k for b in gt.DataLoader(fresh, batch_size=4, num_workers=2) for k in b["__key__"]]
+    fresh.close()
+    assert epochs[0] != epochs[1]
+    assert epochs[1] == want
+    assert pickle.loads(pickle.dumps(ds)).epoch == 1
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
