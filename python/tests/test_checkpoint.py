@@ -160,7 +160,7 @@ def test_save_is_atomic_replace(gdsfs_mount, mdir):
     gck.save({"v": torch.ones(3)}, p)
     assert os.stat(p).st_ino != ino
     assert torch.equal(torch.load(p)["v"], torch.ones(3))
-    with pytest.raises(pickle.PicklingError):
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # 3.11: AttributeError for local objects
         gck.save({"f": lambda: 1}, p)  # a failed save leaves the old file and no temp
     assert torch.equal(torch.load(p)["v"], torch.ones(3))
     assert os.listdir(mdir) == ["a.pt"]

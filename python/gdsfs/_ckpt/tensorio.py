@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import threading
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -29,6 +30,8 @@ PIECE_BYTES = 256 << 20
 # Bytes of one read batch (one daemon request of up to max_ranges ranges). Two batches are in
 # flight: the copies out of one overlap the daemon filling the next.
 BATCH_BYTES = 1 << 30
+# Writer threads (each with its own lease) per device in one write_from call.
+WRITE_THREADS = 4
 # Host staging for the plain path (CUDA destinations go through it in chunks).
 STAGING_BYTES = 64 << 20
 
@@ -226,25 +229,64 @@ class DaemonMover:
 
     def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
         pieces = [p for p in self._pieces(items) if p[1].numel() > 0]
-        if not pieces:
-            return
-        leases: dict[int | None, Any] = {}
+        by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
+        for p in pieces:
+            by_dev.setdefault(self._device_for(p[1]), []).append(p)
+        for d in {t.device for _, t in pieces if t.device.type == "cuda"}:
+            torch.cuda.current_stream(d).synchronize()  # the producers' work is done before we copy
+        for dev, group in by_dev.items():
+            self._write_group(fd, dev, group)
+
+    def _write_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> None:
+        # Several leases, one writer thread each: the WRITE ioctl releases the GIL (its buffer is
+        # small), so copies into one lease overlap the daemon writing another.
+        size = min(self._piece, max(t.numel() for _, t in pieces))
+        leases = [self._s.alloc(size, device=dev)]  # waits for room: we need at least one
         try:
-            for off, t in pieces:
-                dev = self._device_for(t)
-                ref = leases.get(dev)
-                if ref is None:
-                    ref = self._s.alloc(self._piece, device=dev)
-                    leases[dev] = ref
-                n = t.numel()
-                view = self._view(ref, n)
-                view.copy_(t)
-                if view.device.type == "cuda":
-                    torch.cuda.synchronize(view.device)
-                self._s.write(fd, ref, off, n)
+            while len(leases) < min(WRITE_THREADS, len(pieces)):
+                try:
+                    leases.append(self._s.alloc(size, device=dev, timeout=0))
+                except GDSUnavailableError as e:
+                    if e.errno != _errno.EAGAIN:
+                        raise
+                    break
+            work = list(reversed(pieces))
+            lock = threading.Lock()
+            errors: list[BaseException] = []
+
+            def writer(ref: Any) -> None:
+                stream = None
+                try:
+                    while True:
+                        with lock:
+                            if not work or errors:
+                                return
+                            off, t = work.pop()
+                        n = t.numel()
+                        view = self._view(ref, n)
+                        if view.device.type == "cuda":
+                            if stream is None:
+                                stream = torch.cuda.Stream(view.device)
+                            with torch.cuda.stream(stream):
+                                view.copy_(t, non_blocking=True)
+                            stream.synchronize()
+                        else:
+                            view.copy_(t)
+                        self._s.write(fd, ref, off, n)
+                except BaseException as e:  # handed to the caller below
+                    with lock:
+                        errors.append(e)
+
+            threads = [threading.Thread(target=writer, args=(r,), daemon=True) for r in leases[1:]]
+            for th in threads:
+                th.start()
+            writer(leases[0])
+            for th in threads:
+                th.join()
+            if errors:
+                raise errors[0]
         finally:
-            if leases:
-                self._s.release(list(leases.values()))
+            self._s.release(leases)
 
 
 def open_mover(path: str, *, strict: bool = False, device: int | None = None) -> Mover:
