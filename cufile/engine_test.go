@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
@@ -119,6 +121,15 @@ func (m *hostMem) Scrub(context.Context) error { clear(m.b); return nil }
 func (m *hostMem) Export() ([]byte, error)     { return nil, nil }
 func (m *hostMem) Close() error                { return nil }
 
+// mmapBytes returns page-aligned memory (O_DIRECT needs aligned buffers).
+func mmapBytes(n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
 // engineCase is one engine under the shared conformance suite.
 type engineCase struct {
 	name   string
@@ -130,13 +141,16 @@ type engineCase struct {
 func engineCases() []engineCase {
 	const chunk = 3 * gpubuf.Align
 	return []engineCase{
-		{"host", NewHostEngine(chunk, 4),
+		{"host", NewHostEngine(Options{ChunkBytes: chunk, Workers: 4, Direct: "never"}),
 			func(n int) gpubuf.Memory { return &hostMem{make([]byte, n)} },
 			func(m gpubuf.Memory) []byte { return m.(*hostMem).b }},
-		{"posix-buffered", newPosixEngine(&fakeStager{failH2DAt: -1}, PosixOptions{ChunkBytes: chunk, Workers: 3, Direct: "never"}),
+		{"host-direct", NewHostEngine(Options{ChunkBytes: chunk, Workers: 4, Direct: "always"}),
+			func(n int) gpubuf.Memory { return &hostMem{mmapBytes(n)} },
+			func(m gpubuf.Memory) []byte { return m.(*hostMem).b }},
+		{"posix-buffered", newPosixEngine(&fakeStager{failH2DAt: -1}, Options{ChunkBytes: chunk, Workers: 3, Direct: "never"}),
 			func(n int) gpubuf.Memory { return &fakeDevMem{data: make([]byte, n)} },
 			func(m gpubuf.Memory) []byte { return m.(*fakeDevMem).data }},
-		{"posix-direct", newPosixEngine(&fakeStager{failH2DAt: -1}, PosixOptions{ChunkBytes: chunk, Workers: 3, Slots: 3, Direct: "always"}),
+		{"posix-direct", newPosixEngine(&fakeStager{failH2DAt: -1}, Options{ChunkBytes: chunk, Workers: 3, Slots: 3, Direct: "always"}),
 			func(n int) gpubuf.Memory { return &fakeDevMem{data: make([]byte, n)} },
 			func(m gpubuf.Memory) []byte { return m.(*fakeDevMem).data }},
 	}
@@ -222,14 +236,14 @@ func TestPosixErrorsAndCancellation(t *testing.T) {
 	mem := &fakeDevMem{data: make([]byte, 64*gpubuf.Align)}
 	t.Run("copy error mid-transfer", func(t *testing.T) {
 		st := &fakeStager{failH2DAt: 30 * gpubuf.Align}
-		e := newPosixEngine(st, PosixOptions{ChunkBytes: chunk, Workers: 4, Direct: "never"})
+		e := newPosixEngine(st, Options{ChunkBytes: chunk, Workers: 4, Direct: "never"})
 		if _, err := e.ReadAt(context.Background(), f, mem, 0, 0, 64*gpubuf.Align); err == nil {
 			t.Fatal("ReadAt succeeded despite a failed copy")
 		}
 	})
 	t.Run("stream error", func(t *testing.T) {
 		st := &fakeStager{failH2DAt: -1, syncErr: errors.New("fake: illegal address")}
-		e := newPosixEngine(st, PosixOptions{ChunkBytes: chunk, Workers: 2, Direct: "never"})
+		e := newPosixEngine(st, Options{ChunkBytes: chunk, Workers: 2, Direct: "never"})
 		if _, err := e.ReadAt(context.Background(), f, mem, 0, 0, 8*gpubuf.Align); err == nil {
 			t.Fatal("ReadAt succeeded despite a stream error")
 		}
@@ -244,7 +258,7 @@ func TestPosixErrorsAndCancellation(t *testing.T) {
 		}
 	})
 	t.Run("cancelled", func(t *testing.T) {
-		e := newPosixEngine(&fakeStager{failH2DAt: -1}, PosixOptions{ChunkBytes: chunk, Workers: 2, Direct: "never"})
+		e := newPosixEngine(&fakeStager{failH2DAt: -1}, Options{ChunkBytes: chunk, Workers: 2, Direct: "never"})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		if _, err := e.ReadAt(ctx, f, mem, 0, 0, 64*gpubuf.Align); !errors.Is(err, context.Canceled) {
@@ -253,7 +267,7 @@ func TestPosixErrorsAndCancellation(t *testing.T) {
 	})
 	t.Run("not device memory", func(t *testing.T) {
 		st := &fakeStager{failH2DAt: -1}
-		e := newPosixEngine(cudaStagerAdapter{st}, PosixOptions{ChunkBytes: chunk, Workers: 1, Direct: "never"})
+		e := newPosixEngine(cudaStagerAdapter{st}, Options{ChunkBytes: chunk, Workers: 1, Direct: "never"})
 		if _, err := e.ReadAt(context.Background(), f, &hostMem{make([]byte, chunk)}, 0, 0, chunk); err == nil {
 			t.Fatal("posix engine accepted host memory")
 		}
@@ -282,7 +296,7 @@ func (c checkingLane) h2d(slot int, dst gpubuf.Memory, off int64, src []byte) er
 // Workers lanes (pinned memory is bounded) and all finish.
 func TestPosixBoundsStaging(t *testing.T) {
 	st := &fakeStager{failH2DAt: -1}
-	e := newPosixEngine(st, PosixOptions{ChunkBytes: gpubuf.Align, Workers: 3, Direct: "never"})
+	e := newPosixEngine(st, Options{ChunkBytes: gpubuf.Align, Workers: 3, Direct: "never"})
 	f, data := writeRandomFile(t, 32*gpubuf.Align)
 	var wg sync.WaitGroup
 	for i := range 8 {
@@ -367,7 +381,7 @@ func TestRunChunks(t *testing.T) {
 
 func TestHostEngineNeedsHostMemory(t *testing.T) {
 	f, _ := writeRandomFile(t, gpubuf.Align)
-	if _, err := NewHostEngine(0, 0).ReadAt(context.Background(), f, &fakeDevMem{data: make([]byte, gpubuf.Align)}, 0, 0, 10); err == nil {
+	if _, err := NewHostEngine(Options{}).ReadAt(context.Background(), f, &fakeDevMem{data: make([]byte, gpubuf.Align)}, 0, 0, 10); err == nil {
 		t.Fatal("host engine accepted device memory")
 	}
 }

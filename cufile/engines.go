@@ -31,7 +31,7 @@ type Config struct {
 	// Workers is the number of parallel workers per transfer. Default
 	// DefaultWorkers().
 	Workers int
-	// Direct is the posix engine's O_DIRECT policy (PosixOptions.Direct).
+	// Direct is the posix and host engines' O_DIRECT policy (Options.Direct).
 	Direct string
 	// HostDir holds host-backend slab files. Default /dev/shm/gdsfs-<pid>.
 	HostDir string
@@ -111,7 +111,7 @@ func Open(cfg Config) (*Engines, error) {
 		cfg.Engine = EngineAuto
 	}
 	e := &Engines{cfg: cfg, log: cfg.Log, files: map[fileKey]choice{}}
-	e.host = NewHostEngine(cfg.ChunkBytes, cfg.Workers)
+	e.host = NewHostEngine(Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct})
 	add := func(name string, ok bool, format string, args ...any) {
 		e.report.Probes = append(e.report.Probes, Probe{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
 	}
@@ -190,7 +190,7 @@ func (e *Engines) choose(gpuErr error) error {
 	gpu := e.drv != nil
 	if gpu {
 		e.backend = &cudaBackend{d: e.drv}
-		e.posix = newPosixEngine(cudaStager{d: e.drv}, PosixOptions{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct})
+		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct})
 		r.Backend = "cuda"
 	}
 	if e.lib != nil {

@@ -174,6 +174,7 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 	if err := checkRange(mem, memOff, fileOff, n); err != nil {
 		return 0, err
 	}
+	var err error
 	dm, ok := mem.(gpubuf.DeviceMemory)
 	if !ok {
 		return 0, fmt.Errorf("%s: needs device memory, got %T", op, mem)
@@ -183,6 +184,14 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 		// own registered buffers), only slower: registration failing (BAR1
 		// space, 5016) is no reason to fail the transfer.
 		_ = cm.register(e.lib)
+	}
+	if !write {
+		if n, err = clampToEOF(f, fileOff, n); err != nil {
+			return 0, fmt.Errorf("%s: %w", op, err)
+		}
+		if n == 0 {
+			return 0, nil
+		}
 	}
 	fh, done, err := e.acquire(f, write)
 	if err != nil {
@@ -214,7 +223,12 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 						if write {
 							return done, errors.New("cuFileWrite wrote 0 bytes")
 						}
-						break // end of file
+						// The file shrank since clampToEOF: cuFile may have
+						// written bytes that are not the file's past done.
+						if err := e.d.Memset(dm.Device(), base+uintptr(memOff+c.off+done), 0, c.n-done); err != nil {
+							return done, err
+						}
+						break
 					}
 					done += m
 				}

@@ -70,8 +70,8 @@ func gpuTestFile(t *testing.T, n int64) (*os.File, []byte) {
 // gpuEngineCases lists every GPU engine that can run here.
 func gpuEngineCases(t *testing.T, e *Engines, f *os.File) []Engine {
 	cases := []Engine{
-		newPosixEngine(cudaStager{d: e.drv}, PosixOptions{Direct: "never"}),
-		namedEngine{newPosixEngine(cudaStager{d: e.drv}, PosixOptions{Direct: "always"}), "posix-direct"},
+		newPosixEngine(cudaStager{d: e.drv}, Options{Direct: "never"}),
+		namedEngine{newPosixEngine(cudaStager{d: e.drv}, Options{Direct: "always"}), "posix-direct"},
 	}
 	if e.gds == nil {
 		t.Log("gds engine not available here (see probes)")

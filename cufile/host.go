@@ -2,29 +2,26 @@ package cufile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"syscall"
+	"unsafe"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 // hostEngine serves hosts without a GPU: slabs are shared host memory and
-// reads are parallel preads straight into them (no staging, no copies).
+// reads are parallel preads straight into them (no staging, no copies),
+// through O_DIRECT for cold ranges whose pieces are 4 KiB-aligned in file
+// and memory (slab memory is page-aligned, and callers widen ranges).
 type hostEngine struct {
-	chunkBytes int64
-	workers    int
+	opts Options
 }
 
-// NewHostEngine returns the host engine. chunkBytes and workers of 0 take the
-// defaults.
-func NewHostEngine(chunkBytes int64, workers int) Engine {
-	if chunkBytes <= 0 {
-		chunkBytes = DefaultChunkBytes
-	}
-	if workers <= 0 {
-		workers = DefaultWorkers()
-	}
-	return &hostEngine{chunkBytes: chunkBytes, workers: workers}
+// NewHostEngine returns the host engine (opts.Slots is unused).
+func NewHostEngine(opts Options) Engine {
+	return &hostEngine{opts: opts.withDefaults()}
 }
 
 func (e *hostEngine) Name() string { return "host" }
@@ -45,10 +42,20 @@ func (e *hostEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, 
 	if err != nil {
 		return 0, err
 	}
+	if n, err = clampToEOF(f, fileOff, n); err != nil || n == 0 {
+		return 0, err
+	}
+	var direct *os.File
+	if e.opts.useDirect(f, fileOff, n) && (fileOff-dstOff)%gpubuf.Align == 0 {
+		direct = openDirect(f, os.O_RDONLY)
+	}
+	if direct != nil {
+		defer direct.Close()
+	}
 	w := funcWorker{doFn: func(c chunk) (int64, error) {
-		return preadFull(f, b[dstOff+c.off:dstOff+c.off+c.n], fileOff+c.off)
+		return readHostChunk(f, direct, b[dstOff+c.off:dstOff+c.off+c.n], fileOff+c.off)
 	}}
-	got, err := runChunks(ctx, n, e.chunkBytes, e.workers, func(context.Context) (worker, error) { return w, nil })
+	got, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(context.Context) (worker, error) { return w, nil })
 	if err != nil {
 		return 0, fmt.Errorf("host read %q: %w", f.Name(), err)
 	}
@@ -66,9 +73,28 @@ func (e *hostEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory,
 	w := funcWorker{doFn: func(c chunk) (int64, error) {
 		return c.n, pwriteFull(f, b[srcOff+c.off:srcOff+c.off+c.n], fileOff+c.off)
 	}}
-	got, err := runChunks(ctx, n, e.chunkBytes, e.workers, func(context.Context) (worker, error) { return w, nil })
+	got, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(context.Context) (worker, error) { return w, nil })
 	if err != nil {
 		return 0, fmt.Errorf("host write %q: %w", f.Name(), err)
 	}
 	return got, nil
+}
+
+// readHostChunk reads len(b) bytes at off into b: the 4 KiB-aligned middle
+// through direct (when not nil and the memory is aligned), the unaligned
+// edges buffered. A filesystem refusing O_DIRECT gets buffered reads.
+func readHostChunk(f, direct *os.File, b []byte, off int64) (int64, error) {
+	if direct == nil || len(b) == 0 || uintptr(unsafe.Pointer(&b[0]))%gpubuf.Align != 0 || off%gpubuf.Align != 0 {
+		return preadFull(f, b, off)
+	}
+	body := int64(len(b)) &^ (gpubuf.Align - 1)
+	m, err := preadFull(direct, b[:body], off)
+	if errors.Is(err, syscall.EINVAL) {
+		return preadFull(f, b, off)
+	}
+	if err != nil || m < body {
+		return m, err
+	}
+	t, err := preadFull(f, b[body:], off+body)
+	return m + t, err
 }

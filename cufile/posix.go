@@ -36,18 +36,20 @@ type lane interface {
 	close() error
 }
 
-// PosixOptions tunes the posix engine. The zero value is usable.
-type PosixOptions struct {
+// Options tunes the posix and host engines. The zero value is usable.
+type Options struct {
 	// ChunkBytes is the size of one pread / copy task. Default DefaultChunkBytes.
 	ChunkBytes int64
 	// Workers is the number of OS-thread workers per transfer, each with
 	// its own staging buffers and streams. Default DefaultWorkers().
 	Workers int
-	// Slots is the number of staging buffers per worker, so a worker reads
-	// the next chunk while the previous one is copied. Default 2.
+	// Slots is the number of staging buffers per worker (posix engine), so
+	// a worker reads the next chunk while the previous one is copied.
+	// Default 2.
 	Slots int
 	// Direct chooses O_DIRECT reads: "auto" (default: when less than half of
-	// the range is in the page cache), "always" or "never".
+	// a range of at least 4 chunks is in the page cache), "always" or
+	// "never".
 	Direct string
 }
 
@@ -56,7 +58,7 @@ type PosixOptions struct {
 // copies; writes go the reverse way.
 type posixEngine struct {
 	st   stager
-	opts PosixOptions
+	opts Options
 
 	mu    sync.Mutex
 	lanes map[int]*lanePool // by device
@@ -71,7 +73,8 @@ type lanePool struct {
 	max     int
 }
 
-func newPosixEngine(st stager, opts PosixOptions) *posixEngine {
+// withDefaults fills in the zero fields.
+func (opts Options) withDefaults() Options {
 	if opts.ChunkBytes <= 0 {
 		opts.ChunkBytes = DefaultChunkBytes
 	}
@@ -85,6 +88,11 @@ func newPosixEngine(st stager, opts PosixOptions) *posixEngine {
 	if opts.Direct == "" {
 		opts.Direct = "auto"
 	}
+	return opts
+}
+
+func newPosixEngine(st stager, opts Options) *posixEngine {
+	opts = opts.withDefaults()
 	return &posixEngine{st: st, opts: opts, lanes: map[int]*lanePool{}}
 }
 
@@ -168,14 +176,14 @@ func deviceOf(m gpubuf.Memory) int {
 // useDirect decides whether a read of [off, off+n) of f goes around the page
 // cache: cold data reads faster with O_DIRECT (no copy through the cache, no
 // readahead limits), cached data faster buffered.
-func (e *posixEngine) useDirect(f *os.File, off, n int64) bool {
-	switch e.opts.Direct {
+func (opts Options) useDirect(f *os.File, off, n int64) bool {
+	switch opts.Direct {
 	case "always":
 		return true
 	case "never":
 		return false
 	}
-	if n < 4*e.opts.ChunkBytes {
+	if n < 4*opts.ChunkBytes {
 		return false
 	}
 	cached, ok := cachedBytes(f, off, n)
@@ -216,8 +224,12 @@ func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory,
 	if err := checkRange(dst, dstOff, fileOff, n); err != nil {
 		return 0, err
 	}
+	n, err := clampToEOF(f, fileOff, n)
+	if err != nil || n == 0 {
+		return 0, err
+	}
 	var direct *os.File
-	if e.useDirect(f, fileOff, n) {
+	if e.opts.useDirect(f, fileOff, n) {
 		direct = openDirect(f, os.O_RDONLY)
 	}
 	if direct != nil {

@@ -149,7 +149,7 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) error {
 			engines = append(engines, engCase{name, e, env.dev})
 		}
 	}
-	engines = append(engines, engCase{cufile.EngineHost, cufile.NewHostEngine(s.cfg.ChunkBytes, s.cfg.Workers), env.host})
+	engines = append(engines, engCase{cufile.EngineHost, cufile.NewHostEngine(cufile.Options{ChunkBytes: s.cfg.ChunkBytes, Workers: s.cfg.Workers, Direct: s.cfg.Direct}), env.host})
 
 	measure := func(cold bool) {
 		mode := "warm"
