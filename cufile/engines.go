@@ -175,7 +175,7 @@ func (e *Engines) probeCuFile(add func(string, bool, string, ...any)) {
 	e.lib = lib
 	if p, err := lib.DriverProps(); err == nil {
 		add("cuFile properties", true, "compat mode allowed=%v, GDS filesystems flags=%#x, max direct IO %d KiB, batch %d",
-			p.CompatAllowed(), p.StatusFlags, p.MaxDirectIOSizeBytes>>10, p.MaxBatchIOSize)
+			p.CompatAllowed(), p.StatusFlags, p.MaxDirectIOSizeKiB, p.MaxBatchIOSize)
 	}
 	if err := unix.Access("/run/udev", unix.R_OK|unix.X_OK); err != nil {
 		add("udev", false, "/run/udev not readable: cuFile cannot classify block devices (error 5027 per file)")

@@ -81,7 +81,7 @@ func (l *Lib) Version() int {
 // DriverProps is the part of CUfileDrvProps_t gdsfs reports.
 type DriverProps struct {
 	NVFSMajor, NVFSMinor   uint32
-	MaxDirectIOSizeBytes   uint64
+	MaxDirectIOSizeKiB     uint64
 	StatusFlags            uint32 // CUfileDriverStatusFlags bits: filesystems GDS supports here
 	ControlFlags           uint32 // bit 0 poll mode, bit 1 compat mode allowed
 	FeatureFlags           uint32 // bit 1 batch IO, bit 2 streams, bit 4 P2P
@@ -107,8 +107,8 @@ func (l *Lib) DriverProps() (DriverProps, error) {
 	u32 := func(off int) uint32 { return *(*uint32)(unsafe.Pointer(&raw[off])) }
 	return DriverProps{
 		NVFSMajor: u32(0), NVFSMinor: u32(4),
-		MaxDirectIOSizeBytes: *(*uint64)(unsafe.Pointer(&raw[16])),
-		StatusFlags:          u32(24), ControlFlags: u32(28), FeatureFlags: u32(32),
+		MaxDirectIOSizeKiB: *(*uint64)(unsafe.Pointer(&raw[16])),
+		StatusFlags:        u32(24), ControlFlags: u32(28), FeatureFlags: u32(32),
 		MaxDeviceCacheSizeKiB: u32(36), PerBufferCacheSizeKiB: u32(40), MaxPinnedMemSizeKiB: u32(44),
 		MaxBatchIOSize: u32(48), MaxBatchIOTimeoutMsecs: u32(52),
 	}, nil

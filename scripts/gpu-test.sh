@@ -5,6 +5,7 @@
 #
 #   GDSFS_GPU_TEST_DIR  directory on the disk under test (default /root/gdsfs-gpu)
 #   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
+#   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,8 +63,8 @@ echo "== benchmark: $size file, warm and cold"
 timeout 300 "$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" --io-workers 16 --threads 16 --runs 3 \
 	--min-warm-ratio 0.8 --min-cold-ratio 0.9 2>&1 | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-echo "== tuning: chunk size and workers (warm only)"
-for args in "--chunk-size 2MiB --io-workers 16" "--chunk-size 32MiB --io-workers 16" "--chunk-size 8MiB --io-workers 8"; do
+[ "${GDSFS_TUNING:-1}" = 0 ] || echo "== tuning: chunk size and workers (warm only)"
+[ "${GDSFS_TUNING:-1}" = 0 ] || for args in "--chunk-size 2MiB --io-workers 16" "--chunk-size 32MiB --io-workers 16" "--chunk-size 8MiB --io-workers 8"; do
 	echo "-- $args"
 	# shellcheck disable=SC2086
 	timeout 120 "$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" --threads 16 --runs 2 --no-cold $args 2>&1 |
