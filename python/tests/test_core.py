@@ -317,3 +317,24 @@ def test_status_document(gdsfs_mount) -> None:
     st = gdsfs.status(gdsfs_mount.mnt)
     assert {"sessions", "leases"} <= set(st)
     assert st == json.loads(os.getxattr(gdsfs_mount.mnt, "user.gdsfs.stats")) or st["leases"] >= 0
+
+
+def test_pip_installs_the_package(tmp_path) -> None:
+    import importlib.util
+    import shutil
+
+    for mod in ("pip", "setuptools"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not installed for this interpreter")
+
+    src = tmp_path / "src"
+    shutil.copytree(PYDIR, src, ignore=shutil.ignore_patterns("tests", "__pycache__", "build", "*.egg-info"))
+    target = tmp_path / "site"
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "--no-index", "--target", str(target), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = "import sys, gdsfs; assert gdsfs.__file__.startswith(sys.argv[1]), gdsfs.__file__; assert 'torch' not in sys.modules; import gdsfs.torch"
+    r = subprocess.run([sys.executable, "-c", code, str(target)], cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=str(target)), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
