@@ -93,7 +93,7 @@ small file. Prints one table with mount/direct ratios.`,
 	f.StringVar(&b.size, "size", "1GiB", "size of the sequential-read file")
 	f.IntVar(&b.files, "files", 10000, "number of small files to stat")
 	f.IntVar(&b.randReads, "random-reads", 20000, "number of random 4 KiB reads")
-	f.IntVar(&b.runs, "runs", 3, "runs per measurement (the median is reported)")
+	f.IntVar(&b.runs, "runs", 5, "runs per measurement (the median is reported)")
 	f.Float64Var(&b.minRatio, "min-ratio", 0, "fail unless warm sequential mount/direct throughput is at least this (e.g. 0.9)")
 	f.BoolVar(&b.keep, "keep", false, "keep the temporary directory")
 	f.BoolVar(&b.noPass, "no-passthrough", false, "mount with the daemon serving all I/O (to see what passthrough gains)")
@@ -152,48 +152,37 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) error {
 
 	direct, viaFS := filepath.Join(backing, "data"), filepath.Join(mnt, "data")
 	var rows []benchRow
-	// seq is one sequential read of p, after emptying or warming the
-	// page cache.
+	// seq is one sequential read of p, cold after emptying the page cache.
 	seq := func(p string, cold bool) (float64, error) {
 		if cold {
 			if err := dropCaches(); err != nil {
 				return 0, err
 			}
-		} else if _, err := seqRead(p); err != nil {
-			return 0, err
 		}
 		return seqRead(p)
 	}
+	// Warm reads: one read fills the page cache, which direct and
+	// passthrough reads share; measured runs then alternate direct and
+	// mount so that load from other processes hits both alike.
 	row := benchRow{name: "sequential read, warm", unit: "MB/s"}
-	if row.direct, err = medianOf(b.runs, func() (float64, error) { return seq(direct, false) }); err != nil {
+	if _, err := seqRead(direct); err != nil {
 		return err
 	}
-	if row.viaFS, err = medianOf(b.runs, func() (float64, error) { return seq(viaFS, false) }); err != nil {
+	if row.direct, row.viaFS, err = alternate(b.runs, direct, viaFS, func(p string) (float64, error) { return seq(p, false) }); err != nil {
 		return err
 	}
 	warm := row
 	rows = append(rows, row)
 
-	// Cold reads alternate direct and mount runs, so that drifts of the
-	// device (VM disks cache on the host) hit both alike.
+	// Cold reads alternate too: VM disks are cached on the host, and
+	// their speed drifts.
 	row = benchRow{name: "sequential read, cold", unit: "MB/s"}
 	if err := dropCaches(); err != nil {
 		row.skippedBecause = err.Error()
 	} else {
-		var d, v []float64
-		for range b.runs {
-			for _, p := range []struct {
-				path string
-				dst  *[]float64
-			}{{direct, &d}, {viaFS, &v}} {
-				x, err := seq(p.path, true)
-				if err != nil {
-					return err
-				}
-				*p.dst = append(*p.dst, x)
-			}
+		if row.direct, row.viaFS, err = alternate(b.runs, direct, viaFS, func(p string) (float64, error) { return seq(p, true) }); err != nil {
+			return err
 		}
-		row.direct, row.viaFS = median(d), median(v)
 	}
 	rows = append(rows, row)
 
@@ -345,6 +334,24 @@ func medianOf(runs int, f func() (float64, error)) (float64, error) {
 		v = append(v, x)
 	}
 	return median(v), nil
+}
+
+// alternate measures f on a and b in turn, runs times each, and returns
+// the medians.
+func alternate(runs int, a, b string, f func(string) (float64, error)) (float64, float64, error) {
+	var va, vb []float64
+	for range runs {
+		x, err := f(a)
+		if err != nil {
+			return 0, 0, err
+		}
+		y, err := f(b)
+		if err != nil {
+			return 0, 0, err
+		}
+		va, vb = append(va, x), append(vb, y)
+	}
+	return median(va), median(vb), nil
 }
 
 func median(v []float64) float64 {
