@@ -144,8 +144,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         seed: shuffle seed.
         split_by_node: split samples across torch.distributed ranks.
         split_by_worker: split samples across DataLoader workers.
-        device: CUDA device the daemon reads into (default: LOCAL_RANK or 0
-            when the daemon has GPUs; host memory otherwise).
+        device: where the daemon reads gpu fields: a CUDA ordinal or device,
+            "cpu"/-1 for host memory; default LOCAL_RANK or 0 when the daemon
+            has GPUs, host memory otherwise.
         strict: raise GDSUnavailableError instead of falling back.
         read_ahead: most samples planned and read together (one daemon
             request per shard per group).
@@ -166,7 +167,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         seed: int = 0,
         split_by_node: bool = True,
         split_by_worker: bool = True,
-        device: Optional[int] = None,
+        device: Union[int, str, torch.device, None] = None,
         strict: bool = False,
         read_ahead: int = 64,
         read_ahead_bytes: int = 64 << 20,
@@ -204,7 +205,6 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             warn_fallback(f"shards lie on {len(mounts)} different mounts ({sorted(map(str, mounts))})", strict=strict)
         else:
             self._session = Session.open(self.shards[0], device=self._pick_device(device, self.shards[0]), strict=strict)
-        self._device = device
         self._open: "OrderedDict[int, _ShardState]" = OrderedDict()
         self._open_pid = os.getpid()
         self.counts = [self._count(i) for i in range(len(self.shards))]
@@ -240,7 +240,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         return out
 
     @staticmethod
-    def _pick_device(device: Optional[int], path: str) -> Optional[int]:
+    def _pick_device(device: Union[int, str, torch.device, None], path: str) -> Optional[int]:
+        if isinstance(device, (str, torch.device)):
+            d = torch.device(device)
+            if d.type != "cuda":
+                return -1
+            return d.index if d.index is not None else 0
         if device is not None:
             return device
         lr = os.environ.get("LOCAL_RANK")

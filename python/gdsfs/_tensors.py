@@ -42,17 +42,20 @@ _NAMED: dict[str, torch.dtype] = {
     "float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "bool": torch.bool,
     "bfloat16": torch.bfloat16, "int": torch.int64,
 }
-_SIGNED_OK = {"uint16": torch.int16, "uint32": torch.int32, "uint64": torch.int64}
+_UNSIGNED_WIDE = ("uint16", "uint32", "uint64")
+_UNSIGNED_CODES = {"u2": "uint16", "u4": "uint32", "u8": "uint64"}
 
 
 def _torch_dtype(descr: str) -> torch.dtype:
     """torch dtype of a numpy descr ("<f4") or a name ("float32")."""
     if descr in _NAMED:
         return _NAMED[descr]
-    if descr in _SIGNED_OK:
-        # torch 1.13 has no uint16/32/64: same-width signed bytes, documented.
-        return getattr(torch, descr, _SIGNED_OK[descr])
     order, code = descr[:1], descr[1:]
+    name = descr if descr in _UNSIGNED_WIDE else _UNSIGNED_CODES.get(code) if order in "<|=" else None
+    if name is not None:
+        if not hasattr(torch, name):
+            raise ValueError(f"gdsfs: dtype {descr!r} needs torch.{name} (torch >= 2.3); this torch is {torch.__version__}")
+        return getattr(torch, name)
     if order not in "<|=" or code not in _DTYPES:
         if order == ">":
             raise ValueError(f"gdsfs: big-endian dtype {descr!r} cannot be viewed on this machine: convert the data to little-endian")

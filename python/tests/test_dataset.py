@@ -348,6 +348,30 @@ def test_gds_and_fallback_yield_the_same_order(datasets) -> None:
     a.close()
 
 
+@pytest.mark.parametrize("descr,want", [("<f4", torch.float32), ("|u1", torch.uint8), ("<i8", torch.int64), ("float16", torch.float16), ("|b1", torch.bool)])
+def test_dtype_names(descr: str, want: torch.dtype) -> None:
+    from gdsfs._tensors import _torch_dtype
+
+    assert _torch_dtype(descr) == want
+
+
+def test_unrepresentable_dtypes_are_refused() -> None:
+    from gdsfs._tensors import _torch_dtype
+
+    with pytest.raises(ValueError, match="big-endian"):
+        _torch_dtype(">f4")
+    if not hasattr(torch, "uint16"):
+        with pytest.raises(ValueError, match="torch >= 2.3"):
+            _torch_dtype("<u2")
+
+
+def test_device_cpu_means_host_memory(datasets) -> None:
+    with gt.GDSShardDataset(datasets.wds_shards()[:1], gpu_keys=["x.npy"], device="cpu") as ds:
+        assert ds.session is not None and ds.session.host_mode
+        s = next(iter(ds))
+        _same(s["x.npy"].materialize(), datasets.wds[s["__key__"]]["x.npy"], "x.npy")
+
+
 def test_bad_arguments_say_what_to_do(datasets, tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         gt.GDSShardDataset(str(tmp_path / "nope-{000..001}.tar"))
