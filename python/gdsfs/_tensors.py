@@ -387,15 +387,16 @@ class GDSBatch:
             pin: also pin CPU tensors (what pin_memory does).
         """
         out: dict[str, Any] = {}
+        tgt = _device(device)
+        if tgt is None and pin and torch.cuda.is_available():
+            # The pin-memory thread: gpu fields go to the current GPU, also
+            # from host-memory slabs and plain-read fallbacks.
+            tgt = torch.device("cuda", torch.cuda.current_device())
         try:
             for k, v in self.data.items():
                 if isinstance(v, _RefColumn):
-                    out[k] = _gather(v, device, pin=pin)
+                    out[k] = _gather(v, tgt, pin=pin)
                 elif k in self.gpu_fields and isinstance(v, torch.Tensor):
-                    # Plain-read fallback: deliver gpu fields where asked.
-                    tgt = _device(device)
-                    if tgt is None and pin and torch.cuda.is_available():
-                        tgt = torch.device("cuda", torch.cuda.current_device())
                     if tgt is not None and tgt != v.device:
                         src = v.pin_memory() if pin and tgt.type == "cuda" else v
                         out[k] = src.to(tgt, non_blocking=pin)
@@ -411,8 +412,8 @@ class GDSBatch:
 
     def pin_memory(self, device: Device = None) -> "GDSBatch":
         """What DataLoader(pin_memory=True) calls in its pin-memory thread:
-        gpu fields become CUDA tensors (host mode: pinned CPU tensors), other
-        tensors are pinned."""
+        gpu fields become CUDA tensors on device (default: the current GPU;
+        CPU tensors where there is no GPU), other tensors are pinned."""
         return self.materialize(device, pin=True)
 
     def to(self, device: Device, non_blocking: bool = False) -> "GDSBatch":

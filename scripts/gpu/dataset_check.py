@@ -30,6 +30,7 @@ stay on the CPU, pin_memory is off and the CUDA-context check is skipped.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -194,15 +195,15 @@ def timed(dl: torch.utils.data.DataLoader, plain: bool) -> tuple[float, int, int
     return time.perf_counter() - t0, n, nbytes
 
 
+def _record_pid(piddir: str, _worker_id: int) -> None:
+    open(os.path.join(piddir, str(os.getpid())), "w").close()
+
+
 def correctness(shards: list[str], batch: int, sample_bytes: int, ref: dict[str, str]) -> list[str]:
     """Errors found checking values, once-only delivery and worker contexts."""
     errs: list[str] = []
     piddir = tempfile.mkdtemp(prefix="gdsfs-workers-")
-
-    def init(_wid: int) -> None:
-        open(os.path.join(piddir, str(os.getpid())), "w").close()
-
-    dl, ds = gds_loader(shards, batch, sample_bytes, persistent_workers=True, worker_init_fn=init)
+    dl, ds = gds_loader(shards, batch, sample_bytes, persistent_workers=True, worker_init_fn=functools.partial(_record_pid, piddir))
     seen: dict[str, str] = {}
     for b in dl:
         if not Opts.cuda:
