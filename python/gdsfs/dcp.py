@@ -148,21 +148,20 @@ class GDSFileSystemWriter(FileSystemWriter):
             t = planner.resolve_data(wi).detach()
             if t.device.type not in ("cpu", "cuda"):
                 t = t.cpu()
-            staged = self._staged.get(t.data_ptr()) if t.numel() else None
-            if (
-                not t.is_contiguous()
-                or t.storage_offset() != 0
-                or untyped_storage(t).nbytes() != t.numel() * t.element_size()
-            ):
-                # An item holds exactly its tensor's bytes, as stock DCP's host copy does.
-                t = t.clone(memory_format=torch.contiguous_format)
-                staged = None
+            nbytes = t.numel() * t.element_size()
+            staged = self._staged.get(t.data_ptr()) if nbytes and t.is_contiguous() else None
             pos = _align_up(pos)
-            arc = torchzip.build(t, "archive", alignment=_ALIGN, location="cpu")
-            if staged is not None and len(arc.storages) == 1 and arc.storages[0][0].size:
+            if staged is not None and int(staged[1].valid) >= nbytes:
+                # Staged by stage(): the bytes already sit in a lease; the archive only needs the
+                # tensor's pickle, so plan it from an untouched host placeholder of the same layout.
+                arc = torchzip.build(torch.empty(t.shape, dtype=t.dtype), "archive", alignment=_ALIGN, location="cpu")
                 rec = arc.storages[0][0]
                 direct.append((pos + rec.data_offset, staged[0], staged[1], rec.size))
             else:
+                if not t.is_contiguous() or t.storage_offset() != 0 or untyped_storage(t).nbytes() != nbytes:
+                    # An item holds exactly its tensor's bytes, as stock DCP's host copy does.
+                    t = t.clone(memory_format=torch.contiguous_format)
+                arc = torchzip.build(t, "archive", alignment=_ALIGN, location="cpu")
                 data += arc.data_items(pos)
             small += arc.metadata_writes(pos)
             results.append(_result(wi, name, pos, arc.size))
@@ -187,7 +186,8 @@ class GDSFileSystemWriter(FileSystemWriter):
 
     def stage(self, state_dict: Any) -> Any:
         """Snapshot ``state_dict`` into daemon slabs (``dcp.async_save``); stock staging otherwise."""
-        if self._staging != "gdsfs":
+        if self._staging != "gdsfs" or not _plain_tensors_only(state_dict):
+            # DTensor, ShardedTensor, ...: the stock stager knows how to copy those.
             return super().stage(state_dict)
         root = os.fspath(self.path)
         from gdsfs._core import Session, find_mount
@@ -239,6 +239,16 @@ def _result(wi: Any, name: str, offset: int, length: int) -> Any:
     from torch.distributed.checkpoint.storage import WriteResult
 
     return WriteResult(index=wi.index, size_in_bytes=length, storage_data=_fs._StorageInfo(name, offset, length))
+
+
+def _plain_tensors_only(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return type(obj) in (torch.Tensor, torch.nn.Parameter)
+    if isinstance(obj, dict):
+        return all(_plain_tensors_only(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_plain_tensors_only(v) for v in obj)
+    return True
 
 
 def _map_tensors(obj: Any, fn: Any) -> Any:

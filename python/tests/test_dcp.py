@@ -129,8 +129,11 @@ def test_standin_resharded_reads(gdsfs_mount, mdir, writer):
 
 
 @needs_standin
-def test_standin_async_staging_into_slabs(gdsfs_mount, mdir):
+def test_standin_async_staging_into_slabs(gdsfs_mount, mdir, monkeypatch):
     data = state(3)
+    copied = []
+    real_transfer = gdcp.transfer
+    monkeypatch.setattr(gdcp, "transfer", lambda path, fd, items, **kw: (copied.extend(items), real_transfer(path, fd, items, **kw))[1])
     w = gdcp.GDSFileSystemWriter(mdir)
     tensors = {k: v for k, v in data.items() if not isinstance(v, bytes)}
     staged = w.stage(tensors)
@@ -145,6 +148,7 @@ def test_standin_async_staging_into_slabs(gdsfs_mount, mdir):
     res = w.write_data(S.SavePlan(items, S._StoragePrefix("__0_")), S.SavePlannerStub(staged)).wait()
     w.finish(S.Metadata(), [res])
     assert not w._staged and gdsfs_mount.wait_leases(0) == 0
+    assert not copied, "staged tensors were copied again instead of written from their leases"
     want = {k: v for k, v in state(3).items() if not isinstance(v, bytes)}
     _check(want, *_read(_dcp_standin.FileSystemReader, mdir, want))
 

@@ -1,0 +1,539 @@
+#!/usr/bin/env python3
+"""GPU check and benchmark of gdsfs.checkpoint, gdsfs.safetensors and gdsfs.dcp (issue 7).
+
+Usage: checkpoint_check.py MOUNTPOINT BACKING_DIR [--gib N] [--quick] [--no-cold] [--json PATH]
+
+MOUNTPOINT is a gdsfs mount serving BACKING_DIR at its root (gdsfs mount --source BACKING_DIR
+MOUNTPOINT, or an overmount where both are the same path). Everything is written under
+<mount>/gdsfs-ckpt-check/ and removed at the end. Needs torch >= 2.x with CUDA and the
+safetensors library (the GPU machine has torch 2.11 and safetensors 0.8).
+
+1. correctness, against the real libraries:
+   - gdsfs.safetensors.save_file of CUDA tensors (every dtype) -> safetensors.torch.load_file,
+     safetensors.torch.save_file -> gdsfs.safetensors.load_file(device="cuda"), safe_open slices;
+   - gdsfs.checkpoint.save of a nested CUDA state dict (views, shared storages, 0-d, empty,
+     parameters) -> torch.load(map_location="cuda"), and torch.save -> gdsfs.checkpoint.load,
+     including the committed fixtures and torch.load(mmap=True) of our file;
+   - gdsfs.dcp writer/reader against the stock FileSystemWriter/Reader (one process), and
+     dcp.async_save staging into daemon slabs;
+   - the daemon's counters prove the bytes went through the control path.
+2. benchmark (one table): a ~N GiB bf16 state dict (default 8), save (with fsync) and load to
+   cuda, warm (best of 2) and cold (page cache dropped), GB/s of tensor payload, for gdsfs
+   (checkpoint, safetensors, dcp), torch.save/torch.load(map_location="cuda") with mmap off and
+   on, safetensors save_file/load_file(device="cuda"), torch.cuda.gds on our 4 KiB-aligned
+   torch.save file (where cuFile works), stock DCP; plus the disk's cold sequential read rate.
+   Targets (reported, not enforced): load >= 4x safetensors load_file(cuda) warm, >= 0.9x the
+   disk's read rate cold; save >= 3x torch.save + fsync.
+
+Exit status: 0 when every correctness check passed, 1 otherwise, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+import warnings
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "python", "tests"))
+
+import torch  # noqa: E402
+
+SUBDIR = "gdsfs-ckpt-check"
+FAILURES: list[str] = []
+
+
+def log(msg: str) -> None:
+    print(f"checkpoint_check: {msg}", flush=True)
+
+
+def check(name: str, fn: Callable[[], Any]) -> Any:
+    """Run one correctness check; record and print failures instead of stopping."""
+    try:
+        out = fn()
+        log(f"ok   {name}")
+        return out
+    except Exception as e:  # noqa: BLE001 - every failure is reported
+        FAILURES.append(name)
+        log(f"FAIL {name}: {type(e).__name__}: {e}")
+        traceback.print_exc(limit=6)
+        return None
+
+
+def drop_caches(*paths: str) -> bool:
+    """Drop the page cache (root only); True when it worked."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        log(f"cannot drop caches ({e}): cold numbers are skipped")
+        return False
+    for p in paths:
+        for root, _, files in os.walk(p) if os.path.isdir(p) else [(os.path.dirname(p), [], [os.path.basename(p)])]:
+            for n in files:
+                try:
+                    fd = os.open(os.path.join(root, n), os.O_RDONLY)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    os.close(fd)
+                except OSError:
+                    pass
+    return True
+
+
+def fsync_path(p: str) -> None:
+    if os.path.isdir(p):
+        for n in os.listdir(p):
+            fsync_path(os.path.join(p, n))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def counters(mount: str) -> dict[str, Any]:
+    return json.loads(os.getxattr(mount, "user.gdsfs.stats"))["counters"]
+
+
+# --------------------------------------------------------------------------------------------
+# correctness
+
+
+def to_cuda_preserving_views(obj: Any) -> Any:
+    """Move a state dict to CUDA keeping shared storages and view layouts (via torch's own load)."""
+    b = io.BytesIO()
+    torch.save(obj, b)
+    b.seek(0)
+    return torch.load(b, map_location="cuda", weights_only=False)
+
+
+def correctness(mount: str, backing: str, work: str) -> None:
+    import safetensors
+    import safetensors.torch as st
+
+    import gdsfs
+    import gdsfs.checkpoint as gck
+    import gdsfs.safetensors as gst
+    from _ckpt_helpers import FIXTURES, assert_same, make_tensor, nested_state, storage_key
+    from gdsfs._ckpt import stformat, zipfmt
+
+    log(f"torch {torch.__version__}, safetensors {safetensors.__version__}, {torch.cuda.get_device_name()}")
+    caps = gdsfs.capabilities(mount)
+    log(f"mount {mount}: engine {caps.engine} ({caps.reason}); devices {caps.devices}; max_lease {caps.max_lease}")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    c0 = counters(mount)
+
+    # --- safetensors
+    g = torch.Generator().manual_seed(0)
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
+              torch.int32, torch.int64, torch.bool, torch.complex64]
+    for name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
+        if hasattr(torch, name):
+            dtypes.append(getattr(torch, name))
+    shapes = [(3, 5), (17,), (2, 3, 4), (), (0,), (1, 1), (7, 3), (4,), (2, 2), (5,), (0, 3), (9,), (3, 3), (2,), (4,), (1,)]
+    sd = {f"t_{str(dt).split('.')[-1]}": make_tensor(dt, shape, g).to(dev) for dt, shape in zip(dtypes, shapes)}
+
+    def same_dict(a: dict, b: dict) -> None:
+        assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+        for k in a:
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+            assert a[k].device == b[k].device, (k, a[k].device, b[k].device)
+            x, y = a[k].contiguous().reshape(-1), b[k].contiguous().reshape(-1)
+            assert torch.equal(x.view(torch.uint8) if x.numel() else x.cpu(), y.view(torch.uint8) if y.numel() else y.cpu()), k
+
+    p_ours = os.path.join(work, "ours.safetensors")
+    p_theirs = os.path.join(work, "theirs.safetensors")
+
+    def st_ours_read_by_library() -> None:
+        gst.save_file(sd, p_ours, metadata={"format": "pt", "by": "gdsfs"})
+        with open(p_ours, "rb") as f:
+            hdr = stformat.read_header(f, os.path.getsize(p_ours))
+        assert hdr.data_start % 4096 == 0, hdr.data_start
+        same_dict(sd, st.load_file(p_ours, device=f"cuda:{dev.index}"))
+        with st.safe_open(p_ours, framework="pt") as f:
+            assert f.metadata() == {"format": "pt", "by": "gdsfs"}
+
+    def st_library_read_by_ours() -> None:
+        st.save_file(sd, p_theirs, metadata={"by": "safetensors"})
+        same_dict(sd, gst.load_file(p_theirs, device="cuda"))
+        same_dict({k: v.cpu() for k, v in sd.items()}, gst.load_file(p_theirs, device="cpu"))
+        w = torch.randn(100, 33, generator=g).to(dev)
+        st.save_file({"w": w}, p_theirs)
+        with gst.safe_open(p_theirs, framework="pt", device="cuda") as f:
+            assert torch.equal(f.get_slice("w")[10:40:3, 5:9], w[10:40:3, 5:9])
+            assert torch.equal(f.get_tensor("w"), w)
+
+    check("safetensors: gdsfs save_file -> safetensors.torch.load_file", st_ours_read_by_library)
+    check("safetensors: safetensors.torch.save_file -> gdsfs load_file(cuda)", st_library_read_by_ours)
+    for name in ("dtypes.safetensors", "model.safetensors"):
+        def fixture(name: str = name) -> None:
+            dst = os.path.join(work, name)
+            shutil.copyfile(os.path.join(FIXTURES, name), dst)
+            same_dict(st.load_file(dst, device=f"cuda:{dev.index}"), gst.load_file(dst, device="cuda"))
+        check(f"safetensors: fixture {name}", fixture)
+
+    # --- torch.save / torch.load
+    nested = to_cuda_preserving_views(nested_state(1))
+    p_pt = os.path.join(work, "ours.pt")
+
+    def ck_ours_read_by_torch() -> None:
+        gck.save(nested, p_pt)
+        with open(p_pt, "rb") as f:
+            _, recs = zipfmt.locate(f)
+        assert all(r.offset % 4096 == 0 for n, r in recs.items() if n.startswith("data/"))
+        got = torch.load(p_pt, map_location="cuda", weights_only=False)
+        assert_same(nested, got)
+        assert storage_key(got["views"]["transposed"]) == storage_key(got["model"]["layer.weight"])
+        got = torch.load(p_pt, map_location="cpu", mmap=True, weights_only=False)
+        assert_same(to_cpu(nested), got)
+
+    def ck_torch_read_by_ours() -> None:
+        p = os.path.join(work, "torch.pt")
+        torch.save(nested, p)
+        got = gck.load(p, map_location="cuda")  # weights_only default (True on torch >= 2.6)
+        assert_same(nested, got)
+        assert storage_key(got["views"]["transposed"]) == storage_key(got["model"]["layer.weight"])
+        assert_same(to_cpu(nested), gck.load(p, map_location="cpu"))
+        assert_same(nested, gck.load(p))  # map_location=None: saved on cuda, restored on cuda
+
+    check("checkpoint: gdsfs save -> torch.load (cuda, mmap)", ck_ours_read_by_torch)
+    check("checkpoint: torch.save -> gdsfs load (cuda, cpu, None)", ck_torch_read_by_ours)
+    for name in ("nested_default.pt", "model_align4096.pt", "dtypes_default.pt"):
+        def fixture_pt(name: str = name) -> None:
+            dst = os.path.join(work, name)
+            shutil.copyfile(os.path.join(FIXTURES, name), dst)
+            assert_same(torch.load(dst, map_location="cuda"), gck.load(dst, map_location="cuda"))
+        check(f"checkpoint: fixture {name}", fixture_pt)
+
+    # --- DCP, one process
+    check("dcp: stock and gdsfs writer/reader, both directions", lambda: dcp_one_process(work))
+    check("dcp: async_save staging into daemon slabs", lambda: dcp_async(mount, work))
+
+    c1 = counters(mount)
+    log(f"daemon counters: +{(c1['read_bytes'] - c0['read_bytes']) / 2**20:.1f} MiB read, "
+        f"+{(c1['write_bytes'] - c0['write_bytes']) / 2**20:.1f} MiB written, errors {c1.get('errors')}")
+    check("control path carried the bytes", lambda: _assert(c1["read_bytes"] > c0["read_bytes"] and c1["write_bytes"] > c0["write_bytes"]))
+
+
+def _assert(cond: bool) -> None:
+    assert cond
+
+
+def to_cpu(obj: Any) -> Any:
+    b = io.BytesIO()
+    torch.save(obj, b)
+    b.seek(0)
+    return torch.load(b, map_location="cpu", weights_only=False)
+
+
+def dcp_state(seed: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(256, 128, generator=g).cuda(),
+        "bf": torch.randn(1000, generator=g).to(torch.bfloat16).cuda(),
+        "i": torch.arange(77, dtype=torch.int64).cuda(),
+        "s": torch.tensor(2.5).cuda(),
+        "extra": {"step": 17, "note": "dataloader state rides along"},
+    }
+
+
+def dcp_equal(a: dict, b: dict) -> None:
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def dcp_one_process(work: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    import gdsfs.dcp as gdcp
+
+    src = dcp_state(3)
+    for wname, rname in [("gds", "stock"), ("stock", "gds"), ("gds", "gds")]:
+        d = os.path.join(work, f"dcp-{wname}-{rname}")
+        w = gdcp.GDSFileSystemWriter(d) if wname == "gds" else dcp.FileSystemWriter(d)
+        dcp.save(src, storage_writer=w)
+        dst = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"step": 0, "note": ""}) for k, v in src.items()}
+        r = gdcp.GDSFileSystemReader(d) if rname == "gds" else dcp.FileSystemReader(d)
+        dcp.load(dst, storage_reader=r)
+        dcp_equal(src, dst)
+
+
+def dcp_async(mount: str, work: str) -> None:
+    import inspect
+
+    import torch.distributed.checkpoint as dcp
+
+    import gdsfs.dcp as gdcp
+
+    import torch.distributed as dist
+
+    src = {k: v for k, v in dcp_state(4).items() if isinstance(v, torch.Tensor)}
+    want = {k: v.clone() for k, v in src.items()}
+    d = os.path.join(work, "dcp-async")
+    w = gdcp.GDSFileSystemWriter(d)
+    # async_save wants a process group with a CPU backend: a one-rank one, made here.
+    own_pg = not dist.is_initialized()
+    if own_pg:
+        dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"file://{work}/pg-store", rank=0, world_size=1)
+    try:
+        leases0 = json.loads(os.getxattr(mount, "user.gdsfs.stats"))["leases"]
+        fut = dcp.async_save(src, storage_writer=w)
+        staged = bool(w._staged)
+        fut = getattr(fut, "upload_completion", fut)
+        for t in src.values():  # training goes on; the snapshot must not change
+            t.zero_()
+        fut.result()
+        log(f"async_save: staged into daemon slabs: {staged} (leases before {leases0})")
+    finally:
+        if own_pg:
+            dist.destroy_process_group()
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    dcp.load(dst, storage_reader=dcp.FileSystemReader(d), no_dist=True) if "no_dist" in inspect.signature(dcp.load).parameters else dcp.load(dst, storage_reader=dcp.FileSystemReader(d))
+    dcp_equal(want, dst)
+
+
+# --------------------------------------------------------------------------------------------
+# benchmark
+
+
+class Bench:
+    def __init__(self, nbytes: int, cold_ok: bool) -> None:
+        self.nbytes = nbytes
+        self.cold_ok = cold_ok
+        self.rows: list[dict[str, Any]] = []
+
+    def row(self, op: str, method: str, warm: float | None, cold: float | None, note: str = "") -> None:
+        r = {"op": op, "method": method, "warm_gbs": warm, "cold_gbs": cold, "note": note}
+        self.rows.append(r)
+        log(f"{op:5s} {method:44s} warm {fmt(warm)}  cold {fmt(cold)}  {note}")
+
+    def gbs(self, secs: float) -> float:
+        return self.nbytes / secs / 1e9
+
+
+def fmt(x: float | None) -> str:
+    return f"{x:7.2f}" if x is not None else "    n/a"
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t, out
+
+
+def benchmark(mount: str, backing: str, work: str, gib: float, cold: bool) -> Bench:
+    import safetensors.torch as st
+    import torch.distributed.checkpoint as dcp
+
+    import gdsfs.checkpoint as gck
+    import gdsfs.dcp as gdcp
+    import gdsfs.safetensors as gst
+    from gdsfs._ckpt import zipfmt
+
+    per = 8192 * 8192  # 128 MiB of bf16 per tensor
+    n = max(1, int(round(gib * (1 << 30) / (per * 2))))
+    sd = {f"layers.{i}.weight": torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for i in range(n)}
+    nbytes = n * per * 2
+    log(f"benchmark state dict: {n} bf16 tensors, {nbytes / 2**30:.2f} GiB on {torch.cuda.get_device_name()}")
+    b = Bench(nbytes, cold)
+    back = lambda p: os.path.join(backing, os.path.relpath(p, mount))  # noqa: E731
+    probe = list(sd)[::max(1, n // 4)]
+
+    def verify(got: dict) -> None:
+        for k in probe:
+            assert torch.equal(got[k].to("cuda"), sd[k]), f"loaded {k} differs"
+
+    def save_row(method: str, path: str, fn: Callable[[], None], fsync: bool) -> float | None:
+        try:
+            if os.path.exists(path):
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+
+            def run() -> None:
+                fn()
+                if fsync:
+                    fsync_path(path)
+                    fsync_path(os.path.dirname(path))
+
+            secs, _ = timed(run)
+            v = b.gbs(secs)
+            b.row("save", method, v, None, "incl. fsync")
+            return v
+        except Exception as e:  # noqa: BLE001
+            b.row("save", method, None, None, f"error: {type(e).__name__}: {e}"[:120])
+            traceback.print_exc(limit=4)
+            return None
+
+    def load_row(method: str, path: str, fn: Callable[[], Any], note: str = "") -> tuple[float | None, float | None]:
+        warm = coldv = None
+        try:
+            fn()  # warm-up: page cache filled, CUDA context and slab mappings made
+            best = None
+            for _ in range(2):
+                secs, got = timed(fn)
+                verify(got)
+                del got
+                torch.cuda.empty_cache()
+                best = secs if best is None else min(best, secs)
+            warm = b.gbs(best)
+            if b.cold_ok and drop_caches(back(path)):
+                secs, got = timed(fn)
+                verify(got)
+                del got
+                torch.cuda.empty_cache()
+                coldv = b.gbs(secs)
+        except Exception as e:  # noqa: BLE001
+            note = f"error: {type(e).__name__}: {e}"[:120]
+            traceback.print_exc(limit=4)
+        b.row("load", method, warm, coldv, note)
+        return warm, coldv
+
+    p_g_pt = os.path.join(work, "bench-gdsfs.pt")
+    p_t_pt = os.path.join(work, "bench-torch.pt")
+    p_g_st = os.path.join(work, "bench-gdsfs.safetensors")
+    p_s_st = os.path.join(work, "bench-lib.safetensors")
+    p_g_dcp = os.path.join(work, "bench-gdsfs-dcp")
+    p_s_dcp = os.path.join(work, "bench-stock-dcp")
+
+    res: dict[str, Any] = {}
+    res["save_gdsfs_ckpt"] = save_row("gdsfs.checkpoint.save", p_g_pt, lambda: gck.save(sd, p_g_pt), False)
+    res["save_torch"] = save_row("torch.save + fsync", p_t_pt, lambda: torch.save(sd, p_t_pt), True)
+    res["save_gdsfs_st"] = save_row("gdsfs.safetensors.save_file", p_g_st, lambda: gst.save_file(sd, p_g_st), False)
+    res["save_st"] = save_row("safetensors.torch.save_file + fsync", p_s_st, lambda: st.save_file(sd, p_s_st), True)
+    res["save_gdsfs_dcp"] = save_row("gdsfs.dcp.GDSFileSystemWriter", p_g_dcp,
+                                     lambda: dcp.save(sd, storage_writer=gdcp.GDSFileSystemWriter(p_g_dcp)), False)
+    res["save_dcp"] = save_row("dcp FileSystemWriter (sync_files)", p_s_dcp,
+                               lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(p_s_dcp)), False)
+
+    def dcp_load(reader: Any) -> dict:
+        dst = {k: torch.empty_like(v) for k, v in sd.items()}
+        dcp.load(dst, storage_reader=reader)
+        return dst
+
+    res["load_gdsfs_st"] = load_row("gdsfs.safetensors.load_file(cuda)", p_g_st, lambda: gst.load_file(p_g_st, device="cuda"))
+    res["load_st"] = load_row("safetensors.torch.load_file(cuda)", p_s_st, lambda: st.load_file(p_s_st, device="cuda"))
+    res["load_gdsfs_ckpt"] = load_row("gdsfs.checkpoint.load(cuda)", p_g_pt, lambda: gck.load(p_g_pt, map_location="cuda"))
+    res["load_torch"] = load_row("torch.load(cuda, mmap=False)", p_t_pt,
+                                 lambda: torch.load(p_t_pt, map_location="cuda", mmap=False, weights_only=True))
+    res["load_torch_mmap"] = load_row("torch.load(cuda, mmap=True)", p_t_pt,
+                                      lambda: torch.load(p_t_pt, map_location="cuda", mmap=True, weights_only=True))
+    res["load_gdsfs_dcp"] = load_row("gdsfs.dcp.GDSFileSystemReader", p_g_dcp, lambda: dcp_load(gdcp.GDSFileSystemReader(p_g_dcp)))
+    res["load_dcp"] = load_row("dcp FileSystemReader", p_s_dcp, lambda: dcp_load(dcp.FileSystemReader(p_s_dcp)))
+
+    # torch.cuda.gds (cuFile through PyTorch) straight from the backing file of our 4 KiB-aligned torch.save
+    # file: the storages' offsets come from the zip; cuFile cannot open files on the FUSE mount itself.
+    def torch_gds() -> dict:
+        import torch.cuda.gds as tgds
+
+        with open(back(p_g_pt), "rb") as f:
+            _, recs = zipfmt.locate(f)
+        keys = sorted((k for k in recs if k.startswith("data/")), key=lambda k: int(k.split("/")[1]))
+        gf = tgds.GdsFile(back(p_g_pt), os.O_RDONLY)
+        out = {}
+        for name, k in zip(sd, keys):  # gdsfs.checkpoint.save numbers storages in dict order
+            t = torch.empty(sd[name].shape, dtype=sd[name].dtype, device="cuda")
+            gf.load_storage(t.untyped_storage(), recs[k].offset)
+            out[name] = t
+        return out
+
+    res["load_torch_gds"] = load_row("torch.cuda.gds GdsFile.load_storage", p_g_pt, torch_gds, "backing file, 4 KiB-aligned records")
+
+    # The disk's sequential read rate: one reader, 64 MiB reads, page cache dropped first.
+    disk = None
+    if cold and drop_caches(back(p_s_st)):
+        fd = os.open(back(p_s_st), os.O_RDONLY)
+        buf = bytearray(64 << 20)
+        t = time.perf_counter()
+        total = 0
+        while True:
+            k = os.readv(fd, [buf])
+            if k == 0:
+                break
+            total += k
+        disk = total / (time.perf_counter() - t) / 1e9
+        os.close(fd)
+    b.row("read", "disk: sequential read of the backing file", None, disk, "cold, 1 reader, 64 MiB reads")
+
+    def ratio(a: Any, c: Any, idx: int) -> str:
+        x = a[idx] if isinstance(a, tuple) else a
+        y = c[idx] if isinstance(c, tuple) else c
+        return f"{x / y:.2f}x" if x and y else "n/a"
+
+    log("")
+    log("targets (reported, not enforced):")
+    for key, label in [("load_gdsfs_st", "gdsfs.safetensors.load_file"), ("load_gdsfs_ckpt", "gdsfs.checkpoint.load"),
+                       ("load_gdsfs_dcp", "gdsfs.dcp reader")]:
+        log(f"  warm load {label} vs safetensors.load_file(cuda): {ratio(res[key], res['load_st'], 0)} (target >= 4x)")
+        if disk:
+            log(f"  cold load {label} vs disk read rate: {ratio(res[key], disk, 1)} (target >= 0.9x)")
+    for key, label in [("save_gdsfs_ckpt", "gdsfs.checkpoint.save"), ("save_gdsfs_st", "gdsfs.safetensors.save_file"),
+                       ("save_gdsfs_dcp", "gdsfs.dcp writer")]:
+        log(f"  save {label} vs torch.save + fsync: {ratio(res[key], res['save_torch'], 0)} (target >= 3x)")
+    return b
+
+
+def print_table(b: Bench) -> None:
+    print()
+    print(f"{'op':5s} {'method':44s} {'warm GB/s':>10s} {'cold GB/s':>10s}  note")
+    for r in b.rows:
+        print(f"{r['op']:5s} {r['method']:44s} {fmt(r['warm_gbs']):>10s} {fmt(r['cold_gbs']):>10s}  {r['note']}")
+    print(f"(payload {b.nbytes / 2**30:.2f} GiB of bf16 tensors; GB = 1e9 bytes)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mountpoint")
+    ap.add_argument("backing_dir")
+    ap.add_argument("--gib", type=float, default=8.0, help="benchmark state dict size in GiB (default 8)")
+    ap.add_argument("--quick", action="store_true", help="correctness only, no benchmark")
+    ap.add_argument("--no-cold", action="store_true", help="skip cold (page cache dropped) runs")
+    ap.add_argument("--json", help="also write the benchmark rows as JSON here")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("checkpoint_check: no CUDA device: run this on the GPU machine", file=sys.stderr)
+        return 2
+    import gdsfs
+
+    if gdsfs.find_mount(a.mountpoint) is None:
+        print(f"checkpoint_check: {a.mountpoint} is not a gdsfs mount: mount it with `gdsfs mount --source {a.backing_dir} {a.mountpoint}`", file=sys.stderr)
+        return 2
+    if not os.path.isdir(a.backing_dir):
+        print(f"checkpoint_check: backing dir {a.backing_dir} does not exist", file=sys.stderr)
+        return 2
+    work = os.path.join(a.mountpoint, SUBDIR)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    warnings.simplefilter("always")
+    try:
+        correctness(a.mountpoint, a.backing_dir, work)
+        if not a.quick:
+            b = benchmark(a.mountpoint, a.backing_dir, work, a.gib, not a.no_cold)
+            print_table(b)
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(b.rows, f, indent=1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if FAILURES:
+        log(f"{len(FAILURES)} correctness check(s) FAILED: {FAILURES}")
+        return 1
+    log("all correctness checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
