@@ -34,6 +34,8 @@
 //   - I4: a cached backing handle is closed, and OnEvict runs, only after it
 //     has left the cache and its last user has released it.
 //
-// Lock order: Indexes.paths.mu and Handles.mu are leaves; no lock is held
-// while parsing or doing I/O.
+// Lock order: ristretto's internal locks, then Indexes.paths.mu or
+// Handles.mu (eviction callbacks run under ristretto's locks and take ours);
+// nothing calls into a ristretto cache while holding ours, and no lock is
+// held while parsing or doing I/O.
 package cache

@@ -38,8 +38,11 @@ type Handles struct {
 	opts  HandlesOptions
 	cache *ristretto.Cache[string, *Handle]
 
+	// mu guards paths. Lock order: ristretto's internal locks, then mu
+	// (OnExit runs under ristretto's locks and releases handles, which
+	// takes mu); nothing calls into the cache while holding mu.
 	mu    sync.Mutex
-	paths map[string][]string // GUARDED_BY(mu): keys opened through each path
+	paths map[string][]*Handle // GUARDED_BY(mu): open handles by the path they were opened through
 
 	hits, misses, evictions, closed atomic.Uint64
 }
@@ -80,7 +83,7 @@ func NewHandles(opts HandlesOptions) (*Handles, error) {
 	if opts.MaxOpen < 1 {
 		return nil, fmt.Errorf("cache: MaxOpen (%d) must be >= 1", opts.MaxOpen)
 	}
-	hs := &Handles{opts: opts, paths: make(map[string][]string)}
+	hs := &Handles{opts: opts, paths: make(map[string][]*Handle)}
 	c, err := ristretto.NewCache(&ristretto.Config[string, *Handle]{
 		NumCounters:        max(opts.MaxOpen*10, 100),
 		MaxCost:            opts.MaxOpen,
@@ -145,7 +148,7 @@ func (hs *Handles) Acquire(ctx context.Context, path string, flag int) (*Handle,
 	h.refs.Store(2) // the caller's and the cache's
 	h.cached.Store(true)
 	hs.mu.Lock()
-	hs.paths[path] = appendUnique(hs.paths[path], h.key)
+	hs.paths[path] = append(hs.paths[path], h)
 	hs.mu.Unlock()
 	hs.cache.Set(h.key, h, 1)
 	return h, nil
@@ -156,8 +159,10 @@ func (hs *Handles) Acquire(ctx context.Context, path string, flag int) (*Handle,
 // released.
 func (hs *Handles) Invalidate(path string) {
 	hs.mu.Lock()
-	keys := hs.paths[path]
-	delete(hs.paths, path)
+	var keys []string
+	for _, h := range hs.paths[path] {
+		keys = append(keys, h.key)
+	}
 	hs.mu.Unlock()
 	for _, k := range keys {
 		hs.cache.Del(k)
@@ -209,15 +214,19 @@ func (h *Handle) Release() {
 		hs.opts.Log.Warn().Err(err).Str("path", h.Path).Msg("close cached backing file")
 	}
 	hs.closed.Add(1)
-	if cur, ok := hs.cache.Get(h.key); ok && cur != h {
-		return // a newer handle of the same file is cached under this key
-	}
+	// Release may run under ristretto's locks (OnExit): never call into
+	// the cache here.
 	hs.mu.Lock()
-	if keys := hs.paths[h.Path]; len(keys) > 0 {
-		hs.paths[h.Path] = removeKey(keys, h.key)
-		if len(hs.paths[h.Path]) == 0 {
-			delete(hs.paths, h.Path)
+	rest := hs.paths[h.Path][:0]
+	for _, o := range hs.paths[h.Path] {
+		if o != h {
+			rest = append(rest, o)
 		}
+	}
+	if len(rest) == 0 {
+		delete(hs.paths, h.Path)
+	} else {
+		hs.paths[h.Path] = rest
 	}
 	hs.mu.Unlock()
 }
@@ -228,23 +237,4 @@ func handleKey(id Identity, flag int) string {
 	binary.LittleEndian.PutUint64(b[8:], id.Ino)
 	b[16] = byte(flag)
 	return string(b[:])
-}
-
-func appendUnique(keys []string, k string) []string {
-	for _, x := range keys {
-		if x == k {
-			return keys
-		}
-	}
-	return append(keys, k)
-}
-
-func removeKey(keys []string, k string) []string {
-	out := keys[:0]
-	for _, x := range keys {
-		if x != k {
-			out = append(out, x)
-		}
-	}
-	return out
 }

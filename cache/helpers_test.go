@@ -42,16 +42,22 @@ func pyRun(t testing.TB, code string, args ...string) []byte {
 // refView runs testdata/refview.py KIND FILE and decodes its JSON into v.
 func refView(t testing.TB, kind, file string, v any) {
 	t.Helper()
+	refViews(t, kind, []string{file}, v)
+}
+
+// refViews runs refview.py once for several files; v receives {file: view}.
+func refViews(t testing.TB, kind string, files []string, v any) {
+	t.Helper()
 	script, err := filepath.Abs("testdata/refview.py")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(python, script, kind, file)
+	cmd := exec.Command(python, append([]string{script, kind}, files...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("refview %s %s: %v\n%s", kind, file, err, stderr.Bytes())
+		t.Fatalf("refview %s %v: %v\n%s", kind, files, err, stderr.Bytes())
 	}
 	if err := json.Unmarshal(out, v); err != nil {
 		t.Fatalf("refview %s output: %v", kind, err)

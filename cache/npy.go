@@ -188,7 +188,7 @@ type pyLit struct {
 }
 
 // pyVal is one literal: kind 's' string, 'b' bool, 'i' int, '(' tuple of
-// ints, '[' list (kept raw), 'n' None.
+// ints, 't' other tuple, '[' list (kept raw), 'n' None.
 type pyVal struct {
 	kind byte
 	str  string
@@ -266,15 +266,17 @@ func (p *pyLit) value() (pyVal, error) {
 	case c == '(':
 		p.i++
 		var ints []int64
+		kind := byte('(')
 		for !p.eat(')') {
 			v, err := p.value()
 			if err != nil {
 				return pyVal{}, err
 			}
-			if v.kind != 'i' {
-				return pyVal{}, fmt.Errorf("tuple holds a non-integer")
+			if v.kind == 'i' {
+				ints = append(ints, v.ints[0])
+			} else {
+				kind = 't' // a tuple that is not all integers (inside a structured descr)
 			}
-			ints = append(ints, v.ints[0])
 			if !p.eat(',') {
 				if !p.eat(')') {
 					return pyVal{}, fmt.Errorf("missing ',' or ')' at byte %d", p.i)
@@ -282,7 +284,7 @@ func (p *pyLit) value() (pyVal, error) {
 				break
 			}
 		}
-		return pyVal{kind: '(', ints: ints}, nil
+		return pyVal{kind: kind, ints: ints}, nil
 	case c == '[':
 		start := p.i
 		p.i++

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -59,29 +60,87 @@ type TarSkipped struct {
 // MarshalJSON writes {"key": ..., "fields": {"<field>": member, ...}} with
 // the fields in archive order (a JSON object keeps its order in Python).
 func (s TarSample) MarshalJSON() ([]byte, error) {
-	key, err := json.Marshal(s.Key)
-	if err != nil {
-		return nil, err
-	}
-	out := append([]byte(`{"key":`), key...)
-	out = append(out, `,"fields":{`...)
-	for i, f := range s.Fields {
+	return s.appendJSON(nil), nil
+}
+
+func (s *TarSample) appendJSON(b []byte) []byte {
+	b = append(b, `{"key":`...)
+	b = appendJSONString(b, s.Key)
+	b = append(b, `,"fields":{`...)
+	for i := range s.Fields {
 		if i > 0 {
-			out = append(out, ',')
+			b = append(b, ',')
 		}
-		fk, err := json.Marshal(f.Field)
-		if err != nil {
-			return nil, err
-		}
-		fv, err := json.Marshal(f.TarMember)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, fk...)
-		out = append(out, ':')
-		out = append(out, fv...)
+		b = appendJSONString(b, s.Fields[i].Field)
+		b = append(b, ':')
+		b = s.Fields[i].TarMember.appendJSON(b)
 	}
-	return append(out, "}}"...), nil
+	return append(b, "}}"...)
+}
+
+func (m *TarMember) appendJSON(b []byte) []byte {
+	b = append(b, `{"name":`...)
+	b = appendJSONString(b, m.Name)
+	b = appendRange(append(b, ','), m.Range)
+	if m.Link != "" {
+		b = append(b, `,"link":`...)
+		b = appendJSONString(b, m.Link)
+	}
+	return append(b, '}')
+}
+
+// MarshalJSON writes the index by hand: a 50,000-member shard is encoded
+// several times faster than through reflection.
+func (t *Tar) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 64+len(t.Samples)*160)
+	b = append(b, `{"members":`...)
+	b = strconv.AppendInt(b, int64(t.Members), 10)
+	b = append(b, `,"samples":[`...)
+	for i := range t.Samples {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = t.Samples[i].appendJSON(b)
+	}
+	b = append(b, ']')
+	if len(t.Other) > 0 {
+		b = append(b, `,"other":[`...)
+		for i := range t.Other {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = t.Other[i].appendJSON(b)
+		}
+		b = append(b, ']')
+	}
+	if len(t.Skipped) > 0 {
+		sk, err := json.Marshal(t.Skipped)
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(b, `,"skipped":`...), sk...)
+	}
+	return append(b, '}'), nil
+}
+
+// appendJSONString appends s as a JSON string. s must be valid UTF-8 (the
+// parser replaces invalid names); control characters and the characters
+// JSON requires are escaped.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
 }
 
 // span is the range from the first field's data to the last field's end,

@@ -3,6 +3,7 @@ package cache
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -324,4 +325,43 @@ func FuzzTar(f *testing.F) {
 		}
 		checkIndex(t, &Index{Format: FormatTar, FileSize: int64(len(data)), Tar: tr})
 	})
+}
+
+// TestTarJSONNames checks the hand-written JSON encoder on names that need
+// escaping: the decoded index must give back the exact names.
+func TestTarJSONNames(t *testing.T) {
+	names := []string{"q\"uote.txt", "back\\slash.txt", "new\nline.txt", "tab\t.é.txt", "ctl\x01.bin"}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, n := range names {
+		if err := tw.WriteHeader(&tar.Header{Name: n, Mode: 0o644, Size: 1, Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte("x"))
+	}
+	tw.Close()
+	x, err := Parse(bytes.NewReader(buf.Bytes()), int64(buf.Len()), "n.tar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Samples []struct {
+			Key    string `json:"key"`
+			Fields map[string]struct {
+				Name string `json:"name"`
+			} `json:"fields"`
+		} `json:"samples"`
+	}
+	if err := json.Unmarshal([]byte(mustJSON(t, x)), &doc); err != nil {
+		t.Fatalf("index JSON: %v", err)
+	}
+	var got []string
+	for _, s := range doc.Samples {
+		for _, f := range s.Fields {
+			got = append(got, f.Name)
+		}
+	}
+	if strings.Join(got, "|") != strings.Join(names, "|") {
+		t.Errorf("names through JSON = %q, want %q", got, names)
+	}
 }

@@ -1,6 +1,6 @@
 """Reference views of shard files through the real Python tools, for cache's tests.
 
-Usage: refview.py KIND FILE  (KIND: tar, npy, zip, torchbytes, safetensors_vs_pt PT)
+Usage: refview.py KIND FILE...  (KIND: tar, npy, zip, torchbytes, safetensors_vs_pt PT)
 Prints JSON on stdout. Run with /usr/bin/python3 (Debian's, which has torch and numpy).
 """
 import hashlib, json, re, sys, tarfile, zipfile
@@ -38,7 +38,7 @@ def tar_view(path):
 
 def npy_view(path):
     import numpy as np
-    a = np.load(path, mmap_mode="r")
+    a = np.load(path, mmap_mode="r", max_header_size=1 << 20)
     return {"dtype": a.dtype.str, "shape": list(a.shape), "fortran_order": bool(a.flags.f_contiguous and not a.flags.c_contiguous),
             "offset": int(a.offset), "nbytes": int(a.nbytes)}
 
@@ -88,6 +88,7 @@ def tensor_bytes(path):
     return out
 
 if __name__ == "__main__":
-    kind, path = sys.argv[1], sys.argv[2]
+    kind, paths = sys.argv[1], sys.argv[2:]
     fn = {"tar": tar_view, "npy": npy_view, "zip": zip_view, "torchbytes": torch_bytes, "tensors": tensor_bytes}[kind]
-    json.dump(fn(path), sys.stdout)
+    # One file: its view. Several: {file: view} (one interpreter start).
+    json.dump(fn(paths[0]) if len(paths) == 1 else {p: fn(p) for p in paths}, sys.stdout)
