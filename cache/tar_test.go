@@ -84,8 +84,12 @@ func TestTarAgreesWithTools(t *testing.T) {
 		name string
 		make func(dst string)
 	}{
-		{"gnutar-gnu", func(dst string) { run(t, src, "tar", append([]string{"--format=gnu", "--sparse", "-cf", dst}, members...)...) }},
-		{"gnutar-pax", func(dst string) { run(t, src, "tar", append([]string{"--format=pax", "--sparse", "-cf", dst}, members...)...) }},
+		{"gnutar-gnu", func(dst string) {
+			run(t, src, "tar", append([]string{"--format=gnu", "--sparse", "-cf", dst}, members...)...)
+		}},
+		{"gnutar-pax", func(dst string) {
+			run(t, src, "tar", append([]string{"--format=pax", "--sparse", "-cf", dst}, members...)...)
+		}},
 		{"gnutar-ustar", func(dst string) {
 			// ustar has no sparse files and no names over 255 bytes.
 			run(t, src, "tar", append([]string{"--format=ustar", "-cf", dst}, members[:len(members)-1]...)...)
