@@ -563,14 +563,20 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         try:
             for shard, ranges in wanted.items():
                 assert session is not None
-                refs[shard] = session.read(self._shard(shard).fd, ranges)
+                try:
+                    refs[shard] = session.read(self._shard(shard).fd, ranges)
+                except GDSUnavailableError as e:
+                    # The daemon cannot serve this shard now: plain reads
+                    # (warned once per process), unless strict.
+                    warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict)
+                    continue
                 held.update((r.lease, r) for r in refs[shard] if r.lease)
             cursor = {s: 0 for s in refs}
             out: list[GDSSample] = []
             for pos, shard, st, key, fields, geo in group:
                 sample = GDSSample(__key__=key, __url__=st.path)
                 for fp in fields:
-                    if fp.name in geo:
+                    if fp.name in geo and shard in refs:
                         _off, nb, dt, shape, fortran = geo[fp.name]
                         r = refs[shard][cursor[shard]]
                         cursor[shard] += 1

@@ -339,6 +339,29 @@ def test_fallback_warns_once_and_matches(datasets) -> None:
         gt.GDSShardDataset(datasets.wds_shards(on_mount=False), gpu_keys=WDS_GPU, strict=True)
 
 
+def test_daemon_refusal_falls_back_or_raises_when_strict(datasets) -> None:
+    from gdsfs import _protocol as proto
+
+    for strict in (False, True):
+        ds = gt.GDSShardDataset(datasets.wds_shards()[:2], gpu_keys=WDS_GPU, strict=strict)
+        good = ds.session.token
+        ds.session.token = proto.Token(good.session, good.secret ^ 1)  # the daemon answers EPERM
+        _errors._reset_fallback_warning()
+        if strict:
+            with pytest.raises(gdsfs.GDSUnavailableError, match="EPERM"):
+                next(iter(ds))
+        else:
+            with pytest.warns(gdsfs.GDSFallbackWarning, match="cannot serve"):
+                samples = list(ds)
+            assert len(samples) == 26
+            for smp in samples:
+                assert isinstance(smp["x.npy"], torch.Tensor)
+                _same(smp["x.npy"], datasets.wds[smp["__key__"]]["x.npy"], "x.npy")
+        ds.session.token = good
+        ds.close()
+    assert datasets.mount.wait_leases(0) == 0
+
+
 def test_gds_and_fallback_yield_the_same_order(datasets) -> None:
     a = gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=[], shuffle=True, seed=4)
     with warnings.catch_warnings():
