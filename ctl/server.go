@@ -60,6 +60,10 @@ type Options struct {
 	Version string
 	// Log receives refusals at debug level and failures at error level.
 	Log zerolog.Logger
+	// BackingPath maps a backing path as the daemon opens it to the path
+	// user.gdsfs.backing and user.gdsfs.info report (an overmount serves
+	// the mountpoint's own contents through /proc/self/fd/N). Nil: as is.
+	BackingPath func(daemonPath string) string
 }
 
 // Validate reports every problem of o at once.
@@ -555,7 +559,7 @@ type fileInfo struct {
 func (s *Server) Xattr(ctx context.Context, c fs.Caller, path string, isRoot bool, name string) ([]byte, syscall.Errno) {
 	switch name {
 	case "user.gdsfs.backing":
-		return []byte(path), 0
+		return []byte(s.backingPath(path)), 0
 	case "user.gdsfs.stats":
 		if !isRoot {
 			return nil, syscall.ENODATA
@@ -589,7 +593,7 @@ func (s *Server) info(ctx context.Context, path string) ([]byte, syscall.Errno) 
 	if err := syscall.Lstat(path, &st); err != nil {
 		return nil, errnoOf(err)
 	}
-	fi := fileInfo{Path: path, Size: st.Size, Dev: st.Dev, Ino: st.Ino, MtimeNs: st.Mtim.Nano(), Align: AlignBytes}
+	fi := fileInfo{Path: s.backingPath(path), Size: st.Size, Dev: st.Dev, Ino: st.Ino, MtimeNs: st.Mtim.Nano(), Align: AlignBytes}
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		fi.Type = "file"
@@ -616,6 +620,14 @@ func (s *Server) info(ctx context.Context, path string) ([]byte, syscall.Errno) 
 		return nil, syscall.EIO
 	}
 	return b, 0
+}
+
+// backingPath is the path clients are told for the daemon's path p.
+func (s *Server) backingPath(p string) string {
+	if s.opts.BackingPath == nil {
+		return p
+	}
+	return s.opts.BackingPath(p)
 }
 
 // Close ends every session (unmount).

@@ -53,7 +53,7 @@ func newEnv(t testing.TB, o envOptions) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
-	opts := Options{Pool: pool, Engines: fixedEngine{cufile.NewHostEngine(64<<10, 4)}, Engine: "host", ReadOnly: o.readOnly, Version: "test"}
+	opts := Options{Pool: pool, Engines: fixedEngine{cufile.NewHostEngine(cufile.Options{ChunkBytes: 64 << 10, Workers: 4})}, Engine: "host", ReadOnly: o.readOnly, Version: "test"}
 	if !o.noIndexes {
 		ix, err := cache.NewIndexes(16<<20, zerolog.Nop())
 		if err != nil {

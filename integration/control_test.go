@@ -70,7 +70,7 @@ func mountControl(t testing.TB, o controlOpts) *controlMount {
 		t.Fatal(err)
 	}
 	srv, err := ctl.NewServer(ctl.Options{
-		Pool: pool, Engines: hostEngines{cufile.NewHostEngine(0, 0)}, Indexes: ix,
+		Pool: pool, Engines: hostEngines{cufile.NewHostEngine(cufile.Options{})}, Indexes: ix,
 		Engine: "host", ReadOnly: o.ReadOnly, Version: "itest",
 	})
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
+	"strings"
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -61,14 +63,22 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 	if cf.wrapEngines != nil {
 		chooser = cf.wrapEngines(chooser)
 	}
+	backingPath, err := overmountPaths(cmd)
+	if err != nil {
+		indexes.Close()
+		pool.Close()
+		engines.Close()
+		return nil, nil, err
+	}
 	srv, err := ctl.NewServer(ctl.Options{
-		Pool:     pool,
-		Engines:  chooser,
-		Indexes:  indexes,
-		Engine:   engines.Probe().Engine,
-		ReadOnly: readOnly,
-		Version:  daemonVersion,
-		Log:      log,
+		BackingPath: backingPath,
+		Pool:        pool,
+		Engines:     chooser,
+		Indexes:     indexes,
+		Engine:      engines.Probe().Engine,
+		ReadOnly:    readOnly,
+		Version:     daemonVersion,
+		Log:         log,
 	})
 	if err != nil {
 		indexes.Close()
@@ -78,6 +88,36 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 	}
 	log.Info().Str("engine", engines.Probe().Engine).Str("why", engines.Probe().Why).Bool("read_only", readOnly).Msg("control path ready")
 	return srv, controlCloser{srv: srv, pool: pool, engines: engines, indexes: indexes}, nil
+}
+
+// overmountPaths returns, for an overmount (no --source), the mapping of
+// the daemon's backing paths (/proc/self/fd/N/...: the mountpoint's own
+// directory, opened before mounting over it) to the mountpoint's paths,
+// which is what clients know; nil otherwise.
+func overmountPaths(cmd *cobra.Command) (func(string) string, error) {
+	src, err := cmd.Flags().GetString("source")
+	if err != nil {
+		return nil, fmt.Errorf("BUG: mount has no --source flag: %w", err)
+	}
+	args := cmd.Flags().Args()
+	if src != "" || len(args) != 1 {
+		return nil, nil
+	}
+	mp, err := filepath.Abs(args[0])
+	if err != nil {
+		return nil, usagef("mountpoint %q: %v", args[0], err)
+	}
+	return func(p string) string {
+		rest, ok := strings.CutPrefix(p, "/proc/self/fd/")
+		if !ok {
+			return p
+		}
+		i := strings.IndexByte(rest, '/')
+		if i < 0 {
+			return mp
+		}
+		return filepath.Join(mp, rest[i:])
+	}, nil
 }
 
 // controlCloser tears the control path down after unmount.
