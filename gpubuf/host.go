@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -36,6 +38,7 @@ type HostBackendOptions struct {
 func NewHostBackend(opts HostBackendOptions) (*HostBackend, error) {
 	dir := opts.Dir
 	if dir == "" {
+		removeStaleDirs("/dev/shm")
 		dir = filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-%d", os.Getpid()))
 	}
 	if err := os.Mkdir(dir, 0o711); err != nil {
@@ -47,6 +50,22 @@ func NewHostBackend(opts HostBackendOptions) (*HostBackend, error) {
 		return nil, fmt.Errorf("gpubuf: chmod slab directory %q: %w", dir, err)
 	}
 	return &HostBackend{dir: dir}, nil
+}
+
+// removeStaleDirs removes gdsfs-<pid> directories under parent whose process
+// is gone (a daemon killed before it could clean up): their memory would
+// otherwise stay allocated until reboot.
+func removeStaleDirs(parent string) {
+	dirs, _ := filepath.Glob(filepath.Join(parent, "gdsfs-*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "gdsfs-"))
+		if err != nil || pid <= 0 {
+			continue // not ours (gdsfs-bench-..., other names)
+		}
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+			_ = os.RemoveAll(d)
+		}
+	}
 }
 
 // Dir is the directory holding the slab files.
