@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import hashlib
 import io
 import json
@@ -283,7 +284,10 @@ def main() -> int:
                 print(f"dataset_check: {pb} does not match {pm}: BACKING_DIR must be the directory the mount serves", file=sys.stderr)
                 return 2
         ref = reference(shards_b)
-        errs = correctness(shards_m, batch, sb, ref)
+        try:
+            errs = correctness(shards_m, batch, sb, ref)
+        except Exception as e:  # noqa: BLE001 - report and go on to the benchmark
+            errs = [f"correctness run failed: {type(e).__name__}: {e}"]
         errors += [f"{name}: {e}" for e in errs]
         log(f"{name} correctness: {'ok' if not errs else '; '.join(errs)}")
         for cache in ("warm", "cold"):
@@ -292,16 +296,28 @@ def main() -> int:
                 ("(a) plain via mount", lambda: plain_loader(shards_m, batch), True),
                 ("(b) plain backing dir", lambda: plain_loader(shards_b, batch), True),
             ):
-                if cache == "warm":
-                    timed(make(), plain)  # fill the page cache (and the index cache)
-                elif not (can_drop and drop_caches()):
-                    can_drop = False
+                try:
+                    if cache == "warm":
+                        timed(make(), plain)  # fill the page cache (and the index cache)
+                    elif not (can_drop and drop_caches()):
+                        can_drop = False
+                        continue
+                    secs, n, nb = timed(make(), plain)
+                except Exception as e:  # noqa: BLE001 - one failed run must not hide the others
+                    errors.append(f"{name} {cache} {label}: {type(e).__name__}: {e}")
+                    log(errors[-1])
                     continue
-                secs, n, nb = timed(make(), plain)
                 if n != ns:
                     errors.append(f"{name} {cache} {label}: {n} samples, expected {ns}")
                 results.append({"size": name, "cache": cache, "loader": label, "seconds": secs, "samples": n, "samples_per_s": n / secs, "GBps": nb / secs / 1e9})
                 log(f"{name} {cache} {label}: {n / secs:.0f} samples/s, {nb / secs / 1e9:.2f} GB/s")
+
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (leases := int(gdsfs.status(a.mountpoint).get("leases", 0))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if leases:
+        errors.append(f"{leases} leases still held after every loader is gone")
 
     print()
     print(f"{'sample':<8} {'cache':<5} {'loader':<22} {'samples/s':>10} {'GB/s':>7} {'vs (b)':>7}")
