@@ -18,7 +18,7 @@ import (
 // moves them in parallel. Callers pass ranges widened to gpubuf.Align (the
 // engines accept any range, but aligned ones are the fast ones).
 type Engine interface {
-	// Name is "host", "posix" or "gds".
+	// Name is "host", "posix", "gds" or "gds-compat" (docs/protocol.md engine names).
 	Name() string
 	// ReadAt reads n bytes of f at fileOff into dst at dstOff and returns
 	// the bytes read, which is less than n only when the file ends first.

@@ -397,3 +397,30 @@ func TestCachedBytes(t *testing.T) {
 		t.Errorf("cachedBytes = %d for a freshly written 64 KiB file", n)
 	}
 }
+
+func TestMostlyCached(t *testing.T) {
+	f, _ := writeRandomFile(t, 256*gpubuf.Align)
+	if _, ok := cachedBytes(f, 0, 1); !ok {
+		t.Skip("kernel without cachestat(2)")
+	}
+	if !mostlyCached(f) {
+		t.Fatal("a file just written is reported not cached")
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	if mostlyCached(f) {
+		t.Error("a file dropped from the page cache is reported cached")
+	}
+	empty, err := os.Create(filepath.Join(t.TempDir(), "empty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer empty.Close()
+	if mostlyCached(empty) {
+		t.Error("an empty file is reported cached")
+	}
+}

@@ -43,6 +43,7 @@ const handleCacheMax = 1024
 // gdsEngine moves bytes with cuFileRead/cuFileWrite in parallel chunks from
 // OS-thread-locked workers with the device context current.
 type gdsEngine struct {
+	name       string // EngineGDS, or EngineGDSCompat without nvidia-fs
 	d          *Driver
 	lib        *Lib
 	chunkBytes int64
@@ -60,17 +61,21 @@ type fileHandle struct {
 	refs int // GUARDED_BY(gdsEngine.mu)
 }
 
-func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int) *gdsEngine {
+func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int, compat bool) *gdsEngine {
 	if chunkBytes <= 0 {
 		chunkBytes = DefaultChunkBytes
 	}
 	if workers <= 0 {
 		workers = DefaultWorkers()
 	}
-	return &gdsEngine{d: d, lib: lib, chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
+	name := EngineGDS
+	if compat {
+		name = EngineGDSCompat
+	}
+	return &gdsEngine{name: name, d: d, lib: lib, chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
 }
 
-func (e *gdsEngine) Name() string { return "gds" }
+func (e *gdsEngine) Name() string { return e.name }
 
 // acquire returns the registered handle for f, registering it on first use.
 func (e *gdsEngine) acquire(f *os.File, writable bool) (*fileHandle, func(), error) {
