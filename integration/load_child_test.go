@@ -64,6 +64,8 @@ func TestLoadChild(t *testing.T) {
 		err = c.mixed(false)
 	case "untilfail":
 		err = c.mixed(true)
+	case "bigread":
+		err = c.bigReads()
 	default:
 		err = fmt.Errorf("unknown load child mode %q", mode)
 	}
@@ -392,4 +394,39 @@ func (c *loadClient) controlWrite(ctx context.Context) error {
 		return fmt.Errorf("read back %s: %w", p, err)
 	}
 	return c.verify("WRITE then read "+p, got, data)
+}
+
+// bigReads issues whole-file control-path reads back to back until the
+// deadline (or until the test kills the process in the middle of one).
+func (c *loadClient) bigReads() error {
+	ctx := context.Background()
+	cl, err := ctl.OpenSession(c.mnt)
+	if err != nil {
+		return fmt.Errorf("open session: %w", err)
+	}
+	c.cl = cl
+	defer cl.Close()
+	for time.Now().Before(c.until) {
+		i := c.rng.IntN(loadDataFiles)
+		f, err := os.Open(filepath.Join(c.mnt, loadDataName(i)))
+		if err != nil {
+			return err
+		}
+		size := uint64(loadDataSize(i))
+		ranges := []ctl.Range{{Offset: 0, Length: size}, {Offset: size / 3, Length: size}, {Offset: size / 2, Length: size}, {Offset: 1, Length: size}}
+		ls, err := c.cl.Read(ctx, f, ctl.HostDevice, ranges)
+		f.Close()
+		c.res.Ops["big-read"]++
+		if errors.Is(err, syscall.EAGAIN) {
+			c.res.Eagain++
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := c.release(ctx, ls); err != nil {
+			return err
+		}
+	}
+	return nil
 }

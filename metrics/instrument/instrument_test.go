@@ -34,7 +34,7 @@ func newServer(t *testing.T, m *metrics.Metrics) fs.Control {
 	t.Cleanup(func() { pool.Close() })
 	srv, err := ctl.NewServer(ctl.Options{
 		Pool:    pool,
-		Engines: Engines(fixedEngine{cufile.NewHostEngine(64<<10, 2)}, m),
+		Engines: Engines(fixedEngine{cufile.NewHostEngine(cufile.Options{ChunkBytes: 64 << 10, Workers: 2})}, m),
 		Engine:  "host",
 	})
 	if err != nil {
