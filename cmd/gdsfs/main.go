@@ -48,6 +48,7 @@ func newRootCmd() *cobra.Command {
 		newUnmountCmd(),
 		newBenchCmd(),
 		newDoctorCmd(),
+		newIndexCmd(),
 		newReadCmd(),
 		newStatCmd(),
 		newStatusCmd(),

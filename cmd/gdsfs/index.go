@@ -1,0 +1,319 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/ctl"
+)
+
+func newIndexCmd() *cobra.Command {
+	var asJSON, local bool
+	cmd := &cobra.Command{
+		Use:   "index [--json] [--local] FILE",
+		Short: "Print the shard index gdsfs keeps for a file (tar, MDS, safetensors, torch zip, npy)",
+		Long: `Print where every sample, tensor or record of FILE lives, as the daemon
+indexed it: WebDataset tar samples and their fields, MDS shard samples and
+column values (or an MDS index.json's shard list), safetensors tensors,
+torch.save zip records, or an .npy header. Offsets and lengths are absolute
+byte ranges of the file; the names in the first column are what a
+read-by-name request accepts (docs/index-format.md).
+
+The index is read from the user.gdsfs.index attribute of FILE on a gdsfs
+mount; an index larger than an attribute can hold is paged through the
+control file. --local parses FILE in this process instead, for files that
+are not on a mount (and to see why a file has no index).`,
+		Example: `  gdsfs index /data/shard-000000.tar
+  gdsfs index --json /data/model.safetensors | jq '.tensors[] | select(.dtype == "BF16") | .name'
+  gdsfs index --local ./shard.00000.mds`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			var doc []byte
+			var err error
+			if local {
+				doc, err = localIndex(args[0])
+			} else {
+				doc, err = mountIndex(ctx, args[0])
+			}
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if asJSON {
+				_, err := fmt.Fprintf(w, "%s\n", doc)
+				return err
+			}
+			return printIndex(w, doc)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the index JSON as it is")
+	cmd.Flags().BoolVar(&local, "local", false, "parse FILE here instead of asking the daemon")
+	return cmd
+}
+
+// mountIndex reads the index of path from the daemon: the user.gdsfs.index
+// attribute, or, for an index over the 64 KiB an attribute holds (E2BIG),
+// the paged INDEX call of the control path (docs/protocol.md).
+func mountIndex(ctx context.Context, path string) ([]byte, error) {
+	mp, err := findMount(path)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := getxattr(path, "user.gdsfs.index")
+	switch {
+	case err == nil:
+		return doc, nil
+	case errors.Is(err, syscall.ENOENT):
+		return nil, usagef("%s: no such file", path)
+	case errors.Is(err, syscall.ENODATA):
+		return nil, noIndexError(path)
+	case !errors.Is(err, syscall.E2BIG):
+		return nil, fmt.Errorf("read user.gdsfs.index of %s: %w", path, err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usagef("open %s: %v", path, err)
+	}
+	defer f.Close()
+	cl, err := ctl.OpenSession(mp)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	doc, err = cl.Index(ctx, f)
+	if errors.Is(err, syscall.ENODATA) {
+		return nil, noIndexError(path)
+	}
+	return doc, err
+}
+
+// noIndexError explains why the daemon has no index for path: parsing the
+// file here gives the parser's reason ("not a valid safetensors file: ...").
+func noIndexError(path string) error {
+	_, err := localIndex(path)
+	if err == nil {
+		return fmt.Errorf("%s: the daemon serves no index for it, though it parses here (was it just written? try again)", path)
+	}
+	return err
+}
+
+// localIndex parses path in this process.
+func localIndex(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usagef("open %s: %v", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, usagef("%s is not a regular file; gdsfs index reads shard files", path)
+	}
+	x, err := cache.Parse(f, st.Size(), path)
+	switch {
+	case errors.Is(err, cache.ErrNoIndex):
+		return nil, usagef("%s has no index: it is not a tar, MDS shard or index.json, safetensors, torch.save zip or .npy file", path)
+	case errors.Is(err, cache.ErrInvalid):
+		return nil, usagef("%s: %v", path, err)
+	case err != nil:
+		return nil, fmt.Errorf("index %s: %w", path, err)
+	}
+	return x.JSON()
+}
+
+// indexDoc is the index JSON (docs/index-format.md) as printIndex reads it.
+type indexDoc struct {
+	Format   string `json:"format"`
+	Version  int    `json:"version"`
+	FileSize int64  `json:"file_size"`
+	// tar
+	Members int `json:"members"`
+	Samples []struct {
+		Key    string                 `json:"key"`
+		Fields map[string]indexMember `json:"fields"`
+		Offset int64                  `json:"offset"`
+		Length int64                  `json:"length"`
+		Cols   map[string]cache.Range `json:"columns"`
+	} `json:"samples"`
+	Other   []indexMember      `json:"other"`
+	Skipped []cache.TarSkipped `json:"skipped"`
+	// safetensors
+	HeaderLength int64             `json:"header_length"`
+	DataOffset   int64             `json:"data_offset"`
+	Metadata     map[string]string `json:"metadata"`
+	Tensors      []cache.Tensor    `json:"tensors"`
+	// torchzip
+	Archive string            `json:"archive"`
+	Torch   bool              `json:"torch"`
+	Records []cache.ZipRecord `json:"records"`
+	// npy
+	NpyVersion   string  `json:"npy_version"`
+	Dtype        string  `json:"dtype"`
+	ItemSize     int64   `json:"item_size"`
+	FortranOrder bool    `json:"fortran_order"`
+	Shape        []int64 `json:"shape"`
+	DataLength   int64   `json:"data_length"`
+	// mds
+	Kind    string            `json:"kind"`
+	Columns []cache.MDSColumn `json:"columns"`
+	Shards  []cache.MDSShard  `json:"shards"`
+}
+
+type indexMember struct {
+	Name   string `json:"name"`
+	Offset int64  `json:"offset"`
+	Length int64  `json:"length"`
+	Link   string `json:"link"`
+}
+
+// printIndex prints an index JSON document as tables.
+func printIndex(w io.Writer, doc []byte) error {
+	var d indexDoc
+	if err := json.Unmarshal(doc, &d); err != nil {
+		return fmt.Errorf("decode index: %w", err)
+	}
+	if d.Version != cache.IndexVersion {
+		return fmt.Errorf("index version %d: this gdsfs reads version %d; use --json", d.Version, cache.IndexVersion)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(cols ...any) {
+		for i, c := range cols {
+			if i > 0 {
+				fmt.Fprint(tw, "\t")
+			}
+			fmt.Fprint(tw, c)
+		}
+		fmt.Fprintln(tw)
+	}
+	switch d.Format {
+	case string(cache.FormatTar):
+		fmt.Fprintf(w, "tar, %d bytes: %d members, %d samples\n", d.FileSize, d.Members, len(d.Samples))
+		row("NAME", "OFFSET", "LENGTH", "SAMPLE", "FIELD")
+		for i, s := range d.Samples {
+			fields := make([]string, 0, len(s.Fields))
+			for f := range s.Fields {
+				fields = append(fields, f)
+			}
+			sort.Slice(fields, func(a, b int) bool { return s.Fields[fields[a]].Offset < s.Fields[fields[b]].Offset })
+			for _, f := range fields {
+				m := s.Fields[f]
+				row(m.Name+linkNote(m.Link), m.Offset, m.Length, i, f)
+			}
+		}
+		for _, m := range d.Other {
+			row(m.Name+linkNote(m.Link), m.Offset, m.Length, "-", "-")
+		}
+		for _, s := range d.Skipped {
+			row(s.Name, "-", "-", "skipped", s.Type+": "+s.Reason)
+		}
+	case string(cache.FormatSafetensors):
+		fmt.Fprintf(w, "safetensors, %d bytes: %d tensors, data at %d\n", d.FileSize, len(d.Tensors), d.DataOffset)
+		keys := make([]string, 0, len(d.Metadata))
+		for k := range d.Metadata {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "metadata %s = %q\n", k, d.Metadata[k])
+		}
+		row("NAME", "DTYPE", "SHAPE", "OFFSET", "LENGTH")
+		for _, t := range d.Tensors {
+			row(t.Name, t.Dtype, shapeString(t.Shape), t.Offset, t.Length)
+		}
+	case string(cache.FormatTorchZip):
+		what := "zip"
+		if d.Torch {
+			what = "torch.save zip"
+		}
+		fmt.Fprintf(w, "%s %q, %d bytes: %d records\n", what, d.Archive, d.FileSize, len(d.Records))
+		row("NAME", "OFFSET", "LENGTH", "STORED")
+		for _, r := range d.Records {
+			stored := "yes"
+			if r.Compressed {
+				stored = fmt.Sprintf("no (compressed, %d bytes unpacked)", r.UncompressedLength)
+			}
+			row(r.Name, r.Offset, r.Length, stored)
+		}
+	case string(cache.FormatNpy):
+		fmt.Fprintf(w, "npy %s, %d bytes\n", d.NpyVersion, d.FileSize)
+		row("dtype", d.Dtype)
+		row("shape", shapeString(d.Shape))
+		row("fortran_order", d.FortranOrder)
+		row("data", fmt.Sprintf("offset %d, length %d (name \"data\")", d.DataOffset, d.DataLength))
+	case string(cache.FormatMDS):
+		cols := make([]string, len(d.Columns))
+		for i, c := range d.Columns {
+			cols[i] = fmt.Sprintf("%s:%s", c.Name, c.Encoding)
+		}
+		if d.Kind == "dataset" {
+			total := int64(0)
+			for _, s := range d.Shards {
+				total += s.Samples
+			}
+			fmt.Fprintf(w, "MDS dataset: %d shards, %d samples, columns %s\n", len(d.Shards), total, strings.Join(cols, " "))
+			row("SHARD", "SAMPLES", "FIRST", "BYTES", "COMPRESSED")
+			for _, s := range d.Shards {
+				row(s.Basename, s.Samples, s.FirstSample, s.Bytes, orDash(s.ZipBasename))
+			}
+			break
+		}
+		fmt.Fprintf(w, "MDS shard, %d bytes: %d samples, columns %s\n", d.FileSize, len(d.Samples), strings.Join(cols, " "))
+		row("NAME", "OFFSET", "LENGTH")
+		for i, s := range d.Samples {
+			row(fmt.Sprintf("sample/%d", i), s.Offset, s.Length)
+			for _, c := range d.Columns {
+				if r, ok := s.Cols[c.Name]; ok {
+					row(fmt.Sprintf("sample/%d/%s", i, c.Name), r.Offset, r.Length)
+				}
+			}
+		}
+	default:
+		return fmt.Errorf("index format %q is unknown to this gdsfs; use --json", d.Format)
+	}
+	return tw.Flush()
+}
+
+func linkNote(link string) string {
+	if link == "" {
+		return ""
+	}
+	return " -> " + link
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func shapeString(s []int64) string {
+	var b bytes.Buffer
+	b.WriteByte('[')
+	for i, d := range s {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprint(&b, d)
+	}
+	b.WriteByte(']')
+	return b.String()
+}
