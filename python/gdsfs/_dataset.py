@@ -366,6 +366,19 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._consumed = dict(self._resume)
             self._slots_seen = int(state.get("slots", 0))
 
+    def _main_iteration_starting(self) -> None:
+        """gdsfs.torch.DataLoader starts an iteration: count delivered
+        samples afresh (from the resume point, if one is pending)."""
+        with self._lock:
+            pending = bool(self._resume) and self._resume_epoch == self.epoch
+            self._consumed = dict(self._resume) if pending else {}
+
+    def _main_iteration_started(self) -> None:
+        """The workers of the new iteration hold their copy of the resume
+        state: later iterations start from the beginning."""
+        with self._lock:
+            self._resume = {}
+
     def _observe(self, epoch: int, progress: Mapping[int, int], slots: int) -> None:
         with self._lock:
             if epoch != self.epoch:
@@ -508,15 +521,13 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[GDSSample]:
         slot, slots, _nw = self._slots()
-        if self._session is None and self.gpu_keys and not self.strict:
-            pass  # the fallback warning was issued at construction
         with self._lock:
             skip = self._resume.get(slot, 0) if self._resume_epoch == self.epoch else 0
             if self._resume and self._slots_seen and self._slots_seen != slots:
                 raise ValueError(f"gdsfs: state was saved with {self._slots_seen} (rank, worker) slots, this run has {slots}: resume with the same world size and num_workers")
             self._resume = {}
             self._slots_seen = slots
-            self._consumed[slot] = skip
+            self._consumed = {slot: skip}
         plan = EpochPlan(self.counts, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, slots=slots)
         epoch = self.epoch
         pending: list[tuple[int, int, int]] = []
@@ -627,7 +638,12 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset
+        gds = isinstance(ds, GDSShardDataset)
+        if gds:
+            ds._main_iteration_starting()
         it = super().__iter__()
+        if gds and self.num_workers > 0:
+            ds._main_iteration_started()
         ok = False
         try:
             for batch in it:
