@@ -251,6 +251,12 @@ func (p *Pool) allocShared(ctx context.Context, dev *deviceState, uid uint32, si
 		}
 		s := p.newSlab(dev, mem, uid, false)
 		dev.mu.Lock()
+		if p.closed.Load() {
+			// Close ran while the backend allocated: it cannot have seen s.
+			dev.mu.Unlock()
+			p.closeSlab(s)
+			return nil, 0, ErrClosed
+		}
 		off := s.carve(0, size)
 		dev.slabs = append(dev.slabs, s)
 		dev.mu.Unlock()
@@ -323,6 +329,11 @@ func (p *Pool) allocDedicated(ctx context.Context, dev *deviceState, uid uint32,
 	}
 	s := p.newSlab(dev, mem, uid, true)
 	dev.mu.Lock()
+	if p.closed.Load() {
+		dev.mu.Unlock()
+		p.closeSlab(s)
+		return nil, ErrClosed
+	}
 	s.carve(0, size)
 	dev.slabs = append(dev.slabs, s)
 	dev.mu.Unlock()
