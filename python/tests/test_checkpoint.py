@@ -232,3 +232,35 @@ def test_signatures_mirror_torch():
     theirs_save = list(inspect.signature(torch.save).parameters.values())
     for a, b in zip(ours_save, theirs_save):
         assert (a.name, a.kind, a.default) == (b.name, b.kind, b.default)
+
+
+def test_zip64_records_and_offsets(tmp_path):
+    """A record over 4 GiB and a header past 4 GiB use zip64 fields that zipfile (and miniz) read.
+
+    The data is a sparse hole, so the test writes only headers and the central directory."""
+    big = (5 << 30) + 123
+    recs = [
+        zipfmt.Record("data.pkl", 3, b"abc"),
+        zipfmt.Record("data/0", big, None, align=4096),
+        zipfmt.Record("data/1", 10, None, align=4096),
+        zipfmt.Record("version", 2, b"3\n"),
+    ]
+    plan = zipfmt.plan("big", recs)
+    p = tmp_path / "big.pt"
+    with open(p, "wb") as f:
+        for r in plan.records:
+            f.seek(r.header_offset)
+            f.write(plan.local_header(r) + (r.data or b""))
+        f.seek(plan.central_offset)
+        f.write(plan.central_directory())
+    assert os.path.getsize(p) == plan.total_size()
+    with zipfile.ZipFile(p) as z:
+        info = {i.filename: i for i in z.infolist()}
+        assert info["big/data/0"].file_size == big
+        assert info["big/data/1"].header_offset > 0xFFFFFFFF
+        assert z.read("big/version") == b"3\n"
+    with open(p, "rb") as f:
+        archive, located = zipfmt.locate(f)
+    assert archive == "big"
+    assert located["data/0"].offset == recs[1].data_offset and located["data/0"].size == big
+    assert located["data/1"].offset == recs[2].data_offset and located["data/1"].offset % 4096 == 0

@@ -419,6 +419,13 @@ def benchmark(mount: str, backing: str, work: str, gib: float, cold: bool) -> Be
     res["save_dcp"] = save_row("dcp FileSystemWriter (sync_files)", p_s_dcp,
                                lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(p_s_dcp)), False)
 
+    def big_files_readable() -> None:
+        verify(torch.load(p_g_pt, map_location="cuda", mmap=True, weights_only=True))  # zip64 offsets, miniz
+        verify(st.load_file(p_g_st, device="cuda"))
+        torch.cuda.empty_cache()
+
+    check(f"torch.load / safetensors read the {nbytes / 2**30:.0f} GiB gdsfs files", big_files_readable)
+
     def dcp_load(reader: Any) -> dict:
         dst = {k: torch.empty_like(v) for k, v in sd.items()}
         dcp.load(dst, storage_reader=reader)

@@ -219,10 +219,11 @@ class DaemonMover:
             self._finish(pending)
 
     def _finish(self, refs: list[Any]) -> None:
+        """Wait for the copies out of ``refs`` (on every GPU they landed on), then release them."""
         if not refs:
             return
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
+        for d in sorted({int(r.device) for r in refs if int(getattr(r, "device", -1)) >= 0}):
+            torch.cuda.synchronize(d)
         live = [r for r in refs if int(getattr(r, "lease", 1) or 0) != 0]
         if live:
             self._s.release(live)

@@ -107,8 +107,6 @@ class Archive:
         :meth:`data_items` so CRCs are final."""
         out = []
         for r in self.plan.records:
-            if r.data is not None:
-                r.crc = zlib.crc32(r.data)
             out.append((base + r.header_offset, self.plan.local_header(r) + (r.data or b"")))
         out.append((base + self.plan.central_offset, self.plan.central_directory()))
         return out

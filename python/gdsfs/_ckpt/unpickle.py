@@ -14,7 +14,9 @@ other callable is refused before anything is called.
 from __future__ import annotations
 
 import _compat_pickle
+import codecs
 import collections
+import functools
 import io
 import pickle
 from dataclasses import dataclass
@@ -48,22 +50,21 @@ def _maybe_decode_ascii(x: Any) -> Any:
     return x.decode("ascii") if isinstance(x, bytes) else x
 
 
-def _dtype_names() -> set[str]:
-    return {n for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)}
-
-
 def _rebuild_from_type_v2_checked(func: Any, new_type: Any, args: Any, state: Any) -> Any:
-    if func not in _SAFE_REBUILDERS or new_type not in (torch.Tensor, torch.nn.Parameter):
+    if func not in _allowlist()[1] or new_type not in (torch.Tensor, torch.nn.Parameter):
         raise pickle.UnpicklingError(
             f"weights-only load: refusing to rebuild {getattr(new_type, '__name__', new_type)!r} with {func!r}"
         )
     return torch._tensor._rebuild_from_type_v2(func, new_type, args, state)
 
 
-_SAFE_REBUILDERS: set[Callable[..., Any]] = set()
+@functools.lru_cache(maxsize=1)
+def _allowlist() -> tuple[dict[tuple[str, str], Any], frozenset[Any]]:
+    """(module, name) -> object allowed under weights_only, and the tensor rebuilders among them.
 
-
-def _allowed_globals() -> dict[tuple[str, str], Any]:
+    Built once per process from torch's own module dictionary (never dir()/getattr on torch,
+    which would import lazily-loaded subsystems such as torch._dynamo).
+    """
     out: dict[tuple[str, str], Any] = {
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("collections", "Counter"): collections.Counter,
@@ -71,13 +72,15 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
         ("builtins", "frozenset"): frozenset,
         ("builtins", "bytearray"): bytearray,
         ("builtins", "complex"): complex,
-        ("_codecs", "encode"): __import__("codecs").encode,  # protocol-2 pickles of bytes
+        ("_codecs", "encode"): codecs.encode,  # protocol-2 pickles of bytes
         ("torch", "Size"): torch.Size,
         ("torch", "device"): torch.device,
         ("torch", "Tensor"): torch.Tensor,
         ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
         ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2_checked,
     }
+    rebuilders = set()
+    utils = vars(torch._utils)
     for name in (
         "_rebuild_tensor_v2",
         "_rebuild_tensor_v3",
@@ -88,20 +91,17 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
         "_rebuild_qtensor",
         "_rebuild_nested_tensor",
     ):
-        fn = getattr(torch._utils, name, None)
+        fn = utils.get(name)
         if fn is not None:
             out[("torch._utils", name)] = fn
-            _SAFE_REBUILDERS.add(fn)
-    layout = getattr(torch.serialization, "_get_layout", None)
+            rebuilders.add(fn)
+    layout = vars(torch.serialization).get("_get_layout")
     if layout is not None:
         out[("torch.serialization", "_get_layout")] = layout
-    for n in _dtype_names():
-        out[("torch", n)] = getattr(torch, n)
-    for n in dir(torch):
-        v = getattr(torch, n, None)
-        if isinstance(v, (torch.layout, torch.memory_format)):
+    for n, v in list(vars(torch).items()):
+        if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
             out[("torch", n)] = v
-    return out
+    return out, frozenset(rebuilders)
 
 
 class TorchUnpickler(pickle.Unpickler):
@@ -128,7 +128,7 @@ class TorchUnpickler(pickle.Unpickler):
         self._restore = restore
         self._records = records
         self._weights_only = weights_only
-        self._allowed = _allowed_globals() if weights_only else None
+        self._allowed = _allowlist()[0] if weights_only else None
         self.pending: dict[str, PendingStorage] = {}
 
     def find_class(self, module: str, name: str) -> Any:

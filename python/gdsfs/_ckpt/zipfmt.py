@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -168,8 +169,10 @@ def plan(archive: str, records: list[Record]) -> Plan:
     for r in records:
         if r.align <= 0 or r.align & (r.align - 1):
             raise ValueError(f"zip: alignment {r.align} of {r.name!r} must be a power of two")
-        if r.data is not None and len(r.data) != r.size:
-            raise ValueError(f"zip: record {r.name!r} has {len(r.data)} bytes but size {r.size}")
+        if r.data is not None:
+            if len(r.data) != r.size:
+                raise ValueError(f"zip: record {r.name!r} has {len(r.data)} bytes but size {r.size}")
+            r.crc = zlib.crc32(r.data)
         fname = _fullname(archive, r.name)
         z64 = struct.pack("<HHQQ", 1, 16, r.size, r.size) if r.size >= _U32_MAX else b""
         base = pos + _LOCAL_FIXED + len(fname) + len(z64) + 4  # 4: the FB extra's own header
