@@ -772,7 +772,8 @@ func TestControlCLI(t *testing.T) {
 		{[]string{"read", "--offset", "-1", p}, "--offset"},
 		{[]string{"read", "--offset", fmt.Sprint(len(data) + 1), p}, "past the end"},
 		{[]string{"read", "/etc/hostname"}, "not on a gdsfs mount"},
-		{[]string{"read", "--device", "0", p}, "device"},
+		{[]string{"read", "--device", "0", p}, "host memory only"},
+		{[]string{"read", "--parallel", "2", p}, "--discard"},
 		{[]string{"stat", "/etc/hostname"}, "not on a gdsfs mount"},
 		{[]string{"status", "/tmp"}, "not a gdsfs mountpoint"},
 	} {
@@ -781,7 +782,11 @@ func TestControlCLI(t *testing.T) {
 			t.Errorf("gdsfs %v: exit %d, %q; want exit 2 mentioning %q", tc.args, code, out, tc.want)
 		}
 	}
-	out, code := runGdsfs(t, "stat", p)
+	out, code := runGdsfs(t, "read", "--discard", "--parallel", "3", p)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("control-path read: %d bytes", len(data))) {
+		t.Errorf("gdsfs read --discard: exit %d, %q", code, out)
+	}
+	out, code = runGdsfs(t, "stat", p)
 	if code != 0 || !strings.Contains(out, "engine:") || !strings.Contains(out, "host") || !strings.Contains(out, "20971597") {
 		t.Errorf("gdsfs stat: exit %d\n%s", code, out)
 	}

@@ -7,8 +7,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/ctl"
@@ -25,6 +29,8 @@ func newReadCmd() *cobra.Command {
 	var (
 		offset, length int64
 		device         int
+		discard        bool
+		parallel       int
 	)
 	cmd := &cobra.Command{
 		Use:   "read [--offset N] [--length N] [--device N] FILE",
@@ -36,9 +42,12 @@ read of the same range; a range that runs past the end of the file stops
 there. Useful to check the control path end to end, and in scripts.
 
 --device -1 (the default when the daemon serves host memory) uses shared
-host memory slabs.`,
+host memory slabs; --device N uses GPU N's slabs, copied back by CUDA IPC.
+--discard reads into the slabs and throws the bytes away, printing the
+throughput: the control path's own speed, file to slab.`,
 		Example: `  gdsfs read /data/shard-000.tar | sha256sum
-  gdsfs read --offset 4096 --length 1048576 /data/model.safetensors > head.bin`,
+  gdsfs read --offset 4096 --length 1048576 /data/model.safetensors > head.bin
+  gdsfs read --device 0 --discard --parallel 8 /data/big.bin   # file -> GPU throughput`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if offset < 0 {
@@ -50,16 +59,25 @@ host memory slabs.`,
 			if device < -1 {
 				return usagef("--device %d: give -1 (host memory) or a CUDA device number", device)
 			}
+			if parallel < 1 || parallel > 64 {
+				return usagef("--parallel %d: give 1 to 64", parallel)
+			}
+			if parallel > 1 && !discard {
+				return usagef("--parallel needs --discard (output is written in order by one reader)")
+			}
 			dev := int32(device)
 			if !cmd.Flags().Changed("device") {
 				dev = -2 // the daemon's kind: decided after hello
 			}
-			return runRead(cmd.Context(), cmd.OutOrStdout(), args[0], offset, length, dev)
+			o := readOpts{offset: offset, length: length, device: dev, discard: discard, parallel: parallel}
+			return runRead(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], o)
 		},
 	}
 	cmd.Flags().Int64Var(&offset, "offset", 0, "first byte to read")
 	cmd.Flags().Int64Var(&length, "length", -1, "bytes to read (default: to the end of the file)")
 	cmd.Flags().IntVar(&device, "device", -1, "slab device: -1 for shared host memory, N for CUDA device N")
+	cmd.Flags().BoolVar(&discard, "discard", false, "read into the slabs only, print the throughput (nothing on stdout)")
+	cmd.Flags().IntVar(&parallel, "parallel", 1, "with --discard: requests in flight at once")
 	return cmd
 }
 
@@ -84,7 +102,15 @@ func findMount(path string) (string, error) {
 	}
 }
 
-func runRead(ctx context.Context, w io.Writer, path string, offset, length int64, device int32) error {
+// readOpts are gdsfs read's parsed flags.
+type readOpts struct {
+	offset, length int64
+	device         int32 // -2: the daemon's default kind
+	discard        bool
+	parallel       int
+}
+
+func runRead(ctx context.Context, w, stderr io.Writer, path string, o readOpts) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -104,12 +130,12 @@ func runRead(ctx context.Context, w io.Writer, path string, offset, length int64
 	if !st.Mode().IsRegular() {
 		return usagef("%s is not a regular file; gdsfs read reads files", path)
 	}
-	if offset > st.Size() {
-		return usagef("--offset %d is past the end of %s (%d bytes)", offset, path, st.Size())
+	if o.offset > st.Size() {
+		return usagef("--offset %d is past the end of %s (%d bytes)", o.offset, path, st.Size())
 	}
 	end := st.Size()
-	if length >= 0 && length < end-offset {
-		end = offset + length
+	if o.length >= 0 && o.length < end-o.offset {
+		end = o.offset + o.length
 	}
 	cl, err := ctl.OpenSession(mp)
 	if err != nil {
@@ -117,69 +143,122 @@ func runRead(ctx context.Context, w io.Writer, path string, offset, length int64
 	}
 	defer cl.Close()
 	h := cl.Hello()
-	if device == -2 {
-		device = ctl.HostDevice
+	if o.device == -2 {
+		o.device = ctl.HostDevice
 		if h.Caps&ctl.CapHostSlabs == 0 {
-			device = 0
+			o.device = 0
 		}
+	}
+	switch {
+	case o.device == ctl.HostDevice && h.Caps&ctl.CapHostSlabs == 0:
+		return usagef("--device -1: the daemon serves GPU slabs only (%d devices); give --device 0..%d", h.Devices, int(h.Devices)-1)
+	case o.device >= 0 && uint32(o.device) >= h.Devices:
+		if h.Devices == 0 {
+			return usagef("--device %d: the daemon serves host memory only (no GPU); leave --device out", o.device)
+		}
+		return usagef("--device %d: the daemon serves devices 0..%d", o.device, int(h.Devices)-1)
 	}
 	chunk := int64(readChunkBytes)
 	if h.MaxLease > 0 {
-		chunk = min(chunk, int64(h.MaxLease)/readBatch)
+		chunk = min(chunk, int64(h.MaxLease)/int64(readBatch*o.parallel))
 	}
 	chunk = max(chunk, ctl.AlignBytes)
+	r := &reader{cl: cl, f: f, path: path, device: o.device, chunk: chunk}
+	if o.discard {
+		return r.discard(ctx, stderr, o.offset, end, o.parallel)
+	}
+	sink, err := newSlabReader(ctx, cl, o.device)
+	if err != nil {
+		return err
+	}
+	defer sink.close()
+	return r.stream(ctx, w, sink, o.offset, end)
+}
 
-	// One batch is read ahead while the previous one is written out.
-	type batch struct {
+// reader reads a file range through the control path in batches.
+type reader struct {
+	cl     *ctl.Client
+	f      *os.File
+	path   string
+	device int32
+	chunk  int64
+}
+
+// batch reads up to readBatch chunks from off, not past end.
+func (r *reader) batch(ctx context.Context, off, end int64) ([]ctl.Lease, int64, error) {
+	var ranges []ctl.Range
+	for len(ranges) < readBatch && off < end {
+		n := min(r.chunk, end-off)
+		ranges = append(ranges, ctl.Range{Offset: uint64(off), Length: uint64(n)})
+		off += n
+	}
+	ls, err := r.cl.Read(ctx, r.f, r.device, ranges)
+	if err != nil {
+		return nil, off, readError(r.path, err)
+	}
+	return ls, off, nil
+}
+
+func (r *reader) release(ctx context.Context, ls []ctl.Lease) error {
+	ids := make([]uint64, 0, len(ls))
+	for _, l := range ls {
+		if l.ID != 0 {
+			ids = append(ids, l.ID)
+		}
+	}
+	if err := r.cl.Release(ctx, ids...); err != nil {
+		return readError(r.path, err)
+	}
+	return nil
+}
+
+// stream writes [off, end) to w in order, reading one batch ahead.
+func (r *reader) stream(ctx context.Context, w io.Writer, sink slabReader, off, end int64) error {
+	type result struct {
 		leases []ctl.Lease
 		err    error
 	}
-	ahead := make(chan batch, 1)
+	ahead := make(chan result, 1)
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
 		defer close(ahead)
-		for off := offset; off < end; {
-			var ranges []ctl.Range
-			for len(ranges) < readBatch && off < end {
-				n := min(chunk, end-off)
-				ranges = append(ranges, ctl.Range{Offset: uint64(off), Length: uint64(n)})
-				off += n
-			}
-			ls, err := cl.Read(ctx, f, device, ranges)
+		for off < end {
+			var res result
+			res.leases, off, res.err = r.batch(ctx, off, end)
 			select {
-			case ahead <- batch{ls, err}:
+			case ahead <- res:
 			case <-stop:
+				if res.err == nil {
+					r.release(ctx, res.leases)
+				}
 				return
 			}
-			if err != nil {
+			if res.err != nil {
 				return
 			}
 		}
 	}()
-	for b := range ahead {
-		if b.err != nil {
-			return readError(path, b.err)
+	var buf []byte
+	for res := range ahead {
+		if res.err != nil {
+			return res.err
 		}
 		short := false
-		for _, l := range b.leases {
-			data, err := cl.Bytes(ctx, l)
+		for _, l := range res.leases {
+			data, err := sink.bytes(ctx, l, &buf)
 			if err != nil {
-				return readError(path, err)
+				r.release(ctx, res.leases)
+				return readError(r.path, err)
 			}
 			if _, err := w.Write(data); err != nil {
+				r.release(ctx, res.leases)
 				return fmt.Errorf("write output: %w", err)
 			}
 			short = short || l.Valid < l.Length
 		}
-		ids := make([]uint64, 0, len(b.leases))
-		for _, l := range b.leases {
-			if l.ID != 0 {
-				ids = append(ids, l.ID)
-			}
-		}
-		if err := cl.Release(ctx, ids...); err != nil {
-			return readError(path, err)
+		if err := r.release(ctx, res.leases); err != nil {
+			return err
 		}
 		if short {
 			// The file shrank while it was read: stop at its new end,
@@ -187,6 +266,56 @@ func runRead(ctx context.Context, w io.Writer, path string, offset, length int64
 			return nil
 		}
 	}
+	return nil
+}
+
+// discard reads [off, end) with parallel requests in flight and reports the
+// throughput on stderr.
+func (r *reader) discard(ctx context.Context, stderr io.Writer, off, end int64, parallel int) error {
+	var (
+		next  atomic.Int64
+		bytes atomic.Int64
+		wg    sync.WaitGroup
+		errMu sync.Mutex
+		first error
+	)
+	span := r.chunk * readBatch
+	start := time.Now()
+	for range parallel {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				from := off + i*span
+				if from >= end {
+					return
+				}
+				ls, _, err := r.batch(ctx, from, min(end, from+span))
+				if err == nil {
+					for _, l := range ls {
+						bytes.Add(int64(l.Valid))
+					}
+					err = r.release(ctx, ls)
+				}
+				if err != nil {
+					errMu.Lock()
+					if first == nil {
+						first = err
+					}
+					errMu.Unlock()
+					next.Store(1 << 62)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	d := time.Since(start)
+	n := bytes.Load()
+	fmt.Fprintf(stderr, "control-path read: %d bytes in %.3fs: %.2f GB/s (device %d, %d requests of %d x %s in flight)\n",
+		n, d.Seconds(), float64(n)/d.Seconds()/1e9, r.device, parallel, readBatch, humanize.IBytes(uint64(r.chunk)))
 	return nil
 }
 
