@@ -268,8 +268,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         return self._session is not None
 
     def __len__(self) -> int:
-        # Samples of one epoch across all ranks and workers.
-        return sum(self.counts)
+        """Samples this rank reads per epoch (all of its workers together)."""
+        total = sum(self.counts)
+        rank, world = _rank_world() if self.split_by_node else (0, 1)
+        return (rank + 1) * total // world - rank * total // world
 
     def _close_shards(self) -> None:
         if self._open_pid == os.getpid():

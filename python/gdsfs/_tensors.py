@@ -334,9 +334,12 @@ class GDSBatch:
     releasing the batch's leases with one request.
     """
 
-    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None, epoch: int = 0, slots: int = 0) -> None:
+    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None, epoch: int = 0, slots: int = 0, engines: Sequence[str] = ()) -> None:
         self.data = data
         self.gpu_fields = tuple(gpu_fields)
+        # Engines that moved the gpu fields' bytes ("host", "posix", "gds",
+        # ...); empty when every field was read with plain pread.
+        self.engines = frozenset(engines)
         # Resume bookkeeping: samples handed out per (rank, worker) slot
         # after this batch, the epoch and the number of slots.
         self.progress = dict(progress or {})
@@ -408,7 +411,7 @@ class GDSBatch:
                     out[k] = v
         finally:
             _sync_and_release(self._refs())
-        return GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots)
+        return GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
 
     def pin_memory(self, device: Device = None) -> "GDSBatch":
         """What DataLoader(pin_memory=True) calls in its pin-memory thread:
@@ -421,7 +424,7 @@ class GDSBatch:
         b = self.materialize(device, pin=non_blocking)
         d = _device(device)
         data = {k: (v.to(d, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v) for k, v in b.data.items()}
-        return GDSBatch(data, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots)
+        return GDSBatch(data, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
 
 
 def collate(samples: Sequence[Mapping[str, Any]]) -> GDSBatch:
@@ -459,7 +462,8 @@ def collate(samples: Sequence[Mapping[str, Any]]) -> GDSBatch:
     gpu_fields = set(gpu)
     for s in samples[:1]:
         gpu_fields.update(getattr(s, "gpu_fields", ()))
-    return GDSBatch(data, gpu_fields=sorted(gpu_fields), progress=progress, epoch=epoch, slots=slots)
+    engines = {t.ref.engine for v in data.values() if isinstance(v, _RefColumn) for t in v.refs if t.ref.lease}
+    return GDSBatch(data, gpu_fields=sorted(gpu_fields), progress=progress, epoch=epoch, slots=slots, engines=sorted(engines))
 
 
 def materialize(obj: Any, device: Device = None, *, copy: bool = True) -> Any:

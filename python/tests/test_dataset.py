@@ -153,6 +153,7 @@ def test_pin_memory_hook_is_called_on_batch(datasets) -> None:
         assert not batch.materialized
         pinned = pin_memory(batch)  # what the DataLoader's pin thread does
         assert isinstance(pinned, gt.GDSBatch) and pinned.materialized
+        assert batch.engines == pinned.engines == {"host"}
         for row in _rows(pinned):
             _same(row["x.npy"], datasets.wds[row["__key__"]]["x.npy"], "x.npy")
     assert datasets.mount.wait_leases(0) == 0
