@@ -111,6 +111,20 @@ def test_npy_files(datasets) -> None:
     assert datasets.mount.wait_leases(0) == 0
 
 
+def test_ranks_split_the_epoch(datasets, monkeypatch) -> None:
+    per_rank = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        with gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=["x.npy"], shuffle=True, seed=3) as ds:
+            keys = [k for b in gt.DataLoader(ds, batch_size=5, num_workers=2) for k in b["__key__"]]
+            assert len(keys) == len(ds)
+            per_rank.append(keys)
+    everything = [k for keys in per_rank for k in keys]
+    assert sorted(everything) == sorted(datasets.wds)
+    assert max(map(len, per_rank)) - min(map(len, per_rank)) <= 1
+
+
 def test_one_daemon_request_per_shard_chunk(datasets) -> None:
     before = datasets.mount.stats()["counters"]["reads"]
     with gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=WDS_GPU, read_ahead=64) as ds:
