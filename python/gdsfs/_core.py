@@ -26,6 +26,10 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         ioctls as the protocol allows. One Ref per range, in order; when it
         returns, the bytes are in place. Ref.valid < Ref.length only at EOF.
 
+    session.read_names(fd, names, *, device=None) -> list[Ref]
+        The same for index entries by name (tar member path, MDS
+        "sample/<i>/<column>", safetensors tensor, zip record, "data" of .npy).
+
     session.alloc(nbytes, *, device=None) -> Ref
         A writable lease of nbytes (for checkpoint save).
 
@@ -33,7 +37,7 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         Host mode only: a writable memoryview of exactly ref's bytes in the
         mmapped slab (the slab is mapped once per process and cached).
 
-    session.write(fd, ref, offset, nbytes=None) -> int
+    session.write(fd, ref, offset, nbytes=None, *, lease_offset=0, sync=False) -> int
         Have the daemon write ref's bytes (or the first nbytes) to the open
         file fd (opened writable on the mount) at offset. Returns bytes written.
 
@@ -47,6 +51,7 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
 
     capabilities(path) -> Capabilities      what the daemon serves for path
     layout(path) -> dict                    the daemon's parsed index (JSON)
+    status(path) -> dict                    sessions, leases, pool, counters
 
     gdsfs.torch.tensor_from_ref(ref, dtype, shape, device=None, *, copy=True,
                                 session=None, release=None) -> torch.Tensor
