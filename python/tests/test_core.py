@@ -338,3 +338,31 @@ def test_pip_installs_the_package(tmp_path) -> None:
     code = "import sys, gdsfs; assert gdsfs.__file__.startswith(sys.argv[1]), gdsfs.__file__; assert 'torch' not in sys.modules; import gdsfs.torch"
     r = subprocess.run([sys.executable, "-c", code, str(target)], cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=str(target)), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_read_names_by_index_entry(gdsfs_mount) -> None:
+    import numpy as np
+
+    buf = io.BytesIO()
+    members = {"k/0.x.npy": os.urandom(5000), "k/0.cls": b"7"}
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in members.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    tar = _write(gdsfs_mount, "names.tar", buf.getvalue())
+    arr = np.arange(100, dtype=np.float32)
+    npy = io.BytesIO()
+    np.save(npy, arr)
+    npyp = _write(gdsfs_mount, "names.npy", npy.getvalue())
+    with gdsfs.Session(gdsfs_mount.mnt) as s:
+        with open(tar, "rb") as f:
+            refs = s.read_names(f, ["k/0.cls", "k/0.x.npy", "sample/0/cls"])
+            assert [bytes(s.host_buffer(r)) for r in refs] == [b"7", members["k/0.x.npy"], b"7"]
+            with pytest.raises(gdsfs.GDSUnavailableError) as ei:
+                s.read_names(f, ["k/9.nope"])
+            assert ei.value.errno == errno.ENOENT
+        with open(npyp, "rb") as f:
+            [r] = s.read_names(f, ["data"])
+            assert bytes(s.host_buffer(r)) == arr.tobytes()
+    assert gdsfs_mount.wait_leases(0) == 0
