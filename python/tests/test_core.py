@@ -366,3 +366,29 @@ def test_read_names_by_index_entry(gdsfs_mount) -> None:
             [r] = s.read_names(f, ["data"])
             assert bytes(s.host_buffer(r)) == arr.tobytes()
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_full_pool_waits_for_release_then_gives_up(gdsfs_bin, tmp_path) -> None:
+    """A read into a full pool waits (EAGAIN, retried) until leases come
+    back, and fails with a message naming the cause when none do."""
+    import threading
+
+    from conftest import mount as mount_fs
+    from conftest import unmount
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(3 << 20))
+    m = mount_fs(gdsfs_bin, str(src), str(mnt), str(tmp_path / "log"), "--host-pool", "4MiB", "--slab-size", "4MiB")
+    try:
+        with gdsfs.Session(m.mnt) as s, open(m.path("f.bin"), "rb") as f:
+            [big] = s.read(f, [(0, 3 << 20)])
+            with pytest.raises(gdsfs.GDSUnavailableError, match="EAGAIN") as ei:
+                s.read(f, [(0, 2 << 20)], timeout=0.3)
+            assert ei.value.errno == errno.EAGAIN
+            threading.Timer(0.3, s.release, args=([big],)).start()
+            [r] = s.read(f, [(0, 2 << 20)], timeout=30)
+            assert bytes(s.host_buffer(r)) == (src / "f.bin").read_bytes()[: 2 << 20]
+    finally:
+        unmount(gdsfs_bin, m.mnt)
