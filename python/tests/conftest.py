@@ -81,6 +81,21 @@ def mount(binary: str, src: str, mnt: str, log: str, *extra: str) -> Mount:
     return Mount(binary, src, mnt, log)
 
 
+_DAEMON_FIXTURES = {"gdsfs_bin", "gdsfs_mount", "datasets"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "daemon: needs the gdsfs binary and a live mount (deselect with -m 'not daemon')")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that use a live mount are marked, so that the daemon-free checks
+    # run on their own with: pytest -m "not daemon" python/tests
+    for item in items:
+        if _DAEMON_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.daemon)
+
+
 @pytest.fixture(scope="session")
 def gdsfs_bin() -> str:
     b = _bin()
