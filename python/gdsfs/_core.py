@@ -422,11 +422,11 @@ class Session:
         self._lock = threading.Lock()
         try:
             self.hello = _hello(self._cfd)
+            self.token = self.hello.token
+            self.device = self._default_device(device)
         except BaseException:
             os.close(self._cfd)
             raise
-        self.token = self.hello.token
-        self.device = self._default_device(device)
         self._closed = False
         self._finalizer = weakref.finalize(self, os.close, self._cfd)
         _open_sessions[(root, self.token.session)] = self

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import time
 import warnings
 
 import pytest
@@ -226,6 +227,16 @@ def test_many_ranges_split_into_several_reads(gdsfs_mount) -> None:
         refs = s.read(f, ranges)
         assert b"".join(bytes(s.host_buffer(r)) for r in refs) == data
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_device_the_daemon_lacks_is_refused(gdsfs_mount) -> None:
+    before = gdsfs_mount.stats()["sessions"]
+    with pytest.raises(gdsfs.GDSUnavailableError, match="no slabs on CUDA device 0"):
+        gdsfs.Session(gdsfs_mount.mnt, device=0)
+    deadline = time.monotonic() + 10
+    while gdsfs_mount.stats()["sessions"] != before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gdsfs_mount.stats()["sessions"] == before  # the control descriptor was closed
 
 
 def test_close_returns_every_lease(gdsfs_mount) -> None:
