@@ -39,8 +39,8 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return usageError{fmt.Errorf("%w (see gdsfs %s --help)", err, "COMMAND")}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%w (see %s --help)", err, c.CommandPath())}
 	})
 	root.AddCommand(
 		// subcommands, one file each
@@ -65,13 +65,17 @@ func main() {
 func run(args []string) int {
 	root := newRootCmd()
 	root.SetArgs(args)
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintf(os.Stderr, "gdsfs: %v\n", err)
 	var ue usageError
-	if errors.As(err, &ue) || isCobraUsageError(err) {
+	if !errors.As(err, &ue) && isCobraUsageError(err) {
+		// Cobra's own argument errors say what is wrong, not what to do.
+		err = usageError{fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())}
+	}
+	fmt.Fprintf(os.Stderr, "gdsfs: %v\n", err)
+	if errors.As(err, &ue) {
 		return exitUsage
 	}
 	return exitFailure
