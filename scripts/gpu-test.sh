@@ -73,6 +73,12 @@ done
 echo "== torch.cuda.gds on the same file"
 timeout 120 python3 scripts/gpu_torch_gds.py "$work/bench.dat" 2>&1 | tee "$out/torch-gds.txt"
 
+# ---- control path (issue 4): scripts/gpu/control.sh ----------------------
+echo "== control path: GPU slabs end to end (CUDA IPC consumer), gdsfs read, ioctl-hop throughput"
+timeout 900 scripts/gpu/control.sh "$bin/gdsfs" "$work" "$out" 2>&1 | tee "$out/control.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+# ---- end of control path ---------------------------------------------------
+
 echo
 echo "================ summary ================"
 grep -E '^(--- |ok |FAIL|PASS)' "$out/cufile-test.txt" | grep -E -- '--- (PASS|FAIL|SKIP): TestGPU' | sed 's/ (.*//'
@@ -81,5 +87,6 @@ grep -E 'byte-exact|match' "$out/cufile-test.txt" | sed 's/^ *gpu_test.go:[0-9]*
 grep -E '^ *(read|pread|h2d|odirect|gds|posix|host)' "$out/bench.txt"
 grep -E 'torch.cuda.gds' "$out/torch-gds.txt"
 grep -E '^verdict' "$out/doctor.txt"
+grep -E '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* GB/s|^control.sh:' "$out/control.txt"
 echo "gpu-test: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

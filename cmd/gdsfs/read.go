@@ -30,6 +30,7 @@ func newReadCmd() *cobra.Command {
 		offset, length int64
 		device         int
 		discard        bool
+		engineOnly     bool
 		parallel       int
 	)
 	cmd := &cobra.Command{
@@ -44,10 +45,13 @@ there. Useful to check the control path end to end, and in scripts.
 --device -1 (the default when the daemon serves host memory) uses shared
 host memory slabs; --device N uses GPU N's slabs, copied back by CUDA IPC.
 --discard reads into the slabs and throws the bytes away, printing the
-throughput: the control path's own speed, file to slab.`,
+throughput: the control path's own speed, file to slab. --engine-only
+measures the same requests with the engine alone, in this process, on the
+backing file: the difference is the cost of the ioctl hop.`,
 		Example: `  gdsfs read /data/shard-000.tar | sha256sum
   gdsfs read --offset 4096 --length 1048576 /data/model.safetensors > head.bin
-  gdsfs read --device 0 --discard --parallel 8 /data/big.bin   # file -> GPU throughput`,
+  gdsfs read --device 0 --discard --parallel 8 /data/big.bin   # file -> GPU throughput
+  gdsfs read --device 0 --discard --parallel 8 --engine-only /data/big.bin   # the same, engine alone`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if offset < 0 {
@@ -65,11 +69,14 @@ throughput: the control path's own speed, file to slab.`,
 			if parallel > 1 && !discard {
 				return usagef("--parallel needs --discard (output is written in order by one reader)")
 			}
+			if engineOnly && !discard {
+				return usagef("--engine-only needs --discard (it measures, it does not copy)")
+			}
 			dev := int32(device)
 			if !cmd.Flags().Changed("device") {
 				dev = -2 // the daemon's kind: decided after hello
 			}
-			o := readOpts{offset: offset, length: length, device: dev, discard: discard, parallel: parallel}
+			o := readOpts{offset: offset, length: length, device: dev, discard: discard, engineOnly: engineOnly, parallel: parallel}
 			return runRead(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], o)
 		},
 	}
@@ -78,6 +85,7 @@ throughput: the control path's own speed, file to slab.`,
 	cmd.Flags().IntVar(&device, "device", -1, "slab device: -1 for shared host memory, N for CUDA device N")
 	cmd.Flags().BoolVar(&discard, "discard", false, "read into the slabs only, print the throughput (nothing on stdout)")
 	cmd.Flags().IntVar(&parallel, "parallel", 1, "with --discard: requests in flight at once")
+	cmd.Flags().BoolVar(&engineOnly, "engine-only", false, "with --discard: skip the mount, run the engine in this process on the backing file with the same requests (the baseline of the control path's overhead)")
 	return cmd
 }
 
@@ -107,6 +115,7 @@ type readOpts struct {
 	offset, length int64
 	device         int32 // -2: the daemon's default kind
 	discard        bool
+	engineOnly     bool
 	parallel       int
 }
 
@@ -164,6 +173,9 @@ func runRead(ctx context.Context, w, stderr io.Writer, path string, o readOpts) 
 	}
 	chunk = max(chunk, ctl.AlignBytes)
 	r := &reader{cl: cl, f: f, path: path, device: o.device, chunk: chunk}
+	if o.engineOnly {
+		return engineOnly(ctx, stderr, path, o, chunk, o.offset, end)
+	}
 	if o.discard {
 		return r.discard(ctx, stderr, o.offset, end, o.parallel)
 	}
