@@ -242,8 +242,9 @@ func (s *Server) Mountpoint() string { return s.mountpoint }
 func (s *Server) Backing() string { return s.m.root }
 
 // Passthrough reports whether reads and writes go through kernel FUSE
-// passthrough, and why (or why not). It can change from true to false
-// while the mount runs, when the kernel refuses a backing file.
+// passthrough, and why (or why not). It is fixed at mount time; files the
+// kernel refuses later are served by the daemon one by one, and the reason
+// then counts them and names the first.
 func (s *Server) Passthrough() (bool, string) { return s.m.pt.state() }
 
 // PassthroughStats counts opens of data files by how their I/O is served.
