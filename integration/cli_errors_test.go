@@ -74,6 +74,7 @@ func TestCLIErrors(t *testing.T) {
 		{"warm zero workers", []string{"warm", "--workers", "0", d("d")}, "--workers 0: give 1 to 256"},
 		{"warm bad progress", []string{"warm", "--progress", "loud", d("d")}, `--progress "loud": use auto, always or never`},
 		{"status of a plain directory", []string{"status", d("d")}, fmt.Sprintf("%s is not a gdsfs mountpoint (no .gdsfs in it); give the directory gdsfs mount was given", d("d"))},
+		{"status watch too often", []string{"status", "--watch", "--interval", "1ms", live}, "--interval 1ms: give at least 100ms, such as 2s"},
 		{"read off the mount", []string{"read", d("file")}, fmt.Sprintf("%s is not on a gdsfs mount (no .gdsfs above it); mount its directory with gdsfs mount", d("file"))},
 		{"read negative offset", []string{"read", "--offset", "-5", liveData}, "--offset -5: give a byte offset >= 0"},
 		{"stat off the mount", []string{"stat", d("file")}, fmt.Sprintf("%s is not on a gdsfs mount (it has no user.gdsfs.info); mount its directory with gdsfs mount", d("file"))},

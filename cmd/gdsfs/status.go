@@ -17,6 +17,7 @@ import (
 
 func newStatusCmd() *cobra.Command {
 	var asJSON bool
+	var watch watchFlags
 	cmd := &cobra.Command{
 		Use:   "status [--json] MOUNTPOINT",
 		Short: "Show a mount's buffer pool, sessions and control-path counters",
@@ -24,13 +25,18 @@ func newStatusCmd() *cobra.Command {
 pool per device (budget, allocated, leased), open sessions and what they hold,
 and counters of reads, writes and refusals by errno.`,
 		Example: `  gdsfs status /data
+  gdsfs status --watch /data                 # refresh every 2s with rates, until Ctrl-C
   gdsfs status --json /data | jq .pool.devices`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if watch.on {
+				return runStatusWatch(cmd.Context(), cmd.OutOrStdout(), args[0], watch.every)
+			}
 			return runStatus(cmd.Context(), cmd.OutOrStdout(), args[0], asJSON)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status JSON as it is")
+	addWatchFlags(cmd, &watch) // cmd/gdsfs/status_watch.go
 	return cmd
 }
 
@@ -50,6 +56,11 @@ func runStatus(ctx context.Context, w io.Writer, mp string, asJSON bool) error {
 	if err != nil {
 		return err
 	}
+	return printStatus(w, mp, doc, cl.Hello(), asJSON)
+}
+
+// printStatus renders one STATUS document (also used by --watch).
+func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bool) error {
 	if asJSON {
 		_, err := fmt.Fprintf(w, "%s\n", doc)
 		return err
@@ -58,7 +69,6 @@ func runStatus(ctx context.Context, w io.Writer, mp string, asJSON bool) error {
 	if err := json.Unmarshal(doc, &st); err != nil {
 		return fmt.Errorf("status of %s is not the expected JSON: %w", mp, err)
 	}
-	h := cl.Hello()
 	// This command's own session is one of the sessions counted.
 	fmt.Fprintf(w, "mount:    %s (daemon pid %d, version %s)\n", mp, st.DaemonPID, st.Version)
 	fmt.Fprintf(w, "engine:   %s (%s slabs)\n", st.Engine, st.Pool.Backend)
