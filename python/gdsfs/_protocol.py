@@ -252,4 +252,6 @@ ERRNO_HINTS = {
     _errno.EPROTO: "the daemon speaks another protocol version: upgrade the gdsfs Python package",
     _errno.EROFS: "the mount is read-only",
     _errno.EBADF: "the file is not open for writing",
+    _errno.EOPNOTSUPP: "the entry is not one plain byte range (compressed zip record, sparse tar member): read it with plain I/O",
+    _errno.ENODATA: "the file has no recognised format (tar, MDS, safetensors, torch zip, npy)",
 }
