@@ -8,6 +8,7 @@ fields. Never touches CUDA.
 
 from __future__ import annotations
 
+import glob
 import json
 import multiprocessing
 import multiprocessing.context
@@ -130,8 +131,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
     same world size and num_workers are required).
 
     Args:
-        shards: shard paths, or brace patterns ("train-{000..099}.tar"), or
-            an MDS dataset directory (with index.json).
+        shards: shard paths, brace patterns ("train-{000..099}.tar"), glob
+            patterns ("train-*.tar", sorted), or an MDS dataset directory
+            (with index.json).
         format: "auto" (by extension), "wds"/"tar", "mds", "npy" or "raw".
         gpu_keys: fields delivered as tensors from daemon memory: tar member
             extensions ("x.npy", "jpg"), MDS columns, "npy"/"raw" for files.
@@ -221,6 +223,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 out.extend(GDSShardDataset._mds_dir(p))
                 continue
             for q in expand_braces(p):
+                if any(c in q for c in "*?["):
+                    found = sorted(glob.glob(q))
+                    if not found:
+                        raise FileNotFoundError(f"gdsfs: no shard matches {q!r}: check the pattern")
+                    out.extend(found)
+                    continue
                 if not os.path.exists(q):
                     raise FileNotFoundError(f"gdsfs: shard {q!r} does not exist: check the path or brace pattern")
                 out.append(q)
@@ -403,7 +411,11 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             try:
                 doc = json.loads(_core._paged(fd, proto.INDEX, proto.INDEX_SIZE, "INDEX"))
             except OSError as e:
-                raise _core._daemon_error("INDEX", e, repr(path)) from e
+                err = _core._daemon_error("INDEX", e, repr(path))
+                if self.strict:
+                    raise err from e
+                warn_fallback(str(err))
+                return _layout.local_index(path, fmt)
             if doc.get("format") != fmt:
                 raise ValueError(f"gdsfs: {path!r} is indexed as {doc.get('format')!r}, expected {fmt!r}: pass format= explicitly")
             return doc

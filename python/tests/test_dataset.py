@@ -173,6 +173,14 @@ def test_pin_memory_hook_is_called_on_batch(datasets) -> None:
     assert datasets.mount.wait_leases(0) == 0
 
 
+def test_shard_patterns(datasets) -> None:
+    wds = datasets.dir("wds")
+    with gt.GDSShardDataset(os.path.join(wds, "train-*.tar")) as a, gt.GDSShardDataset(os.path.join(wds, "train-{000..003}.tar")) as b:
+        assert a.shards == b.shards == datasets.wds_shards()
+    with pytest.raises(FileNotFoundError, match="no shard matches"):
+        gt.GDSShardDataset(os.path.join(wds, "nothing-*.tar"))
+
+
 def test_shuffle_is_seeded_and_set_epoch_reshuffles(datasets) -> None:
     def keys(seed: int, epoch: int) -> list[str]:
         ds = gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=[], shuffle=True, seed=seed)
