@@ -51,6 +51,9 @@ type Options struct {
 	AllowOther bool
 	// Debug logs every FUSE operation (very verbose).
 	Debug bool
+	// Observer, if set, is told about every FUSE operation the daemon
+	// serves (metrics); see fs/observe.go.
+	Observer Observer
 	// NoPassthrough makes the daemon serve all reads and writes even where
 	// the kernel offers passthrough (for comparison and tests).
 	NoPassthrough bool
@@ -194,8 +197,18 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 			}
 		},
 	}
-	srv, err := gofs.Mount(o.Mountpoint, rootNode, gopts)
+	// gofs.Mount, with the raw filesystem wrapped when observed.
+	raw := gofs.NewNodeFS(rootNode, gopts)
+	if o.Observer != nil {
+		raw = &observedFS{RawFileSystem: raw, obs: o.Observer}
+	}
+	srv, err := fuse.NewServer(raw, o.Mountpoint, &gopts.MountOptions)
 	if err != nil {
+		return fail(fmt.Errorf("mount %q: %w", o.Mountpoint, err))
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		// As gofs.Mount: the serve loop ends by itself when the mount fails.
 		return fail(fmt.Errorf("mount %q: %w", o.Mountpoint, err))
 	}
 	s.srv = srv

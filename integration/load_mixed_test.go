@@ -202,7 +202,7 @@ func TestLoadMixed(t *testing.T) {
 	if peak.rss > loadRSSBoundMiB<<20 {
 		t.Errorf("daemon resident memory peaked at %.0f MiB, bound %d MiB", peak.rss/(1<<20), loadRSSBoundMiB)
 	}
-	var eintr, controlReqs float64
+	var eintr, controlReqs, fuseOps float64
 	if s, err := d.scrape(); err == nil {
 		// EINTR is not a failure: Go clients' threads get SIGURG (the
 		// runtime's preemption signal) during an ioctl, the kernel sends
@@ -219,6 +219,12 @@ func TestLoadMixed(t *testing.T) {
 			t.Errorf("daemon counted %v control-path errors besides EINTR, want 0: %s", e, strings.Join(series, ", "))
 		}
 		controlReqs = s.Sum("gdsfs_control_requests_total")
+		for _, op := range []string{"Lookup", "Create", "Rename", "Unlink", "Ioctl", "GetXAttr", "Fsync"} {
+			if v, _ := s.Get("gdsfs_fuse_ops_total", "op", op); v == 0 {
+				t.Errorf("gdsfs_fuse_ops_total{op=%q} = 0 after the load", op)
+			}
+		}
+		fuseOps = s.Sum("gdsfs_fuse_ops_total")
 	}
 	names := make([]string, 0, len(ops))
 	for k := range ops {
@@ -232,7 +238,7 @@ func TestLoadMixed(t *testing.T) {
 	t.Logf("load: %d clients for %s: %d operations (%.0f/s; %s), %d errors, %.1f MiB verified, %d EAGAIN retries",
 		loadClients, elapsed.Round(time.Second), totalOps, float64(totalOps)/elapsed.Seconds(), strings.Join(opList, ", "),
 		errs, float64(verified)/(1<<20), eagain)
-	t.Logf("daemon: %.0f control-path requests, %.0f of them interrupted by the client (EINTR, retried)", controlReqs, eintr)
+	t.Logf("daemon: %.0f FUSE operations served by the daemon, %.0f control-path requests, %.0f of them interrupted by the client (EINTR, retried)", fuseOps, controlReqs, eintr)
 	t.Logf("daemon: idle before %d fds (+%d slab, %d pipe), %d goroutines, RSS %.0f MiB; peak %.0f fds, %.0f goroutines, RSS %.0f MiB, pool %.0f MiB leased; idle after %d fds (+%d slab, %d pipe), %d goroutines, RSS %.0f MiB, pool %.0f B leased, %.0f sessions",
 		base.fds, base.slabFDs, base.pipeFDs, base.goroutines, base.rssBytes/(1<<20), peak.fds, peak.goroutines, peak.rss/(1<<20), peak.poolBytes/(1<<20),
 		after.fds, after.slabFDs, after.pipeFDs, after.goroutines, after.rssBytes/(1<<20), after.poolBytes, after.sessions)

@@ -107,6 +107,15 @@ func (c *metricsCloser) Close() error {
 	return errors.Join(err, <-c.done)
 }
 
+// fuseObserver returns the metrics behind a control path built with
+// --metrics-addr (nil otherwise), to record FUSE operations.
+func fuseObserver(closer io.Closer) fs.Observer {
+	if c, ok := closer.(*metricsCloser); ok {
+		return c.m
+	}
+	return nil
+}
+
 // poolFigures converts the pool's accounting to the metrics' shape.
 func poolFigures(st gpubuf.Stats) metrics.PoolStats {
 	ps := metrics.PoolStats{Backend: st.Backend}

@@ -296,6 +296,7 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 		AttrTimeout:   flagTimeout(c.attrTimeout),
 		EntryTimeout:  flagTimeout(c.entryTimeout),
 		Control:       ctl,
+		Observer:      fuseObserver(ctlCloser), // metrics, with --metrics-addr
 		Logger:        log,
 	})
 	if err != nil {
