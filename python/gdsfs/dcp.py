@@ -62,6 +62,32 @@ def _on_gdsfs(path: str, strict: bool) -> bool:
     return False
 
 
+class _KeepMetadataFS:
+    """The writer's FileSystem, except that it never unlinks a ``.metadata`` file.
+
+    Stock ``finish`` unlinks the old ``.metadata`` before renaming the new one over it, leaving a
+    moment with no checkpoint at all; rename(2) replaces the old file atomically on its own.
+    """
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    def rm_file(self, path: Any) -> None:
+        if os.path.basename(os.fspath(path)).endswith(".metadata"):
+            return
+        self._fs.rm_file(path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+def _has_metadata(root: str) -> bool:
+    try:
+        return any(n == ".metadata" or (n.startswith("__") and n.endswith(".metadata")) for n in os.listdir(root))
+    except FileNotFoundError:
+        return False
+
+
 def _buckets(bins: int, items: list[Any]) -> list[list[Any]]:
     split = getattr(_fs, "_split_by_size_and_type", None)
     if split is not None:
@@ -89,6 +115,7 @@ class GDSFileSystemWriter(FileSystemWriter):
         if staging not in ("gdsfs", "cpu"):
             raise ValueError(f"gdsfs: staging {staging!r} must be 'gdsfs' or 'cpu'")
         super().__init__(path, *args, **kwargs)
+        self.fs = _KeepMetadataFS(self.fs)
         self._strict = strict
         self._staging = staging
         # data_ptr -> (session, Ref) of tensors staged into leases by stage().
@@ -113,13 +140,17 @@ class GDSFileSystemWriter(FileSystemWriter):
             finally:
                 self._release_staged()
         prefix = plan.storage_data.prefix
+        # Stock names (__{rank}_{n}.distcp) for a new checkpoint. Over an existing one, the new
+        # data files get names of their own, so the old .metadata keeps pointing at intact old
+        # files until the new .metadata replaces it: a crash leaves the old checkpoint or the new.
+        tag = f".{str(getattr(self, 'save_id', ''))[:8] or os.getpid()}" if _has_metadata(root) else ""
         files: list[tuple[str, list[Any]]] = []
         if self.single_file_per_rank:
             for bucket in _buckets(max(1, int(getattr(self, "thread_count", 1))), plan.items):
-                files.append((f"{prefix}{len(files)}{_SUFFIX}", bucket))
+                files.append((f"{prefix}{len(files)}{tag}{_SUFFIX}", bucket))
         else:
             for item in plan.items:
-                files.append((f"{prefix}{len(files)}{_SUFFIX}", [item]))
+                files.append((f"{prefix}{len(files)}{tag}{_SUFFIX}", [item]))
         results: list[Any] = []
         try:
             for name, items in files:
@@ -177,10 +208,21 @@ class GDSFileSystemWriter(FileSystemWriter):
         return results
 
     def finish(self, metadata: Any, results: Any) -> None:
-        """Commit ``.metadata`` the stock way, then make the rename durable."""
+        """Commit ``.metadata`` the stock way, make the rename durable, then remove the data files
+        of the checkpoint it replaced."""
         super().finish(metadata, results)
+        root = os.fspath(self.path)
         if self.sync_files:
-            atomic.fsync_dir(os.fspath(self.path))
+            atomic.fsync_dir(root)
+        if not getattr(self, "use_collectives", True):
+            return  # per-rank metadata: other ranks' files are not ours to judge
+        live = {getattr(info, "relative_path", None) for info in (metadata.storage_data or {}).values()}
+        for n in os.listdir(root):
+            if n.endswith(_SUFFIX) and n.startswith("__") and n not in live:
+                try:
+                    os.unlink(os.path.join(root, n))
+                except FileNotFoundError:
+                    pass
 
     # -- async staging -------------------------------------------------------------------------
 

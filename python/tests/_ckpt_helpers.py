@@ -110,23 +110,102 @@ def flat_state(seed: int, nbytes: int) -> dict[str, torch.Tensor]:
     return {f"w{i}": torch.randn(per, generator=g) for i in range(8)}
 
 
+def dcp_state(seed: int, nbytes: int) -> dict[str, torch.Tensor]:
+    """Like flat_state, but the tensor sizes depend on the seed, so the item offsets of two
+    checkpoints differ and any mix of old metadata and new data files would not load."""
+    g = torch.Generator().manual_seed(seed)
+    per = max(1, nbytes // 8 // 4)
+    return {f"w{i}": torch.randn(per + 1000 * (seed % 7) + 17 * i, generator=g) for i in range(8)}
+
+
+def state_for(kind: str, seed: int, nbytes: int) -> dict[str, torch.Tensor]:
+    """The checkpoint contents the kill test saves for ``seed``."""
+    return dcp_state(seed, nbytes) if kind == "dcp" else flat_state(seed, nbytes)
+
+
+def saver(kind: str, path: str) -> Any:
+    """A function saving a state dict to ``path`` with gdsfs's ``kind`` of checkpoint."""
+    if kind == "checkpoint":
+        from gdsfs.checkpoint import save
+
+        return lambda sd: save(sd, path)
+    if kind == "safetensors":
+        from gdsfs.safetensors import save_file
+
+        return lambda sd: save_file(sd, path, metadata={"n": str(len(sd))})
+    import _dcp_standin as S
+
+    if S.has_real_dcp():
+        import torch.distributed.checkpoint as dcp
+
+        import gdsfs.dcp as gdcp
+
+        return lambda sd: dcp.save(sd, storage_writer=gdcp.GDSFileSystemWriter(path))
+    S.install()
+    import gdsfs.dcp as gdcp
+
+    def save_dcp(sd: dict[str, torch.Tensor]) -> None:
+        items = [S.WriteItem(S.MetadataIndex(k), S.WriteItemType.TENSOR) for k in sd]
+        os.makedirs(path, exist_ok=True)  # stock prepare_local_plan does this
+        w = gdcp.GDSFileSystemWriter(path)
+        res = w.write_data(S.SavePlan(items, S._StoragePrefix("__0_")), S.SavePlannerStub(sd)).wait()
+        w.finish(S.Metadata(), [res])
+
+    return save_dcp
+
+
+def read_dcp_raw(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor item of a DCP checkpoint, read the way the stock reader does (the .metadata
+    pickle, then torch.load of each item's byte range), keyed by fqn."""
+    import io
+    import pickle
+
+    with open(os.path.join(path, ".metadata"), "rb") as f:
+        md = pickle.load(f)
+    out = {}
+    for idx, info in md.storage_data.items():
+        with open(os.path.join(path, info.relative_path), "rb") as f:
+            f.seek(info.offset)
+            raw = f.read(info.length)
+        assert len(raw) == info.length, f"{info.relative_path} is shorter than its items"
+        out[idx.fqn] = torch.load(io.BytesIO(raw))
+    return out
+
+
 def save_loop(kind: str, path: str, seed: int, nbytes: int, ready: Any) -> None:
     """Save the same new checkpoint over and over until killed (run in a child process)."""
     torch.set_num_threads(1)
     import warnings
 
     warnings.simplefilter("ignore")
-    sd = flat_state(seed, nbytes)
-    if kind == "checkpoint":
-        from gdsfs.checkpoint import save
-
-        def once() -> None:
-            save(sd, path)
-    else:
-        from gdsfs.safetensors import save_file
-
-        def once() -> None:
-            save_file(sd, path, metadata={"seed": str(seed)})
+    sd = state_for(kind, seed, nbytes)
+    once = saver(kind, path)
     ready.send(True)
     while True:
-        once()
+        once(sd)
+
+
+def crash_save(kind: str, path: str, seed: int, nbytes: int, crash_before: int, conn: Any) -> None:
+    """Save once, dying (os._exit) just before the ``crash_before``-th durable file-system step
+    (fsync, rename, replace, unlink); 0 never dies and sends the list of steps taken."""
+    torch.set_num_threads(1)
+    import warnings
+
+    warnings.simplefilter("ignore")
+    sd = state_for(kind, seed, nbytes)
+    once = saver(kind, path)
+    steps: list[str] = []
+
+    def wrap(name: str, real: Any) -> Any:
+        def step(*a: Any, **k: Any) -> Any:
+            steps.append(name)
+            if len(steps) == crash_before:
+                os._exit(77)
+            return real(*a, **k)
+
+        return step
+
+    for name in ("fsync", "rename", "replace", "unlink"):
+        setattr(os, name, wrap(name, getattr(os, name)))
+    once(sd)
+    conn.send(steps)

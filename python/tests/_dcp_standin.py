@@ -123,11 +123,23 @@ class SavePlannerStub:
         return io.BytesIO(v) if isinstance(v, bytes) else v
 
 
+class FileSystem:
+    """The two operations of the stock FileSystem that finish() uses."""
+
+    def rm_file(self, path: Path) -> None:
+        path.unlink()
+
+    def rename(self, path: Path, new_path: Path) -> None:
+        path.rename(new_path)
+
+
 class FileSystemWriter:
     def __init__(self, path: str | os.PathLike, single_file_per_rank: bool = True, sync_files: bool = True,
                  thread_count: int = 1, per_thread_copy_ahead: int = 10_000_000,
                  cache_staged_state_dict: bool = False, overwrite: bool = True) -> None:
+        self.fs = FileSystem()
         self.path = Path(path)
+        self.save_id = os.urandom(8).hex()
         self.single_file_per_rank = single_file_per_rank
         self.sync_files = sync_files
         self.thread_count = thread_count
@@ -152,8 +164,16 @@ class FileSystemWriter:
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
-        with open(self.path / ".metadata", "wb") as f:
+        tmp = self.path / ".metadata.tmp"  # the stock commit: temp, fsync, unlink old, rename
+        with open(tmp, "wb") as f:
             pickle.dump(metadata, f)
+            if self.sync_files:
+                f.flush()
+                os.fsync(f.fileno())
+        final = self.path / ".metadata"
+        if final.exists():
+            self.fs.rm_file(final)
+        self.fs.rename(tmp, final)
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         return {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v) for k, v in state_dict.items()}
@@ -195,6 +215,7 @@ def install() -> None:
     me = sys.modules[__name__]
     pkg = types.ModuleType("torch.distributed.checkpoint")
     pkg.__path__ = []  # type: ignore[attr-defined]
+    pkg._gdsfs_standin = True  # type: ignore[attr-defined]
     pkg.FileSystemWriter = FileSystemWriter  # type: ignore[attr-defined]
     pkg.FileSystemReader = FileSystemReader  # type: ignore[attr-defined]
     pkg.filesystem = me  # type: ignore[attr-defined]
@@ -208,6 +229,6 @@ def has_real_dcp() -> bool:
     try:
         import torch.distributed.checkpoint as dcp  # noqa: F401
 
-        return hasattr(dcp, "FileSystemWriter")
+        return hasattr(dcp, "FileSystemWriter") and not getattr(dcp, "_gdsfs_standin", False)
     except Exception:
         return False

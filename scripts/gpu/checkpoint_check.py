@@ -90,8 +90,8 @@ def drop_caches(*paths: str) -> bool:
     return True
 
 
-def fsync_path(p: str) -> None:
-    if os.path.isdir(p):
+def fsync_path(p: str, recurse: bool = True) -> None:
+    if recurse and os.path.isdir(p):
         for n in os.listdir(p):
             fsync_path(os.path.join(p, n))
     fd = os.open(p, os.O_RDONLY)
@@ -287,7 +287,12 @@ def dcp_async(mount: str, work: str) -> None:
     # async_save wants a process group with a CPU backend: a one-rank one, made here.
     own_pg = not dist.is_initialized()
     if own_pg:
-        dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"file://{work}/pg-store", rank=0, world_size=1)
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         leases0 = json.loads(os.getxattr(mount, "user.gdsfs.stats"))["leases"]
         fut = dcp.async_save(src, storage_writer=w)
@@ -367,7 +372,7 @@ def benchmark(mount: str, backing: str, work: str, gib: float, cold: bool) -> Be
                 fn()
                 if fsync:
                     fsync_path(path)
-                    fsync_path(os.path.dirname(path))
+                    fsync_path(os.path.dirname(path), recurse=False)
 
             secs, _ = timed(run)
             v = b.gbs(secs)
