@@ -42,8 +42,10 @@ bench: build
 gpu-build: build
 	./scripts/gpu-build.sh
 
+# The binary and the systemd unit (configure /etc/default/gdsfs; see docs/operations.md).
 install: build
 	install -D -m 0755 $(BIN) $(DESTDIR)/usr/local/bin/gdsfs
+	install -D -m 0644 scripts/gdsfs.service $(DESTDIR)/usr/local/lib/systemd/system/gdsfs.service
 
 clean:
 	rm -rf bin build
