@@ -273,3 +273,20 @@ func Parse(r io.ReaderAt, size int64, name string) (*Index, error) {
 	}
 	return x, nil
 }
+
+// readAt fills b from r at off. Unlike io.ReaderAt, a full read that also
+// reports io.EOF (allowed at the end of the file) is a success, and a short
+// one is io.ErrUnexpectedEOF (the file shrank under us).
+func readAt(r io.ReaderAt, b []byte, off int64) error {
+	if len(b) == 0 {
+		return nil
+	}
+	n, err := r.ReadAt(b, off)
+	if n == len(b) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}

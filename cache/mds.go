@@ -123,7 +123,7 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 		return nil, invalidf(what, "%d bytes is too short for a sample count and offset table", size)
 	}
 	var nb [4]byte
-	if _, err := r.ReadAt(nb[:], 0); err != nil {
+	if err := readAt(r, nb[:], 0); err != nil {
 		return nil, fmt.Errorf("cache: read MDS sample count: %w", err)
 	}
 	n := int64(binary.LittleEndian.Uint32(nb[:]))
@@ -135,7 +135,7 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 		return nil, invalidf(what, "%d samples need a %d-byte offset table but the file has %d bytes", n, tableEnd, size)
 	}
 	table := make([]byte, 4*(n+1))
-	if _, err := r.ReadAt(table, 4); err != nil {
+	if err := readAt(r, table, 4); err != nil {
 		return nil, fmt.Errorf("cache: read MDS offset table: %w", err)
 	}
 	offs := make([]int64, n+1)
@@ -156,7 +156,7 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 		return nil, invalidf(what, "config JSON of %d bytes between offset table and samples (want 1..%d)", cfgLen, mdsMaxConfig)
 	}
 	raw := make([]byte, cfgLen)
-	if _, err := r.ReadAt(raw, tableEnd); err != nil {
+	if err := readAt(r, raw, tableEnd); err != nil {
 		return nil, fmt.Errorf("cache: read MDS config: %w", err)
 	}
 	var cfg mdsConfig
@@ -189,7 +189,7 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 			return nil, invalidf(what, "sample %d has %d bytes, fewer than its columns' %d", i, s.Length, 4*nvar+fixed)
 		}
 		if nvar > 0 {
-			if _, err := r.ReadAt(prefix, s.Offset); err != nil {
+			if err := readAt(r, prefix, s.Offset); err != nil {
 				return nil, fmt.Errorf("cache: read MDS sample %d: %w", i, err)
 			}
 		}
@@ -241,7 +241,7 @@ func ParseMDSIndex(r io.ReaderAt, size int64) (*MDSDataset, error) {
 		return nil, invalidf(what, "%d bytes exceed the limit of %d", size, mdsMaxIndexJSON)
 	}
 	raw := make([]byte, size)
-	if _, err := r.ReadAt(raw, 0); err != nil && err != io.EOF {
+	if err := readAt(r, raw, 0); err != nil {
 		return nil, fmt.Errorf("cache: read MDS index.json: %w", err)
 	}
 	var doc struct {

@@ -43,7 +43,7 @@ func ParseNpy(r io.ReaderAt, size int64) (*Npy, error) {
 	if size < 10 {
 		return nil, invalidf(what, "%d bytes is too short for the header", size)
 	}
-	if _, err := r.ReadAt(pre[:min(size, 12)], 0); err != nil && err != io.EOF {
+	if err := readAt(r, pre[:min(size, 12)], 0); err != nil {
 		return nil, fmt.Errorf("cache: read npy header: %w", err)
 	}
 	if string(pre[:6]) != npyMagic {
@@ -66,7 +66,7 @@ func ParseNpy(r io.ReaderAt, size int64) (*Npy, error) {
 		return nil, invalidf(what, "header length %d runs past the end of the %d-byte file", hlen, size)
 	}
 	hdr := make([]byte, hlen)
-	if _, err := r.ReadAt(hdr, start); err != nil {
+	if err := readAt(r, hdr, start); err != nil {
 		return nil, fmt.Errorf("cache: read npy header: %w", err)
 	}
 	if !utf8.Valid(hdr) {

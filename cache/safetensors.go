@@ -53,7 +53,7 @@ func ParseSafetensors(r io.ReaderAt, size int64) (*Safetensors, error) {
 		return nil, invalidf(what, "%d bytes is too short for the 8-byte header length", size)
 	}
 	var lenBuf [8]byte
-	if _, err := r.ReadAt(lenBuf[:], 0); err != nil {
+	if err := readAt(r, lenBuf[:], 0); err != nil {
 		return nil, fmt.Errorf("cache: read safetensors header length: %w", err)
 	}
 	n := binary.LittleEndian.Uint64(lenBuf[:])
@@ -66,7 +66,7 @@ func ParseSafetensors(r io.ReaderAt, size int64) (*Safetensors, error) {
 		return nil, invalidf(what, "header length %d is too short for a JSON object", n)
 	}
 	hdr := make([]byte, n)
-	if _, err := r.ReadAt(hdr, 8); err != nil {
+	if err := readAt(r, hdr, 8); err != nil {
 		return nil, fmt.Errorf("cache: read safetensors header: %w", err)
 	}
 	if hdr[0] != '{' {

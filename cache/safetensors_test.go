@@ -16,21 +16,23 @@ import (
 // torch.load (Debian's torch).
 func TestSafetensorsAgreesWithTorch(t *testing.T) {
 	needPython(t, "torch")
-	for _, tc := range []struct{ st, pt string }{
+	cases := []struct{ st, pt string }{
 		{"model.safetensors", "model_align4096.pt"},
 		{"dtypes.safetensors", "dtypes_default.pt"},
-	} {
+	}
+	var refs map[string]map[string]struct {
+		Shape  []int64 `json:"shape"`
+		SHA256 string  `json:"sha256"`
+	}
+	refViews(t, "tensors", []string{filepath.Join("testdata", cases[0].pt), filepath.Join("testdata", cases[1].pt)}, &refs)
+	for _, tc := range cases {
 		t.Run(tc.st, func(t *testing.T) {
 			path := filepath.Join("testdata", tc.st)
 			x := parseFile(t, path)
 			if x.Format != FormatSafetensors {
 				t.Fatalf("format = %s", x.Format)
 			}
-			var ref map[string]struct {
-				Shape  []int64 `json:"shape"`
-				SHA256 string  `json:"sha256"`
-			}
-			refView(t, "tensors", filepath.Join("testdata", tc.pt), &ref)
+			ref := refs[filepath.Join("testdata", tc.pt)]
 			if len(ref) != len(x.Safetensors.Tensors) {
 				t.Fatalf("%d tensors, torch has %d", len(x.Safetensors.Tensors), len(ref))
 			}

@@ -33,19 +33,24 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
     z.writestr("arc/stored.bin", b"s" * 100, compress_type=zipfile.ZIP_STORED)
     z.writestr("arc/deflated.bin", b"d" * 1000, compress_type=zipfile.ZIP_DEFLATED)
 `, deflated)
-	for _, path := range []string{"testdata/nested_default.pt", "testdata/model_align4096.pt", "testdata/dtypes_default.pt", saved, deflated} {
+	paths := []string{"testdata/nested_default.pt", "testdata/model_align4096.pt", "testdata/dtypes_default.pt", saved, deflated}
+	// One interpreter per view for all files: torch takes seconds to import.
+	var zipRefs map[string][]struct {
+		Name   string `json:"name"`
+		Stored bool   `json:"stored"`
+		SHA256 string `json:"sha256"`
+	}
+	refViews(t, "zip", paths, &zipRefs)
+	var storageRefs map[string][]string
+	refViews(t, "torchbytes", paths[:4], &storageRefs)
+	for _, path := range paths {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			x := parseFile(t, path)
 			if x.Format != FormatTorchZip {
 				t.Fatalf("format = %s", x.Format)
 			}
 			z := x.TorchZip
-			var ref []struct {
-				Name   string `json:"name"`
-				Stored bool   `json:"stored"`
-				SHA256 string `json:"sha256"`
-			}
-			refView(t, "zip", path, &ref)
+			ref := zipRefs[path]
 			if len(ref) != len(z.Records) {
 				t.Fatalf("%d records, zipfile has %d", len(z.Records), len(ref))
 			}
@@ -88,8 +93,10 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
 					}
 				}
 			}
-			var storages []string
-			refView(t, "torchbytes", path, &storages)
+			storages := storageRefs[path]
+			if len(storages) == 0 {
+				t.Fatalf("torch.load found no storages in %s", path)
+			}
 			for _, h := range storages {
 				if !byHash[h] {
 					t.Errorf("a tensor storage of torch.load is in no record")
