@@ -29,7 +29,7 @@ from ._errors import GDSUnavailableError, warn_fallback
 from ._plan import EpochPlan, expand_braces
 from ._tensors import GDSBatch, GDSSample, TensorRef, _numel, _torch_dtype, _view_as, collate
 
-__all__ = ["DataLoader", "GDSShardDataset"]
+__all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader"]
 
 
 # ----------------------------------------------------------------------------
@@ -686,3 +686,16 @@ class DataLoader(torch.utils.data.DataLoader):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from state_dict() (same world size and num_workers)."""
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def StatefulDataLoader(dataset: torch.utils.data.Dataset, *args: Any, **kwargs: Any) -> Any:
+    """torchdata's StatefulDataLoader with collate_fn=gdsfs.torch.collate and
+    pin_memory=True when CUDA is available (everything else passes through).
+    It saves and restores GDSShardDataset's state in each worker."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader as _SDL
+    except ImportError as e:
+        raise ImportError(f"gdsfs: StatefulDataLoader needs torchdata ({e}): pip install torchdata, or use gdsfs.torch.DataLoader") from e
+    kwargs.setdefault("collate_fn", collate)
+    kwargs.setdefault("pin_memory", torch.cuda.is_available())
+    return _SDL(dataset, *args, **kwargs)

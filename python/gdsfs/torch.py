@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from ._dataset import DataLoader, GDSShardDataset
+from ._dataset import DataLoader, GDSShardDataset, StatefulDataLoader
 from ._tensors import GDSBatch, GDSSample, TensorRef, collate, materialize, tensor_from_ref, writable_view
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "GDSBatch",
     "GDSSample",
     "GDSShardDataset",
+    "StatefulDataLoader",
     "TensorRef",
     "collate",
     "materialize",

@@ -253,9 +253,9 @@ def test_resume_mid_epoch_continues_exactly(datasets, num_workers: int) -> None:
 
 
 def test_stateful_dataloader_resume(datasets) -> None:
-    sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata (StatefulDataLoader) is not installed here")
+    pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata (StatefulDataLoader) is not installed here")
     ds = gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=WDS_GPU, shuffle=True, seed=2)
-    dl = sdl.StatefulDataLoader(ds, batch_size=4, num_workers=2, collate_fn=gt.collate)
+    dl = gt.StatefulDataLoader(ds, batch_size=4, num_workers=2)
     first = []
     for i, b in enumerate(dl):
         first.extend(b.materialize()["__key__"])
@@ -263,10 +263,19 @@ def test_stateful_dataloader_resume(datasets) -> None:
             break
     state = dl.state_dict()
     ds2 = gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=WDS_GPU, shuffle=True, seed=2)
-    dl2 = sdl.StatefulDataLoader(ds2, batch_size=4, num_workers=2, collate_fn=gt.collate)
+    dl2 = gt.StatefulDataLoader(ds2, batch_size=4, num_workers=2)
     dl2.load_state_dict(state)
     rest = [k for b in dl2 for k in b.materialize()["__key__"]]
     assert sorted(first + rest) == sorted(datasets.wds)
+
+
+def test_stateful_dataloader_without_torchdata_says_what_to_do(datasets) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torchdata") is not None:
+        pytest.skip("torchdata is installed")
+    with pytest.raises(ImportError, match="needs torchdata"):
+        gt.StatefulDataLoader(None)
 
 
 def test_resume_with_other_worker_count_is_refused(datasets) -> None:
