@@ -269,7 +269,7 @@ def test_stateful_dataloader_resume(datasets) -> None:
     assert sorted(first + rest) == sorted(datasets.wds)
 
 
-def test_stateful_dataloader_without_torchdata_says_what_to_do(datasets) -> None:
+def test_stateful_dataloader_without_torchdata_says_what_to_do() -> None:
     import importlib.util
 
     if importlib.util.find_spec("torchdata") is not None:
