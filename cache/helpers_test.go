@@ -173,17 +173,3 @@ func readRange(t testing.TB, path string, r Range) []byte {
 	}
 	return b
 }
-
-// copyFile copies testdata/name into dir and returns the new path.
-func copyFile(t testing.TB, dir, name string) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, filepath.Base(name))
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}

@@ -95,9 +95,7 @@ func (st *Safetensors) decodeHeader(hdr []byte, bufLen uint64) error {
 		Shape       []json.Number `json:"shape"`
 		DataOffsets []json.Number `json:"data_offsets"`
 	}
-	type span struct{ begin, end uint64 }
 	seen := make(map[string]bool)
-	var spans []span
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -156,7 +154,6 @@ func (st *Safetensors) decodeHeader(hdr []byte, bufLen uint64) error {
 			Name: name, Dtype: in.Dtype, Shape: shape,
 			Range: Range{Offset: st.DataOffset + int64(begin), Length: int64(end - begin)},
 		})
-		spans = append(spans, span{begin, end})
 	}
 	if _, err := dec.Token(); err != nil {
 		return invalidf(what, "header JSON: %v", err)
