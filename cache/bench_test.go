@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -53,6 +54,7 @@ func BenchmarkTarIndex50k(b *testing.B) {
 	writeBigTar(b, path, 50_000)
 	ctx := context.Background()
 	b.Run("parse", func(b *testing.B) {
+		defer cpuPerOp(b)()
 		for b.Loop() {
 			x, err := NewIndexes(256<<20, zerolog.Nop())
 			if err != nil {
@@ -77,6 +79,7 @@ func BenchmarkTarIndex50k(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Run("hit", func(b *testing.B) {
+		defer cpuPerOp(b)()
 		for b.Loop() {
 			if _, err := x.Get(ctx, path, nil); err != nil {
 				b.Fatal(err)
@@ -89,6 +92,7 @@ func BenchmarkTarIndex50k(b *testing.B) {
 	}
 	defer f.Close()
 	b.Run("hit-fd", func(b *testing.B) {
+		defer cpuPerOp(b)()
 		for b.Loop() {
 			if _, err := x.Get(ctx, path, f); err != nil {
 				b.Fatal(err)
@@ -112,6 +116,25 @@ func BenchmarkTarIndex50k(b *testing.B) {
 		b.Fatalf("hits parsed again: %d parses", p)
 	}
 	b.ReportMetric(float64(len(mustJSONB(b, x, path))), "json-bytes")
+}
+
+// cpuPerOp reports the process's CPU time (user + system, all threads) per
+// op: on a shared, loaded machine it is steadier than wall time.
+func cpuPerOp(b *testing.B) func() {
+	start := cpuNow()
+	return func() {
+		if b.N > 0 {
+			b.ReportMetric(float64(cpuNow()-start)/float64(b.N), "cpu-ns/op")
+		}
+	}
+}
+
+func cpuNow() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 func mustJSONB(b *testing.B, x *Indexes, path string) []byte {

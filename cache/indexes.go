@@ -114,6 +114,11 @@ func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, err
 	key := id.key()
 	if e, ok := x.cache.Get(key); ok {
 		x.hits.Add(1)
+		if e.path != path {
+			// Another name of the same file (hard link): remember it too,
+			// so that Invalidate of this name finds the entry.
+			x.paths.note(path, key)
+		}
 		return e.idx, e.err
 	}
 	x.misses.Add(1)
@@ -158,6 +163,11 @@ func (x *Indexes) load(path string, f *os.File, id Identity, gen uint64) *indexE
 	// Make the entry visible to the next Get (ristretto applies sets
 	// asynchronously), so later callers hit instead of parsing again.
 	x.cache.Wait()
+	if !x.paths.current(path, e.key, gen) {
+		// Invalidated between the check above and the Set: an Invalidate
+		// before the Set was applied may have deleted nothing.
+		x.cache.Del(e.key)
+	}
 	return e
 }
 
