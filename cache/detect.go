@@ -36,6 +36,12 @@ func Detect(r io.ReaderAt, size int64, name string) (Format, error) {
 	base := strings.ToLower(path.Base(name))
 	ext := path.Ext(base)
 
+	if ext == ".distcp" {
+		// torch.distributed.checkpoint data: one torch.save archive per
+		// item, concatenated; DCP's .metadata (a pickle the Python client
+		// decodes) says where each item lies.
+		return "", ErrNoIndex
+	}
 	switch {
 	case bytes.HasPrefix(b, []byte(npyMagic)):
 		return FormatNpy, nil

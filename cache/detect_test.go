@@ -27,6 +27,7 @@ func TestDetect(t *testing.T) {
 		{"truncated safetensors by extension", st[:5], "m.safetensors", FormatSafetensors, nil},
 		{"empty .tar", nil, "e.tar", FormatTar, nil},
 		{"text", []byte("hello world"), "notes.txt", "", ErrNoIndex},
+		{"dcp data file", smallZip(t, "archive/data.pkl"), "__0_0.distcp", "", ErrNoIndex},
 		{"empty", nil, "x", "", ErrNoIndex},
 		{"gzip tar", []byte{0x1f, 0x8b, 8}, "a.tar.gz", "", ErrInvalid},
 		{"gzip other", []byte{0x1f, 0x8b, 8}, "a.gz", "", ErrNoIndex},
