@@ -165,6 +165,10 @@ func (s *TarSample) span() Range {
 	return Range{Offset: lo, Length: hi - lo}
 }
 
+// tarMaxMembers bounds the members indexed (and the index's memory, about
+// 200 bytes each); WebDataset shards hold thousands.
+const tarMaxMembers = 1 << 22
+
 // tarBufBytes is the read-ahead of the header reader: one refill at the end
 // of a member's data usually covers the next header and small members.
 const tarBufBytes = 32 << 10
@@ -189,6 +193,9 @@ func ParseTar(r io.ReaderAt, size int64) (*Tar, error) {
 			return nil, invalidf("tar", "header at offset %d: %v", hdrOff, tarWhy(err))
 		}
 		t.Members++
+		if t.Members > tarMaxMembers {
+			return nil, invalidf("tar", "more than %d members; split the shard", tarMaxMembers)
+		}
 		data := br.pos
 		if !utf8.ValidString(h.Name) {
 			t.Skipped = append(t.Skipped, TarSkipped{Name: strings.ToValidUTF8(h.Name, "\uFFFD"), Type: tarType(h), Reason: "name is not valid UTF-8"})
