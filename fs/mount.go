@@ -182,6 +182,15 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		// Large reads and writes in one request when the daemon serves
 		// them (no passthrough).
 		MaxWrite: 1 << 20,
+		// RELEASE is a background request, and the kernel keeps at most
+		// MaxBackground of those in flight (default 12). Under sustained
+		// open/close churn the queue of releases then grows faster than
+		// it drains, and every queued release pins the daemon's backing
+		// descriptor: 64 busy clients drove the daemon to its 20000
+		// descriptor limit (EMFILE to every open) within a minute. With
+		// 1024 the same load peaks below 100 descriptors
+		// (integration/load_mixed_test.go).
+		MaxBackground: 1024,
 	}
 	if o.ReadOnly {
 		mo.Options = append(mo.Options, "ro")
