@@ -134,13 +134,12 @@ func (d *binDaemon) stop() {
 	}
 }
 
-// scrapeClient never keeps connections alive, so scrapes leave no
-// goroutine behind in the daemon.
-var scrapeClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-
 // scrape reads the daemon's metrics.
 func (d *binDaemon) scrape() (metrics.Snapshot, error) {
-	resp, err := scrapeClient.Get(d.metricsURL)
+	// No keep-alive: scrapes must leave no connection (and goroutine)
+	// behind in the daemon, or the idle counts would drift.
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get(d.metricsURL)
 	if err != nil {
 		return nil, err
 	}
@@ -159,15 +158,6 @@ func (d *binDaemon) mustScrape() metrics.Snapshot {
 		d.t.Fatalf("scrape metrics: %v", err)
 	}
 	return s
-}
-
-// fds counts the daemon's open descriptors.
-func (d *binDaemon) fds() int {
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.pid()))
-	if err != nil {
-		d.t.Fatalf("daemon descriptors: %v", err)
-	}
-	return len(ents)
 }
 
 // fdKinds counts the daemon's descriptors: slab files, pipes, others.

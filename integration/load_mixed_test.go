@@ -26,6 +26,7 @@ const (
 	loadClients     = 64
 	loadCIDuration  = 75 * time.Second
 	loadRSSBoundMiB = 1024
+	loadFDBound     = 2048
 )
 
 func loadDuration(t *testing.T) time.Duration {
@@ -199,6 +200,13 @@ func TestLoadMixed(t *testing.T) {
 	}
 	peak.Lock()
 	defer peak.Unlock()
+	// Every client holds a handful of files open at a time; descriptors
+	// beyond that are releases the kernel has not delivered yet, and
+	// they must not pile up (they did with the kernel's default
+	// max_background of 12, until EMFILE).
+	if peak.fds > loadFDBound {
+		t.Errorf("daemon descriptors peaked at %.0f, bound %d: releases pile up", peak.fds, loadFDBound)
+	}
 	if peak.rss > loadRSSBoundMiB<<20 {
 		t.Errorf("daemon resident memory peaked at %.0f MiB, bound %d MiB", peak.rss/(1<<20), loadRSSBoundMiB)
 	}
