@@ -116,7 +116,18 @@ func (x *Index) JSON() ([]byte, error) {
 }
 
 func (x *Index) marshal() ([]byte, error) {
-	body, err := json.Marshal(x.body())
+	var body []byte
+	var err error
+	switch {
+	case x.Tar != nil:
+		// Hand-written encoders, called directly: json.Marshal would
+		// re-scan their output, which costs more than writing it.
+		body, err = x.Tar.MarshalJSON()
+	case x.MDS != nil:
+		body, err = x.MDS.MarshalJSON()
+	default:
+		body, err = json.Marshal(x.body())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cache: encode %s index: %w", x.Format, err)
 	}
