@@ -27,7 +27,7 @@ from typing import IO, Any, BinaryIO, Callable, Union
 import torch
 
 from gdsfs._ckpt import atomic, torchzip
-from gdsfs._ckpt.tensorio import PosixMover, transfer
+from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, PosixMover, transfer
 from gdsfs._errors import warn_fallback
 
 __all__ = ["save", "load"]
@@ -162,7 +162,7 @@ def load(
 def _load_path(path: str, restore: Callable[[str], torch.device], weights_only: bool,
                pickle_load_args: dict[str, Any], *, strict: bool, via_daemon: bool) -> Any:
     """Decode the archive at ``path`` and fill its storages in one batched transfer."""
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=_BUFFER) as fh:
         dec = torchzip.decode(fh, 0, os.fstat(fh.fileno()).st_size, restore, weights_only=weights_only,
                               pickle_load_args=pickle_load_args)
         if via_daemon:

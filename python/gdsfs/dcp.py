@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.futures import Future
 
 from gdsfs._ckpt import atomic, torchzip
-from gdsfs._ckpt.tensorio import byte_view, transfer, untyped_storage
+from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, byte_view, transfer, untyped_storage
 from gdsfs._errors import GDSUnavailableError, warn_fallback
 
 __all__ = ["GDSFileSystemWriter", "GDSFileSystemReader"]
@@ -341,7 +341,7 @@ class GDSFileSystemReader(FileSystemReader):
         return fut
 
     def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool) -> None:
-        with open(path, "rb") as fh:
+        with open(path, "rb", buffering=_BUFFER) as fh:
             fd = fh.fileno()
             pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []  # (req, target, temp to narrow)
             items: list[tuple[int, torch.Tensor]] = []

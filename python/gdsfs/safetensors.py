@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from gdsfs._ckpt import atomic, stformat
-from gdsfs._ckpt.tensorio import PosixMover, byte_view, transfer, untyped_storage
+from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, PosixMover, byte_view, transfer, untyped_storage
 from gdsfs._errors import GDSFallbackWarning, warn_fallback
 
 __all__ = ["load_file", "save_file", "safe_open", "load", "save"]
@@ -144,7 +144,7 @@ def load_file(
     path = os.fspath(filename)
     dev = _device(device)
     on = _is_gdsfs(path, strict)
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=_BUFFER) as fh:
         header = _read_header(fh)
         return _load_tensors(path, fh, list(header.tensors.values()), dev, on, strict)
 
@@ -316,7 +316,7 @@ class safe_open:
         self._dev = _device(device)
         self._strict = strict
         self._on = _is_gdsfs(self._path, strict)
-        self._fh: Any = open(self._path, "rb")
+        self._fh: Any = open(self._path, "rb", buffering=_BUFFER)
         try:
             self._header = _read_header(self._fh)
         except BaseException:

@@ -45,8 +45,16 @@ def mdir(gdsfs_mount, request):
     _reset_fallback_warning()
     with warnings.catch_warnings():
         warnings.simplefilter("error", GDSFallbackWarning)  # on the mount, no silent fallback
+        errors = _errors(gdsfs_mount)
         yield d
     assert gdsfs_mount.wait_leases(0) == 0, "leases left behind"
+    assert _errors(gdsfs_mount) == errors, "the daemon answered requests with errors"
+
+
+def _errors(m) -> dict:
+    # ENOTTY aside: every plain open() of a file on the mount asks isatty(), a TCGETS ioctl the
+    # daemon answers with ENOTTY (torch.load and shutil do that in these tests; gdsfs does not).
+    return {k: v for k, v in m.stats()["counters"].get("errors", {}).items() if k != "ENOTTY"}
 
 
 def counters(m) -> dict:

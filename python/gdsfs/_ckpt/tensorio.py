@@ -30,6 +30,9 @@ PIECE_BYTES = 256 << 20
 # Bytes of one read batch (one daemon request of up to max_ranges ranges). Two batches are in
 # flight: the copies out of one overlap the daemon filling the next.
 BATCH_BYTES = 1 << 30
+# Buffer size for the small (header, pickle) reads of checkpoint files. Given explicitly so that
+# open() skips its isatty() probe, an ioctl the daemon would otherwise see (and count) on every open.
+BUFFER = 1 << 16
 # Writer threads (each with its own lease) per device in one write_from call.
 WRITE_THREADS = 4
 # Host staging for the plain path (CUDA destinations go through it in chunks).
