@@ -21,4 +21,15 @@
 //     request remains.
 //   - S4: ranges are validated once, in the server, before any engine runs;
 //     engines see 4 KiB-widened ranges inside a lease.
+//   - S5: no engine touches memory that is not leased: a session's leases go
+//     back to the pool only after its operations in flight finished (Close
+//     waits), a READ's leases become releasable only once their bytes are in
+//     place, and RELEASE waits for WRITEs of the session in flight.
+//
+// # Locking
+//
+// Lock order: sessionShard.mu, then session.pin, then session.mu, then the
+// pool's locks. session.pin is held (shared) across WRITE's engine call and
+// (exclusive) across RELEASE; no other Server lock is held across an engine
+// call.
 package ctl

@@ -85,10 +85,7 @@ const sessionShards = 16
 const xattrMax = 64 << 10
 
 // Server is the daemon's control path; it implements fs.Control. All
-// methods are safe for concurrent use.
-//
-// Lock order: sessionShard.mu, then session.mu, then gpubuf's locks. No
-// Server lock is held across an engine call.
+// methods are safe for concurrent use (lock order: see the package doc).
 type Server struct {
 	opts     Options
 	host     bool  // the pool's backend is host memory (wire device -1)
@@ -264,6 +261,10 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
+	if !ss.enter() {
+		return syscall.EPERM
+	}
+	defer ss.leave()
 	pdev, errno := s.device(dev)
 	if errno != 0 {
 		return errno
@@ -383,6 +384,13 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if errno != 0 {
 		return errno
 	}
+	if !ss.enter() {
+		return syscall.EPERM
+	}
+	defer ss.leave()
+	// The lease stays allocated until the write is done (RELEASE waits).
+	ss.pin.RLock()
+	defer ss.pin.RUnlock()
 	if addOverflows(req.FileOffset, req.Length) || addOverflows(req.LeaseOffset, req.Length) {
 		return syscall.ERANGE
 	}

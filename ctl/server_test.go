@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -691,4 +692,61 @@ func FuzzServer(f *testing.F) {
 			t.Fatalf("cmd %#x: pool holds %d leases (%d bytes) after every session closed", cmd, n, b)
 		}
 	})
+}
+
+// blockingEngine blocks every ReadAt until release is closed.
+type blockingEngine struct {
+	Engine
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
+	b.entered <- struct{}{}
+	<-b.release
+	return b.Engine.ReadAt(ctx, f, dst, dstOff, fileOff, n)
+}
+
+// S5: closing a session waits for its reads in flight before their memory
+// goes back to the pool (where another uid could get it).
+func TestCloseWaitsForReads(t *testing.T) {
+	e := newEnv(t, envOptions{slabBytes: 1 << 20})
+	be := &blockingEngine{Engine: cufile.NewHostEngine(cufile.Options{}), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	e.srv.opts.Engines = fixedEngine{be}
+	ctx := context.Background()
+	owner := fs.Caller{UID: 1000}
+	sess, _ := e.srv.OpenSession(ctx, owner)
+	hello := make([]byte, SizeHello)
+	EncodeHello(hello)
+	out := make([]byte, SizeHello)
+	if _, errno := sess.Ioctl(ctx, owner, CmdHello, hello, out); errno != 0 {
+		t.Fatal(errno)
+	}
+	h, _ := DecodeHelloReply(out)
+	f, _ := e.file("d", 10000, os.O_RDONLY)
+	readDone := make(chan syscall.Errno, 1)
+	go func() { readDone <- e.rawFile(1000, f, CmdRead, readBuf(h.Token, -1, Range{0, 5000})) }()
+	<-be.entered
+	closeDone := make(chan struct{})
+	go func() { sess.Close(); close(closeDone) }()
+	for range 1000 {
+		runtime.Gosched() // give Close every chance to run ahead
+	}
+	select {
+	case <-closeDone:
+		t.Fatal("Close returned while a read of the session was in flight")
+	default:
+	}
+	if n, _ := e.leased(); n != 1 {
+		t.Errorf("the in-flight read's lease was released under it (pool holds %d leases)", n)
+	}
+	close(be.release)
+	if errno := <-readDone; errno != 0 {
+		t.Errorf("read in flight at close: %v", errno)
+	}
+	<-closeDone
+	e.checkIdle()
+	if errno := e.rawFile(1000, f, CmdRead, readBuf(h.Token, -1, Range{0, 5000})); errno != syscall.EPERM {
+		t.Errorf("read on a closed session: %v, want EPERM", errno)
+	}
 }

@@ -21,12 +21,36 @@ type session struct {
 	secret uint64
 	uid    uint32
 
+	// active counts operations in flight on the session (S5): Close waits
+	// for them before the session's leases go back to the pool, so an
+	// engine never moves bytes into or out of memory that has been
+	// released (and perhaps handed to another session or uid).
+	active sync.WaitGroup
+
+	// pin is held shared by WRITE while it reads a lease's memory and
+	// exclusively by RELEASE, so a lease is never released under a write.
+	pin sync.RWMutex
+
 	mu sync.Mutex
 	// GUARDED_BY(mu)
 	closed bool
 	leases map[uint64]leaseInfo // what the client was told about each lease
 	status []byte               // STATUS snapshot taken at offset 0
 }
+
+// enter registers an operation in flight; it fails once the session is
+// closing. Every successful enter is paired with leave.
+func (ss *session) enter() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return false
+	}
+	ss.active.Add(1)
+	return true
+}
+
+func (ss *session) leave() { ss.active.Done() }
 
 // leaseInfo is what the session told the client about a lease: where its
 // first byte is in the slab and how many bytes the client may use.
@@ -72,32 +96,22 @@ func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 		if err != nil {
 			return errnoOf(err)
 		}
-		t, errno := ss.target(req.Token, c)
-		if errno != 0 {
-			return errno
-		}
-		return t.slab(req.Slab, out)
+		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.slab(req.Slab, out) })
 	case CmdAlloc:
 		req, err := DecodeAllocRequest(in)
 		if err != nil {
 			return errnoOf(err)
 		}
-		t, errno := ss.target(req.Token, c)
-		if errno != 0 {
-			return errno
-		}
-		return t.alloc(ctx, req, out)
+		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.alloc(ctx, req, out) })
 	case CmdRelease:
 		req, err := DecodeReleaseRequest(in)
 		if err != nil {
 			return errnoOf(err)
 		}
-		t, errno := ss.target(req.Token, c)
-		if errno != 0 {
-			return errno
-		}
-		t.release(req.IDs, out)
-		return 0
+		return ss.within(req.Token, c, func(t *session) syscall.Errno {
+			t.release(req.IDs, out)
+			return 0
+		})
 	case CmdStatus:
 		req, err := DecodePageRequest(in)
 		if err != nil {
@@ -115,6 +129,19 @@ func (ss *session) target(t Token, c fs.Caller) (*session, syscall.Errno) {
 		return ss, 0
 	}
 	return ss.srv.session(t, c)
+}
+
+// within runs fn on the target session t as an operation in flight (S5).
+func (ss *session) within(t Token, c fs.Caller, fn func(*session) syscall.Errno) syscall.Errno {
+	ts, errno := ss.target(t, c)
+	if errno != 0 {
+		return errno
+	}
+	if !ts.enter() {
+		return syscall.EPERM
+	}
+	defer ts.leave()
+	return fn(ts)
 }
 
 func (ss *session) hello(out []byte) {
@@ -186,19 +213,20 @@ func (ss *session) alloc(ctx context.Context, req AllocRequest, out []byte) sysc
 		return syscall.E2BIG
 	}
 	n := int64(req.Length)
-	l, errno := ss.allocLease(ctx, dev, n, leaseInfo{valid: n})
+	l, errno := ss.allocLease(ctx, dev, n)
 	if errno != 0 {
 		return errno
 	}
+	ss.record(l, leaseInfo{valid: n})
 	EncodeAllocReply(out, Lease{ID: l.ID, Slab: uint64(l.Slab.ID), Offset: uint64(l.Offset), Length: req.Length, Valid: req.Length})
 	return 0
 }
 
-// allocLease leases n bytes on dev and records the lease in the session
-// (S2); li.slabOff is relative to the lease's start.
-func (ss *session) allocLease(ctx context.Context, dev int, n int64, li leaseInfo) (*gpubuf.Lease, syscall.Errno) {
-	p := ss.srv.opts.Pool
-	l, err := p.Alloc(ctx, ss.owner(), dev, n)
+// allocLease leases n bytes on dev for the session. The caller is an
+// operation in flight (S5) and records the lease once it may be released
+// by the client.
+func (ss *session) allocLease(ctx context.Context, dev int, n int64) (*gpubuf.Lease, syscall.Errno) {
+	l, err := ss.srv.opts.Pool.Alloc(ctx, ss.owner(), dev, n)
 	switch {
 	case errors.Is(err, gpubuf.ErrExhausted):
 		return nil, syscall.EAGAIN
@@ -208,25 +236,22 @@ func (ss *session) allocLease(ctx context.Context, dev int, n int64, li leaseInf
 		ss.srv.opts.Log.Error().Err(err).Uint64("session", ss.id).Msg("ctl: allocate lease")
 		return nil, syscall.EIO
 	}
+	return l, 0
+}
+
+// record makes lease l known to the client side of the session (S2):
+// releasable and writable. li.slabOff is relative to the lease's start.
+func (ss *session) record(l *gpubuf.Lease, li leaseInfo) {
 	li.slabOff += l.Offset
 	ss.mu.Lock()
-	closed := ss.closed
-	if !closed {
-		ss.leases[l.ID] = li
-	}
+	ss.leases[l.ID] = li
 	ss.mu.Unlock()
-	if closed {
-		// Close ran between Alloc and now; its ReleaseSession may or may
-		// not have seen this lease, so release it here (ErrNotFound is
-		// fine).
-		_ = p.Release(ss.owner(), l.ID)
-		return nil, syscall.EPERM
-	}
-	return l, 0
 }
 
 // release serves RELEASE for this session.
 func (ss *session) release(ids []uint64, out []byte) {
+	ss.pin.Lock()
+	defer ss.pin.Unlock()
 	r := ReleaseReply{Status: make([]syscall.Errno, len(ids))}
 	for i, id := range ids {
 		if ss.forget(id) {
@@ -283,24 +308,27 @@ func (ss *session) statusPage(off uint64, out []byte) syscall.Errno {
 }
 
 // readRanges leases memory for every span and reads it with eng. All or
-// nothing (S3): on error every lease of the request is released.
+// nothing (S3): on error every lease of the request is released. The
+// leases become visible to the client (RELEASE, WRITE) only once their
+// bytes are in place. The caller is an operation in flight (S5).
 func (ss *session) readRanges(ctx context.Context, f *os.File, eng Engine, code EngineCode, dev int, plan []span) ([]Lease, syscall.Errno) {
+	p := ss.srv.opts.Pool
 	out := make([]Lease, len(plan))
 	held := make([]*gpubuf.Lease, len(plan))
 	fail := func(errno syscall.Errno) ([]Lease, syscall.Errno) {
 		for _, l := range held {
-			if l != nil && ss.forget(l.ID) {
-				_ = ss.srv.opts.Pool.Release(ss.owner(), l.ID)
+			if l != nil {
+				_ = p.Release(ss.owner(), l.ID)
 			}
 		}
 		return nil, errno
 	}
 	for i, sp := range plan {
-		out[i] = Lease{Offset: 0, Length: uint64(sp.length)}
+		out[i] = Lease{Length: uint64(sp.length)}
 		if sp.valid == 0 {
 			continue
 		}
-		l, errno := ss.allocLease(ctx, dev, sp.end-sp.start, leaseInfo{slabOff: sp.off - sp.start, valid: sp.valid})
+		l, errno := ss.allocLease(ctx, dev, sp.end-sp.start)
 		if errno != 0 {
 			return fail(errno)
 		}
@@ -314,14 +342,12 @@ func (ss *session) readRanges(ctx context.Context, f *os.File, eng Engine, code 
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := range next {
 				sp, l := plan[i], held[i]
 				got[i], errs[i] = eng.ReadAt(ctx, f, l.Slab.Memory, l.Offset, sp.start, sp.end-sp.start)
 			}
-		}()
+		})
 	}
 	for i := range plan {
 		if held[i] != nil {
@@ -330,26 +356,21 @@ func (ss *session) readRanges(ctx context.Context, f *os.File, eng Engine, code 
 	}
 	close(next)
 	wg.Wait()
+	for i := range plan {
+		if held[i] != nil && errs[i] != nil {
+			return fail(ss.srv.ioErrno(errs[i], "read", f.Name()))
+		}
+	}
 	var bytes uint64
 	for i, sp := range plan {
 		l := held[i]
 		if l == nil {
 			continue
 		}
-		if errs[i] != nil {
-			return fail(ss.srv.ioErrno(errs[i], "read", f.Name()))
-		}
 		// The file may have shrunk since it was measured: report what
 		// the engine found (short only at end of file).
 		valid := min(sp.valid, max(0, got[i]-(sp.off-sp.start)))
-		if valid != sp.valid {
-			ss.mu.Lock()
-			if li, ok := ss.leases[l.ID]; ok {
-				li.valid = valid
-				ss.leases[l.ID] = li
-			}
-			ss.mu.Unlock()
-		}
+		ss.record(l, leaseInfo{slabOff: sp.off - sp.start, valid: valid})
 		out[i] = Lease{ID: l.ID, Slab: uint64(l.Slab.ID), Offset: uint64(l.Offset + sp.off - sp.start),
 			Length: uint64(sp.length), Valid: uint64(valid), Engine: code}
 		bytes += uint64(valid)
@@ -369,6 +390,10 @@ func (ss *session) Close() error {
 		return nil
 	}
 	ss.closed = true
+	ss.mu.Unlock()
+	// No new operation can start; wait for those in flight (S5).
+	ss.active.Wait()
+	ss.mu.Lock()
 	ss.leases = nil
 	ss.mu.Unlock()
 	sh := ss.srv.shard(ss.id)
