@@ -12,8 +12,9 @@ import (
 	"github.com/gdsfs/gdsfs/ctl"
 )
 
-// Benchmarks of the control path with the host engine (docs/benchmarks.md
-// has figures). Run:
+// Benchmarks of the control path with the host engine. Single runs are
+// noisy on shared machines: scripts/bench-control.sh alternates the pairs
+// and prints medians. By hand:
 //
 //	go test -run '^$' -bench 'Control|Pread' -benchtime 3s ./integration/
 //
