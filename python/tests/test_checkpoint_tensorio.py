@@ -179,3 +179,48 @@ def test_transfer_falls_back_when_the_daemon_fails(tmp_path, monkeypatch):
         assert torch.equal(d, torch.arange(16, 32, dtype=torch.uint8))
         with pytest.raises(GDSUnavailableError):
             tensorio.transfer(str(p), f.fileno(), [(16, d)], write=False, strict=True)
+
+
+@pytest.fixture(scope="module")
+def small_pool_mount(tmp_path_factory, gdsfs_bin):
+    """A host-mode mount whose whole pool (48 MiB) is smaller than the checkpoints below."""
+    from conftest import mount, unmount
+
+    base = tmp_path_factory.mktemp("smallpool")
+    (base / "src").mkdir()
+    (base / "mnt").mkdir()
+    m = mount(gdsfs_bin, str(base / "src"), str(base / "mnt"), str(base / "daemon.log"),
+              "--host-pool", "48MiB", "--slab-size", "16MiB")
+    try:
+        yield m
+    finally:
+        unmount(gdsfs_bin, m.mnt)
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "checkpoint"])
+def test_checkpoints_larger_than_the_pool(small_pool_mount, kind):
+    """100 MiB through a 48 MiB pool: pieces, batches and write leases must fit, nothing may wait
+    for memory it holds itself, and every lease comes back."""
+    import warnings
+
+    import gdsfs.checkpoint as gck
+    import gdsfs.safetensors as gst
+    from gdsfs import GDSFallbackWarning
+
+    g = torch.Generator().manual_seed(5)
+    sd = {f"w{i}": torch.randn(5 << 20, generator=g) for i in range(5)}  # 5 x 20 MiB
+    p = small_pool_mount.path(f"big.{kind}")
+    before = small_pool_mount.stats()["counters"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
+        if kind == "safetensors":
+            gst.save_file(sd, p)
+            got = gst.load_file(p, device="cpu")
+        else:
+            gck.save(sd, p)
+            got = gck.load(p)
+    assert all(torch.equal(got[k], sd[k]) for k in sd)
+    after = small_pool_mount.stats()["counters"]
+    assert after["write_bytes"] - before["write_bytes"] >= 100 << 20
+    assert after["read_bytes"] - before["read_bytes"] >= 100 << 20
+    assert small_pool_mount.wait_leases(0) == 0

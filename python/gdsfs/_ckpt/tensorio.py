@@ -33,6 +33,8 @@ BATCH_BYTES = 1 << 30
 # Buffer size for the small (header, pickle) reads of checkpoint files. Given explicitly so that
 # open() skips its isatty() probe, an ioctl the daemon would otherwise see (and count) on every open.
 BUFFER = 1 << 16
+# The daemon's alignment: lease and piece sizes are multiples of it.
+ALIGN = 4096
 # Writer threads (each with its own lease) per device in one write_from call.
 WRITE_THREADS = 4
 # Host staging for the plain path (CUDA destinations go through it in chunks).
@@ -136,8 +138,14 @@ class DaemonMover:
 
     def __init__(self, session: Any) -> None:
         self._s = session
-        cap = int(getattr(session, "max_lease", 0) or 0)
-        self._piece = min(PIECE_BYTES, cap) if cap > 0 else PIECE_BYTES
+        # max_lease is the most one lease may hold: the pool of a device, at most. Keep what one
+        # call holds well inside it: pieces of a quarter, read batches of half (two in flight),
+        # write leases of half in all. A READ asking for more than the whole pool would be split
+        # by the core, and a split READ is no longer all-or-nothing.
+        cap = int(getattr(session, "max_lease", 0) or 0) or PIECE_BYTES * 8
+        self._piece = max(ALIGN, min(PIECE_BYTES, cap // 4) // ALIGN * ALIGN)
+        self._batch = max(self._piece, min(BATCH_BYTES, cap // 2))
+        self._write_lease = max(ALIGN, min(self._piece, cap // (2 * WRITE_THREADS)) // ALIGN * ALIGN)
         self._max_ranges = int(getattr(getattr(session, "hello", None), "max_ranges", 0) or 256)
         self.engine = "gdsfs"
 
@@ -162,12 +170,13 @@ class DaemonMover:
             return -1
         return None
 
-    def _pieces(self, items: Sequence[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+    def _pieces(self, items: Sequence[tuple[int, torch.Tensor]], size: int = 0) -> list[tuple[int, torch.Tensor]]:
+        size = size or self._piece
         out = []
         for off, t in items:
             n = t.numel()
-            for pos in range(0, n, self._piece):
-                out.append((off + pos, t[pos : pos + self._piece]))
+            for pos in range(0, n, size):
+                out.append((off + pos, t[pos : pos + size]))
         return out
 
     def read_into(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
@@ -180,7 +189,7 @@ class DaemonMover:
             self._read_group(fd, dev, group)
 
     def _read_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> None:
-        budget = BATCH_BYTES
+        budget = self._batch
         pending: list[Any] = []  # refs whose copies may still be running
         i = 0
         try:
@@ -232,7 +241,7 @@ class DaemonMover:
             self._s.release(live)
 
     def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
-        pieces = [p for p in self._pieces(items) if p[1].numel() > 0]
+        pieces = [p for p in self._pieces(items, self._write_lease) if p[1].numel() > 0]
         by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
         for p in pieces:
             by_dev.setdefault(self._device_for(p[1]), []).append(p)
@@ -244,7 +253,7 @@ class DaemonMover:
     def _write_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> None:
         # Several leases, one writer thread each: the WRITE ioctl releases the GIL (its buffer is
         # small), so copies into one lease overlap the daemon writing another.
-        size = min(self._piece, max(t.numel() for _, t in pieces))
+        size = min(self._write_lease, max(t.numel() for _, t in pieces))
         leases = [self._s.alloc(size, device=dev)]  # waits for room: we need at least one
         try:
             while len(leases) < min(WRITE_THREADS, len(pieces)):
