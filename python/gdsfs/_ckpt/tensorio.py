@@ -33,6 +33,8 @@ BATCH_BYTES = 1 << 30
 # Buffer size for the small (header, pickle) reads of checkpoint files. Given explicitly so that
 # open() skips its isatty() probe, an ioctl the daemon would otherwise see (and count) on every open.
 BUFFER = 1 << 16
+# The daemon's default slab size (gpubuf.DefaultSlabBytes), used when its status does not say.
+DEFAULT_SLAB_BYTES = 64 << 20
 # The daemon's alignment: lease and piece sizes are multiples of it.
 ALIGN = 4096
 # Writer threads (each with its own lease) per device in one write_from call.
@@ -139,12 +141,15 @@ class DaemonMover:
     def __init__(self, session: Any) -> None:
         self._s = session
         # max_lease is the most one lease may hold: the pool of a device, at most. Keep what one
-        # call holds well inside it: pieces of a quarter, read batches of half (two in flight),
+        # call holds well inside it: pieces of a quarter, read batches of a third (two in flight),
         # write leases of half in all. A READ asking for more than the whole pool would be split
         # by the core, and a split READ is no longer all-or-nothing.
         cap = int(getattr(session, "max_lease", 0) or 0) or PIECE_BYTES * 8
-        self._piece = max(ALIGN, min(PIECE_BYTES, cap // 4) // ALIGN * ALIGN)
-        self._batch = max(self._piece, min(BATCH_BYTES, cap // 2))
+        # A lease larger than one slab gets a slab of its own, allocated for it and freed with
+        # it (and mapped anew by this process every time): keep pieces within a regular slab.
+        slab = _slab_bytes(session)
+        self._piece = max(ALIGN, min(PIECE_BYTES, slab, cap // 4) // ALIGN * ALIGN)
+        self._batch = max(self._piece, min(BATCH_BYTES, cap // 3))
         self._write_lease = max(ALIGN, min(self._piece, cap // (2 * WRITE_THREADS)) // ALIGN * ALIGN)
         self._max_ranges = int(getattr(getattr(session, "hello", None), "max_ranges", 0) or 256)
         self.engine = "gdsfs"
@@ -263,12 +268,16 @@ class DaemonMover:
                     if e.errno != _errno.EAGAIN:
                         raise
                     break
+            # Map every lease here, not in the writer threads: slab mapping (CUDA IPC) is done
+            # once per process and wants the thread that owns the CUDA context.
+            views = [self._view(ref, size) for ref in leases]
+            streams = [torch.cuda.Stream(v.device) if v.device.type == "cuda" else None for v in views]
             work = list(reversed(pieces))
             lock = threading.Lock()
             errors: list[BaseException] = []
 
-            def writer(ref: Any) -> None:
-                stream = None
+            def writer(k: int) -> None:
+                ref, stream = leases[k], streams[k]
                 try:
                     while True:
                         with lock:
@@ -276,10 +285,8 @@ class DaemonMover:
                                 return
                             off, t = work.pop()
                         n = t.numel()
-                        view = self._view(ref, n)
-                        if view.device.type == "cuda":
-                            if stream is None:
-                                stream = torch.cuda.Stream(view.device)
+                        view = views[k][:n]
+                        if stream is not None:
                             with torch.cuda.stream(stream):
                                 view.copy_(t, non_blocking=True)
                             stream.synchronize()
@@ -290,16 +297,25 @@ class DaemonMover:
                     with lock:
                         errors.append(e)
 
-            threads = [threading.Thread(target=writer, args=(r,), daemon=True) for r in leases[1:]]
+            threads = [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(1, len(leases))]
             for th in threads:
                 th.start()
-            writer(leases[0])
+            writer(0)
             for th in threads:
                 th.join()
             if errors:
                 raise errors[0]
         finally:
             self._s.release(leases)
+
+
+def _slab_bytes(session: Any) -> int:
+    """The daemon's regular slab size (from its status document), or its default."""
+    try:
+        n = int(session.status()["pool"]["slab_bytes"])
+    except (AttributeError, KeyError, TypeError, ValueError, OSError, GDSUnavailableError):
+        return DEFAULT_SLAB_BYTES
+    return n if n > 0 else DEFAULT_SLAB_BYTES
 
 
 def open_mover(path: str, *, strict: bool = False, device: int | None = None) -> Mover:
