@@ -16,8 +16,9 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   chunk matches the target (the common case), else into a temporary that is narrowed and copied.
 - **Async staging.** ``stage`` (used by ``dcp.async_save``) copies the state dict into daemon
   slabs (leases) instead of CPU memory; ``write_data`` then writes those leases to the files
-  without another copy, and releases them. Where the pool cannot hold the state dict, or off
-  gdsfs, it stages the stock way.
+  without another copy, and releases them. Tensors larger than one slab (``gdsfs mount
+  --slab-size``), and tensors the full pool has no room for, are staged the stock way, in host
+  memory; for DTensors and ShardedTensors, or off gdsfs, the whole state dict is.
 
 Off gdsfs, or when the daemon cannot serve, both fall back to the stock implementation after the
 one-time GDSFallbackWarning (``strict=True`` raises instead). A DataLoader's state rides along as
@@ -33,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from typing import Any
@@ -121,6 +123,7 @@ class GDSFileSystemWriter(FileSystemWriter):
         # data_ptr -> (session, Ref) of tensors staged into leases by stage().
         self._staged: dict[int, tuple[Any, Any]] = {}
         self._stage_session: Any = None
+        self._slab: int | None = None  # the daemon's slab size, learnt at the first stage()
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -252,15 +255,24 @@ class GDSFileSystemWriter(FileSystemWriter):
             return super().stage(state_dict)
 
     def _stage_tensor(self, sess: Any, t: torch.Tensor) -> torch.Tensor:
-        from gdsfs._ckpt.tensorio import DaemonMover
+        from gdsfs._ckpt.tensorio import DaemonMover, _slab_bytes
 
         t = t.detach()
         n = t.numel() * t.element_size()
-        if n == 0 or t.device.type not in ("cpu", "cuda") or n > sess.max_lease:
+        if self._slab is None:
+            self._slab = _slab_bytes(sess)
+        if n == 0 or t.device.type not in ("cpu", "cuda") or n > self._slab:
+            # A lease larger than one slab would get a slab allocated (and mapped here) for it
+            # alone: stage such tensors the stock way, in host memory.
             return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
         mover = DaemonMover(sess)
         dev = mover._device_for(t)
-        ref = sess.alloc(n, device=dev)
+        try:
+            ref = sess.alloc(n, device=dev, timeout=0)  # never wait: a snapshot must be quick
+        except GDSUnavailableError as e:
+            if e.errno != errno.EAGAIN:
+                raise
+            return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()  # pool full
         view = mover._view(ref, n)
         src = t if t.is_contiguous() else t.contiguous()
         view.copy_(byte_view(src))
