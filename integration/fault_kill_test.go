@@ -109,15 +109,20 @@ func TestFaultKillDaemonUnderLoad(t *testing.T) {
 		t.Errorf("lookup on the dead mount: %v, want ENOTCONN", err)
 	}
 	t.Logf("kill -9 under load: %d clients saw %v; slowest noticed after %s", clients, errnos, slowest.Round(time.Millisecond))
-	if _, err := os.Stat(oldShm); err == nil {
-		ents, _ := os.ReadDir(oldShm)
-		t.Logf("NOTE: the killed daemon's host slabs stay in %s (%d files) until removed: nothing reclaims them", oldShm, len(ents))
+	ents, err := os.ReadDir(oldShm)
+	if err != nil {
+		t.Fatalf("the killed daemon's slab directory: %v", err)
 	}
+	t.Logf("the killed daemon left %d slab files in %s", len(ents), oldShm)
 
 	// Restart on the same path: the stale mount is cleaned up.
 	restarted := time.Now()
 	d2 := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "256MiB", "--slab-size", "16MiB")
 	t.Logf("restart: mounted again after %s", time.Since(restarted).Round(time.Millisecond))
+	// The new daemon reclaims the dead one's shared memory.
+	if _, err := os.Stat(oldShm); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the killed daemon's slab directory %s survived the restart (%v): its memory leaks", oldShm, err)
+	}
 	for i := 0; i < loadDataFiles; i++ {
 		got, err := os.ReadFile(filepath.Join(mnt, loadDataName(i)))
 		if err != nil {
