@@ -8,8 +8,10 @@ daemon's write path, atomically (temp name, fsync, rename, directory fsync). The
 ordinary safetensors files: the safetensors library reads what we write and we read what it
 writes.
 
-Off a gdsfs mount, or when the daemon cannot serve, the same code runs with plain reads and
-writes after the one-time GDSFallbackWarning (``strict=True`` raises instead).
+Off a gdsfs mount ``load_file`` is the safetensors library's own (our format layer with plain
+reads where the library is not installed), after the one-time GDSFallbackWarning; when the daemon
+cannot serve, plain reads and writes take over. Saves stay atomic everywhere. ``strict=True``
+raises GDSUnavailableError instead of falling back.
 
 Example:
     from gdsfs.safetensors import load_file, save_file
@@ -144,9 +146,22 @@ def load_file(
     path = os.fspath(filename)
     dev = _device(device)
     on = _is_gdsfs(path, strict)
+    if not on:
+        real = _real_library()
+        if real is not None:  # off gdsfs: the stock implementation, where it is installed
+            return real.load_file(path, device=str(dev))
     with open(path, "rb", buffering=_BUFFER) as fh:
         header = _read_header(fh)
         return _load_tensors(path, fh, list(header.tensors.values()), dev, on, strict)
+
+
+def _real_library() -> Any:
+    """safetensors.torch when the safetensors library is installed, else None."""
+    try:
+        import safetensors.torch as real
+    except ImportError:
+        return None
+    return real
 
 
 def load(data: bytes, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
