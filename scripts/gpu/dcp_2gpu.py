@@ -24,6 +24,7 @@ otherwise, 2 on usage errors.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import pickle
@@ -83,7 +84,8 @@ def worker(rank: int, port: int, mount: str, results: Any) -> None:
     warnings.simplefilter("always")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
     torch.cuda.set_device(rank)
-    dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=WORLD)
+    # A bounded timeout: a rank that dies must not leave the other waiting forever.
+    dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=180))
     failures: list[str] = []
     try:
         run_checks(rank, mount, failures)
