@@ -75,6 +75,7 @@ func TestCLIErrors(t *testing.T) {
 		{"warm bad progress", []string{"warm", "--progress", "loud", d("d")}, `--progress "loud": use auto, always or never`},
 		{"status of a plain directory", []string{"status", d("d")}, fmt.Sprintf("%s is not a gdsfs mountpoint (no .gdsfs in it); give the directory gdsfs mount was given", d("d"))},
 		{"status watch too often", []string{"status", "--watch", "--interval", "1ms", live}, "--interval 1ms: give at least 100ms, such as 2s"},
+		{"status metrics nobody serves", []string{"status", "--metrics", "127.0.0.1:1", live}, `--metrics 127.0.0.1:1: Get "http://127.0.0.1:1/metrics": dial tcp 127.0.0.1:1: connect: connection refused; give the daemon's --metrics-addr`},
 		{"read off the mount", []string{"read", d("file")}, fmt.Sprintf("%s is not on a gdsfs mount (no .gdsfs above it); mount its directory with gdsfs mount", d("file"))},
 		{"read negative offset", []string{"read", "--offset", "-5", liveData}, "--offset -5: give a byte offset >= 0"},
 		{"stat off the mount", []string{"stat", d("file")}, fmt.Sprintf("%s is not on a gdsfs mount (it has no user.gdsfs.info); mount its directory with gdsfs mount", d("file"))},

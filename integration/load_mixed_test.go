@@ -198,6 +198,13 @@ func TestLoadMixed(t *testing.T) {
 	if err != nil {
 		t.Error(err)
 	}
+	// gdsfs status shows the same figures as the metrics.
+	status, code := runGdsfs(t, "status", "--metrics", d.metricsURL, mnt)
+	for _, want := range []string{"sessions: 1 open", "pool host: 0 B leased", "passthrough: on", "fuse:", "index:", "bytes:    host read"} {
+		if code != 0 || !strings.Contains(status, want) {
+			t.Errorf("gdsfs status --metrics after the load (exit %d) lacks %q:\n%s", code, want, status)
+		}
+	}
 	peak.Lock()
 	defer peak.Unlock()
 	// Every client holds a handful of files open at a time; descriptors

@@ -26,11 +26,12 @@ pool per device (budget, allocated, leased), open sessions and what they hold,
 and counters of reads, writes and refusals by errno.`,
 		Example: `  gdsfs status /data
   gdsfs status --watch /data                 # refresh every 2s with rates, until Ctrl-C
+  gdsfs status -w --metrics 127.0.0.1:9477 /data   # plus FUSE, index cache and passthrough figures
   gdsfs status --json /data | jq .pool.devices`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if watch.on {
-				return runStatusWatch(cmd.Context(), cmd.OutOrStdout(), args[0], watch.every)
+			if watch.on || watch.metrics != "" {
+				return runStatusWatch(cmd.Context(), cmd.OutOrStdout(), args[0], watch)
 			}
 			return runStatus(cmd.Context(), cmd.OutOrStdout(), args[0], asJSON)
 		},

@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,25 +20,45 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/metrics"
 )
 
-// watchFlags are `gdsfs status --watch` and its interval.
+// watchFlags are `gdsfs status --watch`, its interval, and --metrics.
 type watchFlags struct {
-	on    bool
-	every time.Duration
+	on      bool
+	every   time.Duration
+	metrics string // HOST:PORT or URL of the daemon's --metrics-addr
 }
 
 func addWatchFlags(cmd *cobra.Command, w *watchFlags) {
 	cmd.Flags().BoolVarP(&w.on, "watch", "w", false, "refresh until interrupted, with rates since the previous refresh")
 	cmd.Flags().DurationVar(&w.every, "interval", 2*time.Second, "refresh interval of --watch")
+	cmd.Flags().StringVar(&w.metrics, "metrics", "", "also show FUSE, index cache and passthrough figures from the daemon's --metrics-addr (HOST:PORT)")
 }
 
-// runStatusWatch shows the status every interval, with read and write
-// rates computed from the counters, until SIGINT/SIGTERM (exit 0) or
+// statusView is one refresh's figures, kept to compute rates.
+type statusView struct {
+	at       time.Time
+	counters ctl.CounterStats
+	scrape   metrics.Snapshot // nil without --metrics
+}
+
+// runStatusWatch shows the status (once, or every interval with --watch),
+// with rates computed from the counters, until SIGINT/SIGTERM (exit 0) or
 // until the daemon stops answering (an error).
-func runStatusWatch(ctx context.Context, w io.Writer, mp string, every time.Duration) error {
-	if every < 100*time.Millisecond {
-		return usagef("--interval %s: give at least 100ms, such as 2s", every)
+func runStatusWatch(ctx context.Context, w io.Writer, mp string, wf watchFlags) error {
+	if wf.on && wf.every < 100*time.Millisecond {
+		return usagef("--interval %s: give at least 100ms, such as 2s", wf.every)
+	}
+	url := ""
+	if wf.metrics != "" {
+		url = wf.metrics
+		if !strings.Contains(url, "://") {
+			url = "http://" + url
+		}
+		if !strings.HasSuffix(url, "/metrics") {
+			url = strings.TrimSuffix(url, "/") + "/metrics"
+		}
 	}
 	if st, err := os.Stat(filepath.Join(mp, ctl.ControlName)); err != nil || !st.Mode().IsRegular() {
 		return usagef("%s is not a gdsfs mountpoint (no %s in it); give the directory gdsfs mount was given", mp, ctl.ControlName)
@@ -51,12 +74,11 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, every time.Dura
 	}
 	defer cl.Close()
 	clear := ""
-	if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+	if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) && wf.on {
 		clear = "\x1b[H\x1b[2J" // home, erase screen
 	}
-	var prev ctl.CounterStats
-	var prevAt time.Time
-	tick := time.NewTicker(every)
+	var prev *statusView
+	tick := time.NewTicker(max(wf.every, 100*time.Millisecond))
 	defer tick.Stop()
 	for {
 		doc, err := cl.Status(ctx)
@@ -70,18 +92,25 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, every time.Dura
 		if err := json.Unmarshal(doc, &st); err != nil {
 			return fmt.Errorf("status of %s is not the expected JSON: %w", mp, err)
 		}
+		cur := &statusView{at: time.Now(), counters: st.Counters}
+		if url != "" {
+			if cur.scrape, err = scrapeMetrics(ctx, url); err != nil {
+				return usagef("--metrics %s: %v; give the daemon's --metrics-addr", wf.metrics, err)
+			}
+		}
 		var b bytes.Buffer
 		b.WriteString(clear)
-		now := time.Now()
-		fmt.Fprintf(&b, "%s  (every %s, Ctrl-C to stop)\n", now.Format(time.TimeOnly), every)
+		if wf.on {
+			fmt.Fprintf(&b, "%s  (every %s, Ctrl-C to stop)\n", cur.at.Format(time.TimeOnly), wf.every)
+		}
 		if err := printStatus(&b, mp, doc, cl.Hello(), false); err != nil {
 			return err
 		}
-		if !prevAt.IsZero() {
-			c, dt := st.Counters, now.Sub(prevAt).Seconds()
-			fmt.Fprintf(&b, "rates:    %.0f reads/s %s/s, %.0f writes/s %s/s\n",
-				float64(c.Reads-prev.Reads)/dt, humanize.IBytes(uint64(float64(c.ReadBytes-prev.ReadBytes)/dt)),
-				float64(c.Writes-prev.Writes)/dt, humanize.IBytes(uint64(float64(c.WriteBytes-prev.WriteBytes)/dt)))
+		printRates(&b, prev, cur)
+		printScrape(&b, prev, cur)
+		if !wf.on {
+			_, err := w.Write(b.Bytes())
+			return err
 		}
 		if clear == "" {
 			b.WriteString("\n")
@@ -89,11 +118,102 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, every time.Dura
 		if _, err := w.Write(b.Bytes()); err != nil {
 			return err
 		}
-		prev, prevAt = st.Counters, now
+		prev = cur
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
 	}
+}
+
+func scrapeMetrics(ctx context.Context, url string) (metrics.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return metrics.ParseText(resp.Body)
+}
+
+// printRates prints read and write rates since the previous view.
+func printRates(w io.Writer, prev, cur *statusView) {
+	if prev == nil {
+		return
+	}
+	p, c, dt := prev.counters, cur.counters, cur.at.Sub(prev.at).Seconds()
+	fmt.Fprintf(w, "rates:    %.0f reads/s %s/s, %.0f writes/s %s/s\n",
+		float64(c.Reads-p.Reads)/dt, humanize.IBytes(uint64(float64(c.ReadBytes-p.ReadBytes)/dt)),
+		float64(c.Writes-p.Writes)/dt, humanize.IBytes(uint64(float64(c.WriteBytes-p.WriteBytes)/dt)))
+}
+
+// printScrape prints the figures only the metrics have: FUSE operations,
+// passthrough, the index cache, bytes per engine.
+func printScrape(w io.Writer, prev, cur *statusView) {
+	s := cur.scrape
+	if s == nil {
+		return
+	}
+	on, _ := s.Get("gdsfs_fuse_passthrough_enabled")
+	pt, _ := s.Get("gdsfs_fuse_opens_total", "mode", "passthrough")
+	dm, _ := s.Get("gdsfs_fuse_opens_total", "mode", "daemon")
+	ref, _ := s.Get("gdsfs_fuse_passthrough_refused_total")
+	fmt.Fprintf(w, "passthrough: %s (%.0f opens passthrough, %.0f served by the daemon, %.0f refused by the kernel)\n",
+		map[bool]string{true: "on", false: "off"}[on == 1], pt, dm, ref)
+	ops := s.Sum("gdsfs_fuse_ops_total")
+	errs := s.Sum("gdsfs_fuse_errors_total")
+	line := fmt.Sprintf("fuse:     %.0f ops served by the daemon, %.0f answered with an errno", ops, errs)
+	if prev != nil && prev.scrape != nil {
+		dt := cur.at.Sub(prev.at).Seconds()
+		line += fmt.Sprintf("; %.0f ops/s", (ops-prev.scrape.Sum("gdsfs_fuse_ops_total"))/dt)
+	}
+	fmt.Fprintln(w, line+topOps(s))
+	h, _ := s.Get("gdsfs_index_cache_hits_total")
+	m, _ := s.Get("gdsfs_index_cache_misses_total")
+	ev, _ := s.Get("gdsfs_index_cache_evictions_total")
+	used, _ := s.Get("gdsfs_index_cache_used_bytes")
+	fmt.Fprintf(w, "index:    %.0f hits, %.0f misses, %.0f evictions, %s cached\n", h, m, ev, humanize.IBytes(uint64(used)))
+	var bytesLine []string
+	for _, eng := range []string{"gds", "gds-compat", "posix", "host", "fuse", "other"} {
+		for _, dir := range []string{"read", "write"} {
+			if v, _ := s.Get("gdsfs_bytes_total", "engine", eng, "direction", dir); v > 0 {
+				bytesLine = append(bytesLine, fmt.Sprintf("%s %s %s", eng, dir, humanize.IBytes(uint64(v))))
+			}
+		}
+	}
+	if len(bytesLine) > 0 {
+		fmt.Fprintf(w, "bytes:    %s\n", strings.Join(bytesLine, ", "))
+	}
+}
+
+// topOps names the three most frequent FUSE operations.
+func topOps(s metrics.Snapshot) string {
+	type op struct {
+		name string
+		n    float64
+	}
+	var l []op
+	for k, v := range s {
+		if rest, ok := strings.CutPrefix(k, `gdsfs_fuse_ops_total{op="`); ok {
+			l = append(l, op{strings.TrimSuffix(rest, `"}`), v})
+		}
+	}
+	if len(l) == 0 {
+		return ""
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i].n > l[j].n || l[i].n == l[j].n && l[i].name < l[j].name })
+	var parts []string
+	for _, o := range l[:min(3, len(l))] {
+		parts = append(parts, fmt.Sprintf("%s %.0f", o.name, o.n))
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
 }
