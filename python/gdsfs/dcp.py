@@ -255,25 +255,25 @@ class GDSFileSystemWriter(FileSystemWriter):
             return super().stage(state_dict)
 
     def _stage_tensor(self, sess: Any, t: torch.Tensor) -> torch.Tensor:
-        from gdsfs._ckpt.tensorio import DaemonMover, _slab_bytes
+        from gdsfs._ckpt.tensorio import DaemonMover, slab_bytes
 
         t = t.detach()
         n = t.numel() * t.element_size()
         if self._slab is None:
-            self._slab = _slab_bytes(sess)
+            self._slab = slab_bytes(sess)
         if n == 0 or t.device.type not in ("cpu", "cuda") or n > self._slab:
             # A lease larger than one slab would get a slab allocated (and mapped here) for it
             # alone: stage such tensors the stock way, in host memory.
             return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
         mover = DaemonMover(sess)
-        dev = mover._device_for(t)
+        dev = mover.device_for(t)
         try:
             ref = sess.alloc(n, device=dev, timeout=0)  # never wait: a snapshot must be quick
         except GDSUnavailableError as e:
             if e.errno != errno.EAGAIN:
                 raise
             return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()  # pool full
-        view = mover._view(ref, n)
+        view = mover.lease_view(ref, n)
         src = t if t.is_contiguous() else t.contiguous()
         view.copy_(byte_view(src))
         if view.device.type == "cuda":

@@ -24,8 +24,8 @@ import torch
 
 from gdsfs._errors import GDSUnavailableError
 
-# Largest piece one lease carries; a range longer than this (or than the daemon's max_lease) is
-# split. Big enough that per-request overhead vanishes, small enough to double-buffer in the pool.
+# Largest piece one lease carries; longer ranges are split. The daemon's slab size and a quarter
+# of its max_lease cap it further (DaemonMover.__init__).
 PIECE_BYTES = 256 << 20
 # Bytes of one read batch (one daemon request of up to max_ranges ranges). Two batches are in
 # flight: the copies out of one overlap the daemon filling the next.
@@ -147,14 +147,14 @@ class DaemonMover:
         cap = int(getattr(session, "max_lease", 0) or 0) or PIECE_BYTES * 8
         # A lease larger than one slab gets a slab of its own, allocated for it and freed with
         # it (and mapped anew by this process every time): keep pieces within a regular slab.
-        slab = _slab_bytes(session)
+        slab = slab_bytes(session)
         self._piece = max(ALIGN, min(PIECE_BYTES, slab, cap // 4) // ALIGN * ALIGN)
         self._batch = max(self._piece, min(BATCH_BYTES, cap // 3))
         self._write_lease = max(ALIGN, min(self._piece, cap // (2 * WRITE_THREADS)) // ALIGN * ALIGN)
         self._max_ranges = int(getattr(getattr(session, "hello", None), "max_ranges", 0) or 256)
         self.engine = "gdsfs"
 
-    def _view(self, ref: Any, n: int) -> torch.Tensor:
+    def lease_view(self, ref: Any, n: int) -> torch.Tensor:
         """A uint8 tensor over the first ``n`` bytes of a lease, without copying."""
         if ref.device == -1:
             # Host slab: the core maps it once per process; wrap the bytes in place.
@@ -163,7 +163,7 @@ class DaemonMover:
 
         return gtorch.tensor_from_ref(ref, torch.uint8, (ref.valid,), copy=False, session=self._s)[:n]
 
-    def _device_for(self, t: torch.Tensor) -> int | None:
+    def device_for(self, t: torch.Tensor) -> int | None:
         # CUDA tensors want slabs on their own GPU, CPU tensors host slabs. In host mode (no GPU
         # in the daemon) everything is host memory: the daemon's default is right.
         if getattr(self._s, "host_mode", True):
@@ -189,7 +189,7 @@ class DaemonMover:
         # Group by target device: one request names one device.
         by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
         for p in pieces:
-            by_dev.setdefault(self._device_for(p[1]), []).append(p)
+            by_dev.setdefault(self.device_for(p[1]), []).append(p)
         for dev, group in by_dev.items():
             self._read_group(fd, dev, group)
 
@@ -230,7 +230,7 @@ class DaemonMover:
                         continue
                     if int(ref.valid) < n:
                         raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
-                    t.copy_(self._view(ref, n), non_blocking=True)
+                    t.copy_(self.lease_view(ref, n), non_blocking=True)
                 i += len(batch)
         finally:
             self._finish(pending)
@@ -249,7 +249,7 @@ class DaemonMover:
         pieces = [p for p in self._pieces(items, self._write_lease) if p[1].numel() > 0]
         by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
         for p in pieces:
-            by_dev.setdefault(self._device_for(p[1]), []).append(p)
+            by_dev.setdefault(self.device_for(p[1]), []).append(p)
         for d in {t.device for _, t in pieces if t.device.type == "cuda"}:
             torch.cuda.current_stream(d).synchronize()  # the producers' work is done before we copy
         for dev, group in by_dev.items():
@@ -270,7 +270,7 @@ class DaemonMover:
                     break
             # Map every lease here, not in the writer threads: slab mapping (CUDA IPC) is done
             # once per process and wants the thread that owns the CUDA context.
-            views = [self._view(ref, size) for ref in leases]
+            views = [self.lease_view(ref, size) for ref in leases]
             streams = [torch.cuda.Stream(v.device) if v.device.type == "cuda" else None for v in views]
             work = list(reversed(pieces))
             lock = threading.Lock()
@@ -309,7 +309,7 @@ class DaemonMover:
             self._s.release(leases)
 
 
-def _slab_bytes(session: Any) -> int:
+def slab_bytes(session: Any) -> int:
     """The daemon's regular slab size (from its status document), or its default."""
     try:
         n = int(session.status()["pool"]["slab_bytes"])
