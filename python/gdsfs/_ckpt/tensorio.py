@@ -22,6 +22,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from gdsfs import _protocol as proto
 from gdsfs._errors import GDSUnavailableError
 
 # Largest piece one lease carries; longer ranges are split. The daemon's slab size and a quarter
@@ -164,15 +165,18 @@ class DaemonMover:
         return gtorch.tensor_from_ref(ref, torch.uint8, (ref.valid,), copy=False, session=self._s)[:n]
 
     def device_for(self, t: torch.Tensor) -> int | None:
-        # CUDA tensors want slabs on their own GPU, CPU tensors host slabs. In host mode (no GPU
-        # in the daemon) everything is host memory: the daemon's default is right.
+        """The daemon device whose slabs should hold bytes for ``t`` (None: the session's default).
+
+        CUDA tensors want slabs on their own GPU, CPU tensors host slabs. In host mode (no GPU in
+        the daemon) everything is host memory, the session's default.
+        """
         if getattr(self._s, "host_mode", True):
             return None
         if t.device.type == "cuda":
             return t.device.index if t.device.index is not None else torch.cuda.current_device()
         hello = getattr(self._s, "hello", None)
-        if hello is not None and int(hello.caps) & 1:  # CAP_HOST_SLABS
-            return -1
+        if hello is not None and int(hello.caps) & proto.CAP_HOST_SLABS:
+            return proto.DEVICE_HOST
         return None
 
     def _pieces(self, items: Sequence[tuple[int, torch.Tensor]], size: int = 0) -> list[tuple[int, torch.Tensor]]:
