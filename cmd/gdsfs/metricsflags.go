@@ -89,8 +89,12 @@ type metricsCloser struct {
 	done  chan error
 }
 
-// Mounted makes scrapes report srv's passthrough state.
+// Mounted makes scrapes report srv's passthrough state, and passes srv on
+// to the wrapped closer when it wants it.
 func (c *metricsCloser) Mounted(srv *fs.Server) {
+	if h, ok := c.inner.(mountedHook); ok {
+		h.Mounted(srv)
+	}
 	c.m.SetPassthrough(func() metrics.PassthroughStats {
 		on, _ := srv.Passthrough()
 		st := srv.Stats()

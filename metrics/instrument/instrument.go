@@ -89,6 +89,15 @@ func (c *control) Xattr(ctx context.Context, who fs.Caller, path string, isRoot 
 	return v, errno
 }
 
+// Mounted passes the running mount on to the wrapped Control when it
+// wants it (cmd/gdsfs calls Mounted on the Control it mounted with), so
+// wrapping hides no optional ability.
+func (c *control) Mounted(srv *fs.Server) {
+	if h, ok := c.Control.(interface{ Mounted(*fs.Server) }); ok {
+		h.Mounted(srv)
+	}
+}
+
 type session struct {
 	fs.Session
 	r Recorder
