@@ -211,8 +211,6 @@ def save(
         torch.save(obj, f, pickle_module, pickle_protocol, _use_new_zipfile_serialization, **kw)
         return
     path = os.fspath(f)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"gdsfs: cannot save to {path!r}: it is a directory")
     arc = torchzip.build(obj, _archive_name(path), pickle_module=pickle_module, protocol=pickle_protocol,
                          alignment=storage_alignment, byteorder_record=not _disable_byteorder_record)
     on_gdsfs = _on_gdsfs(path)

@@ -272,3 +272,17 @@ def test_zip64_records_and_offsets(tmp_path):
     assert archive == "big"
     assert located["data/0"].offset == recs[1].data_offset and located["data/0"].size == big
     assert located["data/1"].offset == recs[2].data_offset and located["data/1"].offset % 4096 == 0
+
+
+@pytest.mark.parametrize("save", ["checkpoint", "safetensors"])
+def test_save_errors_name_the_problem(tmp_path, save):
+    import gdsfs.safetensors as gst
+
+    fn = (lambda p: gck.save({"a": torch.ones(2)}, p)) if save == "checkpoint" else (lambda p: gst.save_file({"a": torch.ones(2)}, p))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GDSFallbackWarning)
+        with pytest.raises(FileNotFoundError, match="does not exist; create it first"):
+            fn(str(tmp_path / "missing" / "x"))
+        with pytest.raises(IsADirectoryError, match="is a directory"):
+            fn(str(tmp_path))
+    assert os.listdir(tmp_path) == []

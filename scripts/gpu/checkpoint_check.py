@@ -293,6 +293,22 @@ def to_cpu(obj: Any) -> Any:
     return torch.load(b, map_location="cpu", weights_only=False)
 
 
+class Loader:
+    """A dataloader's resume state as DCP sees it: a Stateful, as gdsfs.torch.DataLoader is."""
+
+    def __init__(self, epoch: int, sample: int) -> None:
+        self.state = {"epoch": epoch, "sample_in_epoch": sample}
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = dict(state)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Loader) and other.state == self.state
+
+
 def dcp_state(seed: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     return {
@@ -300,7 +316,8 @@ def dcp_state(seed: int) -> dict[str, Any]:
         "bf": torch.randn(1000, generator=g).to(torch.bfloat16).to(DEV),
         "i": torch.arange(77, dtype=torch.int64).to(DEV),
         "s": torch.tensor(2.5).to(DEV),
-        "extra": {"step": 17, "note": "dataloader state rides along"},
+        "extra": {"step": 17, "note": "plain values ride along"},
+        "loader": Loader(3, 1234),
     }
 
 
@@ -323,6 +340,7 @@ def dcp_one_process(work: str) -> None:
         w = gdcp.GDSFileSystemWriter(d) if wname == "gds" else dcp.FileSystemWriter(d)
         dcp.save(src, storage_writer=w)
         dst = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"step": 0, "note": ""}) for k, v in src.items()}
+        dst["loader"] = Loader(0, 0)
         r = gdcp.GDSFileSystemReader(d) if rname == "gds" else dcp.FileSystemReader(d)
         dcp.load(dst, storage_reader=r)
         dcp_equal(src, dst)

@@ -6,8 +6,8 @@ Usage: dcp_2gpu.py MOUNTPOINT BACKING_DIR
 Runs on a machine with 2 GPUs (nvidia-h200-x2), no torchrun: it spawns 2 ranks with
 torch.multiprocessing (process group "cpu:gloo,cuda:nccl" over a free local TCP port). MOUNTPOINT is
 a gdsfs mount serving BACKING_DIR. Each rank builds the same sharded state dict (DTensors sharded
-on dim 0 and dim 1, a replicated DTensor, a plain replicated tensor, and a dataloader-like state of
-plain Python values riding along as BYTE_IO), then under <mount>/gdsfs-dcp-2gpu/:
+on dim 0 and dim 1, a replicated DTensor, a plain replicated tensor, plain Python values and a
+dataloader-like Stateful riding along as BYTE_IO), then under <mount>/gdsfs-dcp-2gpu/:
 
 1. dcp.save with GDSFileSystemWriter and with the stock FileSystemWriter;
 2. stock FileSystemReader loads the gdsfs checkpoint, GDSFileSystemReader loads the stock one and
@@ -56,6 +56,20 @@ def full_tensors() -> dict[str, torch.Tensor]:
     }
 
 
+class Loader:
+    """A dataloader's resume state as DCP sees it: a Stateful (state_dict / load_state_dict), the
+    protocol gdsfs.torch.DataLoader and GDSShardDataset implement."""
+
+    def __init__(self, epoch: int, sample: int) -> None:
+        self.state = {"epoch": epoch, "sample_in_epoch": sample, "order": [3, 1, 2]}
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = dict(state)
+
+
 def make_state(mesh: Any, placements: dict[str, Any], fill: float | None = None) -> dict[str, Any]:
     from torch.distributed.tensor import distribute_tensor
 
@@ -67,7 +81,8 @@ def make_state(mesh: Any, placements: dict[str, Any], fill: float | None = None)
     extra = {"step": 5, "loader": {"epoch": 2, "sample_in_epoch": 999, "seed": 1234}}
     if fill is not None:
         extra = {"step": 0, "loader": {"epoch": 0, "sample_in_epoch": 0, "seed": 0}}
-    return {"model": out, "extra": extra}
+    loader = Loader(2, 999) if fill is None else Loader(0, 0)
+    return {"model": out, "extra": extra, "loader": loader}
 
 
 def check_equal(got: dict[str, Any]) -> None:
@@ -78,6 +93,7 @@ def check_equal(got: dict[str, Any]) -> None:
         assert v.dtype == t.dtype and tuple(v.shape) == tuple(t.shape), k
         assert torch.equal(v.cpu(), t), f"{k} differs"
     assert got["extra"] == {"step": 5, "loader": {"epoch": 2, "sample_in_epoch": 999, "seed": 1234}}, got["extra"]
+    assert got["loader"].state == Loader(2, 999).state, got["loader"].state
 
 
 def worker(rank: int, port: int, mount: str, results: Any) -> None:

@@ -11,10 +11,11 @@ Standard library only.
 
 from __future__ import annotations
 
+import errno as _errno
 import os
 import secrets
-from typing import Iterator
 from contextlib import contextmanager
+from typing import Iterator
 
 TMP_MARKER = ".gdsfs-tmp-"
 
@@ -47,6 +48,11 @@ def replace(dest: str | os.PathLike[str], *, sync: bool = True) -> Iterator[tupl
             os.pwrite(fd, b"...", 0)
     """
     dest = os.path.abspath(os.fspath(dest))
+    parent = os.path.dirname(dest)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(_errno.ENOENT, f"gdsfs: cannot save {dest!r}: directory {parent!r} does not exist; create it first")
+    if os.path.isdir(dest):
+        raise IsADirectoryError(_errno.EISDIR, f"gdsfs: cannot save to {dest!r}: it is a directory")
     tmp = temp_name(dest)
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
