@@ -224,3 +224,21 @@ def test_checkpoints_larger_than_the_pool(small_pool_mount, kind):
     assert after["write_bytes"] - before["write_bytes"] >= 100 << 20
     assert after["read_bytes"] - before["read_bytes"] >= 100 << 20
     assert small_pool_mount.wait_leases(0) == 0
+
+
+def test_storage_errors_are_not_fallbacks(tmp_path, monkeypatch):
+    """ENOSPC from the daemon's WRITE is the user's disk, not a daemon failure: an OSError, no retry."""
+
+    class Full(FakeSession):
+        def write(self, *a, **k):
+            raise GDSUnavailableError("WRITE failed: ENOSPC", errno=errno.ENOSPC)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tensorio, "open_mover", lambda path, strict=False: tensorio._SessionMover(Full(1 << 20, 1 << 20)))
+    p = tmp_path / "f.bin"
+    with open(p, "wb") as f, pytest.raises(OSError) as ei:
+        tensorio.transfer(str(p), f.fileno(), [(0, torch.ones(10, dtype=torch.uint8))], write=True)
+    assert ei.value.errno == errno.ENOSPC and not isinstance(ei.value, GDSUnavailableError)
+    assert os.path.getsize(p) == 0, "the write was retried with plain I/O"

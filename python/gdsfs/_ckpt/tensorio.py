@@ -350,6 +350,10 @@ def close_mover(m: Mover) -> None:
         close()
 
 
+# Errors of the backing file system itself, passed through by WRITE (protocol section 4).
+_STORAGE_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG, _errno.EROFS})
+
+
 def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, write: bool, strict: bool = False) -> str:
     """Read into (or write from) every item of one operation, falling back to plain I/O.
 
@@ -369,6 +373,10 @@ def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, w
             (mover.write_from if write else mover.read_into)(fd, items)
             return mover.engine
         except GDSUnavailableError as e:
+            if e.errno in _STORAGE_ERRNOS:
+                # The file system refused (full, quota, too big, read-only): plain writes would
+                # hit the same wall. Say so as the OSError a plain write would raise.
+                raise OSError(e.errno, f"gdsfs: writing {path!r}: {os.strerror(e.errno)}") from e
             if strict or isinstance(mover, PosixMover):
                 raise
             warn_fallback(f"the daemon could not serve {path!r} ({e})")
