@@ -69,6 +69,9 @@ for f in one.bin odd.bin big.bin; do
 	if got=$(timeout 120 "$bin" read --device "$dev" "$mnt/$f" 2>"$out/control-read.err" | sha256sum | cut -d' ' -f1) &&
 		[ ! -s "$out/control-read.err" ]; then
 		[ "$got" = "$want" ] && echo "gdsfs read --device $dev $f: OK" || fail "gdsfs read --device $dev $f: sha256 $got, want $want"
+	elif grep -q "which this build lacks" "$out/control-read.err"; then
+		# Copy-back needs cufile.Driver.IPCOpen/IPCClose (cmd/gdsfs/read_slabs.go).
+		echo "gdsfs read --device $dev $f: SKIP: $(cat "$out/control-read.err")"
 	else
 		fail "gdsfs read --device $dev $f: $(cat "$out/control-read.err")"
 	fi
