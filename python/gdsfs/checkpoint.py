@@ -140,7 +140,11 @@ def load(
     Example:
         sd = gdsfs.checkpoint.load("/mnt/gdsfs/ckpt.pt", map_location="cuda:0")
     """
-    wo = _default_weights_only() if weights_only is None else bool(weights_only)
+    if weights_only is None:
+        # As torch.load: an explicit pickle_module means the caller trusts the file.
+        wo = _default_weights_only() and pickle_module is None
+    else:
+        wo = bool(weights_only)
     if wo and pickle_module is not None:
         raise RuntimeError("Can not safely load weights when explicit pickle_module is specified")
     if "encoding" not in pickle_load_args:
