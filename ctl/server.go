@@ -273,13 +273,27 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	eng, _ := s.opts.Engines.For(f, path)
+	eng, errno := s.engine(f, path)
+	if errno != 0 {
+		return errno
+	}
 	leases, errno := ss.readRanges(ctx, f, eng, EngineCodeOf(eng.Name()), pdev, plan)
 	if errno != 0 {
 		return errno
 	}
 	(&ReadReply{Leases: leases}).Encode(out)
 	return 0
+}
+
+// engine returns the engine for f; a chooser that has none is a bug, logged
+// and answered with EIO rather than a crash.
+func (s *Server) engine(f *os.File, path string) (Engine, syscall.Errno) {
+	eng, why := s.opts.Engines.For(f, path)
+	if eng == nil {
+		s.opts.Log.Error().Str("path", path).Str("why", why).Msg("BUG: ctl: no engine for file")
+		return nil, syscall.EIO
+	}
+	return eng, 0
 }
 
 // span is one validated range: the requested bytes and the 4 KiB-widened
@@ -407,7 +421,10 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if req.LeaseOffset+req.Length > uint64(li.valid) {
 		return syscall.EINVAL
 	}
-	eng, _ := s.opts.Engines.For(f, path)
+	eng, errno := s.engine(f, path)
+	if errno != 0 {
+		return errno
+	}
 	srcOff := li.slabOff + int64(req.LeaseOffset)
 	n, err := eng.WriteAt(ctx, f, l.Slab.Memory, srcOff, int64(req.FileOffset), int64(req.Length))
 	s.Changed(path)
@@ -606,8 +623,9 @@ func (s *Server) info(ctx context.Context, path string) ([]byte, syscall.Errno) 
 	case syscall.S_IFREG:
 		fi.Type = "file"
 		var eng Engine
-		eng, fi.Reason = s.opts.Engines.For(nil, path)
-		fi.Engine = eng.Name()
+		if eng, fi.Reason = s.opts.Engines.For(nil, path); eng != nil {
+			fi.Engine = eng.Name()
+		}
 		if s.opts.Indexes != nil {
 			if x, err := s.opts.Indexes.Get(ctx, path, nil); err == nil {
 				fi.Format = string(x.Format)
