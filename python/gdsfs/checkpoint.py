@@ -226,6 +226,8 @@ def save(
             transfer(tmp, fd, items, write=True, strict=strict)
         else:
             PosixMover().write_from(fd, items)
+        # Metadata last, through the mount: the central directory ends the file, so this write
+        # (not the daemon's) sets the size the kernel caches for it.
         for off, b in arc.metadata_writes(0):
             torchzip.pwrite_all(fd, b, off)
 

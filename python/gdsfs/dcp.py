@@ -207,7 +207,7 @@ class GDSFileSystemWriter(FileSystemWriter):
                 sess.write(fd, ref, off, n)
             for off, b in small:
                 torchzip.pwrite_all(fd, b, off)
-            os.ftruncate(fd, pos)
+            os.ftruncate(fd, pos)  # through the mount, last: sets the size the kernel caches
         return results
 
     def finish(self, metadata: Any, results: Any) -> None:

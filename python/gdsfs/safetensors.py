@@ -253,8 +253,9 @@ def save_file(
         off = 0
         while off < len(mv):
             off += os.pwrite(fd, mv[off:], off)
-        end = len(head) + sum(i.nbytes for i in infos.values())
-        os.ftruncate(fd, end)  # an all-empty file still has its full length
+        # Through the mount, after the daemon's writes: sets the size the kernel caches for the
+        # file (and gives a file of empty tensors its full length).
+        os.ftruncate(fd, len(head) + sum(i.nbytes for i in infos.values()))
 
 
 def save(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
