@@ -5,6 +5,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -22,6 +23,14 @@ func writeBigTar(b testing.TB, path string, n int) {
 	}
 	defer f.Close()
 	w := bufio.NewWriterSize(f, 1<<20)
+	writeBigTarTo(b, w, n)
+	if err := w.Flush(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// writeBigTarTo writes the shard of writeBigTar to w.
+func writeBigTarTo(b testing.TB, w io.Writer, n int) {
 	tw := tar.NewWriter(w)
 	jpg := make([]byte, 100)
 	for i := range n / 2 {
@@ -39,9 +48,6 @@ func writeBigTar(b testing.TB, path string, n int) {
 		}
 	}
 	if err := tw.Close(); err != nil {
-		b.Fatal(err)
-	}
-	if err := w.Flush(); err != nil {
 		b.Fatal(err)
 	}
 }

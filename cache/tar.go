@@ -174,8 +174,20 @@ const tarMaxMembers = 1 << 22
 const tarBufBytes = 32 << 10
 
 // ParseTar indexes an uncompressed tar archive (ustar, GNU and PAX headers).
+// Archives of plain headers only (most WebDataset shards) take a fast path;
+// anything else (PAX records, GNU long names, sparse files, base-256
+// numbers, damage) is read with archive/tar, which the fast path agrees
+// with wherever it answers (FuzzTar checks both on every input).
 func ParseTar(r io.ReaderAt, size int64) (*Tar, error) {
-	br := &bufReaderAt{r: r, size: size, buf: make([]byte, 0, tarBufBytes)}
+	if t, ok := parseTarFast(r, size); ok {
+		return t, nil
+	}
+	return parseTarStd(r, size)
+}
+
+// parseTarStd indexes a tar archive through archive/tar.
+func parseTarStd(r io.ReaderAt, size int64) (*Tar, error) {
+	br := newBufReaderAt(r, size)
 	tr := tar.NewReader(br)
 	t := &Tar{}
 	// latest data range of each regular member name, for hard links.
@@ -293,8 +305,11 @@ func isSparse(h *tar.Header) bool {
 	return false
 }
 
-func tarType(h *tar.Header) string {
-	switch h.Typeflag {
+func tarType(h *tar.Header) string { return typeName(h.Typeflag) }
+
+// typeName names a tar type flag (both tar paths use it, so they agree).
+func typeName(flag byte) string {
+	switch flag {
 	case tar.TypeSymlink:
 		return "symlink"
 	case tar.TypeChar:
@@ -308,7 +323,7 @@ func tarType(h *tar.Header) string {
 	case tar.TypeReg:
 		return "file"
 	}
-	return fmt.Sprintf("type %q", h.Typeflag)
+	return fmt.Sprintf("type %q", flag)
 }
 
 // tarWhy turns archive/tar's errors into words.
@@ -333,6 +348,10 @@ type bufReaderAt struct {
 	buf  []byte // file bytes [bufOff, bufOff+len(buf))
 	boff int64
 	err  error // first read error other than EOF
+}
+
+func newBufReaderAt(r io.ReaderAt, size int64) *bufReaderAt {
+	return &bufReaderAt{r: r, size: size, buf: make([]byte, 0, max(min(size, tarBufBytes), 512))}
 }
 
 func (b *bufReaderAt) Read(p []byte) (int, error) {
