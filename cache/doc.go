@@ -13,6 +13,10 @@
 // "cache: not a valid <format>: <why>"; a file that is none of the known
 // formats yields ErrNoIndex. Parsers never panic on input (fuzzed).
 //
+// Tar archives of plain headers (most WebDataset shards) are read by a fast
+// header scanner; any header it does not fully understand sends the whole
+// archive to archive/tar, and FuzzTar checks the two agree.
+//
 // # Index JSON
 //
 // Index.JSON is one envelope {"format": ..., "version": 1, ...} with absolute
