@@ -35,6 +35,7 @@ func newBenchCmd() *cobra.Command {
 		newBenchMountCmd(),
 		newBenchEnginesCmd(),
 	)
+	addBenchProgress(cmd) // spinner while a suite runs (bench_progress.go)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		for _, s := range cmd.Commands() {
 			if s.RunE == nil {
