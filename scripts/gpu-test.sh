@@ -7,7 +7,13 @@
 #   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
+#   GDSFS_GPU_SECTIONS  which parts to run (default: engines control dataset checkpoint dcp2;
+#                       dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
+#                       fit them all in 10 minutes: split them across calls.
+#   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
 set -uo pipefail
+sections=" ${GDSFS_GPU_SECTIONS:-engines control dataset checkpoint dcp2} "
+want() { [[ "$sections" == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 bin=build/gpu
 out=${OUT:-/tmp/gdsfs-gpu-out}
@@ -48,6 +54,7 @@ else
 	echo "no nvidia-smi: not a GPU machine, no udev record written"
 fi
 
+if want engines; then
 echo "== gdsfs doctor"
 : >"$work/doctor-probe"
 timeout 60 "$bin/gdsfs" doctor "$work/doctor-probe" 2>&1 | tee "$out/doctor.txt" || status=1
@@ -61,7 +68,7 @@ timeout 120 "$bin/gpubuf.test" -test.count=1 -test.timeout 120s 2>&1 | tee "$out
 
 echo "== benchmark: $size file, warm and cold"
 timeout 300 "$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" --io-workers 16 --threads 16 --runs 3 \
-	--min-warm-ratio 0.8 --min-cold-ratio 0.9 2>&1 | tee "$out/bench.txt"
+	--min-warm-ratio 0.8 --min-cold-ratio 0.9 2>&1 | tee "$out/bench.txt" 2>/dev/null
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 [ "${GDSFS_TUNING:-1}" = 0 ] || echo "== tuning: chunk size and workers (warm only)"
 [ "${GDSFS_TUNING:-1}" = 0 ] || for args in "--chunk-size 2MiB --io-workers 16" "--chunk-size 32MiB --io-workers 16" "--chunk-size 8MiB --io-workers 8"; do
@@ -71,22 +78,67 @@ timeout 300 "$bin/gdsfs" bench engines --file "$work/bench.dat" --size "$size" -
 		grep -E '^ *(posix|gds|h2d|pread16-pinned)' | tee -a "$out/tuning.txt"
 done
 echo "== torch.cuda.gds on the same file"
-timeout 120 python3 scripts/gpu_torch_gds.py "$work/bench.dat" 2>&1 | tee "$out/torch-gds.txt"
+timeout 120 python3 scripts/gpu_torch_gds.py "$work/bench.dat" 2>&1 | tee "$out/torch-gds.txt" 2>/dev/null
+fi
 
 # ---- control path (issue 4): scripts/gpu/control.sh ----------------------
+if want control; then
 echo "== control path: GPU slabs end to end (CUDA IPC consumer), gdsfs read, ioctl-hop throughput"
 timeout 900 scripts/gpu/control.sh "$bin/gdsfs" "$work" "$out" 2>&1 | tee "$out/control.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 # ---- end of control path ---------------------------------------------------
+
+# ---- Python client: datasets (issue 6), checkpoints (issue 7) ------------
+# Each runs against its own mount of a fresh backing dir, unmounted afterwards.
+pymount() { # NAME POOL: mounts $work/NAME/src at $work/NAME/mnt
+	mkdir -p "$work/$1/src" "$work/$1/mnt"
+	"$bin/gdsfs" mount --background --source "$work/$1/src" --gpu-pool "$2" \
+		--log-file "$out/$1-mount.log" "$work/$1/mnt" || { echo "gpu-test: mount for $1 failed"; cat "$out/$1-mount.log"; return 1; }
+}
+pyunmount() { "$bin/gdsfs" unmount "$work/$1/mnt" 2>/dev/null || umount -l "$work/$1/mnt"; rm -rf "$work/$1/src"; }
+if want dataset; then
+	echo "== datasets: GDSShardDataset, num_workers=8, pin_memory=True (scripts/gpu/dataset_check.py)"
+	if pymount dataset 8GiB; then
+		PYTHONUNBUFFERED=1 timeout 420 python3 scripts/gpu/dataset_check.py "$work/dataset/mnt" "$work/dataset/src" \
+			${GDSFS_DATASET_ARGS:-} --json "$out/dataset.json" 2>&1 | tee "$out/dataset.txt"
+		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+		"$bin/gdsfs" status "$work/dataset/mnt" 2>&1 | tail -5
+		pyunmount dataset
+	else status=1; fi
+fi
+if want checkpoint; then
+	echo "== checkpoints: safetensors, torch.save zip, DCP (scripts/gpu/checkpoint_check.py)"
+	if pymount ckpt 16GiB; then
+		PYTHONUNBUFFERED=1 timeout 540 python3 scripts/gpu/checkpoint_check.py "$work/ckpt/mnt" "$work/ckpt/src" \
+			--gib "${GDSFS_CKPT_GIB:-8}" ${GDSFS_CKPT_ARGS:-} --json "$out/checkpoint.json" 2>&1 | tee "$out/checkpoint.txt"
+		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+		pyunmount ckpt
+	else status=1; fi
+fi
+if want dcp2; then
+	if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+		echo "== distributed checkpoint, 2 ranks on 2 GPUs (scripts/gpu/dcp_2gpu.py)"
+		if pymount dcp2 8GiB; then
+			PYTHONUNBUFFERED=1 timeout 300 python3 scripts/gpu/dcp_2gpu.py "$work/dcp2/mnt" "$work/dcp2/src" 2>&1 | tee "$out/dcp2.txt"
+			[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+			pyunmount dcp2
+		else status=1; fi
+	else
+		echo "== distributed checkpoint: SKIP (needs 2 GPUs: nvidia-h200-x2)"
+	fi
+fi
 
 echo
 echo "================ summary ================"
-grep -E '^(--- |ok |FAIL|PASS)' "$out/cufile-test.txt" | grep -E -- '--- (PASS|FAIL|SKIP): TestGPU' | sed 's/ (.*//'
-grep -E '^(ok|PASS|FAIL)' "$out/gpubuf-test.txt" | sed 's/^/gpubuf tests: /' | head -1
-grep -E 'byte-exact|match' "$out/cufile-test.txt" | sed 's/^ *gpu_test.go:[0-9]*: //' | sort -u
+grep -hE '^(--- |ok |FAIL|PASS)' "$out/cufile-test.txt" 2>/dev/null | grep -E -- '--- (PASS|FAIL|SKIP): TestGPU' | sed 's/ (.*//'
+grep -E '^(ok|PASS|FAIL)' "$out/gpubuf-test.txt" 2>/dev/null | sed 's/^/gpubuf tests: /' | head -1
+grep -E 'byte-exact|match' "$out/cufile-test.txt" 2>/dev/null | sed 's/^ *gpu_test.go:[0-9]*: //' | sort -u
 grep -E '^ *(read|pread|h2d|odirect|gds|posix|host)' "$out/bench.txt"
 grep -E 'torch.cuda.gds' "$out/torch-gds.txt"
-grep -E '^verdict' "$out/doctor.txt"
-grep -E '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* GB/s|^control.sh:' "$out/control.txt"
+grep -E '^verdict' "$out/doctor.txt" 2>/dev/null
+grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* GB/s|^control.sh:' "$out/control.txt" 2>/dev/null
+for f in dataset checkpoint; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
+[ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
 echo "gpu-test: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status
