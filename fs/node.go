@@ -132,7 +132,15 @@ func (n *node) Ioctl(ctx context.Context, f gofs.FileHandle, cmd uint32, arg uin
 	if !ok {
 		return 0, syscall.ENOTTY
 	}
-	return h.Ioctl(ctx, cmd, arg, in, out)
+	rc, errno := h.Ioctl(ctx, cmd, arg, in, out)
+	if errno == 0 && h.writable {
+		// A control-path WRITE changed the backing file behind the
+		// kernel's back: drop the inode's cached size and pages, or a
+		// read through the mount (without passthrough) stops at the old
+		// size and stat shows it until the attribute timeout.
+		n.NotifyContent(0, 0)
+	}
+	return rc, errno
 }
 
 func (n *node) wrapFile(fh gofs.FileHandle, flags uint32, p string) gofs.FileHandle {

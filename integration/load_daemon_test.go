@@ -209,8 +209,9 @@ type idleFigures struct {
 }
 
 // idlePipeSlack bounds the splice pipes go-fuse may keep beyond those at
-// idle: two per concurrent request of its bounded reader pool.
-const idlePipeSlack = 64
+// idle: its pool grows to the most daemon-served reads in flight at once
+// (64 clients and their readahead) and keeps them for reuse.
+const idlePipeSlack = 256
 
 func (d *binDaemon) figures() idleFigures {
 	d.t.Helper()

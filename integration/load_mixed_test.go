@@ -82,7 +82,19 @@ func parseLoadResult(out string) (loadResult, bool) {
 // count and resident memory stayed bounded.
 func TestLoadMixed(t *testing.T) {
 	requireRoot(t)
-	dur := loadDuration(t)
+	runLoadMixed(t, loadDuration(t), true)
+}
+
+// TestLoadMixedNoPassthrough is the same load with the daemon serving
+// every read and write itself (--no-passthrough: what kernels older than
+// 6.9 and non-root mounts get), for a shorter time.
+func TestLoadMixedNoPassthrough(t *testing.T) {
+	requireRoot(t)
+	dur := loadDuration(t) / 3
+	runLoadMixed(t, dur, false)
+}
+
+func runLoadMixed(t *testing.T, dur time.Duration, passthrough bool) {
 	dir := t.TempDir()
 	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
 	for _, d := range []string{backing, mnt} {
@@ -91,7 +103,13 @@ func TestLoadMixed(t *testing.T) {
 		}
 	}
 	writeLoadDataset(t, backing)
-	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "512MiB", "--slab-size", "16MiB")
+	args := []string{"--engine", "host", "--host-pool", "512MiB", "--slab-size", "16MiB"}
+	ptState := "on"
+	if !passthrough {
+		args = append(args, "--no-passthrough")
+		ptState = "off"
+	}
+	d := startBinDaemon(t, backing, mnt, args...)
 
 	// Warm-up: one short client touches every kind of operation, so the
 	// idle figures include what the daemon keeps after first use (index
@@ -200,7 +218,7 @@ func TestLoadMixed(t *testing.T) {
 	}
 	// gdsfs status shows the same figures as the metrics.
 	status, code := runGdsfs(t, "status", "--metrics", d.metricsURL, mnt)
-	for _, want := range []string{"sessions: 1 open", "pool host: 0 B leased", "passthrough: on", "fuse:", "index:", "bytes:    host read"} {
+	for _, want := range []string{"sessions: 1 open", "pool host: 0 B leased", "passthrough: " + ptState, "fuse:", "index:", "bytes:    host read"} {
 		if code != 0 || !strings.Contains(status, want) {
 			t.Errorf("gdsfs status --metrics after the load (exit %d) lacks %q:\n%s", code, want, status)
 		}
@@ -250,8 +268,8 @@ func TestLoadMixed(t *testing.T) {
 	for _, k := range names {
 		opList = append(opList, fmt.Sprintf("%s %d", k, ops[k]))
 	}
-	t.Logf("load: %d clients for %s: %d operations (%.0f/s; %s), %d errors, %.1f MiB verified, %d EAGAIN retries",
-		loadClients, elapsed.Round(time.Second), totalOps, float64(totalOps)/elapsed.Seconds(), strings.Join(opList, ", "),
+	t.Logf("load (passthrough %s): %d clients for %s: %d operations (%.0f/s; %s), %d errors, %.1f MiB verified, %d EAGAIN retries",
+		ptState, loadClients, elapsed.Round(time.Second), totalOps, float64(totalOps)/elapsed.Seconds(), strings.Join(opList, ", "),
 		errs, float64(verified)/(1<<20), eagain)
 	t.Logf("daemon: %.0f FUSE operations served by the daemon, %.0f control-path requests, %.0f of them interrupted by the client (EINTR, retried)", fuseOps, controlReqs, eintr)
 	t.Logf("daemon: idle before %d fds (+%d slab, %d pipe), %d goroutines, RSS %.0f MiB; peak %.0f fds, %.0f goroutines, RSS %.0f MiB, pool %.0f MiB leased; idle after %d fds (+%d slab, %d pipe), %d goroutines, RSS %.0f MiB, pool %.0f B leased, %.0f sessions",
