@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/gdsfs/gdsfs/fs"
@@ -335,26 +336,33 @@ func (ss *session) readRanges(ctx context.Context, f *os.File, eng Engine, code 
 		held[i] = l
 	}
 	// Ranges are independent: read them concurrently, a few at a time
-	// (engines parallelise within a range too).
+	// (engines parallelise within a range too). This goroutine is one of
+	// the readers: a request of one range costs no goroutine hand-off.
 	errs := make([]error, len(plan))
 	got := make([]int64, len(plan))
-	workers := min(len(plan), runtime.GOMAXPROCS(0), 8)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				sp, l := plan[i], held[i]
-				got[i], errs[i] = eng.ReadAt(ctx, f, l.Slab.Memory, l.Offset, sp.start, sp.end-sp.start)
-			}
-		})
-	}
+	var todo []int
 	for i := range plan {
 		if held[i] != nil {
-			next <- i
+			todo = append(todo, i)
 		}
 	}
-	close(next)
+	var next atomic.Int64
+	readSome := func() {
+		for {
+			k := int(next.Add(1) - 1)
+			if k >= len(todo) {
+				return
+			}
+			i := todo[k]
+			sp, l := plan[i], held[i]
+			got[i], errs[i] = eng.ReadAt(ctx, f, l.Slab.Memory, l.Offset, sp.start, sp.end-sp.start)
+		}
+	}
+	var wg sync.WaitGroup
+	for range min(len(todo), runtime.GOMAXPROCS(0), 8) - 1 {
+		wg.Go(readSome)
+	}
+	readSome()
 	wg.Wait()
 	for i := range plan {
 		if held[i] != nil && errs[i] != nil {
