@@ -1,6 +1,7 @@
 package cufile
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"unsafe"
@@ -26,6 +27,7 @@ type driverFuncs struct {
 	cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuCtxSynchronize      uintptr
 	cuMemGetInfo, cuMemAlloc, cuMemFree, cuMemsetD8                  uintptr
 	cuIpcGetMemHandle, cuMemHostAlloc, cuMemFreeHost                 uintptr
+	cuIpcOpenMemHandle, cuIpcCloseMemHandle                          uintptr
 	cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync uintptr
 	cuStreamCreate, cuStreamSynchronize, cuStreamDestroy             uintptr
 }
@@ -46,7 +48,8 @@ func LoadDriver() (*Driver, error) {
 		"cuDevicePrimaryCtxRetain": &f.cuDevicePrimaryCtxRetain, "cuCtxSetCurrent": &f.cuCtxSetCurrent,
 		"cuCtxSynchronize": &f.cuCtxSynchronize, "cuMemGetInfo_v2": &f.cuMemGetInfo,
 		"cuMemAlloc_v2": &f.cuMemAlloc, "cuMemFree_v2": &f.cuMemFree, "cuMemsetD8_v2": &f.cuMemsetD8,
-		"cuIpcGetMemHandle": &f.cuIpcGetMemHandle, "cuMemHostAlloc": &f.cuMemHostAlloc, "cuMemFreeHost": &f.cuMemFreeHost,
+		"cuIpcGetMemHandle":                        &f.cuIpcGetMemHandle,
+		"cuIpcOpenMemHandle_v2|cuIpcOpenMemHandle": &f.cuIpcOpenMemHandle, "cuIpcCloseMemHandle": &f.cuIpcCloseMemHandle, "cuMemHostAlloc": &f.cuMemHostAlloc, "cuMemFreeHost": &f.cuMemFreeHost,
 		"cuMemcpyHtoD_v2": &f.cuMemcpyHtoD, "cuMemcpyDtoH_v2": &f.cuMemcpyDtoH,
 		"cuMemcpyHtoDAsync_v2": &f.cuMemcpyHtoDAsync, "cuMemcpyDtoHAsync_v2": &f.cuMemcpyDtoHAsync,
 		"cuStreamCreate": &f.cuStreamCreate, "cuStreamSynchronize": &f.cuStreamSynchronize,
@@ -204,6 +207,39 @@ func (d *Driver) IPCHandle(device int, p uintptr) ([]byte, error) {
 		return d.check("cuIpcGetMemHandle", cuCall(d.fn.cuIpcGetMemHandle, uintptr(unsafe.Pointer(&h[0])), p))
 	})
 	return h, err
+}
+
+// IPCOpen maps the allocation behind a 64-byte CUDA IPC handle exported by
+// another process into this one (CUDA refuses handles of this process) and
+// returns its device address here. Close it with IPCClose.
+func (d *Driver) IPCOpen(device int, handle []byte) (uintptr, error) {
+	if len(handle) != 64 {
+		return 0, fmt.Errorf("cufile: CUDA IPC handle is %d bytes, want 64", len(handle))
+	}
+	// cuIpcOpenMemHandle takes the 64-byte CUipcMemHandle by value. The
+	// x86-64 System V ABI passes a struct that large in memory, on the stack
+	// after the register arguments, and it takes no integer register: so
+	// pdptr and Flags fill the first two registers, four unused registers
+	// follow, and the handle's eight words go where stack arguments go.
+	var w [8]uintptr
+	for i := range w {
+		w[i] = uintptr(binary.LittleEndian.Uint64(handle[8*i:]))
+	}
+	const lazyEnablePeerAccess = 0x1 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+	var p uintptr
+	err := d.Do(device, func() error {
+		return d.check("cuIpcOpenMemHandle", cuCall(d.fn.cuIpcOpenMemHandle,
+			uintptr(unsafe.Pointer(&p)), lazyEnablePeerAccess, 0, 0, 0, 0,
+			w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]))
+	})
+	return p, err
+}
+
+// IPCClose unmaps an address IPCOpen returned.
+func (d *Driver) IPCClose(device int, p uintptr) error {
+	return d.Do(device, func() error {
+		return d.check("cuIpcCloseMemHandle", cuCall(d.fn.cuIpcCloseMemHandle, p))
+	})
 }
 
 // HostAlloc allocates size bytes of pinned, portable host memory.
