@@ -286,3 +286,26 @@ def test_save_errors_name_the_problem(tmp_path, save):
         with pytest.raises(IsADirectoryError, match="is a directory"):
             fn(str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_mutated_archives_fail_cleanly():
+    """Seeded random corruption of a real torch.save file: under weights_only, decoding raises only
+    the format's own errors (never another exception), and allocates no more than the file holds."""
+    import random
+
+    from gdsfs._ckpt import torchzip
+
+    with open(os.path.join(FIXTURES, "nested_default.pt"), "rb") as f:
+        good = f.read()
+    rng = random.Random(11)
+    for _ in range(1500):
+        b = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            # Half the hits on the pickle and the central directory, where structure lives.
+            j = rng.choice([rng.randrange(len(b)), rng.randrange(0, 700), rng.randrange(len(b) - 1200, len(b))])
+            b[j] = rng.randrange(256)
+        data = bytes(b)
+        try:
+            torchzip.decode(io.BytesIO(data), 0, len(data), lambda _loc: torch.device("cpu"), weights_only=True)
+        except (zipfmt.ZipFormatError, pickle.UnpicklingError, EOFError, torchzip.NotAddressable):
+            pass

@@ -179,7 +179,8 @@ class SubFile(io.RawIOBase):
         if n == 0:
             return 0
         self._f.seek(self._base + self._pos)
-        got = self._f.readinto(memoryview(b)[:n])
+        with memoryview(b) as mv, mv[:n] as part:  # released here, not by a traceback later
+            got = self._f.readinto(part)
         self._pos += got or 0
         return got or 0
 
@@ -210,8 +211,12 @@ def decode(f: BinaryIO, base: int, length: int, restore: Callable[[str], torch.d
     _, recs = zipfmt.locate(sub)  # type: ignore[arg-type]
     if "constants.pkl" in recs or "data.pkl" not in recs:
         raise NotAddressable("TorchScript archive")
-    if "byteorder" in recs and _read(sub, recs["byteorder"]).decode() != sys.byteorder:
-        raise NotAddressable("saved in the other byte order")
+    if "byteorder" in recs:
+        order = _read(sub, recs["byteorder"])
+        if order not in (b"little", b"big"):
+            raise zipfmt.ZipFormatError(f"zip: byteorder record holds {order[:16]!r}, not 'little' or 'big'")
+        if order.decode() != sys.byteorder:
+            raise NotAddressable("saved in the other byte order")
     up = TorchUnpickler(
         _read(sub, recs["data.pkl"]),
         restore,
@@ -221,9 +226,11 @@ def decode(f: BinaryIO, base: int, length: int, restore: Callable[[str], torch.d
     )
     try:
         obj = up.load()
-    except pickle.UnpicklingError as e:
+    except Exception as e:
+        # As torch.load: under weights_only every failure of the pickle is an UnpicklingError
+        # (a corrupt or hostile file is an error, never a crash); otherwise errors pass through.
         if weights_only:
-            raise pickle.UnpicklingError(f"Weights only load failed: {e}") from None
+            raise pickle.UnpicklingError(f"Weights only load failed: {type(e).__name__}: {e}") from None
         raise
     items = [(base + recs[f"data/{p.key}"].offset, p.dest) for p in up.pending.values() if p.nbytes]
     return Decoded(obj, items)

@@ -203,7 +203,8 @@ def locate(f: BinaryIO) -> tuple[str, dict[str, Located]]:
     try:
         zf = zipfile.ZipFile(f)
         infos = zf.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error, OverflowError) as e:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error, OverflowError,
+            NotImplementedError) as e:  # ValueError covers UnicodeDecodeError of mangled names
         raise ZipFormatError(f"zip: not a torch.save archive: {e}") from None
     if not infos:
         raise ZipFormatError("zip: archive has no records")
