@@ -38,9 +38,13 @@
 //
 // # Exhaustion
 //
-// Alloc never waits for memory: when the budget is spent and no slab has a
-// fitting free extent for the owner's uid, it returns ErrExhausted at once
-// (the control path answers EAGAIN) and logs the pool's state.
+// Alloc never waits for memory to be released: when the budget is spent and
+// no slab has a fitting free extent for the owner's uid, it returns
+// ErrExhausted at once (the control path answers EAGAIN) and logs the pool's
+// state. It does wait for a slab that is being allocated (or scrubbed) for
+// the same uid and can still hold the request: concurrent first requests
+// share one new slab instead of each reserving a slab of the budget (which
+// refused requests of an empty pool while its budget was all "in flight").
 //
 // # Locking
 //

@@ -109,8 +109,9 @@ type deviceState struct {
 
 	mu sync.Mutex
 	// GUARDED_BY(mu)
-	slabs []*Slab
-	bytes int64 // sum of slab sizes plus allocations in flight (I4)
+	slabs   []*Slab
+	bytes   int64          // sum of slab sizes plus allocations in flight (I4)
+	pending []*pendingSlab // regular slabs being allocated or scrubbed
 }
 
 type sessionShard struct {
@@ -218,10 +219,52 @@ func (p *Pool) Alloc(ctx context.Context, owner Owner, device int, n int64) (*Le
 }
 
 // allocShared carves size bytes out of a regular slab serving uid, creating or
-// reassigning a slab when none has room.
+// reassigning a slab when none has room. A request that a slab being
+// allocated (or scrubbed) for uid can still hold waits for that slab instead
+// of allocating its own: concurrent first requests share slabs, and the
+// budget is not spent on slabs that are mostly empty while other requests
+// are refused.
 func (p *Pool) allocShared(ctx context.Context, dev *deviceState, uid uint32, size int64) (*Slab, int64, error) {
-	dev.mu.Lock()
-	// Best fit over this uid's slabs keeps large extents for large requests.
+	for {
+		dev.mu.Lock()
+		if s, off, ok := dev.bestFit(uid, size); ok {
+			dev.mu.Unlock()
+			return s, off, nil
+		}
+		if ps := dev.joinPending(uid, size, p.slabBytes); ps != nil {
+			dev.mu.Unlock()
+			select {
+			case <-ps.done:
+				continue // the slab is in (or its allocation failed): look again
+			case <-ctx.Done():
+				return nil, 0, ctx.Err()
+			}
+		}
+		if dev.bytes+p.slabBytes <= dev.budget {
+			return p.allocSlab(ctx, dev, uid, size)
+		}
+		// Budget spent: take over an idle slab of another uid, scrubbed first.
+		if s := dev.idleSlab(); s != nil {
+			return p.takeOver(ctx, dev, s, uid, size)
+		}
+		err := p.exhausted(dev, uid, size)
+		dev.mu.Unlock()
+		return nil, 0, err
+	}
+}
+
+// pendingSlab is a regular slab on its way to serving uid (being allocated,
+// or scrubbed for a new uid): requests of uid it can hold wait for it.
+type pendingSlab struct {
+	uid      uint32
+	promised int64         // bytes of the requests counting on it, its creator's included
+	done     chan struct{} // closed when the slab is usable or its allocation failed
+}
+
+// bestFit carves size bytes from the smallest fitting free extent of uid's
+// regular slabs; best fit keeps large extents for large requests.
+// LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) bestFit(uid uint32, size int64) (*Slab, int64, bool) {
 	var best *Slab
 	bestIdx := -1
 	for _, s := range dev.slabs {
@@ -234,60 +277,108 @@ func (p *Pool) allocShared(ctx context.Context, dev *deviceState, uid uint32, si
 			}
 		}
 	}
-	if best != nil {
-		off := best.carve(bestIdx, size)
-		dev.mu.Unlock()
-		return best, off, nil
+	if best == nil {
+		return nil, 0, false
 	}
-	if dev.bytes+p.slabBytes <= dev.budget {
-		dev.bytes += p.slabBytes
-		dev.mu.Unlock()
-		mem, err := p.backend.Alloc(ctx, dev.id, p.slabBytes, uid)
-		if err != nil {
-			dev.mu.Lock()
-			dev.bytes -= p.slabBytes
-			dev.mu.Unlock()
-			return nil, 0, fmt.Errorf("gpubuf: allocate %d-byte slab on device %d: %w", p.slabBytes, dev.id, err)
+	return best, best.carve(bestIdx, size), true
+}
+
+// joinPending promises size bytes of a pending slab of uid that can still
+// hold them, and returns it; nil when none can. LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) joinPending(uid uint32, size, slabBytes int64) *pendingSlab {
+	for _, ps := range dev.pending {
+		if ps.uid == uid && ps.promised+size <= slabBytes {
+			ps.promised += size
+			return ps
 		}
-		s := p.newSlab(dev, mem, uid, false)
-		dev.mu.Lock()
-		if p.closed.Load() {
-			// Close ran while the backend allocated: it cannot have seen s.
-			dev.mu.Unlock()
-			p.closeSlab(s)
-			return nil, 0, ErrClosed
-		}
-		off := s.carve(0, size)
-		dev.slabs = append(dev.slabs, s)
-		dev.mu.Unlock()
-		return s, off, nil
 	}
-	// Budget spent: take over an idle slab of another uid, scrubbed first.
+	return nil
+}
+
+// addPending registers a slab on its way to uid, promised to a request of
+// size bytes. LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) addPending(uid uint32, size int64) *pendingSlab {
+	ps := &pendingSlab{uid: uid, promised: size, done: make(chan struct{})}
+	dev.pending = append(dev.pending, ps)
+	return ps
+}
+
+// endPending unregisters ps and wakes the requests waiting for it.
+// LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) endPending(ps *pendingSlab) {
+	for i, x := range dev.pending {
+		if x == ps {
+			dev.pending = append(dev.pending[:i], dev.pending[i+1:]...)
+			break
+		}
+	}
+	close(ps.done)
+}
+
+// idleSlab returns a regular slab that holds no lease and is not being
+// scrubbed, or nil. LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) idleSlab() *Slab {
 	for _, s := range dev.slabs {
-		if s.Dedicated || s.busy || s.leases != 0 {
-			continue
+		if !s.Dedicated && !s.busy && s.leases == 0 {
+			return s
 		}
-		s.busy = true
-		s.uid = uid
-		off := s.carve(0, size)
-		dev.mu.Unlock()
-		if err := p.reassign(ctx, s, uid); err != nil {
-			dev.mu.Lock()
-			s.put(off, size)
-			// A slab that could not be scrubbed must never serve anyone:
-			// it stays busy (unallocatable) until the pool closes.
-			dev.mu.Unlock()
-			p.log.Error().Err(err).Uint32("slab", s.ID).Msg("gpubuf: slab scrub failed; slab retired")
-			return nil, 0, err
-		}
-		dev.mu.Lock()
-		s.busy = false
-		dev.mu.Unlock()
-		return s, off, nil
 	}
-	err := p.exhausted(dev, uid, size)
+	return nil
+}
+
+// allocSlab allocates a new regular slab for uid and carves size bytes from
+// it. It is called with dev.mu held and the budget checked, and unlocks it.
+func (p *Pool) allocSlab(ctx context.Context, dev *deviceState, uid uint32, size int64) (*Slab, int64, error) {
+	dev.bytes += p.slabBytes
+	ps := dev.addPending(uid, size)
 	dev.mu.Unlock()
-	return nil, 0, err
+	mem, err := p.backend.Alloc(ctx, dev.id, p.slabBytes, uid)
+	if err != nil {
+		dev.mu.Lock()
+		dev.bytes -= p.slabBytes
+		dev.endPending(ps)
+		dev.mu.Unlock()
+		return nil, 0, fmt.Errorf("gpubuf: allocate %d-byte slab on device %d: %w", p.slabBytes, dev.id, err)
+	}
+	s := p.newSlab(dev, mem, uid, false)
+	dev.mu.Lock()
+	if p.closed.Load() {
+		// Close ran while the backend allocated: it cannot have seen s.
+		dev.endPending(ps)
+		dev.mu.Unlock()
+		p.closeSlab(s)
+		return nil, 0, ErrClosed
+	}
+	off := s.carve(0, size)
+	dev.slabs = append(dev.slabs, s)
+	dev.endPending(ps)
+	dev.mu.Unlock()
+	return s, off, nil
+}
+
+// takeOver scrubs idle slab s, hands it to uid and carves size bytes from
+// it. It is called with dev.mu held and unlocks it.
+func (p *Pool) takeOver(ctx context.Context, dev *deviceState, s *Slab, uid uint32, size int64) (*Slab, int64, error) {
+	s.busy = true
+	s.uid = uid
+	off := s.carve(0, size)
+	ps := dev.addPending(uid, size)
+	dev.mu.Unlock()
+	if err := p.reassign(ctx, s, uid); err != nil {
+		dev.mu.Lock()
+		s.put(off, size)
+		// A slab that could not be scrubbed must never serve anyone:
+		// it stays busy (unallocatable) until the pool closes.
+		dev.endPending(ps)
+		dev.mu.Unlock()
+		p.log.Error().Err(err).Uint32("slab", s.ID).Msg("gpubuf: slab scrub failed; slab retired")
+		return nil, 0, err
+	}
+	dev.mu.Lock()
+	s.busy = false
+	dev.endPending(ps)
+	dev.mu.Unlock()
+	return s, off, nil
 }
 
 // allocDedicated allocates a slab of exactly size bytes for one lease,
@@ -370,9 +461,10 @@ func (p *Pool) reassign(ctx context.Context, s *Slab, uid uint32) error {
 
 // exhausted logs the device's state and returns ErrExhausted. LOCKS_REQUIRED(dev.mu)
 func (p *Pool) exhausted(dev *deviceState, uid uint32, size int64) error {
-	var leased, largest int64
+	var leased, largest, slabBytes int64
 	inUse := 0
 	for _, s := range dev.slabs {
+		slabBytes += s.Size
 		if s.leases > 0 {
 			inUse++
 		}
@@ -389,8 +481,8 @@ func (p *Pool) exhausted(dev *deviceState, uid uint32, size int64) error {
 		Int64("budget_bytes", dev.budget).Int64("allocated_bytes", dev.bytes).Int64("leased_bytes", leased).
 		Int("slabs", len(dev.slabs)).Int("slabs_in_use", inUse).Int64("largest_free_bytes_for_uid", largest).
 		Msg("gpubuf: pool exhausted")
-	return fmt.Errorf("%w: device %d has %d of %d bytes leased, %d slabs, none with %d free bytes for uid %d",
-		ErrExhausted, dev.id, leased, dev.budget, len(dev.slabs), size, uid)
+	return fmt.Errorf("%w: device %d has %d of %d bytes leased, %d slabs (%d more bytes being allocated), none with %d free bytes for uid %d",
+		ErrExhausted, dev.id, leased, dev.budget, len(dev.slabs), dev.bytes-slabBytes, size, uid)
 }
 
 // carve takes size bytes from the start of free extent i. LOCKS_REQUIRED(dev.mu)

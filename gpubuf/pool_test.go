@@ -3,11 +3,14 @@ package gpubuf
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -21,6 +24,9 @@ type fakeBackend struct {
 	live    map[*fakeMemory]bool
 	failAt  int // fail the Nth Alloc (1-based); 0 never
 	allocs  int
+	// gate, when set, makes Alloc send on entered and wait for gate to be
+	// closed: tests hold allocations in flight.
+	gate, entered chan struct{}
 }
 
 func newFakeBackend(devices int) *fakeBackend {
@@ -30,6 +36,10 @@ func newFakeBackend(devices int) *fakeBackend {
 func (b *fakeBackend) Name() string { return "fake" }
 func (b *fakeBackend) Devices() int { return b.devices }
 func (b *fakeBackend) Alloc(_ context.Context, device int, size int64, uid uint32) (Memory, error) {
+	if b.gate != nil {
+		b.entered <- struct{}{}
+		<-b.gate
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.allocs++
@@ -403,6 +413,146 @@ func TestStats(t *testing.T) {
 	if fmt.Sprint(st) != fmt.Sprint(want) {
 		t.Errorf("Stats:\n got %+v\nwant %+v", st, want)
 	}
+}
+
+// TestStatsListsAreNeverNull: clients iterate over the JSON's lists (the
+// GPU check crashed on "sessions": null once every lease was released).
+func TestStatsListsAreNeverNull(t *testing.T) {
+	p, _ := newTestPool(t, 1)
+	l := mustAlloc(t, p, Owner{Session: 1, UID: 1}, 0, Align)
+	if err := p.Release(Owner{Session: 1, UID: 1}, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(p.Stats())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"sessions":[]`, `"uids":[]`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("stats JSON %s lacks %s", b, want)
+		}
+	}
+}
+
+// TestConcurrentFirstAllocsShareASlab is the regression test of a pool with
+// budget for one slab that refused requests while its first slab was being
+// allocated: every concurrent request reserved a slab of its own, so all but
+// the first found the budget spent ("0 of N bytes leased, 0 slabs").
+func TestConcurrentFirstAllocsShareASlab(t *testing.T) {
+	p, b := newTestPool(t, 1)
+	b.gate, b.entered = make(chan struct{}), make(chan struct{}, 16)
+	const n = 8
+	o := Owner{Session: 1, UID: 7}
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	alloc := func() {
+		_, err := p.Alloc(context.Background(), o, 0, testSlab/n)
+		errs <- err
+	}
+	wg.Go(alloc)
+	<-b.entered // the first request's slab is being allocated
+	for range n - 1 {
+		wg.Go(alloc)
+	}
+	// Wait until the others count on that slab rather than failing.
+	dev := p.devices[0]
+	for {
+		dev.mu.Lock()
+		promised := int64(0)
+		if len(dev.pending) == 1 {
+			promised = dev.pending[0].promised
+		}
+		dev.mu.Unlock()
+		if promised == testSlab {
+			break
+		}
+		select {
+		case err := <-errs:
+			t.Fatalf("a request returned while the first slab was being allocated: %v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	close(b.gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if b.allocs != 1 {
+		t.Errorf("%d slabs allocated, want 1", b.allocs)
+	}
+	// A ninth request finds the budget really spent.
+	if _, err := p.Alloc(context.Background(), o, 0, Align); !errors.Is(err, ErrExhausted) {
+		t.Errorf("Alloc on a full pool: %v, want ErrExhausted", err)
+	}
+	p.ReleaseSession(o.Session)
+}
+
+// TestPendingSlabFailureWakesWaiters: requests waiting for a slab whose
+// allocation fails are not stuck; they try again themselves.
+func TestPendingSlabFailureWakesWaiters(t *testing.T) {
+	p, b := newTestPool(t, 1)
+	b.gate, b.entered = make(chan struct{}), make(chan struct{}, 16)
+	b.failAt = 1
+	o := Owner{Session: 1, UID: 7}
+	first := make(chan error, 1)
+	go func() {
+		_, err := p.Alloc(context.Background(), o, 0, Align)
+		first <- err
+	}()
+	<-b.entered
+	second := make(chan error, 1)
+	go func() {
+		_, err := p.Alloc(context.Background(), o, 0, Align)
+		second <- err
+	}()
+	for {
+		dev := p.devices[0]
+		dev.mu.Lock()
+		joined := len(dev.pending) == 1 && dev.pending[0].promised == 2*Align
+		dev.mu.Unlock()
+		if joined {
+			break
+		}
+		runtime.Gosched()
+	}
+	b.gate <- struct{}{} // the first allocation fails
+	if err := <-first; err == nil {
+		t.Fatal("first Alloc succeeded, want the backend's error")
+	}
+	<-b.entered // the waiter allocates a slab itself
+	close(b.gate)
+	if err := <-second; err != nil {
+		t.Fatalf("waiting Alloc: %v", err)
+	}
+	p.ReleaseSession(o.Session)
+}
+
+// TestPendingSlabWaitHonoursContext: a request waiting for a slab in flight
+// returns when its context ends.
+func TestPendingSlabWaitHonoursContext(t *testing.T) {
+	p, b := newTestPool(t, 1)
+	b.gate, b.entered = make(chan struct{}), make(chan struct{}, 16)
+	o := Owner{Session: 1, UID: 7}
+	first := make(chan error, 1)
+	go func() {
+		_, err := p.Alloc(context.Background(), o, 0, Align)
+		first <- err
+	}()
+	<-b.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := p.Alloc(ctx, o, 0, Align); !errors.Is(err, context.Canceled) {
+		t.Errorf("Alloc with a cancelled context while a slab is in flight: %v, want context.Canceled", err)
+	}
+	close(b.gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	p.ReleaseSession(o.Session)
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -45,7 +45,10 @@ type UIDStats struct {
 
 // Stats returns a snapshot of the pool's accounting.
 func (p *Pool) Stats() Stats {
-	st := Stats{Backend: p.backend.Name(), SlabBytes: p.slabBytes}
+	// Empty lists, never nil: the JSON has [] rather than null, which
+	// clients iterate over without a check.
+	st := Stats{Backend: p.backend.Name(), SlabBytes: p.slabBytes,
+		Devices: []DeviceStats{}, Sessions: []SessionStats{}, UIDs: []UIDStats{}}
 	for _, dev := range p.devices {
 		dev.mu.Lock()
 		ds := DeviceStats{Device: dev.id, BudgetBytes: dev.budget, AllocatedBytes: dev.bytes, Slabs: len(dev.slabs)}
