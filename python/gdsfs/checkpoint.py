@@ -128,7 +128,8 @@ def load(
         map_location: as torch.load: None (saved devices), a device or string, or a dict of
             location strings. A callable goes to ``torch.load``.
         pickle_module: as torch.load; a custom module goes to ``torch.load``.
-        weights_only: as torch.load; None means the installed torch's default.
+        weights_only: as torch.load; None means the installed torch's default. True runs the
+            installed torch's weights-only unpickler, so exactly the files torch.load accepts load.
         mmap: as torch.load; ``True`` goes to ``torch.load`` (a lazy CPU mapping is not a
             transfer gdsfs can speed up).
         strict: raise GDSUnavailableError instead of falling back to plain reads.

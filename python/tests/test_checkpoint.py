@@ -69,6 +69,21 @@ def payload(obj) -> int:
     return n
 
 
+def like_torch_weights_only(p, ours, same=assert_same, **kw):
+    """``ours()``, a weights-only load of ``p``, must do what ``torch.load(p, weights_only=True)``
+    does with the installed torch: give the same object, or refuse the file where torch refuses it
+    (torch 1.13's weights-only unpickler refuses floats and sets, for one). Returns ours or None."""
+    try:
+        want = torch.load(p, weights_only=True, **kw)
+    except Exception:  # torch's refusal: RuntimeError under 1.13, UnpicklingError under 2.x
+        with pytest.raises(pickle.UnpicklingError, match="Weights only"):
+            ours()
+        return None
+    got = ours()
+    same(want, got)
+    return got
+
+
 def data_offsets(path: str) -> dict[str, int]:
     with open(path, "rb") as f:
         _, recs = zipfmt.locate(f)
@@ -85,7 +100,12 @@ def test_load_fixtures_written_by_torch_2_11(gdsfs_mount, mdir, name, weights_on
     shutil.copyfile(os.path.join(FIXTURES, name), dst)
     want = torch.load(os.path.join(FIXTURES, name))
     before = counters(gdsfs_mount)["read_bytes"]
-    got = gck.load(dst, weights_only=weights_only)
+    if weights_only:
+        got = like_torch_weights_only(dst, lambda: gck.load(dst, weights_only=True))
+        if got is None:
+            return  # the installed torch refuses this file under weights_only; so did we
+    else:
+        got = gck.load(dst, weights_only=False)
     assert_same(want, got)
     assert counters(gdsfs_mount)["read_bytes"] - before >= payload(want)
     if name == "nested_default.pt":  # views keep sharing their storage
@@ -96,9 +116,9 @@ def test_load_what_torch_save_wrote(gdsfs_mount, mdir):
     sd = nested_state(1)
     p = os.path.join(mdir, "by_torch.pt")
     torch.save(sd, p)  # torch 1.13 writes through the mount (passthrough), 64-byte records
-    for wo in (False, True):
-        got = gck.load(p, weights_only=wo)
-        assert_same(sd, got)
+    like_torch_weights_only(p, lambda: gck.load(p, weights_only=True))
+    got = gck.load(p, weights_only=False)
+    assert_same(sd, got)
     assert storage_key(got["views"]["transposed"]) == storage_key(got["model"]["layer.weight"])
 
 
@@ -128,7 +148,8 @@ def test_round_trip_with_map_location_and_weights_only(gdsfs_mount, mdir):
     p = os.path.join(mdir, "rt.pt")
     gck.save(sd, p)
     for ml in (None, "cpu", torch.device("cpu"), {"cpu": "cpu"}):
-        assert_same(sd, gck.load(p, map_location=ml, weights_only=True))
+        assert_same(sd, gck.load(p, map_location=ml, weights_only=False))
+        like_torch_weights_only(p, lambda ml=ml: gck.load(p, map_location=ml, weights_only=True), map_location=ml)
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
             gck.load(p, map_location="cuda")
@@ -224,9 +245,12 @@ def test_decoder_without_daemon_matches_torch(tmp_path):
     for name in ["nested_default.pt", "model_align4096.pt", "dtypes_default.pt"]:
         p = os.path.join(FIXTURES, name)
         want = torch.load(p)
-        for wo in (False, True):
-            got = gck._load_path(p, gck._restorer("cpu"), wo, {"encoding": "utf-8"}, strict=False, via_daemon=False)
-            assert_same(want, got)
+
+        def ours(wo):
+            return gck._load_path(p, gck._restorer("cpu"), wo, {"encoding": "utf-8"}, strict=False, via_daemon=False)
+
+        assert_same(want, ours(False))
+        like_torch_weights_only(p, lambda: ours(True))
 
 
 def test_signatures_mirror_torch():
@@ -309,3 +333,95 @@ def test_mutated_archives_fail_cleanly():
             torchzip.decode(io.BytesIO(data), 0, len(data), lambda _loc: torch.device("cpu"), weights_only=True)
         except (zipfmt.ZipFormatError, pickle.UnpicklingError, EOFError, torchzip.NotAddressable):
             pass
+
+
+# --- weights-only: the same files as torch.load(weights_only=True) ---------------------------
+#
+# The GPU run with torch 2.11 found a file that torch.load(weights_only=True) loads and our former
+# private allowlist refused: torch 2.x pickles tensors of its newer dtypes (uint16/32/64,
+# float8_*) with _rebuild_tensor_v3 over a storage whose type is the global
+# torch.storage.UntypedStorage. torch 1.13 (CI) cannot write such a tensor, so these tests use a
+# bare UntypedStorage (which 1.13's torch.save does pickle under that global) and hand-built
+# pickle streams in the exact form torch 2.x writes; each checks gdsfs against the installed
+# torch.load(weights_only=True).
+
+
+def _zip_archive(path: str, pkl: bytes, records: dict[str, bytes]) -> None:
+    """A torch.save-layout zip (stored records) with ``pkl`` as data.pkl."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/byteorder", b"little")
+        for k, b in records.items():
+            z.writestr(f"archive/data/{k}", b)
+        z.writestr("archive/version", b"3\n")
+
+
+def _binunicode(s: str) -> bytes:
+    b = s.encode()
+    return b"X" + struct.pack("<I", len(b)) + b
+
+
+def _glob(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _tensor_pickle(rebuild: str, dtype_name: str | None, nbytes: int, numel: int) -> bytes:
+    """Protocol-2 pickle of {"t": rebuild(storage, 0, (numel,), (1,), False, OrderedDict()[, dtype])}
+    whose storage's persistent id names torch.storage.UntypedStorage, as torch 2.x writes it."""
+    pid = (b"(" + _binunicode("storage") + _glob("torch.storage", "UntypedStorage") + _binunicode("0")
+           + _binunicode("cpu") + b"K" + bytes([nbytes]) + b"t" + b"Q")
+    args = (pid + b"K\x00" + b"K" + bytes([numel]) + b"\x85" + b"K\x01\x85" + b"\x89"
+            + _glob("collections", "OrderedDict") + b")R")
+    if dtype_name is not None:
+        args += _glob("torch", dtype_name)
+    return (b"\x80\x02}" + _binunicode("t") + _glob("torch._utils", rebuild) + b"(" + args + b"tR" + b"s.")
+
+
+def test_weights_only_accepts_untyped_storage_global(gdsfs_mount, mdir):
+    """A bare UntypedStorage pickles as the global torch.storage.UntypedStorage (torch 1.13 too)."""
+    p = os.path.join(mdir, "untyped.pt")
+    st = torch.arange(6, dtype=torch.int16).storage()
+    st = st._untyped_storage if hasattr(st, "_untyped_storage") else st._storage
+    torch.save({"s": st, "t": torch.ones(3)}, p)
+
+    def same(want, got):
+        assert type(got["s"]) is type(want["s"]) and bytes(got["s"]) == bytes(want["s"]) == bytes(st)
+        assert_same(want["t"], got["t"])
+
+    got = like_torch_weights_only(p, lambda: gck.load(p, weights_only=True), same)
+    assert got is not None, "torch.load(weights_only=True) refused a bare UntypedStorage"
+
+
+def test_weights_only_tensor_over_untyped_storage(gdsfs_mount, mdir):
+    """A tensor rebuilt over a storage typed torch.storage.UntypedStorage: _rebuild_tensor_v2
+    (every torch accepts it) and _rebuild_tensor_v3 with a dtype global, torch 2.x's form for
+    uint16 (torch 1.13 has neither, so there torch.load and gdsfs both refuse it)."""
+    data = struct.pack("<3H", 1, 2, 65535)
+    p2 = os.path.join(mdir, "v2.pt")
+    _zip_archive(p2, _tensor_pickle("_rebuild_tensor_v2", None, 6, 6), {"0": data})
+    got = like_torch_weights_only(p2, lambda: gck.load(p2, weights_only=True))
+    assert got is not None and got["t"].dtype == torch.uint8 and bytes(got["t"].numpy()) == data
+    p3 = os.path.join(mdir, "v3.pt")
+    _zip_archive(p3, _tensor_pickle("_rebuild_tensor_v3", "uint16", 6, 3), {"0": data})
+    got = like_torch_weights_only(p3, lambda: gck.load(p3, weights_only=True))
+    if hasattr(torch, "uint16") and hasattr(torch._utils, "_rebuild_tensor_v3"):
+        assert got is not None and got["t"].dtype == torch.uint16
+        assert got["t"].view(torch.int16).tolist() == [1, 2, -1]
+    else:
+        assert got is None
+
+
+def test_weights_only_honours_torch_safe_globals(gdsfs_mount, mdir):
+    """Globals a user allowlisted with torch.serialization.add_safe_globals load here too."""
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.serialization.add_safe_globals")
+    p = os.path.join(mdir, "custom.pt")
+    gck.save({"c": Custom(torch.ones(2))}, p)
+    with pytest.raises(pickle.UnpicklingError):
+        gck.load(p, weights_only=True)
+    add([Custom])
+    try:
+        assert torch.equal(gck.load(p, weights_only=True)["c"].x, torch.ones(2))
+    finally:
+        torch.serialization.clear_safe_globals()

@@ -10,6 +10,6 @@ Nothing here is public API. The modules split by job:
   new one, never a torn one; standard library only.
 - ``tensorio``: moves tensor bytes between files and tensors through the gdsfs control path in
   batched requests, or through plain preads/pwrites when the daemon cannot serve; imports torch.
-- ``unpickle``: the torch.save pickle decoder with batched storage fetch and a weights-only
-  allowlist; imports torch.
+- ``unpickle``: the torch.save pickle decoder with batched storage fetch; weights-only loads run
+  the installed torch's own weights-only unpickler; imports torch.
 """

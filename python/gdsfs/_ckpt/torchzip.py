@@ -21,7 +21,7 @@ import torch
 
 from gdsfs._ckpt import zipfmt
 from gdsfs._ckpt.tensorio import storage_bytes
-from gdsfs._ckpt.unpickle import TorchUnpickler
+from gdsfs._ckpt.unpickle import unpickle
 
 
 def storage_info(obj: Any) -> tuple[Any, torch.dtype, Any, int] | None:
@@ -217,22 +217,21 @@ def decode(f: BinaryIO, base: int, length: int, restore: Callable[[str], torch.d
             raise zipfmt.ZipFormatError(f"zip: byteorder record holds {order[:16]!r}, not 'little' or 'big'")
         if order.decode() != sys.byteorder:
             raise NotAddressable("saved in the other byte order")
-    up = TorchUnpickler(
-        _read(sub, recs["data.pkl"]),
-        restore,
-        {name: r.size for name, r in recs.items()},
-        weights_only=weights_only,
-        **(pickle_load_args or {"encoding": "utf-8"}),
-    )
     try:
-        obj = up.load()
+        obj, pending = unpickle(
+            _read(sub, recs["data.pkl"]),
+            restore,
+            {name: r.size for name, r in recs.items()},
+            weights_only=weights_only,
+            **(pickle_load_args or {"encoding": "utf-8"}),
+        )
     except Exception as e:
         # As torch.load: under weights_only every failure of the pickle is an UnpicklingError
         # (a corrupt or hostile file is an error, never a crash); otherwise errors pass through.
         if weights_only:
             raise pickle.UnpicklingError(f"Weights only load failed: {type(e).__name__}: {e}") from None
         raise
-    items = [(base + recs[f"data/{p.key}"].offset, p.dest) for p in up.pending.values() if p.nbytes]
+    items = [(base + recs[f"data/{p.key}"].offset, p.dest) for p in pending.values() if p.nbytes]
     return Decoded(obj, items)
 
 

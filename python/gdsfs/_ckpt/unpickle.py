@@ -1,4 +1,4 @@
-"""Decoding a torch.save pickle without reading storage bytes, and the weights-only allowlist.
+"""Decoding a torch.save pickle without reading storage bytes; weights-only loads by torch's rules.
 
 torch.load fetches each storage record when the unpickler meets its persistent id. We instead
 hand the unpickler an empty storage of the right size on the target device and remember where its
@@ -6,17 +6,18 @@ bytes live; tensors are rebuilt as views of those storages as usual. After unpic
 fills every storage with one batched read. Views sharing a storage (``t`` and ``t.t()``) share it
 here too, exactly as in torch.load.
 
-``weights_only=True`` restricts globals to an allowlist of tensor-rebuilding functions, torch
-value types and plain containers, like torch's weights-only unpickler: a pickle that names any
-other callable is refused before anything is called.
+``weights_only=True`` runs the installed torch's own weights-only unpickler
+(``torch._weights_only_unpickler``, what ``torch.load(weights_only=True)`` runs) with our
+``persistent_load``, so a file loads here exactly when torch.load would load it: the same
+allowlist of globals for each torch version (storage classes such as ``torch.storage.UntypedStorage``,
+dtypes, rebuild functions, containers), the same BUILD/NEWOBJ rules, and the globals a user added
+with ``torch.serialization.add_safe_globals``. (A private allowlist of our own drifted from torch's:
+torch 2.x pickles tensors of its newer dtypes over ``torch.storage.UntypedStorage``, which it
+accepts and ours refused.)
 """
 
 from __future__ import annotations
 
-import _compat_pickle
-import codecs
-import collections
-import functools
 import io
 import pickle
 from dataclasses import dataclass
@@ -50,121 +51,30 @@ def _maybe_decode_ascii(x: Any) -> Any:
     return x.decode("ascii") if isinstance(x, bytes) else x
 
 
-def _rebuild_from_type_v2_checked(func: Any, new_type: Any, args: Any, state: Any) -> Any:
-    if func not in _allowlist()[1] or new_type not in (torch.Tensor, torch.nn.Parameter):
-        raise pickle.UnpicklingError(
-            f"weights-only load: refusing to rebuild {getattr(new_type, '__name__', new_type)!r} with {func!r}"
-        )
-    return torch._tensor._rebuild_from_type_v2(func, new_type, args, state)
-
-
-@functools.lru_cache(maxsize=1)
-def _allowlist() -> tuple[dict[tuple[str, str], Any], frozenset[Any]]:
-    """(module, name) -> object allowed under weights_only, and the tensor rebuilders among them.
-
-    Built once per process from torch's own module dictionary (never dir()/getattr on torch,
-    which would import lazily-loaded subsystems such as torch._dynamo).
-    """
-    out: dict[tuple[str, str], Any] = {
-        ("collections", "OrderedDict"): collections.OrderedDict,
-        ("collections", "Counter"): collections.Counter,
-        ("builtins", "set"): set,
-        ("builtins", "frozenset"): frozenset,
-        ("builtins", "bytearray"): bytearray,
-        ("builtins", "complex"): complex,
-        ("_codecs", "encode"): codecs.encode,  # protocol-2 pickles of bytes
-        ("torch", "Size"): torch.Size,
-        ("torch", "device"): torch.device,
-        ("torch", "Tensor"): torch.Tensor,
-        ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
-        ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2_checked,
-    }
-    rebuilders = set()
-    utils = vars(torch._utils)
-    for name in (
-        "_rebuild_tensor_v2",
-        "_rebuild_tensor_v3",
-        "_rebuild_parameter",
-        "_rebuild_parameter_with_state",
-        "_rebuild_meta_tensor_no_storage",
-        "_rebuild_sparse_tensor",
-        "_rebuild_qtensor",
-        "_rebuild_nested_tensor",
-    ):
-        fn = utils.get(name)
-        if fn is not None:
-            out[("torch._utils", name)] = fn
-            rebuilders.add(fn)
-    layout = vars(torch.serialization).get("_get_layout")
-    if layout is not None:
-        out[("torch.serialization", "_get_layout")] = layout
-    for n, v in list(vars(torch).items()):
-        if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
-            out[("torch", n)] = v
-    return out, frozenset(rebuilders)
-
-
-class TorchUnpickler(pickle.Unpickler):
-    """Unpickles torch.save's ``data.pkl``, deferring every storage's bytes.
+class StorageLoader:
+    """``persistent_load`` for torch.save pickles: empty storages now, their byte ranges for later.
 
     Args:
-        data: the pickle bytes.
         restore: maps a saved location string ("cpu", "cuda:0") to the target torch.device.
         records: record name -> byte size of the archive (``data/<key>``), for validation.
-        weights_only: restrict globals to the allowlist.
-        kwargs: extra ``pickle.Unpickler`` arguments (``encoding``, ...).
     """
 
-    def __init__(
-        self,
-        data: bytes,
-        restore: Callable[[str], torch.device],
-        records: dict[str, int],
-        *,
-        weights_only: bool,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(io.BytesIO(data), **kwargs)
+    def __init__(self, restore: Callable[[str], torch.device], records: dict[str, int]) -> None:
         self._restore = restore
         self._records = records
-        self._weights_only = weights_only
-        self._allowed = _allowlist()[0] if weights_only else None
         self.pending: dict[str, PendingStorage] = {}
 
-    def find_class(self, module: str, name: str) -> Any:
-        if type(name) is str and "Storage" in name:
-            try:
-                return torch.serialization.StorageType(name)
-            except KeyError:
-                pass
-        # Protocol-2 pickles name Python 2 modules (__builtin__.set); map them as pickle does.
-        if (module, name) in _compat_pickle.NAME_MAPPING:
-            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        elif module in _compat_pickle.IMPORT_MAPPING:
-            module = _compat_pickle.IMPORT_MAPPING[module]
-        if module == "torch.tensor":  # renamed module (pytorch#51633), as torch.load maps it
-            module = "torch._tensor"
-        if self._allowed is not None:
-            if (module, name) == ("torch", "UntypedStorage"):
-                return torch.UntypedStorage
-            got = self._allowed.get((module, name))
-            if got is None:
-                raise pickle.UnpicklingError(
-                    f"weights-only load refuses global {module}.{name}; load with weights_only=False "
-                    "only if you trust the file"
-                )
-            return got
-        return super().find_class(module, name)
-
     def persistent_load(self, pid: Any) -> Any:
+        """The storage named by a ``("storage", type, key, location, numel)`` persistent id."""
         if not isinstance(pid, tuple) or len(pid) != 5 or _maybe_decode_ascii(pid[0]) != "storage":
             raise pickle.UnpicklingError(f"unsupported persistent id {pid!r} in a torch.save pickle")
         _, storage_type, key, location, numel = pid
         key = _maybe_decode_ascii(key)
         location = _maybe_decode_ascii(location)
         if storage_type is torch.UntypedStorage:
-            dtype = torch.uint8
+            dtype = torch.uint8  # numel counts bytes (torch 2.x: tensors of the newer dtypes)
         else:
+            # torch.serialization.StorageType (torch 2.x) or a legacy class (torch.FloatStorage).
             dtype = getattr(storage_type, "dtype", None)
             if not isinstance(dtype, torch.dtype):
                 raise pickle.UnpicklingError(f"unknown storage type {storage_type!r} for record {key!r}")
@@ -184,3 +94,48 @@ class TorchUnpickler(pickle.Unpickler):
             p = PendingStorage(key, nbytes, str(location), device, st, storage_bytes(st, 0, nbytes))
             self.pending[key] = p
         return _typed(p.storage, dtype)
+
+
+class _FullUnpickler(pickle.Unpickler):
+    """torch.load's unpickler for ``weights_only=False``: any global, storage names mapped."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if type(name) is str and "Storage" in name:
+            try:
+                return torch.serialization.StorageType(name)
+            except KeyError:
+                pass
+        if module == "torch.tensor":  # renamed module (pytorch#51633), as torch.load maps it
+            module = "torch._tensor"
+        return super().find_class(module, name)
+
+
+def unpickle(
+    data: bytes,
+    restore: Callable[[str], torch.device],
+    records: dict[str, int],
+    *,
+    weights_only: bool,
+    **kwargs: Any,
+) -> tuple[Any, dict[str, PendingStorage]]:
+    """Unpickle torch.save's ``data.pkl``, deferring every storage's bytes.
+
+    Args:
+        data: the pickle bytes.
+        restore: maps a saved location string to the target torch.device.
+        records: record name -> byte size of the archive, for validation.
+        weights_only: load under torch's weights-only rules (torch's own unpickler).
+        kwargs: extra unpickler arguments, as torch.load's ``pickle_load_args`` (``encoding``, ...).
+
+    Returns:
+        (the object, record key -> storage still to fill).
+    """
+    loader = StorageLoader(restore, records)
+    if weights_only:
+        from torch import _weights_only_unpickler
+
+        up: Any = _weights_only_unpickler.Unpickler(io.BytesIO(data), **kwargs)
+    else:
+        up = _FullUnpickler(io.BytesIO(data), **kwargs)
+    up.persistent_load = loader.persistent_load
+    return up.load(), loader.pending
