@@ -7,12 +7,12 @@
 #   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
-#   GDSFS_GPU_SECTIONS  which parts to run (default: engines control dataset checkpoint dcp2;
+#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines control dataset checkpoint dcp2;
 #                       dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
 #                       fit them all in 10 minutes: split them across calls.
 #   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
 set -uo pipefail
-sections=" ${GDSFS_GPU_SECTIONS:-engines control dataset checkpoint dcp2} "
+sections=" ${GDSFS_GPU_SECTIONS:-mount engines control dataset checkpoint dcp2} "
 want() { [[ "$sections" == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 bin=build/gpu
@@ -54,6 +54,10 @@ else
 	echo "no nvidia-smi: not a GPU machine, no udev record written"
 fi
 
+if want mount; then
+	echo "== passthrough mount vs direct (gdsfs bench mount, 1 GiB file on $work)"
+	timeout 240 "$bin/gdsfs" bench mount --dir "$work" --size 1GiB --runs 3 2>&1 | tee "$out/bench-mount.txt"
+fi
 if want engines; then
 echo "== gdsfs doctor"
 : >"$work/doctor-probe"
@@ -138,6 +142,7 @@ grep -E '^ *(read|pread|h2d|odirect|gds|posix|host)' "$out/bench.txt"
 grep -E 'torch.cuda.gds' "$out/torch-gds.txt"
 grep -E '^verdict' "$out/doctor.txt" 2>/dev/null
 grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* GB/s|^control.sh:' "$out/control.txt" 2>/dev/null
+[ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
 for f in dataset checkpoint; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
 echo "gpu-test: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
