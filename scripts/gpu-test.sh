@@ -111,15 +111,6 @@ if want dataset; then
 		pyunmount dataset
 	else status=1; fi
 fi
-if want checkpoint; then
-	echo "== checkpoints: safetensors, torch.save zip, DCP (scripts/gpu/checkpoint_check.py)"
-	if pymount ckpt 16GiB; then
-		PYTHONUNBUFFERED=1 timeout 540 python3 scripts/gpu/checkpoint_check.py "$work/ckpt/mnt" "$work/ckpt/src" \
-			--gib "${GDSFS_CKPT_GIB:-8}" ${GDSFS_CKPT_ARGS:-} --json "$out/checkpoint.json" 2>&1 | tee "$out/checkpoint.txt"
-		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-		pyunmount ckpt
-	else status=1; fi
-fi
 if want dcp2; then
 	if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
 		echo "== distributed checkpoint, 2 ranks on 2 GPUs (scripts/gpu/dcp_2gpu.py)"
@@ -131,6 +122,15 @@ if want dcp2; then
 	else
 		echo "== distributed checkpoint: SKIP (needs 2 GPUs: nvidia-h200-x2)"
 	fi
+fi
+if want checkpoint; then
+	echo "== checkpoints: safetensors, torch.save zip, DCP (scripts/gpu/checkpoint_check.py)"
+	if pymount ckpt 16GiB; then
+		PYTHONUNBUFFERED=1 timeout "${GDSFS_CKPT_TIMEOUT:-540}" python3 scripts/gpu/checkpoint_check.py "$work/ckpt/mnt" "$work/ckpt/src" \
+			--gib "${GDSFS_CKPT_GIB:-8}" ${GDSFS_CKPT_ARGS:-} --json "$out/checkpoint.json" 2>&1 | tee "$out/checkpoint.txt"
+		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+		pyunmount ckpt
+	else status=1; fi
 fi
 
 echo
