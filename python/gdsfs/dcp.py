@@ -90,6 +90,28 @@ def _has_metadata(root: str) -> bool:
         return False
 
 
+def _files_named_by(metadata_path: str) -> set[str]:
+    """The data files a committed ``.metadata`` names; empty when there is none or it cannot be
+    read (then nothing is judged stale: only files a readable old checkpoint named are removed)."""
+    import pickle
+
+    try:
+        with open(metadata_path, "rb") as f:
+            md = pickle.load(f)
+        return {r for r in (getattr(i, "relative_path", None) for i in (md.storage_data or {}).values())
+                if isinstance(r, str) and r and os.path.basename(r) == r}
+    except Exception:  # noqa: BLE001 - absent, torn by a crash, or from an unknown torch: keep all
+        return set()
+
+
+def _missing_error(root: str, name: str, when: str) -> FileNotFoundError:
+    try:
+        have = sorted(os.listdir(root))
+    except OSError as e:
+        have = [f"(cannot list: {e})"]
+    return FileNotFoundError(errno.ENOENT, f"gdsfs.dcp: data file {name!r} is missing {when}; {root!r} holds {have}")
+
+
 def _buckets(bins: int, items: list[Any]) -> list[list[Any]]:
     split = getattr(_fs, "_split_by_size_and_type", None)
     if split is not None:
@@ -122,6 +144,7 @@ class GDSFileSystemWriter(FileSystemWriter):
         self._staging = staging
         # data_ptr -> (session, Ref) of tensors staged into leases by stage().
         self._staged: dict[int, tuple[Any, Any]] = {}
+        self._written: list[str] = []  # data files this process wrote in the current save
         self._stage_session: Any = None
         self._slab: int | None = None  # the daemon's slab size, learnt at the first stage()
 
@@ -160,6 +183,10 @@ class GDSFileSystemWriter(FileSystemWriter):
                 results += self._write_file(os.path.join(root, name), name, items, planner)
         finally:
             self._release_staged()
+        self._written = [name for name, _ in files]
+        for name in self._written:
+            if not os.path.exists(os.path.join(root, name)):
+                raise _missing_error(root, name, "right after it was written and renamed into place")
         fut: Future = Future()
         fut.set_result(results)
         return fut
@@ -212,20 +239,30 @@ class GDSFileSystemWriter(FileSystemWriter):
 
     def finish(self, metadata: Any, results: Any) -> None:
         """Commit ``.metadata`` the stock way, make the rename durable, then remove the data files
-        of the checkpoint it replaced."""
-        super().finish(metadata, results)
+        the replaced ``.metadata`` named that the new one does not.
+
+        Only files a readable old ``.metadata`` named are ever removed, and never one the new
+        results name: files of other savers, of crashed saves, or of a ``.metadata`` this torch
+        cannot read stay.
+        """
         root = os.fspath(self.path)
+        collective = getattr(self, "use_collectives", True)
+        old = _files_named_by(os.path.join(root, ".metadata")) if collective else set()
+        super().finish(metadata, results)
         if self.sync_files:
             atomic.fsync_dir(root)
-        if not getattr(self, "use_collectives", True):
+        new = {getattr(wr.storage_data, "relative_path", None) for rank in results for wr in rank}
+        for name in self._written:
+            if not os.path.exists(os.path.join(root, name)):
+                raise _missing_error(root, name, "after .metadata was committed")
+        self._written = []
+        if not collective:
             return  # per-rank metadata: other ranks' files are not ours to judge
-        live = {getattr(info, "relative_path", None) for info in (metadata.storage_data or {}).values()}
-        for n in os.listdir(root):
-            if n.endswith(_SUFFIX) and n.startswith("__") and n not in live:
-                try:
-                    os.unlink(os.path.join(root, n))
-                except FileNotFoundError:
-                    pass
+        for n in sorted(old - new):
+            try:
+                os.unlink(os.path.join(root, n))
+            except FileNotFoundError:
+                pass
 
     # -- async staging -------------------------------------------------------------------------
 

@@ -1,22 +1,37 @@
 """A minimal stand-in for torch.distributed.checkpoint, for torches that lack it (Debian's 1.13).
 
-It implements only the on-disk contract of the stock FileSystemWriter/FileSystemReader that
-gdsfs.dcp must honour (torch/distributed/checkpoint/filesystem.py): files named
-``{prefix}{n}.distcp``, each tensor item a complete ``torch.save`` archive written to the stream at
-its current position (no alignment), each byte item raw bytes, located by
-``_StorageInfo(relative_path, offset, length)``; the reader ``torch.load``s an item's byte range
-and narrows it to the requested chunk. Where the real module exists, tests use it instead and the
-GPU script (scripts/gpu/dcp_2gpu.py) checks gdsfs.dcp against the real stock classes.
+It implements the contract of torch 2.11's stock FileSystemWriter/FileSystemReader that gdsfs.dcp
+must honour (torch/distributed/checkpoint/filesystem.py in 2.11), and the order in which
+dcp.save/dcp.load call them (``save``/``load`` below):
+
+- writer: ``reset``; ``set_up_storage_writer(is_coordinator, rank=, use_collectives=)``;
+  ``prepare_local_plan`` (mkdir, then an existing ``.metadata`` warns, or raises when
+  ``overwrite=False``); ``prepare_global_plan`` (``_StoragePrefix(f"__{i}_")`` per rank);
+  ``write_data`` (files ``{prefix}{n}.distcp``, byte items first, each tensor item a complete
+  ``torch.save`` archive written at the stream's position, no alignment, each located by
+  ``_StorageInfo(relative_path, offset, length, transform_descriptors=None)``); ``finish``
+  (``metadata.version``, ``storage_data`` from all ranks' results, ``storage_meta`` =
+  ``StorageMeta(checkpoint_id, save_id)``; ``.metadata.tmp`` (``__{rank}.metadata.tmp`` without
+  collectives), fsync, unlink an existing ``.metadata``, rename);
+- reader: ``read_metadata`` (sets ``storage_meta.load_id``), ``set_up_storage_reader`` (takes
+  ``storage_data`` from the metadata), ``read_data`` (each item's byte range through
+  ``torch.load(weights_only=True)``, narrowed to the requested chunk).
+
+Where the real module exists, tests use it instead and the GPU scripts
+(scripts/gpu/checkpoint_check.py, dcp_2gpu.py) check gdsfs.dcp against the real stock classes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import io
 import os
 import pickle
 import sys
 import types
+import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +46,7 @@ class _StorageInfo:
     relative_path: str
     offset: int
     length: int
+    transform_descriptors: Any = None
 
 
 @dataclass
@@ -87,8 +103,20 @@ class WriteResult:
 
 
 @dataclass
+class StorageMeta:
+    checkpoint_id: Any = None
+    save_id: str | None = None
+    load_id: str | None = None
+
+
+CURRENT_DCP_VERSION = "1.0.0"
+
+
+@dataclass
 class Metadata:
-    storage_data: dict[MetadataIndex, _StorageInfo] = field(default_factory=dict)
+    storage_data: Any = None
+    storage_meta: StorageMeta | None = None
+    version: str | None = None
 
 
 class DefaultLoadPlanner:
@@ -124,13 +152,22 @@ class SavePlannerStub:
 
 
 class FileSystem:
-    """The two operations of the stock FileSystem that finish() uses."""
+    """The operations of the stock FileSystem that the writer and reader use."""
+
+    def concat_path(self, path: Path, suffix: str) -> Path:
+        return Path(path) / suffix
+
+    def mkdir(self, path: Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+    def exists(self, path: Path) -> bool:
+        return Path(path).exists()
 
     def rm_file(self, path: Path) -> None:
-        path.unlink()
+        Path(path).unlink()
 
     def rename(self, path: Path, new_path: Path) -> None:
-        path.rename(new_path)
+        Path(path).rename(new_path)
 
 
 class FileSystemWriter:
@@ -139,17 +176,50 @@ class FileSystemWriter:
                  cache_staged_state_dict: bool = False, overwrite: bool = True) -> None:
         self.fs = FileSystem()
         self.path = Path(path)
-        self.save_id = os.urandom(8).hex()
+        self.save_id = str(uuid.uuid4())
         self.single_file_per_rank = single_file_per_rank
         self.sync_files = sync_files
         self.thread_count = thread_count
+        self.overwrite = overwrite
+        self.rank: int | None = None
+        self.use_collectives = True
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id:
+            self.path = Path(checkpoint_id)
+        self.save_id = str(uuid.uuid4())
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.rank = kwargs.get("rank")
+        self.use_collectives = kwargs.get("use_collectives", True)
+
+    def _get_metadata_path(self, rank: int | None = None) -> Path:
+        return self.fs.concat_path(self.path, ".metadata" if rank is None else f"__{rank}.metadata")
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self.fs.mkdir(self.path)
+        if self.fs.exists(self._get_metadata_path(None if self.use_collectives else 0)):
+            if not self.overwrite:
+                raise RuntimeError(f"Checkpoint already exists and {self.overwrite=}.")
+            warnings.warn(f"Detected an existing checkpoint in {self.path}, overwriting since {self.overwrite=}.",
+                          stacklevel=2)
+        if self.rank is not None and not self.use_collectives:
+            plan = dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{self.rank}_"))
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_")) if p.storage_data is None else p
+                for i, p in enumerate(plans)]
+
+    def storage_meta(self) -> StorageMeta:
+        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
 
     def write_data(self, plan: SavePlan, planner: Any) -> Any:
         results = []
         groups = [plan.items] if self.single_file_per_rank else [[i] for i in plan.items]
         for n, items in enumerate(groups):
             name = f"{plan.storage_data.prefix}{n}{DEFAULT_SUFFIX}"
-            with open(self.path / name, "wb") as stream:
+            with self.fs.concat_path(self.path, name).open("wb") as stream:
                 for wi in sorted(items, key=lambda w: w.type != WriteItemType.BYTE_IO):
                     off = stream.tell()
                     data = planner.resolve_data(wi)
@@ -163,15 +233,19 @@ class FileSystemWriter:
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
-        tmp = self.path / ".metadata.tmp"  # the stock commit: temp, fsync, unlink old, rename
-        with open(tmp, "wb") as f:
+        metadata.storage_meta = self.storage_meta()
+        per_rank = not self.use_collectives and self.rank is not None
+        # The stock commit: temp, fsync, unlink old, rename.
+        tmp = self.fs.concat_path(self.path, f"__{self.rank}.metadata.tmp" if per_rank else ".metadata.tmp")
+        with tmp.open("wb") as f:
             pickle.dump(metadata, f)
             if self.sync_files:
                 f.flush()
                 os.fsync(f.fileno())
-        final = self.path / ".metadata"
-        if final.exists():
+        final = self._get_metadata_path(self.rank if per_rank else None)
+        if self.fs.exists(final):
             self.fs.rm_file(final)
         self.fs.rename(tmp, final)
 
@@ -181,33 +255,85 @@ class FileSystemWriter:
 
 class FileSystemReader:
     def __init__(self, path: str | os.PathLike) -> None:
+        self.fs = FileSystem()
         self.path = Path(path)
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
+        self.load_id = str(uuid.uuid4())
 
-    def read_metadata(self) -> Metadata:
-        with open(self.path / ".metadata", "rb") as f:
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.storage_data = {}
+        if checkpoint_id:
+            self.path = Path(checkpoint_id)
+        self.load_id = str(uuid.uuid4())
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        with self.fs.concat_path(self.path, ".metadata").open("rb") as f:
             md = pickle.load(f)
-        self.storage_data = md.storage_data
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
         return md
 
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage_data = metadata.storage_data
+        assert self.storage_data is not None
+
     def read_data(self, plan: LoadPlan, planner: DefaultLoadPlanner) -> Any:
+        per_file: dict[str, list[ReadItem]] = {}
         for req in plan.items:
-            info = self.storage_data[req.storage_index]
-            with open(self.path / info.relative_path, "rb") as f:
-                f.seek(info.offset)
-                raw = f.read(info.length)
-            if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(raw))
-                continue
-            t = torch.load(io.BytesIO(raw), map_location="cpu")
-            for dim, (off, n) in enumerate(zip(req.storage_offsets, req.lengths)):
-                t = t.narrow(dim, off, n)
-            target = planner.resolve_tensor(req)
-            target.copy_(t)
-            planner.commit_tensor(req, target)
+            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        for rel, reqs in per_file.items():
+            with self.fs.concat_path(self.path, rel).open("rb") as f:
+                for req in reqs:
+                    info = self.storage_data[req.storage_index]
+                    f.seek(info.offset)
+                    raw = f.read(info.length)
+                    self._one(req, raw, planner)
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut
+
+    def _one(self, req: ReadItem, raw: bytes, planner: DefaultLoadPlanner) -> None:
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(raw))
+            return
+        t = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        for dim, (off, n) in enumerate(zip(req.storage_offsets, req.lengths)):
+            t = t.narrow(dim, off, n)
+        target = planner.resolve_tensor(req)
+        target.copy_(t)
+        planner.commit_tensor(req, target)
+
+
+def save(data: dict[str, Any], storage_writer: Any, checkpoint_id: Any = None) -> Metadata:
+    """dcp.save's calls on a one-rank storage writer, in torch 2.11's order; ``data`` is a flat
+    dict of fqn -> tensor or bytes (a BYTE_IO item)."""
+    if checkpoint_id is not None:
+        storage_writer.reset(checkpoint_id)
+    storage_writer.set_up_storage_writer(True, rank=0, use_collectives=True)
+    items = [WriteItem(MetadataIndex(k), WriteItemType.BYTE_IO if isinstance(v, bytes) else WriteItemType.TENSOR)
+             for k, v in data.items()]
+    local = storage_writer.prepare_local_plan(SavePlan(items))
+    (final,) = storage_writer.prepare_global_plan([local])
+    results = storage_writer.write_data(final, SavePlannerStub(data)).wait()
+    md = Metadata()
+    storage_writer.finish(md, [results])
+    return md
+
+
+def load(targets: dict[str, torch.Tensor], byte_keys: list[str], storage_reader: Any,
+         chunks: dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]] | None = None) -> DefaultLoadPlanner:
+    """dcp.load's calls on a one-rank storage reader: whole tensors (or the given chunks) into
+    ``targets``, byte items into the returned planner's ``bytes``."""
+    md = storage_reader.read_metadata()
+    storage_reader.set_up_storage_reader(md, True)
+    planner = DefaultLoadPlanner(targets)
+    reqs = [ReadItem(LoadItemType.BYTE_IO, MetadataIndex(k)) for k in byte_keys]
+    for k, v in targets.items():
+        for offs, lens in (chunks or {}).get(k, [((0,) * v.dim(), tuple(v.shape))]):
+            reqs.append(ReadItem(LoadItemType.TENSOR, MetadataIndex(k), offs, lens))
+    storage_reader.read_data(LoadPlan(reqs), planner).wait()
+    return planner
 
 
 def install() -> None:

@@ -67,32 +67,14 @@ def state(seed: int = 0) -> dict[str, object]:
 # --- stand-in (torch 1.13) -------------------------------------------------------------------
 
 
-def _write(writer_cls, d, data, prefix="__0_"):
-    S = _dcp_standin
-    items = [S.WriteItem(S.MetadataIndex(k), S.WriteItemType.BYTE_IO if isinstance(v, bytes) else S.WriteItemType.TENSOR)
-             for k, v in data.items()]
-    w = writer_cls(d)
-    res = w.write_data(S.SavePlan(items, S._StoragePrefix(prefix)), S.SavePlannerStub(data)).wait()
-    w.finish(S.Metadata(), [res])
-    return res
+def _write(writer_cls, d, data):
+    """Save ``data`` with dcp.save's calls (torch 2.11's order); the .metadata's storage_data."""
+    return _dcp_standin.save(data, writer_cls(d)).storage_data
 
 
 def _read(reader_cls, d, data, chunks=None):
-    S = _dcp_standin
-    r = reader_cls(d)
-    r.read_metadata()
     targets = {k: torch.zeros_like(v) for k, v in data.items() if not isinstance(v, bytes)}
-    planner = S.DefaultLoadPlanner(targets)
-    reqs = []
-    for k, v in data.items():
-        if isinstance(v, bytes):
-            reqs.append(S.ReadItem(S.LoadItemType.BYTE_IO, S.MetadataIndex(k)))
-        elif chunks and k in chunks:
-            for offs, lens in chunks[k]:
-                reqs.append(S.ReadItem(S.LoadItemType.TENSOR, S.MetadataIndex(k), offs, lens))
-        else:
-            reqs.append(S.ReadItem(S.LoadItemType.TENSOR, S.MetadataIndex(k), (0,) * v.dim(), tuple(v.shape)))
-    r.read_data(S.LoadPlan(reqs), planner)
+    planner = _dcp_standin.load(targets, [k for k, v in data.items() if isinstance(v, bytes)], reader_cls(d), chunks)
     return targets, planner
 
 
@@ -108,12 +90,13 @@ def _check(data, targets, planner):
 def test_standin_stock_reader_reads_gds_writer(gdsfs_mount, mdir):
     data = state(1)
     before = gdsfs_mount.stats()["counters"]["write_bytes"]
-    res = _write(gdcp.GDSFileSystemWriter, mdir, data)
+    infos = _write(gdcp.GDSFileSystemWriter, mdir, data)
     assert gdsfs_mount.stats()["counters"]["write_bytes"] - before >= 64 * 48 * 4
     assert sorted(os.listdir(mdir)) == [".metadata", "__0_0.distcp"]
-    for r in res:
-        if r.index.fqn != "loader":
-            assert r.storage_data.offset % 4096 == 0  # every tensor item starts 4 KiB-aligned
+    assert {i.relative_path for i in infos.values()} == {"__0_0.distcp"}
+    for idx, info in infos.items():
+        if idx.fqn != "loader":
+            assert info.offset % 4096 == 0  # every tensor item starts 4 KiB-aligned
     _check(data, *_read(_dcp_standin.FileSystemReader, mdir, data))
 
 
@@ -154,12 +137,49 @@ def test_standin_async_staging_into_slabs(gdsfs_mount, mdir, monkeypatch):
             v.zero_()  # training goes on: the snapshot must not change
     S = _dcp_standin
     items = [S.WriteItem(S.MetadataIndex(k), S.WriteItemType.TENSOR) for k in staged]
-    res = w.write_data(S.SavePlan(items, S._StoragePrefix("__0_")), S.SavePlannerStub(staged)).wait()
+    w.set_up_storage_writer(True, rank=0, use_collectives=True)
+    plan = w.prepare_global_plan([w.prepare_local_plan(S.SavePlan(items))])[0]
+    res = w.write_data(plan, S.SavePlannerStub(staged)).wait()
     w.finish(S.Metadata(), [res])
     assert not w._staged and gdsfs_mount.wait_leases(0) == 0
     assert not copied, "staged tensors were copied again instead of written from their leases"
     want = {k: v for k, v in state(3).items() if not isinstance(v, bytes)}
     _check(want, *_read(_dcp_standin.FileSystemReader, mdir, want))
+
+
+@needs_standin
+@pytest.mark.parametrize("first", ["gds", "stock"])
+def test_standin_gds_writer_over_existing_checkpoint(gdsfs_mount, mdir, first):
+    """A second save into the same directory: the stock reader loads the new checkpoint, the data
+    files of the old one are gone, and files no checkpoint named stay."""
+    old, new = state(5), state(6)
+    _write(gdcp.GDSFileSystemWriter if first == "gds" else _dcp_standin.FileSystemWriter, mdir, old)
+    for junk in ("__7_0.distcp", "notes.txt"):  # no .metadata names these: not ours to remove
+        with open(os.path.join(mdir, junk), "w") as f:
+            f.write("keep")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Detected an existing checkpoint")
+        infos = _write(gdcp.GDSFileSystemWriter, mdir, new)
+    names = {i.relative_path for i in infos.values()}
+    assert names and "__0_0.distcp" not in names, "the new data files must not reuse the old names"
+    assert sorted(os.listdir(mdir)) == sorted([".metadata", "__7_0.distcp", "notes.txt", *names])
+    _check(new, *_read(_dcp_standin.FileSystemReader, mdir, new))
+    _check(new, *_read(gdcp.GDSFileSystemReader, mdir, new))
+
+
+@needs_standin
+def test_standin_data_file_vanishing_is_a_save_error(gdsfs_mount, mdir, monkeypatch):
+    """A data file missing once the save committed is an error naming it (the first GPU run's
+    stock reader found a file the metadata named missing), not a checkpoint that cannot load."""
+    real = _dcp_standin.FileSystemWriter.finish
+
+    def finish_and_lose(self, metadata, results):
+        real(self, metadata, results)
+        os.unlink(os.path.join(mdir, "__0_0.distcp"))
+
+    monkeypatch.setattr(_dcp_standin.FileSystemWriter, "finish", finish_and_lose)
+    with pytest.raises(FileNotFoundError, match="__0_0.distcp"):
+        _write(gdcp.GDSFileSystemWriter, mdir, state(7))
 
 
 # --- real DCP (torch >= 2) ---------------------------------------------------------------------

@@ -66,7 +66,7 @@ def sync() -> None:
 
 def empty_cache() -> None:
     if DEV == "cuda":
-        empty_cache()
+        torch.cuda.empty_cache()
 
 
 def device_name() -> str:
@@ -94,16 +94,27 @@ def log(msg: str) -> None:
     print(f"checkpoint_check: {msg}", flush=True)
 
 
+def fatal(e: BaseException) -> bool:
+    """Errors that end the run; everything else is one check's failure.
+
+    torch.distributed.checkpoint raises CheckpointException, a BaseException, for any rank's
+    error: a plain ``except Exception`` lets it end the whole run (the first GPU run stopped at
+    the first DCP failure that way)."""
+    return isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
 def check(name: str, fn: Callable[[], Any]) -> Any:
     """Run one correctness check; record and print failures instead of stopping."""
     try:
         out = fn()
         log(f"ok   {name}")
         return out
-    except Exception as e:  # noqa: BLE001 - every failure is reported
+    except BaseException as e:  # noqa: BLE001 - every failure is reported
+        if fatal(e):
+            raise
         FAILURES.append(name)
         log(f"FAIL {name}: {type(e).__name__}: {e}")
-        traceback.print_exc(limit=6)
+        traceback.print_exc(limit=12)
         return None
 
 
@@ -273,7 +284,9 @@ def correctness(mount: str, backing: str, work: str) -> None:
     if dcp_mod is None or not hasattr(dcp_mod, "FileSystemWriter"):
         skip("dcp checks", f"torch {torch.__version__} has no usable torch.distributed.checkpoint")
     else:
-        check("dcp: stock and gdsfs writer/reader, both directions", lambda: dcp_one_process(work))
+        for wname, rname in [("gds", "stock"), ("stock", "gds"), ("gds", "gds"), ("stock", "stock")]:
+            check(f"dcp: {wname} writer -> {rname} reader", lambda w=wname, r=rname: dcp_one_process(work, w, r))
+        check("dcp: gds writer over an existing checkpoint -> stock reader", lambda: dcp_overwrite(work))
         check("dcp: async_save staging into daemon slabs", lambda: dcp_async(mount, work))
 
     c1 = counters(mount)
@@ -329,21 +342,53 @@ def dcp_equal(a: dict, b: dict) -> None:
             assert a[k] == b[k], k
 
 
-def dcp_one_process(work: str) -> None:
+def dcp_describe(d: str) -> str:
+    """The directory's files and what its .metadata names (for failure reports)."""
+    import pickle
+
+    try:
+        names = sorted(os.listdir(d))
+    except OSError as e:
+        return f"{d}: {e}"
+    out = f"{d}: files {names}"
+    try:
+        with open(os.path.join(d, ".metadata"), "rb") as f:
+            md = pickle.load(f)
+        rel = sorted({getattr(i, "relative_path", "?") for i in (md.storage_data or {}).values()})
+        out += f"; .metadata names {rel}; storage_meta {getattr(md, 'storage_meta', None)}"
+    except Exception as e:  # noqa: BLE001 - a description, best effort
+        out += f"; .metadata unreadable ({type(e).__name__}: {e})"
+    return out
+
+
+def dcp_one_process(work: str, wname: str, rname: str, seed: int = 3, fresh: bool = True) -> None:
     import torch.distributed.checkpoint as dcp
 
     import gdsfs.dcp as gdcp
 
-    src = dcp_state(3)
-    for wname, rname in [("gds", "stock"), ("stock", "gds"), ("gds", "gds")]:
-        d = os.path.join(work, f"dcp-{wname}-{rname}")
-        w = gdcp.GDSFileSystemWriter(d) if wname == "gds" else dcp.FileSystemWriter(d)
+    src = dcp_state(seed)
+    d = os.path.join(work, f"dcp-{wname}-{rname}")
+    if fresh:
+        shutil.rmtree(d, ignore_errors=True)
+    w = gdcp.GDSFileSystemWriter(d) if wname == "gds" else dcp.FileSystemWriter(d)
+    try:
         dcp.save(src, storage_writer=w)
-        dst = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"step": 0, "note": ""}) for k, v in src.items()}
-        dst["loader"] = Loader(0, 0)
-        r = gdcp.GDSFileSystemReader(d) if rname == "gds" else dcp.FileSystemReader(d)
+    except BaseException as e:
+        raise RuntimeError(f"dcp.save with the {wname} writer failed ({type(e).__name__}: {e}); {dcp_describe(d)}") from e
+    dst = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"step": 0, "note": ""}) for k, v in src.items()}
+    dst["loader"] = Loader(0, 0)
+    r = gdcp.GDSFileSystemReader(d) if rname == "gds" else dcp.FileSystemReader(d)
+    try:
         dcp.load(dst, storage_reader=r)
-        dcp_equal(src, dst)
+    except BaseException as e:
+        raise RuntimeError(f"dcp.load with the {rname} reader failed ({type(e).__name__}: {e}); {dcp_describe(d)}") from e
+    dcp_equal(src, dst)
+
+
+def dcp_overwrite(work: str) -> None:
+    """A second save into the same directory (new data file names), read by the stock reader."""
+    dcp_one_process(work, "gds", "stock-overwrite", seed=5)
+    dcp_one_process(work, "gds", "stock-overwrite", seed=6, fresh=False)
 
 
 def dcp_async(mount: str, work: str) -> None:
@@ -459,7 +504,9 @@ def benchmark(mount: str, backing: str, work: str, gib: float, cold: bool) -> Be
             v = b.gbs(secs)
             b.row("save", method, v, None, "incl. fsync")
             return v
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001
+            if fatal(e):
+                raise
             b.row("save", method, None, None, f"error: {type(e).__name__}: {e}"[:120])
             traceback.print_exc(limit=4)
             return None
@@ -485,7 +532,9 @@ def benchmark(mount: str, backing: str, work: str, gib: float, cold: bool) -> Be
                 del got
                 empty_cache()
                 coldv = b.gbs(secs)
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001
+            if fatal(e):
+                raise
             note = f"error: {type(e).__name__}: {e}"[:120]
             traceback.print_exc(limit=4)
         b.row("load", method, warm, coldv, note)
@@ -532,9 +581,8 @@ def benchmark(mount: str, backing: str, work: str, gib: float, cold: bool) -> Be
     # first use; a training job pays that once, not per checkpoint.
     one = {k: sd[k] for k in list(sd)[:2]}
     warm_path = os.path.join(work, "warm-up")
-    gck.save(one, warm_path)
-    gst.save_file(one, warm_path)
-    rm(warm_path)
+    check("benchmark warm-up (gdsfs.checkpoint.save, gdsfs.safetensors.save_file)",
+          lambda: (gck.save(one, warm_path), gst.save_file(one, warm_path), rm(warm_path)))
 
     # gdsfs.checkpoint: save, the files' readability by torch.load (zip64 offsets past 4 GiB, read
     # by miniz), loads through gdsfs and through torch.cuda.gds.
@@ -559,19 +607,24 @@ def benchmark(mount: str, backing: str, work: str, gib: float, cold: bool) -> Be
               lambda: (verify(st.load_file(p_g_st, device=DEV)), empty_cache()))
     res["load_gdsfs_st"] = load_row(f"gdsfs.safetensors.load_file({DEV})", p_g_st, lambda: gst.load_file(p_g_st, device=DEV))
     # The disk's sequential read rate: one reader, 64 MiB reads, page cache dropped first.
-    disk = None
-    if cold and drop_caches(back(p_g_st)):
+    def disk_rate() -> float | None:
+        if not (cold and os.path.exists(back(p_g_st)) and drop_caches(back(p_g_st))):
+            return None
         fd = os.open(back(p_g_st), os.O_RDONLY)
-        buf = bytearray(64 << 20)
-        t = time.perf_counter()
-        total = 0
-        while True:
-            k = os.readv(fd, [buf])
-            if k == 0:
-                break
-            total += k
-        disk = total / (time.perf_counter() - t) / 1e9
-        os.close(fd)
+        try:
+            buf = bytearray(64 << 20)
+            t = time.perf_counter()
+            total = 0
+            while True:
+                k = os.readv(fd, [buf])
+                if k == 0:
+                    break
+                total += k
+            return total / (time.perf_counter() - t) / 1e9
+        finally:
+            os.close(fd)
+
+    disk = check("disk read rate of the backing file", disk_rate)
     rm(p_g_st)
 
     res["save_st"] = save_row("safetensors.torch.save_file + fsync", p_s_st,
@@ -652,13 +705,15 @@ def main() -> int:
     os.makedirs(work)
     warnings.simplefilter("always")
     try:
-        correctness(a.mountpoint, a.backing_dir, work)
+        # Each part on its own: a crash outside any one check still lets the other part run.
+        check("correctness checks ran to the end", lambda: correctness(a.mountpoint, a.backing_dir, work))
         if not a.quick:
-            b = benchmark(a.mountpoint, a.backing_dir, work, a.gib, not a.no_cold)
-            print_table(b)
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump(b.rows, f, indent=1)
+            b = check("benchmark ran to the end", lambda: benchmark(a.mountpoint, a.backing_dir, work, a.gib, not a.no_cold))
+            if b is not None:
+                print_table(b)
+                if a.json:
+                    with open(a.json, "w") as f:
+                        json.dump(b.rows, f, indent=1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if FAILURES:
