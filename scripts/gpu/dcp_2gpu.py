@@ -105,7 +105,9 @@ def worker(rank: int, port: int, mount: str, results: Any) -> None:
     failures: list[str] = []
     try:
         run_checks(rank, mount, failures)
-    except Exception as e:  # noqa: BLE001 - reported below
+    except BaseException as e:  # noqa: BLE001 - reported below (CheckpointException is a BaseException)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
         failures.append(f"setup: {type(e).__name__}: {e}")
         traceback.print_exc()
     finally:
@@ -136,7 +138,11 @@ def run_checks(rank: int, mount: str, failures: list[str]) -> None:
         try:
             fn()
             print(f"dcp_2gpu: rank {rank}: ok   {name}", flush=True)
-        except Exception as e:  # noqa: BLE001 - every failure is reported
+        except BaseException as e:  # noqa: BLE001 - every failure is reported
+            # torch.distributed.checkpoint raises CheckpointException, a BaseException: caught
+            # here so one failing check does not end the run.
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
             failures.append(f"{name}: {type(e).__name__}: {e}")
             print(f"dcp_2gpu: rank {rank}: FAIL {name}: {type(e).__name__}: {e}", flush=True)
             traceback.print_exc(limit=8)
