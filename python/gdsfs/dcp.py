@@ -10,7 +10,10 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   4096-aligned too; the tensor bytes go from GPU (or host) memory to the file through the daemon
   in one batched call per file, with no trip through a CPU copy in this process. Each data file
   is written under a temporary name, fsynced and renamed; ``finish`` commits ``.metadata`` the
-  stock way (temp, fsync, rename) and then fsyncs the directory.
+  stock way (temp, fsync, rename) and then fsyncs the directory. Saving over an existing
+  checkpoint writes data files of new names (``__{rank}_{n}.{save id}.distcp``), so a crash leaves
+  the old checkpoint intact; once the new ``.metadata`` is committed, the data files the old one
+  named, and only those, are removed. A data file missing after the save is an error naming it.
 - **Reads.** Every tensor item's pickle is decoded here; the storage bytes of all items of a file
   are fetched in one batched request straight into the planner's target tensors when the saved
   chunk matches the target (the common case), else into a temporary that is narrowed and copied.
