@@ -40,6 +40,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 from typing import Any
 
 import torch
@@ -56,6 +57,9 @@ __all__ = ["GDSFileSystemWriter", "GDSFileSystemReader"]
 
 _SUFFIX = getattr(_fs, "DEFAULT_SUFFIX", ".distcp")
 _ALIGN = 4096
+# Data files this writer names over an existing checkpoint: __{rank}_{n}.{save id prefix}.distcp.
+# Stock DCP never makes such names, so one that no .metadata names is left by a crashed save.
+_OWN_NAME = re.compile(r"__\d+_\d+\.[0-9a-f]{1,8}" + re.escape(_SUFFIX))
 
 
 def _on_gdsfs(path: str, strict: bool) -> bool:
@@ -244,9 +248,9 @@ class GDSFileSystemWriter(FileSystemWriter):
         """Commit ``.metadata`` the stock way, make the rename durable, then remove the data files
         the replaced ``.metadata`` named that the new one does not.
 
-        Only files a readable old ``.metadata`` named are ever removed, and never one the new
-        results name: files of other savers, of crashed saves, or of a ``.metadata`` this torch
-        cannot read stay.
+        Only files a readable old ``.metadata`` named, and files of this writer's own naming
+        left by a crashed save, are ever removed, and never one the new results name: other
+        files, and those of a ``.metadata`` this torch cannot read, stay.
         """
         root = os.fspath(self.path)
         collective = getattr(self, "use_collectives", True)
@@ -261,7 +265,8 @@ class GDSFileSystemWriter(FileSystemWriter):
         self._written = []
         if not collective:
             return  # per-rank metadata: other ranks' files are not ours to judge
-        for n in sorted(old - new):
+        orphans = {n for n in os.listdir(root) if _OWN_NAME.fullmatch(n)}
+        for n in sorted((old | orphans) - new):
             try:
                 os.unlink(os.path.join(root, n))
             except FileNotFoundError:

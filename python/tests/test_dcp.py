@@ -151,12 +151,12 @@ def test_standin_async_staging_into_slabs(gdsfs_mount, mdir, monkeypatch):
 @pytest.mark.parametrize("first", ["gds", "stock"])
 def test_standin_gds_writer_over_existing_checkpoint(gdsfs_mount, mdir, first):
     """A second save into the same directory: the stock reader loads the new checkpoint, the data
-    files of the old one are gone, and files no checkpoint named stay."""
+    files of the old one and of a crashed save of ours are gone, and other files stay."""
     old, new = state(5), state(6)
     _write(gdcp.GDSFileSystemWriter if first == "gds" else _dcp_standin.FileSystemWriter, mdir, old)
-    for junk in ("__7_0.distcp", "notes.txt"):  # no .metadata names these: not ours to remove
+    for junk in ("__7_0.distcp", "notes.txt", "__0_0.0badc0de.distcp"):
         with open(os.path.join(mdir, junk), "w") as f:
-            f.write("keep")
+            f.write("keep")  # no .metadata names these; the last has our naming: a crashed save's
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Detected an existing checkpoint")
         infos = _write(gdcp.GDSFileSystemWriter, mdir, new)
