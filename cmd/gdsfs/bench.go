@@ -22,35 +22,127 @@ import (
 	"github.com/gdsfs/gdsfs/fs"
 )
 
-// newBenchCmd is `gdsfs bench`: one subcommand per suite. Other packages
-// add their suite as a newBenchXxxCmd() in their own file and list it
-// here; `gdsfs bench` with no suite runs every suite with its defaults.
+// benchSuite is one suite of `gdsfs bench`: its subcommand (flags, help)
+// and its measurement. Other packages add their suite as a
+// newBenchXxxSuite() in their own file and list it in newBenchCmd.
+type benchSuite struct {
+	cmd *cobra.Command
+	// measure checks the suite's flags, measures, writes the suite's own
+	// report and table to out and returns its rows for the combined table
+	// (also those measured before a failure, with the error).
+	measure func(ctx context.Context, out io.Writer) ([]benchResult, error)
+}
+
+// benchResult is one row of the combined table of `gdsfs bench`: a figure
+// of gdsfs and the figure of the baseline it is judged against, in the
+// same unit (higher is better). A zero figure was not measured.
+type benchResult struct {
+	Suite       string
+	Measurement string
+	GDSFS       float64
+	Baseline    float64
+	Unit        string
+	// Note names the baseline and says whether a goal was met, or why
+	// nothing was measured.
+	Note string
+}
+
+// Ratio is GDSFS/Baseline, or 0 when either is missing.
+func (r benchResult) Ratio() float64 {
+	if r.GDSFS <= 0 || r.Baseline <= 0 {
+		return 0
+	}
+	return r.GDSFS / r.Baseline
+}
+
+// newBenchCmd is `gdsfs bench`: one subcommand per suite; with no suite it
+// runs every suite with its defaults and prints one table.
 func newBenchCmd() *cobra.Command {
+	suites := []benchSuite{
+		newBenchMountSuite(),
+		newBenchEnginesSuite(),
+	}
 	cmd := &cobra.Command{
 		Use:   "bench [SUITE]",
 		Short: "Measure gdsfs against direct access (all suites, or one)",
-		Args:  cobra.NoArgs,
+		Long: `With a suite, runs that suite and prints its own report and table.
+
+Without one, runs every suite with its defaults, one after the other. Their
+own reports go to stderr (under a spinner with the suite's name and elapsed
+time, on a terminal), and stdout gets one table at the end: each gdsfs
+figure next to the baseline it is judged against, and their ratio.`,
+		Example: `  gdsfs bench
+  gdsfs bench mount --size 4GiB`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBenchSuites(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), suites)
+		},
 	}
-	cmd.AddCommand(
-		newBenchMountCmd(),
-		newBenchEnginesCmd(),
-	)
-	addBenchProgress(cmd) // spinner while a suite runs (bench_progress.go)
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		for _, s := range cmd.Commands() {
-			if s.RunE == nil {
-				continue
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "== bench %s\n", s.Name())
-			s.SetOut(cmd.OutOrStdout())
-			s.SetContext(cmd.Context())
-			if err := s.RunE(s, nil); err != nil {
-				return fmt.Errorf("bench %s: %w", s.Name(), err)
-			}
+	for _, s := range suites {
+		s.cmd.RunE = func(c *cobra.Command, _ []string) error {
+			return withBenchProgress(c.ErrOrStderr(), c.Name(), c.OutOrStdout(), func(out io.Writer) error {
+				_, err := s.measure(c.Context(), out)
+				return err
+			})
 		}
-		return nil
+		cmd.AddCommand(s.cmd)
 	}
 	return cmd
+}
+
+// runBenchSuites runs every suite, their reports to errw, and prints the
+// combined table to out. A suite that fails does not stop the others: its
+// failure is a row of the table, and the error is returned after it.
+func runBenchSuites(ctx context.Context, out, errw io.Writer, suites []benchSuite) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var all []benchResult
+	var errs []error
+	for _, s := range suites {
+		name := s.cmd.Name()
+		fmt.Fprintf(errw, "== bench %s\n", name)
+		var rows []benchResult
+		err := withBenchProgress(errw, name, errw, func(w io.Writer) error {
+			var err error
+			rows, err = s.measure(ctx, w)
+			return err
+		})
+		all = append(all, rows...)
+		if err != nil {
+			all = append(all, benchResult{Suite: name, Measurement: "-", Note: "failed: " + err.Error()})
+			errs = append(errs, fmt.Errorf("bench %s: %w", name, err))
+		}
+		if ctx.Err() != nil {
+			break // interrupted: show what was measured
+		}
+	}
+	printBenchResults(out, all)
+	return errors.Join(errs...)
+}
+
+// printBenchResults prints the combined table.
+func printBenchResults(out io.Writer, rows []benchResult) {
+	figure := func(v float64) string {
+		switch {
+		case v <= 0:
+			return "-"
+		case v >= 100:
+			return fmt.Sprintf("%.0f", v)
+		default:
+			return fmt.Sprintf("%.2f", v)
+		}
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "suite\tmeasurement\tgdsfs\tbaseline\tunit\tratio\tnote")
+	for _, r := range rows {
+		ratio := "-"
+		if q := r.Ratio(); q > 0 {
+			ratio = fmt.Sprintf("%.2f", q)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Suite, r.Measurement, figure(r.GDSFS), figure(r.Baseline), orDash(r.Unit), ratio, orDash(r.Note))
+	}
+	tw.Flush()
 }
 
 // mountBench is the configuration of `gdsfs bench mount`.
@@ -66,7 +158,7 @@ type mountBench struct {
 	noPass    bool
 }
 
-func newBenchMountCmd() *cobra.Command {
+func newBenchMountSuite() benchSuite {
 	b := &mountBench{}
 	cmd := &cobra.Command{
 		Use:   "mount",
@@ -79,17 +171,6 @@ small file. Prints one table with mount/direct ratios.`,
 		Example: `  gdsfs bench mount
   gdsfs bench mount --size 4GiB --dir /nvme/tmp --min-ratio 0.9`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := humanize.ParseBytes(b.size)
-			if err != nil || n < 1<<20 {
-				return usagef("--size %q: give a size of at least 1MiB, such as 1GiB", b.size)
-			}
-			b.sizeBytes = int64(n)
-			if b.files < 1 || b.randReads < 1 || b.runs < 1 {
-				return usagef("--files, --random-reads and --runs must be at least 1")
-			}
-			return b.run(cmd.Context(), cmd.OutOrStdout())
-		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&b.dir, "dir", os.TempDir(), "directory for the temporary backing files (its filesystem is what is measured)")
@@ -100,7 +181,18 @@ small file. Prints one table with mount/direct ratios.`,
 	f.Float64Var(&b.minRatio, "min-ratio", 0, "fail unless warm sequential mount/direct throughput is at least this (e.g. 0.9)")
 	f.BoolVar(&b.keep, "keep", false, "keep the temporary directory")
 	f.BoolVar(&b.noPass, "no-passthrough", false, "mount with the daemon serving all I/O (to see what passthrough gains)")
-	return cmd
+	measure := func(ctx context.Context, out io.Writer) ([]benchResult, error) {
+		n, err := humanize.ParseBytes(b.size)
+		if err != nil || n < 1<<20 {
+			return nil, usagef("--size %q: give a size of at least 1MiB, such as 1GiB", b.size)
+		}
+		b.sizeBytes = int64(n)
+		if b.files < 1 || b.randReads < 1 || b.runs < 1 {
+			return nil, usagef("--files, --random-reads and --runs must be at least 1")
+		}
+		return b.run(ctx, out)
+	}
+	return benchSuite{cmd: cmd, measure: measure}
 }
 
 // benchRow is one line of the result table: a rate per second for the
@@ -112,13 +204,13 @@ type benchRow struct {
 	skippedBecause string
 }
 
-func (b *mountBench) run(ctx context.Context, out io.Writer) error {
+func (b *mountBench) run(ctx context.Context, out io.Writer) ([]benchResult, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	work, err := os.MkdirTemp(b.dir, "gdsfs-bench-")
 	if err != nil {
-		return usagef("--dir %s: %v", b.dir, err)
+		return nil, usagef("--dir %s: %v", b.dir, err)
 	}
 	if !b.keep {
 		defer os.RemoveAll(work)
@@ -127,23 +219,23 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) error {
 	mnt := filepath.Join(work, "mnt")
 	for _, d := range []string{backing, mnt, filepath.Join(backing, "stat")} {
 		if err := os.Mkdir(d, 0o755); err != nil {
-			return fmt.Errorf("bench setup: %w", err)
+			return nil, fmt.Errorf("bench setup: %w", err)
 		}
 	}
 	fmt.Fprintf(out, "preparing %s file and %d small files in %s\n", humanize.IBytes(uint64(b.sizeBytes)), b.files, work)
 	if err := writeBenchFile(filepath.Join(backing, "data"), b.sizeBytes); err != nil {
-		return err
+		return nil, err
 	}
 	for i := range b.files {
 		p := filepath.Join(backing, "stat", fmt.Sprintf("f%06d", i))
 		if err := os.WriteFile(p, []byte{byte(i)}, 0o644); err != nil {
-			return fmt.Errorf("bench setup: %w", err)
+			return nil, fmt.Errorf("bench setup: %w", err)
 		}
 	}
 
 	srv, err := fs.Mount(ctx, fs.Options{Source: backing, Mountpoint: mnt, NoPassthrough: b.noPass, Logger: zerolog.Nop()})
 	if err != nil {
-		return fmt.Errorf("bench mount: %w", err)
+		return nil, fmt.Errorf("bench mount: %w", err)
 	}
 	defer func() {
 		if err := srv.Unmount(); err != nil {
@@ -169,10 +261,10 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) error {
 	// mount so that load from other processes hits both alike.
 	row := benchRow{name: "sequential read, warm", unit: "MB/s"}
 	if _, err := seqRead(direct); err != nil {
-		return err
+		return nil, err
 	}
 	if row.direct, row.viaFS, err = alternate(b.runs, direct, viaFS, func(p string) (float64, error) { return seq(p, false) }); err != nil {
-		return err
+		return nil, err
 	}
 	warm := row
 	rows = append(rows, row)
@@ -181,7 +273,7 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) error {
 	// this measures the cost of the read path itself.
 	row = benchRow{name: "sequential read, warm, per CPU-second", unit: "MB/cpu-s"}
 	if row.direct, row.viaFS, err = alternate(b.runs, direct, viaFS, seqReadCPU); err != nil {
-		return err
+		return nil, err
 	}
 	rows = append(rows, row)
 
@@ -192,17 +284,17 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) error {
 		row.skippedBecause = err.Error()
 	} else {
 		if row.direct, row.viaFS, err = alternate(b.runs, direct, viaFS, func(p string) (float64, error) { return seq(p, true) }); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	rows = append(rows, row)
 
 	row = benchRow{name: "random 4 KiB reads, warm", unit: "reads/s"}
 	if row.direct, err = medianOf(b.runs, func() (float64, error) { return randRead(direct, b.sizeBytes, b.randReads) }); err != nil {
-		return err
+		return nil, err
 	}
 	if row.viaFS, err = medianOf(b.runs, func() (float64, error) { return randRead(viaFS, b.sizeBytes, b.randReads) }); err != nil {
-		return err
+		return nil, err
 	}
 	rows = append(rows, row)
 
@@ -210,18 +302,18 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) error {
 	// second is served from the kernel's caches (within the timeouts).
 	row = benchRow{name: fmt.Sprintf("stat %d files, first", b.files), unit: "stats/s"}
 	if row.direct, err = statAll(filepath.Join(backing, "stat"), b.files); err != nil {
-		return err
+		return nil, err
 	}
 	if row.viaFS, err = statAll(filepath.Join(mnt, "stat"), b.files); err != nil {
-		return err
+		return nil, err
 	}
 	rows = append(rows, row)
 	row = benchRow{name: fmt.Sprintf("stat %d files, cached", b.files), unit: "stats/s"}
 	if row.direct, err = statAll(filepath.Join(backing, "stat"), b.files); err != nil {
-		return err
+		return nil, err
 	}
 	if row.viaFS, err = statAll(filepath.Join(mnt, "stat"), b.files); err != nil {
-		return err
+		return nil, err
 	}
 	rows = append(rows, row)
 
@@ -236,10 +328,33 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.2f\t\n", r.name, r.unit, r.direct, r.viaFS, r.viaFS/r.direct)
 	}
 	tw.Flush()
-	if ratio := warm.viaFS / warm.direct; b.minRatio > 0 && ratio < b.minRatio {
-		return fmt.Errorf("warm sequential read through the mount is %.2fx direct, below --min-ratio %.2f", ratio, b.minRatio)
+
+	results := make([]benchResult, 0, len(rows))
+	for _, r := range rows {
+		res := benchResult{Suite: "mount", Measurement: r.name, GDSFS: r.viaFS, Baseline: r.direct, Unit: r.unit, Note: "vs direct"}
+		if !pt {
+			res.Note += ", no passthrough"
+		}
+		if r.skippedBecause != "" {
+			res.GDSFS, res.Baseline, res.Note = 0, 0, "skipped: "+r.skippedBecause
+		}
+		if r.name == warm.name && b.minRatio > 0 {
+			res.Note += fmt.Sprintf("; goal %.2f %s", b.minRatio, goalWord(res.Ratio() >= b.minRatio))
+		}
+		results = append(results, res)
 	}
-	return nil
+	if ratio := warm.viaFS / warm.direct; b.minRatio > 0 && ratio < b.minRatio {
+		return results, fmt.Errorf("warm sequential read through the mount is %.2fx direct, below --min-ratio %.2f", ratio, b.minRatio)
+	}
+	return results, nil
+}
+
+// goalWord says whether a goal was met, for the notes of the combined table.
+func goalWord(met bool) string {
+	if met {
+		return "met"
+	}
+	return "NOT met"
 }
 
 // writeBenchFile writes size bytes of incompressible data and syncs them.
@@ -293,8 +408,14 @@ func seqRead(p string) (float64, error) {
 	return float64(n) / 1e6 / time.Since(start).Seconds(), nil
 }
 
+// minCPUTime is the least CPU time seqReadCPU measures: the kernel
+// accounts a thread's time in ticks on some configurations, and one pass
+// over a small file may not reach one.
+const minCPUTime = 50 * time.Millisecond
+
 // seqReadCPU reads p like seqRead on one locked OS thread and returns MB
-// per second of that thread's CPU time (user + system).
+// per second of that thread's CPU time (user + system). A small file is
+// read again until minCPUTime is spent.
 func seqReadCPU(p string) (float64, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -309,22 +430,26 @@ func seqReadCPU(p string) (float64, error) {
 		return 0, fmt.Errorf("getrusage: %w", err)
 	}
 	var n int64
-	for {
-		k, err := unix.Read(int(f.Fd()), buf) // no poller: stay on this thread
-		if err != nil {
-			return 0, fmt.Errorf("read %s: %w", p, err)
+	var cpu time.Duration
+	for pass := 0; cpu < minCPUTime; pass++ {
+		for off := int64(0); ; {
+			k, err := unix.Pread(int(f.Fd()), buf, off) // no poller: stay on this thread
+			if err != nil {
+				return 0, fmt.Errorf("read %s: %w", p, err)
+			}
+			if k == 0 {
+				break
+			}
+			n += int64(k)
+			off += int64(k)
 		}
-		if k == 0 {
-			break
+		if err := unix.Getrusage(unix.RUSAGE_THREAD, &after); err != nil {
+			return 0, fmt.Errorf("getrusage: %w", err)
 		}
-		n += int64(k)
-	}
-	if err := unix.Getrusage(unix.RUSAGE_THREAD, &after); err != nil {
-		return 0, fmt.Errorf("getrusage: %w", err)
-	}
-	cpu := time.Duration(after.Utime.Nano() - before.Utime.Nano() + after.Stime.Nano() - before.Stime.Nano())
-	if cpu <= 0 {
-		return 0, fmt.Errorf("read %s: no CPU time measured", p)
+		cpu = time.Duration(after.Utime.Nano() - before.Utime.Nano() + after.Stime.Nano() - before.Stime.Nano())
+		if n == 0 || pass > 1e6 {
+			return 0, fmt.Errorf("read %s: no CPU time measured after %d bytes", p, n)
+		}
 	}
 	return float64(n) / 1e6 / cpu.Seconds(), nil
 }

@@ -36,7 +36,7 @@ type enginesBench struct {
 	flags     *engineFlags
 }
 
-func newBenchEnginesCmd() *cobra.Command {
+func newBenchEnginesSuite() benchSuite {
 	b := &enginesBench{}
 	cmd := &cobra.Command{
 		Use:   "engines",
@@ -58,20 +58,6 @@ that applies: warm, the slower of pread16 and h2d; cold, odirect16.
   gdsfs bench engines --size 4GiB --file /nvme/bench.dat --io-workers 16
   gdsfs bench engines --engine gds --min-warm-ratio 0.8 --min-cold-ratio 0.9`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := humanize.ParseBytes(b.size)
-			if err != nil || n < 1<<20 || n > 1<<40 {
-				return usagef("--size %q: give a size from 1MiB to 1TiB, such as 4GiB", b.size)
-			}
-			b.sizeBytes = int64(n) &^ (gpubuf.Align - 1)
-			if b.threads < 1 || b.threads > 256 {
-				return usagef("--threads %d: give 1 to 256", b.threads)
-			}
-			if b.runs < 1 || b.runs > 100 {
-				return usagef("--runs %d: give 1 to 100", b.runs)
-			}
-			return b.run(cmd.Context(), cmd.OutOrStdout())
-		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&b.file, "file", "", "file to read (created with that size if missing; default: a temporary file under $TMPDIR)")
@@ -83,7 +69,21 @@ that applies: warm, the slower of pread16 and h2d; cold, odirect16.
 	f.Float64Var(&b.minWarm, "min-warm-ratio", 0, "fail if an engine's warm ratio is below this")
 	f.Float64Var(&b.minCold, "min-cold-ratio", 0, "fail if an engine's cold ratio is below this")
 	b.flags = addEngineFlags(f)
-	return cmd
+	measure := func(ctx context.Context, out io.Writer) ([]benchResult, error) {
+		n, err := humanize.ParseBytes(b.size)
+		if err != nil || n < 1<<20 || n > 1<<40 {
+			return nil, usagef("--size %q: give a size from 1MiB to 1TiB, such as 4GiB", b.size)
+		}
+		b.sizeBytes = int64(n) &^ (gpubuf.Align - 1)
+		if b.threads < 1 || b.threads > 256 {
+			return nil, usagef("--threads %d: give 1 to 256", b.threads)
+		}
+		if b.runs < 1 || b.runs > 100 {
+			return nil, usagef("--runs %d: give 1 to 100", b.runs)
+		}
+		return b.run(ctx, out)
+	}
+	return benchSuite{cmd: cmd, measure: measure}
 }
 
 // engineRow is one line of the table.
@@ -93,27 +93,27 @@ type engineRow struct {
 	note       string
 }
 
-func (b *enginesBench) run(ctx context.Context, out io.Writer) error {
+func (b *enginesBench) run(ctx context.Context, out io.Writer) ([]benchResult, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	s, err := b.flags.parse(zerolog.Nop())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	eng, err := cufile.Open(s.cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer eng.Close()
 	path, cleanup, err := b.prepareFile()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer cleanup()
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("open bench file: %w", err)
+		return nil, fmt.Errorf("open bench file: %w", err)
 	}
 	defer f.Close()
 	rep := eng.Probe()
@@ -125,7 +125,7 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) error {
 	}
 	defer env.close()
 	if err := env.setup(ctx, eng); err != nil {
-		return err
+		return nil, err
 	}
 	var rows []engineRow
 	add := func(name, mode string, bytes int64, d time.Duration, note string, err error) {
@@ -208,7 +208,7 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) error {
 	}
 	// Warm-up: the file may be partly cached (just written) or not at all.
 	if _, err := env.preadParallel(ctx, false); err != nil {
-		return err
+		return nil, err
 	}
 	measure(false)
 	coldNote := ""
@@ -219,19 +219,47 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) error {
 			measure(true)
 		}
 	}
-	failed := printEngineTable(out, rows, env.drv != nil, b.minWarm, b.minCold)
+	j := judgeEngines(rows, env.drv != nil, b.minWarm, b.minCold)
+	failed := printEngineTable(out, rows, j)
 	if coldNote != "" {
 		fmt.Fprintln(out, coldNote)
 	}
-	if failed != "" {
-		return errors.New(failed)
+	results := engineResults(rows, j)
+	if coldNote != "" {
+		results = append(results, benchResult{Suite: "engines", Measurement: "cold runs", Note: coldNote})
 	}
-	return nil
+	if failed != "" {
+		return results, errors.New(failed)
+	}
+	return results, nil
 }
 
-// printEngineTable prints rows with each engine's ratio to its bound and
-// returns a failure message for ratios under the minimums.
-func printEngineTable(out io.Writer, rows []engineRow, gpu bool, minWarm, minCold float64) string {
+// engineJudge tells what an engine row is judged against.
+type engineJudge func(r engineRow) engineBound
+
+// engineBound is the baseline an engine row is judged against.
+type engineBound struct {
+	gbps    float64 // 0: no bound (a baseline row, a failed run, no baseline measured)
+	against string  // "vs pread", "vs h2d", "vs pread-slab", "vs odirect"
+	min     float64 // the ratio the command must reach (0: none)
+	// goal: this engine is the one the minimums bind: the engine that serves
+	// by default where it runs (posix with a GPU, gds compat being there for
+	// comparison; host without).
+	goal bool
+}
+
+// ratio is the row's GB/s over its bound, 0 without one.
+func (b engineBound) ratio(r engineRow) float64 {
+	if b.gbps <= 0 {
+		return 0
+	}
+	return r.gbps / b.gbps
+}
+
+// judgeEngines finds each engine row's bound among the baseline rows:
+// warm, the slower of pread and h2d (the host engine: pread into the slab);
+// cold, odirect.
+func judgeEngines(rows []engineRow, gpu bool, minWarm, minCold float64) engineJudge {
 	get := func(prefix, mode string) float64 {
 		for _, r := range rows {
 			if r.mode == mode && len(r.name) >= len(prefix) && r.name[:len(prefix)] == prefix {
@@ -254,28 +282,36 @@ func printEngineTable(out io.Writer, rows []engineRow, gpu bool, minWarm, minCol
 			slabBound = r.gbps
 		}
 	}
+	return func(r engineRow) engineBound {
+		if r.note != "engine" || r.gbps <= 0 {
+			return engineBound{}
+		}
+		b := engineBound{gbps: warmBound, min: minWarm, against: "vs " + boundName}
+		if r.name == cufile.EngineHost && slabBound > 0 {
+			b.gbps, b.against = slabBound, "vs pread-slab"
+		}
+		if r.mode == "cold" {
+			b.gbps, b.min, b.against = coldBound, minCold, "vs odirect"
+		}
+		b.goal = (gpu && r.name == cufile.EnginePosix) || (!gpu && r.name == cufile.EngineHost)
+		return b
+	}
+}
+
+// printEngineTable prints rows with each engine's ratio to its bound and
+// returns a failure message for ratios under the minimums.
+func printEngineTable(out io.Writer, rows []engineRow, judge engineJudge) string {
 	var failed string
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "read\tmode\tGB/s\tratio\t\tnote\t")
 	for _, r := range rows {
 		ratio, against := "", ""
-		if r.note == "engine" && r.gbps > 0 {
-			bound, min := warmBound, minWarm
-			against = "vs " + boundName
-			if r.name == cufile.EngineHost && slabBound > 0 {
-				bound, against = slabBound, "vs pread-slab"
-			}
-			if r.mode == "cold" {
-				bound, min, against = coldBound, minCold, "vs odirect"
-			}
-			if bound > 0 {
-				q := r.gbps / bound
+		if b := judge(r); b.against != "" {
+			against = b.against
+			if q := b.ratio(r); q > 0 {
 				ratio = fmt.Sprintf("%.2f", q)
-				// The goals bind the engine that serves by default where it
-				// runs: posix with a GPU (gds compat is for comparison), host without.
-				goal := (gpu && r.name == cufile.EnginePosix) || (!gpu && r.name == cufile.EngineHost)
-				if min > 0 && q < min && goal {
-					failed += fmt.Sprintf("%s %s ratio %.2f < %.2f; ", r.name, r.mode, q, min)
+				if b.min > 0 && q < b.min && b.goal {
+					failed += fmt.Sprintf("%s %s ratio %.2f < %.2f; ", r.name, r.mode, q, b.min)
 				}
 			}
 		}
@@ -287,6 +323,37 @@ func printEngineTable(out io.Writer, rows []engineRow, gpu bool, minWarm, minCol
 	}
 	tw.Flush()
 	return failed
+}
+
+// engineResults are the engine rows for the combined table of `gdsfs
+// bench`, each with its bound as the baseline; the baseline rows appear
+// only through them.
+func engineResults(rows []engineRow, judge engineJudge) []benchResult {
+	var out []benchResult
+	for _, r := range rows {
+		if r.note != "engine" && r.gbps > 0 {
+			continue
+		}
+		res := benchResult{Suite: "engines", Measurement: r.name + " engine, " + r.mode, GDSFS: r.gbps, Unit: "GB/s", Note: r.note}
+		if r.note != "engine" {
+			res.Measurement = r.name + ", " + r.mode // a baseline that failed
+		}
+		if b := judge(r); b.against != "" {
+			res.Baseline = b.gbps
+			res.Note = b.against
+			if b.gbps <= 0 {
+				res.Note += " (not measured)"
+			}
+			if b.goal {
+				res.Note += ", serves by default"
+				if q := b.ratio(r); b.min > 0 && q > 0 {
+					res.Note += fmt.Sprintf("; goal %.2f %s", b.min, goalWord(q >= b.min))
+				}
+			}
+		}
+		out = append(out, res)
+	}
+	return out
 }
 
 // benchEnv holds the bench's memory: device memory for the GPU engines,

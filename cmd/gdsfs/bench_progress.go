@@ -9,58 +9,49 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/schollz/progressbar/v3"
-	"github.com/spf13/cobra"
 )
 
-// addBenchProgress wraps every suite of `gdsfs bench` so that on a
-// terminal a spinner with the suite's name and elapsed time runs on stderr
-// while it measures (suites run for minutes and print nothing between
-// their first line and their table). The suite's own output clears the
-// spinner line before it is written, so the two never mix. Off a terminal
-// nothing changes.
-func addBenchProgress(bench *cobra.Command) {
-	for _, s := range bench.Commands() {
-		run := s.RunE
-		if run == nil {
-			continue
-		}
-		s.RunE = func(c *cobra.Command, args []string) error {
-			f, ok := c.ErrOrStderr().(*os.File)
-			if !ok || !isatty.IsTerminal(f.Fd()) {
-				return run(c, args)
-			}
-			bar := progressbar.NewOptions(-1,
-				progressbar.OptionSetWriter(f),
-				progressbar.OptionSetDescription("bench "+c.Name()),
-				progressbar.OptionSpinnerType(14),
-				progressbar.OptionSetElapsedTime(true),
-				progressbar.OptionClearOnFinish(),
-				progressbar.OptionThrottle(100*time.Millisecond),
-			)
-			cw := &clearingWriter{bar: bar, w: c.OutOrStdout()}
-			stop, done := make(chan struct{}), make(chan struct{})
-			go func() {
-				defer close(done)
-				tick := time.NewTicker(200 * time.Millisecond)
-				defer tick.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-tick.C:
-						cw.tick()
-					}
-				}
-			}()
-			c.SetOut(cw)
-			err := run(c, args)
-			close(stop)
-			<-done
-			_ = bar.Finish()
-			cw.flush()
-			return err
-		}
+// withBenchProgress runs a suite's measure with its report going to out.
+// When errw is a terminal, a spinner with the suite's name and elapsed time
+// runs on it meanwhile (suites run for minutes and print nothing between
+// their first line and their table); measure then writes through a
+// clearingWriter, which clears the spinner line before each line of output,
+// so the two never mix even when out is the same terminal. Off a terminal
+// nothing is added.
+func withBenchProgress(errw io.Writer, name string, out io.Writer, measure func(out io.Writer) error) error {
+	f, ok := errw.(*os.File)
+	if !ok || !isatty.IsTerminal(f.Fd()) {
+		return measure(out)
 	}
+	bar := progressbar.NewOptions(-1,
+		progressbar.OptionSetWriter(f),
+		progressbar.OptionSetDescription("bench "+name),
+		progressbar.OptionSpinnerType(14),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+	)
+	cw := &clearingWriter{bar: bar, w: out}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				cw.tick()
+			}
+		}
+	}()
+	err := measure(cw)
+	close(stop)
+	<-done
+	_ = bar.Finish()
+	cw.flush()
+	return err
 }
 
 // clearingWriter passes the suite's output on in whole lines, each
