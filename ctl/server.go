@@ -96,6 +96,7 @@ type Server struct {
 	nextSession atomic.Uint64
 	shards      [sessionShards]sessionShard
 	counters    counters
+	choices     *choices // the chooser's answers per file, for choiceTTL
 }
 
 type sessionShard struct {
@@ -115,6 +116,7 @@ func NewServer(opts Options) (*Server, error) {
 		host:    opts.Pool.Backend().Name() == "host",
 		devices: opts.Pool.Backend().Devices(),
 		pid:     uint32(os.Getpid()),
+		choices: newChoices(opts.Engines, choiceTTL),
 	}
 	for _, d := range opts.Pool.Stats().Devices {
 		s.maxLease = max(s.maxLease, d.BudgetBytes)
@@ -206,28 +208,12 @@ func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path st
 
 func u32bytes(v uint32) []byte { return []byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)} }
 
-// fileSize returns the size of the regular file f; anything else is ENOTTY
-// (a data-file command on something that is not a data file).
-func fileSize(f *os.File) (int64, syscall.Errno) {
-	if f == nil {
-		return 0, syscall.ENOTTY
-	}
-	st, err := f.Stat()
-	if err != nil {
-		return 0, errnoOf(err)
-	}
-	if !st.Mode().IsRegular() {
-		return 0, syscall.ENOTTY
-	}
-	return st.Size(), 0
-}
-
 // read serves READ and READ_NAMES.
 func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte, byName bool) syscall.Errno {
 	if len(in) != SizeRead || len(out) != SizeRead {
 		return syscall.EINVAL
 	}
-	size, errno := fileSize(f)
+	size, id, errno := statFile(f)
 	if errno != 0 {
 		return errno
 	}
@@ -273,7 +259,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	eng, errno := s.engine(f, path)
+	eng, errno := s.engine(f, id, path)
 	if errno != 0 {
 		return errno
 	}
@@ -285,10 +271,11 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	return 0
 }
 
-// engine returns the engine for f; a chooser that has none is a bug, logged
-// and answered with EIO rather than a crash.
-func (s *Server) engine(f *os.File, path string) (Engine, syscall.Errno) {
-	eng, why := s.opts.Engines.For(f, path)
+// engine returns the engine for f (file id), from the per-file cache of the
+// chooser's answers; a chooser that has none is a bug, logged and answered
+// with EIO rather than a crash.
+func (s *Server) engine(f *os.File, id fileID, path string) (Engine, syscall.Errno) {
+	eng, why := s.choices.forFile(f, id, path)
 	if eng == nil {
 		s.opts.Log.Error().Str("path", path).Str("why", why).Msg("BUG: ctl: no engine for file")
 		return nil, syscall.EIO
@@ -384,7 +371,8 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if len(in) != SizeWrite || len(out) != SizeWrite {
 		return syscall.EINVAL
 	}
-	if _, errno := fileSize(f); errno != 0 {
+	_, id, errno := statFile(f)
+	if errno != 0 {
 		return errno
 	}
 	req, err := DecodeWriteRequest(in)
@@ -421,7 +409,7 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if req.LeaseOffset+req.Length > uint64(li.valid) {
 		return syscall.EINVAL
 	}
-	eng, errno := s.engine(f, path)
+	eng, errno := s.engine(f, id, path)
 	if errno != 0 {
 		return errno
 	}
@@ -473,7 +461,7 @@ func (s *Server) index(ctx context.Context, f *os.File, path string, in, out []b
 	if len(in) != SizePage || len(out) != SizePage {
 		return syscall.EINVAL
 	}
-	if _, errno := fileSize(f); errno != 0 {
+	if _, _, errno := statFile(f); errno != 0 {
 		return errno
 	}
 	req, err := DecodePageRequest(in)

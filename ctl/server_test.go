@@ -713,6 +713,7 @@ func TestCloseWaitsForReads(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20})
 	be := &blockingEngine{Engine: cufile.NewHostEngine(cufile.Options{}), entered: make(chan struct{}, 1), release: make(chan struct{})}
 	e.srv.opts.Engines = fixedEngine{be}
+	e.srv.choices = newChoices(e.srv.opts.Engines, choiceTTL)
 	ctx := context.Background()
 	owner := fs.Caller{UID: 1000}
 	sess, _ := e.srv.OpenSession(ctx, owner)
