@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -15,22 +13,27 @@ import (
 )
 
 // HostBackend allocates slabs as shared-memory files in a private directory
-// (by default /dev/shm/gdsfs-<pid>), mmapped by the daemon. A client in another
-// process maps a slab by opening the path Export returns; the file is mode
-// 0600 and owned by the uid the slab serves, so only that uid (and root) can.
+// (by default /dev/shm/gdsfs-<pid>-<random>), mmapped by the daemon. A client
+// in another process maps a slab by opening the path Export returns; the file
+// is mode 0600 and owned by the uid the slab serves, so only that uid (and
+// root) can. The backend holds a lock on the directory's lock file for its
+// lifetime: that is how a later daemon tells a live directory from one left
+// by a killed daemon (see slabdir.go).
 type HostBackend struct {
 	dir  string
 	next atomic.Uint64
 
 	mu     sync.Mutex
 	closed bool
+	lock   *os.File // GUARDED_BY(mu): holds the directory's lock; nil once closed
 }
 
 // HostBackendOptions configures NewHostBackend. The zero value is usable.
 type HostBackendOptions struct {
 	// Dir is the directory that holds the slab files. It is created (mode
 	// 0711: others may open a file they own but not list the directory) and
-	// removed by Close. Default: /dev/shm/gdsfs-<pid>.
+	// removed by Close. Default: a new /dev/shm/gdsfs-<pid>-<random>, after
+	// removing the directories under /dev/shm of daemons no longer running.
 	Dir string
 }
 
@@ -38,34 +41,18 @@ type HostBackendOptions struct {
 func NewHostBackend(opts HostBackendOptions) (*HostBackend, error) {
 	dir := opts.Dir
 	if dir == "" {
-		removeStaleDirs("/dev/shm")
-		dir = filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-%d", os.Getpid()))
-	}
-	if err := os.Mkdir(dir, 0o711); err != nil {
-		return nil, fmt.Errorf("gpubuf: create slab directory %q: %w", dir, err)
-	}
-	// Mkdir is subject to the umask; the mode is part of the contract.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		_ = os.Remove(dir)
-		return nil, fmt.Errorf("gpubuf: chmod slab directory %q: %w", dir, err)
-	}
-	return &HostBackend{dir: dir}, nil
-}
-
-// removeStaleDirs removes gdsfs-<pid> directories under parent whose process
-// is gone (a daemon killed before it could clean up): their memory would
-// otherwise stay allocated until reboot.
-func removeStaleDirs(parent string) {
-	dirs, _ := filepath.Glob(filepath.Join(parent, "gdsfs-*"))
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "gdsfs-"))
-		if err != nil || pid <= 0 {
-			continue // not ours (gdsfs-bench-..., other names)
+		removeStaleDirs(shmParent)
+		name, err := newSlabDirName()
+		if err != nil {
+			return nil, err
 		}
-		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
-			_ = os.RemoveAll(d)
-		}
+		dir = filepath.Join(shmParent, name)
 	}
+	lock, err := createSlabDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &HostBackend{dir: dir, lock: lock}, nil
 }
 
 // Dir is the directory holding the slab files.
@@ -105,14 +92,20 @@ func (b *HostBackend) Alloc(_ context.Context, device int, size int64, uid uint3
 	return m, nil
 }
 
-// Close removes the slab directory. Slabs must have been closed first (the
-// Pool does this); files still present are removed too.
+// Close removes the slab directory, then lets go of its lock. Slabs must
+// have been closed first (the Pool does this); files still present are
+// removed too.
 func (b *HostBackend) Close() error {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.closed = true
-	b.mu.Unlock()
 	if err := os.RemoveAll(b.dir); err != nil {
 		return fmt.Errorf("gpubuf: remove slab directory: %w", err)
+	}
+	if b.lock != nil {
+		// The directory is gone: nothing is left for the lock to guard.
+		_ = b.lock.Close()
+		b.lock = nil
 	}
 	return nil
 }

@@ -728,25 +728,3 @@ func TestHostBackend(t *testing.T) {
 		t.Error("host backend accepted an unaligned size")
 	}
 }
-
-func TestRemoveStaleDirs(t *testing.T) {
-	parent := t.TempDir()
-	// A pid that cannot be running: above the kernel's pid_max limit (2^22).
-	stale := filepath.Join(parent, "gdsfs-99999999")
-	live := filepath.Join(parent, fmt.Sprintf("gdsfs-%d", os.Getpid()))
-	other := filepath.Join(parent, "gdsfs-bench-1")
-	for _, d := range []string{stale, live, other} {
-		if err := os.MkdirAll(filepath.Join(d, "x"), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	removeStaleDirs(parent)
-	if _, err := os.Stat(stale); !os.IsNotExist(err) {
-		t.Error("directory of a dead process was kept")
-	}
-	for _, d := range []string{live, other} {
-		if _, err := os.Stat(d); err != nil {
-			t.Errorf("%s removed: %v", d, err)
-		}
-	}
-}

@@ -170,8 +170,8 @@ func (d *binDaemon) fdKinds() (other, slabs, pipes int) {
 	for _, e := range ents {
 		target, _ := os.Readlink(filepath.Join(dir, e.Name()))
 		switch {
-		case strings.HasPrefix(target, "/dev/shm/gdsfs-"):
-			slabs++
+		case strings.HasPrefix(target, "/dev/shm/gdsfs-") && strings.HasPrefix(filepath.Base(target), "slab-"):
+			slabs++ // not the directory's lock file, held open for the daemon's life
 		case strings.HasPrefix(target, "pipe:"):
 			pipes++
 		default:
@@ -254,5 +254,13 @@ func (d *binDaemon) waitIdle(base idleFigures) (idleFigures, error) {
 	}
 }
 
-// shmDir is the daemon's host-slab directory (gpubuf's default).
-func (d *binDaemon) shmDir() string { return "/dev/shm/gdsfs-" + strconv.Itoa(d.pid()) }
+// shmDir is the daemon's host-slab directory (gpubuf's default,
+// /dev/shm/gdsfs-<pid>-<random>).
+func (d *binDaemon) shmDir() string {
+	d.t.Helper()
+	dirs, _ := filepath.Glob("/dev/shm/gdsfs-" + strconv.Itoa(d.pid()) + "-*")
+	if len(dirs) != 1 {
+		d.t.Fatalf("host-slab directories of daemon pid %d: %v, want one", d.pid(), dirs)
+	}
+	return dirs[0]
+}
