@@ -36,7 +36,7 @@ type Config struct {
 	Workers int
 	// Direct is the posix and host engines' O_DIRECT policy (Options.Direct).
 	Direct string
-	// HostDir holds host-backend slab files. Default /dev/shm/gdsfs-<pid>.
+	// HostDir holds host-backend slab files. Default /dev/shm/gdsfs-<pid>-<random>, new per start (gpubuf).
 	HostDir string
 	// Log receives the probe result and per-file fallbacks. Default silent.
 	Log zerolog.Logger
