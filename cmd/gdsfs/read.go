@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 // readChunkBytes is the size of one range `gdsfs read` asks for, and
@@ -32,6 +33,7 @@ func newReadCmd() *cobra.Command {
 		discard        bool
 		engineOnly     bool
 		parallel       int
+		passes         int
 	)
 	cmd := &cobra.Command{
 		Use:   "read [--offset N] [--length N] [--device N] FILE",
@@ -47,7 +49,9 @@ host memory slabs; --device N uses GPU N's slabs, copied back by CUDA IPC.
 --discard reads into the slabs and throws the bytes away, printing the
 throughput: the control path's own speed, file to slab. --engine-only
 measures the same requests with the engine alone, in this process, on the
-backing file: the difference is the cost of the ioctl hop.`,
+backing file: the difference is the cost of the ioctl hop. Both read the
+range once untimed (slabs allocated, page cache warm), then --passes times
+timed; a full pool (EAGAIN) is waited out and counted, not fatal.`,
 		Example: `  gdsfs read /data/shard-000.tar | sha256sum
   gdsfs read --offset 4096 --length 1048576 /data/model.safetensors > head.bin
   gdsfs read --device 0 --discard --parallel 8 /data/big.bin   # file -> GPU throughput
@@ -72,11 +76,17 @@ backing file: the difference is the cost of the ioctl hop.`,
 			if engineOnly && !discard {
 				return usagef("--engine-only needs --discard (it measures, it does not copy)")
 			}
+			if passes < 1 || passes > 1000 {
+				return usagef("--passes %d: give 1 to 1000", passes)
+			}
+			if cmd.Flags().Changed("passes") && !discard {
+				return usagef("--passes needs --discard (it repeats a measurement)")
+			}
 			dev := int32(device)
 			if !cmd.Flags().Changed("device") {
 				dev = -2 // the daemon's kind: decided after hello
 			}
-			o := readOpts{offset: offset, length: length, device: dev, discard: discard, engineOnly: engineOnly, parallel: parallel}
+			o := readOpts{offset: offset, length: length, device: dev, discard: discard, engineOnly: engineOnly, parallel: parallel, passes: passes}
 			return runRead(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], o)
 		},
 	}
@@ -85,6 +95,7 @@ backing file: the difference is the cost of the ioctl hop.`,
 	cmd.Flags().IntVar(&device, "device", -1, "slab device: -1 for shared host memory, N for CUDA device N")
 	cmd.Flags().BoolVar(&discard, "discard", false, "read into the slabs only, print the throughput (nothing on stdout)")
 	cmd.Flags().IntVar(&parallel, "parallel", 1, "with --discard: requests in flight at once")
+	cmd.Flags().IntVar(&passes, "passes", 1, "with --discard: timed passes over the range, after one untimed warm-up pass")
 	cmd.Flags().BoolVar(&engineOnly, "engine-only", false, "with --discard: skip the mount, run the engine in this process on the backing file with the same requests (the baseline of the control path's overhead)")
 	return cmd
 }
@@ -117,6 +128,7 @@ type readOpts struct {
 	discard        bool
 	engineOnly     bool
 	parallel       int
+	passes         int
 }
 
 func runRead(ctx context.Context, w, stderr io.Writer, path string, o readOpts) error {
@@ -174,10 +186,10 @@ func runRead(ctx context.Context, w, stderr io.Writer, path string, o readOpts) 
 	chunk = max(chunk, ctl.AlignBytes)
 	r := &reader{cl: cl, f: f, path: path, device: o.device, chunk: chunk}
 	if o.engineOnly {
-		return engineOnly(ctx, stderr, path, o, chunk, o.offset, end)
+		return engineOnly(ctx, stderr, path, o, chunk, end)
 	}
 	if o.discard {
-		return r.discard(ctx, stderr, o.offset, end, o.parallel)
+		return r.discard(ctx, stderr, o, end)
 	}
 	sink, err := newSlabReader(ctx, cl, o.device)
 	if err != nil {
@@ -281,54 +293,115 @@ func (r *reader) stream(ctx context.Context, w io.Writer, sink slabReader, off, 
 	return nil
 }
 
-// discard reads [off, end) with parallel requests in flight and reports the
-// throughput on stderr.
-func (r *reader) discard(ctx context.Context, stderr io.Writer, off, end int64, parallel int) error {
-	var (
-		next  atomic.Int64
-		bytes atomic.Int64
-		wg    sync.WaitGroup
-		errMu sync.Mutex
-		first error
-	)
-	span := r.chunk * readBatch
-	start := time.Now()
-	for range parallel {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				from := off + i*span
-				if from >= end {
-					return
-				}
-				ls, _, err := r.batch(ctx, from, min(end, from+span))
-				if err == nil {
-					for _, l := range ls {
-						bytes.Add(int64(l.Valid))
-					}
-					err = r.release(ctx, ls)
-				}
-				if err != nil {
-					errMu.Lock()
-					if first == nil {
-						first = err
-					}
-					errMu.Unlock()
-					next.Store(1 << 62)
-					return
-				}
-			}
-		})
+// discard reads [o.offset, end) through the control path with o.parallel
+// requests in flight and reports the throughput on stderr.
+func (r *reader) discard(ctx context.Context, stderr io.Writer, o readOpts, end int64) error {
+	batch := func(ctx context.Context, from, to int64) (int64, error) {
+		ls, _, err := r.batch(ctx, from, to)
+		if err != nil {
+			return 0, err
+		}
+		var n int64
+		for _, l := range ls {
+			n += int64(l.Valid)
+		}
+		return n, r.release(ctx, ls)
 	}
-	wg.Wait()
-	if first != nil {
-		return first
+	m, err := measure(ctx, o, r.chunk, end, batch)
+	if err != nil {
+		return err
 	}
-	d := time.Since(start)
-	n := bytes.Load()
-	fmt.Fprintf(stderr, "control-path read: %d bytes in %.3fs: %.2f GB/s (device %d, %d requests of %d x %s in flight)\n",
-		n, d.Seconds(), float64(n)/d.Seconds()/1e9, r.device, parallel, readBatch, humanize.IBytes(uint64(r.chunk)))
+	fmt.Fprintf(stderr, "control-path read: %d bytes in %.3fs: %.2f GB/s (device %d, %d requests of %d x %s in flight, %d passes, %d EAGAIN retries)\n",
+		m.bytes, m.d.Seconds(), float64(m.bytes)/m.d.Seconds()/1e9, r.device, o.parallel, readBatch, humanize.IBytes(uint64(r.chunk)), o.passes, m.retries)
 	return nil
+}
+
+// measurement is the outcome of measure.
+type measurement struct {
+	bytes   int64
+	d       time.Duration
+	retries int64
+}
+
+// batchFunc reads the chunks of [from, to) as one request and returns the
+// bytes read.
+type batchFunc func(ctx context.Context, from, to int64) (int64, error)
+
+// measure runs batch over [o.offset, end) in spans of readBatch chunks with
+// o.parallel spans in flight: once untimed (slabs get allocated, the page
+// cache warm), then o.passes times, timed. The control path and the engine
+// alone go through here, so they do the same work. A full pool is retried
+// after a pause and counted (the pool never waits, the benchmark does).
+func measure(ctx context.Context, o readOpts, chunk, end int64, batch batchFunc) (measurement, error) {
+	var (
+		next    atomic.Int64
+		bytes   atomic.Int64
+		retries atomic.Int64
+		errMu   sync.Mutex
+		first   error
+	)
+	span := chunk * readBatch
+	spans := (end - o.offset + span - 1) / span
+	pass := func(passes int64) {
+		next.Store(0)
+		var wg sync.WaitGroup
+		for range o.parallel {
+			wg.Go(func() {
+				for {
+					i := next.Add(1) - 1
+					if i >= spans*passes {
+						return
+					}
+					from := o.offset + i%spans*span
+					n, err := retryFull(ctx, &retries, func() (int64, error) { return batch(ctx, from, min(end, from+span)) })
+					if err != nil {
+						errMu.Lock()
+						if first == nil {
+							first = err
+						}
+						errMu.Unlock()
+						next.Store(1 << 62)
+						return
+					}
+					bytes.Add(n)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	pass(1)
+	if first != nil {
+		return measurement{}, first
+	}
+	bytes.Store(0)
+	retries.Store(0)
+	start := time.Now()
+	pass(int64(o.passes))
+	if first != nil {
+		return measurement{}, first
+	}
+	return measurement{bytes: bytes.Load(), d: time.Since(start), retries: retries.Load()}, nil
+}
+
+// retryFull calls fn until it succeeds or fails with anything but a full
+// pool (EAGAIN from the daemon, gpubuf.ErrExhausted in process), pausing
+// between tries, for up to a minute.
+func retryFull(ctx context.Context, retries *atomic.Int64, fn func() (int64, error)) (int64, error) {
+	const pause, patience = 200 * time.Microsecond, time.Minute
+	var waited time.Duration
+	for {
+		n, err := fn()
+		if err == nil || !(errors.Is(err, syscall.EAGAIN) || errors.Is(err, gpubuf.ErrExhausted)) || waited >= patience {
+			return n, err
+		}
+		retries.Add(1)
+		select {
+		case <-time.After(pause):
+			waited += pause
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
 }
 
 // readError explains the errnos a user can act on.

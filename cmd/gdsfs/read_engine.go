@@ -1,13 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/rs/zerolog"
@@ -22,7 +23,7 @@ import (
 // flight), served by the engine in this process on the backing file, with
 // leases from a pool of its own. It is the baseline the control path's
 // throughput is judged against.
-func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, chunk, off, end int64) error {
+func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, chunk, end int64) error {
 	backing, err := getxattr(path, "user.gdsfs.backing")
 	if err != nil {
 		return fmt.Errorf("read user.gdsfs.backing of %s: %w", path, err)
@@ -37,12 +38,13 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, 
 		return err
 	}
 	defer engines.Close()
-	// Twice what the requests in flight hold, in whole slabs: concurrent
-	// first allocations each reserve a slab (the pool never waits).
+	// The requests in flight hold parallel x readBatch chunks; whole slabs
+	// of it, plus one (a chunk that does not divide the slab size leaves
+	// slab tails unused).
 	const slab = 64 << 20
-	need := alignUp(2 * chunk * readBatch * int64(o.parallel))
+	need := int64(o.parallel) * readBatch * alignUp(chunk)
 	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: engines.Backend(), SlabBytes: slab,
-		BudgetBytes: max(4*slab, (need+slab-1)/slab*slab)})
+		BudgetBytes: ((need+slab-1)/slab + 1) * slab})
 	if err != nil {
 		return err
 	}
@@ -56,73 +58,67 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, 
 	}
 	eng, why := engines.For(f, string(backing))
 	owner := gpubuf.Owner{Session: 1, UID: uint32(os.Getuid())}
-	var (
-		next  atomic.Int64
-		bytes atomic.Int64
-		wg    sync.WaitGroup
-		errMu sync.Mutex
-		first error
-	)
-	fail := func(err error) {
-		errMu.Lock()
-		if first == nil {
-			first = err
+	// One batch as the daemon serves one READ (ctl's readRanges): lease
+	// every chunk, read them with up to min(chunks, GOMAXPROCS, 8)
+	// goroutines, this one included, then release them (RELEASE).
+	batch := func(ctx context.Context, from, to int64) (int64, error) {
+		var leases []*gpubuf.Lease
+		defer func() {
+			for _, l := range leases {
+				_ = pool.Release(owner, l.ID)
+			}
+		}()
+		type job struct {
+			l      *gpubuf.Lease
+			off, n int64
 		}
-		errMu.Unlock()
-		next.Store(1 << 62)
-	}
-	span := chunk * readBatch
-	pass := func() {
-		next.Store(0)
-		for range o.parallel {
-			wg.Go(func() {
-				for {
-					from := off + (next.Add(1)-1)*span
-					if from >= end {
-						return
-					}
-					// One batch: its chunks concurrently, as the server
-					// reads the ranges of one request.
-					var bw sync.WaitGroup
-					for c := from; c < min(end, from+span); c += chunk {
-						n := min(chunk, end-c)
-						bw.Go(func() {
-							l, err := pool.Alloc(ctx, owner, dev, n)
-							if err != nil {
-								fail(err)
-								return
-							}
-							got, err := eng.ReadAt(ctx, f, l.Slab.Memory, l.Offset, c, n)
-							_ = pool.Release(owner, l.ID)
-							if err != nil {
-								fail(err)
-								return
-							}
-							bytes.Add(got)
-						})
-					}
-					bw.Wait()
+		var jobs []job
+		for c := from; c < to; c += chunk {
+			n := min(chunk, to-c)
+			l, err := pool.Alloc(ctx, owner, dev, alignUp(n))
+			if err != nil {
+				return 0, err
+			}
+			leases = append(leases, l)
+			jobs = append(jobs, job{l, c, n})
+		}
+		var (
+			k     atomic.Int64
+			got   atomic.Int64
+			errMu sync.Mutex
+			first error
+		)
+		work := func() {
+			for {
+				i := int(k.Add(1) - 1)
+				if i >= len(jobs) {
+					return
 				}
-			})
+				j := jobs[i]
+				n, err := eng.ReadAt(ctx, f, j.l.Slab.Memory, j.l.Offset, j.off, j.n)
+				if err != nil {
+					errMu.Lock()
+					first = cmp.Or(first, err)
+					errMu.Unlock()
+					return
+				}
+				got.Add(n)
+			}
 		}
+		var wg sync.WaitGroup
+		for range min(len(jobs), runtime.GOMAXPROCS(0), 8) - 1 {
+			wg.Go(work)
+		}
+		work()
 		wg.Wait()
+		return got.Load(), first
 	}
-	// A first pass allocates and touches the slabs (the daemon's are warm
-	// after its first requests); the second is measured.
-	pass()
-	if first != nil {
-		return first
+	m, err := measure(ctx, o, chunk, end, batch)
+	if err != nil {
+		return err
 	}
-	bytes.Store(0)
-	start := time.Now()
-	pass()
-	if first != nil {
-		return first
-	}
-	d := time.Since(start)
-	n := bytes.Load()
-	fmt.Fprintf(stderr, "engine-only read: %d bytes in %.3fs: %.2f GB/s (engine %s: %s; %d requests of %d x %s in flight)\n",
-		n, d.Seconds(), float64(n)/d.Seconds()/1e9, eng.Name(), why, o.parallel, readBatch, humanize.IBytes(uint64(chunk)))
+	fmt.Fprintf(stderr, "engine-only read: %d bytes in %.3fs: %.2f GB/s (engine %s: %s; %d requests of %d x %s in flight, %d passes, %d EAGAIN retries)\n",
+		m.bytes, m.d.Seconds(), float64(m.bytes)/m.d.Seconds()/1e9, eng.Name(), why, o.parallel, readBatch, humanize.IBytes(uint64(chunk)), o.passes, m.retries)
 	return nil
 }
 

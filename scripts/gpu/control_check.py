@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """End-to-end check of the gdsfs control path with GPU slabs (docs/protocol.md).
 
-Usage: control_check.py MOUNT FILE...
+Usage: control_check.py [--device N] MOUNT FILE...
 
 The producer (this process, which never touches CUDA, like a DataLoader
 worker) opens MOUNT/.gdsfs, reads random ranges of every FILE into GPU slabs
-of device 0 with READ ioctls, and hands the session token and the lease
-descriptors to a consumer process (the same script with --consume), which:
+of device N (default 0) with READ ioctls, and hands the session token and
+the lease descriptors to a consumer process (the same script with
+--consume), which:
 
   * maps every slab once by CUDA IPC (SLAB on its own control file with the
     producer's token, cuIpcOpenMemHandle_v2 through ctypes), views each lease
@@ -18,7 +19,9 @@ descriptors to a consumer process (the same script with --consume), which:
 
 Then the producer checks the leases survived the consumer's exit, releases
 them and checks the session holds none. Exits 0 when everything matches.
-Needs torch with CUDA (consumer only) and libcuda.so.1.
+Needs torch with CUDA (consumer only) and libcuda.so.1. With --device -1 the
+same steps run on shared host memory slabs (mmap, no torch): a check of this
+script and of the protocol on a machine without a GPU.
 """
 import ctypes
 import fcntl
@@ -41,7 +44,7 @@ def iowr(nr, size):
 CMD_HELLO, CMD_SLAB, CMD_ALLOC = iowr(0x01, SIZE_HELLO), iowr(0x02, SIZE_SLAB), iowr(0x03, SIZE_ALLOC)
 CMD_RELEASE, CMD_STATUS = iowr(0x04, SIZE_RELEASE), iowr(0x05, SIZE_PAGE)
 CMD_READ, CMD_WRITE = iowr(0x10, SIZE_READ), iowr(0x12, SIZE_WRITE)
-CAP_CUDA_SLABS, SLAB_CUDA, WRITE_SYNC = 1 << 1, 2, 1
+CAP_HOST_SLABS, CAP_CUDA_SLABS, SLAB_HOST, SLAB_CUDA, WRITE_SYNC = 1 << 0, 1 << 1, 1, 2, 1
 LEASE_FMT = "<QQQQQII"  # id, slab, offset, length, valid, engine, reserved
 
 
@@ -127,11 +130,21 @@ def status(cfd):
             return json.loads(doc)
 
 
-def producer(mount, files):
+def session_leases(st, session):
+    """Leases the STATUS document says session holds (0 when not listed)."""
+    for s in st["pool"].get("sessions") or []:  # null in daemons before the fix
+        if s["session"] == session:
+            return s["leases"]
+    return 0
+
+
+def producer(mount, files, device):
     cfd = os.open(os.path.join(mount, ".gdsfs"), os.O_RDONLY)
     h = hello(cfd)
-    if not h["caps"] & CAP_CUDA_SLABS:
+    if device >= 0 and not h["caps"] & CAP_CUDA_SLABS:
         sys.exit(f"control_check: the daemon serves no GPU slabs (engine {h['engine']}); mount on a GPU machine")
+    if device < 0 and not h["caps"] & CAP_HOST_SLABS:
+        sys.exit("control_check: the daemon serves no host slabs (it has a GPU); give --device 0")
     rng = random.Random(1234)
     work = []
     for path in files:
@@ -143,7 +156,7 @@ def producer(mount, files):
             if rng.random() < 0.3:
                 off &= ~4095
             ranges.append((off, rng.randrange(min(4 << 20, size - off + 5000) + 1)))
-        leases = read(fd, h["token"], 0, ranges)
+        leases = read(fd, h["token"], device, ranges)
         os.close(fd)
         for (off, n), (lid, sid, loff, length, valid, engine) in zip(ranges, leases):
             want_valid = max(0, min(n, size - off))
@@ -151,24 +164,22 @@ def producer(mount, files):
                 sys.exit(f"control_check: {path} range ({off},{n}): lease length {length} valid {valid}, want {n} {want_valid}")
             work.append({"file": path, "file_offset": off, "lease": lid, "slab": sid, "offset": loff, "valid": valid, "engine": engine})
     engines = sorted({w["engine"] for w in work if w["valid"]})
-    print(f"control_check: producer read {len(work)} ranges of {len(files)} files into GPU slabs (engine codes {engines})")
-    job = {"mount": mount, "token": list(h["token"]), "leases": work}
+    where = "host slabs" if device < 0 else f"GPU {device} slabs"
+    print(f"control_check: producer read {len(work)} ranges of {len(files)} files into {where} (engine codes {engines})")
+    job = {"mount": mount, "token": list(h["token"]), "leases": work, "device": device}
     r = subprocess.run([sys.executable, __file__, "--consume"], input=json.dumps(job).encode(), timeout=600)
     if r.returncode != 0:
         sys.exit(f"control_check: consumer failed ({r.returncode})")
     # The consumer is gone; its checks ran on leases of this session, which
     # must all still be here.
-    st = status(cfd)
-    mine = [s for s in st["pool"]["sessions"] if s["session"] == h["token"][0]]
-    held = mine[0]["leases"] if mine else 0
+    held = session_leases(status(cfd), h["token"][0])
     want = sum(1 for w in work if w["lease"])
     if held != want:
         sys.exit(f"control_check: session holds {held} leases after the consumer exited, want {want}")
     release(cfd, [w["lease"] for w in work if w["lease"]])
-    st = status(cfd)
-    mine = [s for s in st["pool"]["sessions"] if s["session"] == h["token"][0]]
-    if mine and mine[0]["leases"]:
-        sys.exit(f"control_check: {mine[0]['leases']} leases left after release")
+    left = session_leases(status(cfd), h["token"][0])
+    if left:
+        sys.exit(f"control_check: {left} leases left after release")
     os.close(cfd)
     print("control_check: PASS")
 
@@ -185,13 +196,75 @@ class CudaView:
 
 
 def consumer():
+    job = json.loads(sys.stdin.read())
+    if job["device"] < 0:
+        host_consumer(job)
+    else:
+        cuda_consumer(job)
+
+
+def host_consumer(job):
+    """The consumer's steps on host slabs: mmap each slab once."""
+    import mmap
+
+    token, mount = tuple(job["token"]), job["mount"]
+    cfd = os.open(os.path.join(mount, ".gdsfs"), os.O_RDONLY)
+    hello(cfd)
+    maps = {}
+
+    def slab_map(sid):
+        if sid not in maps:
+            s = slab(cfd, token, sid)
+            if s["kind"] != SLAB_HOST:
+                sys.exit(f"control_check: slab {sid} is kind {s['kind']}, want host memory")
+            fd = os.open(s["handle"].decode(), os.O_RDWR)
+            maps[sid] = (mmap.mmap(fd, s["size"] + s["map_offset"]), s["map_offset"])
+            os.close(fd)
+        return maps[sid]
+
+    checked, cache = 0, {}
+    for w in job["leases"]:
+        if not w["valid"]:
+            continue
+        m, base = slab_map(w["slab"])
+        if w["file"] not in cache:
+            with open(w["file"], "rb") as f:
+                cache[w["file"]] = f.read()
+        want = cache[w["file"]][w["file_offset"]:w["file_offset"] + w["valid"]]
+        if m[base + w["offset"]:base + w["offset"] + w["valid"]] != want:
+            sys.exit(f"control_check: {w['file']} range at {w['file_offset']}: bytes differ in the host slab")
+        checked += w["valid"]
+    print(f"control_check: consumer compared {checked} bytes in host slabs ({len(maps)} slabs)")
+    n = 9 * (1 << 20) + 123
+    lid, sid, loff, length, valid, _ = alloc(cfd, token, -1, n)
+    data = random.Random(7).randbytes(n)
+    m, base = slab_map(sid)
+    m[base + loff:base + loff + n] = data
+    path = os.path.join(mount, "ckpt-host.bin")
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    split = n // 3
+    write(fd, token, lid, split, split, n - split, 0)
+    write(fd, token, lid, 0, 0, split, WRITE_SYNC)
+    os.fsync(fd)
+    os.close(fd)
+    got = subprocess.run(["sha256sum", path], capture_output=True, check=True).stdout.split()[0].decode()
+    if got != hashlib.sha256(data).hexdigest():
+        sys.exit(f"control_check: checkpoint sha256 {got}, want {hashlib.sha256(data).hexdigest()}")
+    release(cfd, [lid], token)
+    print(f"control_check: consumer wrote a {n}-byte checkpoint from host memory through WRITE; sha256sum matches")
+    for m, _ in maps.values():
+        m.close()
+    os.close(cfd)
+
+
+def cuda_consumer(job):
     import torch
 
-    job = json.loads(sys.stdin.read())
+    cuda = f"cuda:{job['device']}"
     token = tuple(job["token"])
     mount = job["mount"]
     torch.cuda.init()
-    torch.zeros(1, device="cuda:0")  # the primary context is current from here on
+    torch.zeros(1, device=cuda)  # the primary context is current from here on
     cu = ctypes.CDLL("libcuda.so.1")
     cu.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), IpcHandle, ctypes.c_uint]
     cu.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
@@ -199,7 +272,7 @@ def consumer():
     cur = ctypes.c_void_p()
     if cu.cuCtxGetCurrent(ctypes.byref(cur)) != 0 or not cur.value:
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        cu.cuDeviceGet(ctypes.byref(dev), 0)
+        cu.cuDeviceGet(ctypes.byref(dev), job["device"])
         cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
         cu.cuCtxSetCurrent(ctx)
     # The consumer's own control file: SLAB and ALLOC act on the producer's
@@ -229,12 +302,12 @@ def consumer():
     for w in job["leases"]:
         if not w["valid"]:
             continue
-        view = torch.as_tensor(CudaView(slab_base(w["slab"]) + w["offset"], w["valid"]), device="cuda:0")
+        view = torch.as_tensor(CudaView(slab_base(w["slab"]) + w["offset"], w["valid"]), device=cuda)
         if w["file"] not in cache:
             with open(w["file"], "rb") as f:
                 cache[w["file"]] = f.read()
         data = cache[w["file"]][w["file_offset"]:w["file_offset"] + w["valid"]]
-        want = torch.frombuffer(bytearray(data), dtype=torch.uint8).to("cuda:0")
+        want = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(cuda)
         if not torch.equal(view, want):
             bad = (view != want).nonzero()[0].item()
             sys.exit(f"control_check: {w['file']} range at {w['file_offset']}: byte {bad} differs on the GPU")
@@ -244,10 +317,10 @@ def consumer():
 
     # Checkpoint write: fill a lease on the GPU, WRITE it, compare sha256.
     n = 9 * (1 << 20) + 123
-    lid, sid, loff, length, valid, _ = alloc(cfd, token, 0, n)
-    gen = torch.Generator(device="cuda:0").manual_seed(7)
-    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0", generator=gen)
-    dst = torch.as_tensor(CudaView(slab_base(sid) + loff, n), device="cuda:0")
+    lid, sid, loff, length, valid, _ = alloc(cfd, token, job["device"], n)
+    gen = torch.Generator(device=cuda).manual_seed(7)
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=cuda, generator=gen)
+    dst = torch.as_tensor(CudaView(slab_base(sid) + loff, n), device=cuda)
     dst.copy_(src)
     torch.cuda.synchronize()
     path = os.path.join(mount, "ckpt-gpu.bin")
@@ -273,9 +346,17 @@ def consumer():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--consume"]:
+    args = sys.argv[1:]
+    if args == ["--consume"]:
         consumer()
-    elif len(sys.argv) >= 3:
-        producer(sys.argv[1], sys.argv[2:])
-    else:
+        sys.exit(0)
+    dev = 0
+    if args[:1] == ["--device"] and len(args) >= 2:
+        try:
+            dev = int(args[1])
+        except ValueError:
+            sys.exit(f"control_check: --device {args[1]}: give -1 (host slabs) or a CUDA device number")
+        args = args[2:]
+    if len(args) < 2:
         sys.exit(__doc__)
+    producer(args[0], args[1:], dev)
