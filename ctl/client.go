@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -418,7 +419,7 @@ func (k kernel) close() error { return k.ctl.Close() }
 
 // ioctl issues cmd on f with buf as its argument (len(buf) must be the size
 // encoded in cmd). EINTR is retried: the daemon undoes an interrupted
-// request, so repeating it is safe.
+// request, so repeating it is safe (but costly: see ioctlQuiet).
 func ioctl(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
 	if len(buf) != CmdSize(cmd) {
 		return fmt.Errorf("BUG: ctl: %d-byte buffer for a %d-byte command", len(buf), CmdSize(cmd))
@@ -433,7 +434,7 @@ func ioctl(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
 		}
 		var errno syscall.Errno
 		if err := rc.Control(func(fd uintptr) {
-			_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&buf[0])))
+			errno = ioctlQuiet(fd, cmd, buf)
 		}); err != nil {
 			return err
 		}
@@ -445,4 +446,27 @@ func ioctl(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
 		}
 		return nil
 	}
+}
+
+// ioctlQuiet issues the ioctl with the Go runtime's preemption signal
+// (SIGURG) blocked on the calling thread. A signal that reaches a thread
+// waiting in a FUSE request makes the kernel send the daemon an INTERRUPT,
+// and the daemon abandons the request (EINTR) so that a client can be
+// stopped; the runtime sends SIGURG to threads it wants to preempt, often
+// just as they enter the ioctl, and every such READ was thrown away and
+// redone (measured: 4 of 384 8 MiB READs with 16 in flight; none with the
+// signal blocked). Other signals still interrupt. A SIGURG sent meanwhile
+// is delivered when the mask is restored.
+func ioctlQuiet(fd uintptr, cmd uint32, buf []byte) syscall.Errno {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var block, old unix.Sigset_t
+	sig := uint(unix.SIGURG) - 1
+	block.Val[sig/64] |= 1 << (sig % 64)
+	masked := unix.PthreadSigmask(unix.SIG_BLOCK, &block, &old) == nil
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&buf[0])))
+	if masked {
+		_ = unix.PthreadSigmask(unix.SIG_SETMASK, &old, nil)
+	}
+	return errno
 }
