@@ -40,7 +40,21 @@ type Client struct {
 	mu     sync.Mutex
 	maps   map[uint64]mapping // GUARDED_BY(mu): host slab mappings
 	closed bool               // GUARDED_BY(mu)
+
+	// readBufs recycles READ/READ_NAMES buffers (12 KiB each, every
+	// request): fewer allocations, fewer garbage collections.
+	readBufs sync.Pool
 }
+
+// readBuf returns a SizeRead buffer; putReadBuf gives it back.
+func (c *Client) readBuf() []byte {
+	if b, ok := c.readBufs.Get().(*[]byte); ok {
+		return *b
+	}
+	return make([]byte, SizeRead)
+}
+
+func (c *Client) putReadBuf(b []byte) { c.readBufs.Put(&b) }
 
 // mapping is one mmap of a host slab's file.
 type mapping struct {
@@ -111,7 +125,8 @@ func (c *Client) Token() Token { return c.tok }
 // released and the error returned.
 func (c *Client) Read(ctx context.Context, f *os.File, device int32, ranges []Range) ([]Lease, error) {
 	var out []Lease
-	buf := make([]byte, SizeRead)
+	buf := c.readBuf()
+	defer c.putReadBuf(buf)
 	for len(ranges) > 0 {
 		batch := ranges[:min(len(ranges), MaxRanges)]
 		ranges = ranges[len(batch):]
@@ -131,7 +146,8 @@ func (c *Client) Read(ctx context.Context, f *os.File, device int32, ranges []Ra
 // slabs of device, one lease per name.
 func (c *Client) ReadNames(ctx context.Context, f *os.File, device int32, names []string) ([]Lease, error) {
 	var out []Lease
-	buf := make([]byte, SizeRead)
+	buf := c.readBuf()
+	defer c.putReadBuf(buf)
 	for len(names) > 0 {
 		// Fill the names area as far as it goes.
 		n, used := 0, 0
