@@ -655,7 +655,11 @@ class Session:
         n = ref.valid - lease_offset if nbytes is None else nbytes
         buf = proto.encode_write(self.token, ref.lease, lease_offset, offset, n, sync=sync)
         try:
-            fcntl.ioctl(_fileno(fd), proto.WRITE, buf, True)
+            # A signal that lands on this thread (any thread can take a
+            # process-directed one, SIGCHLD say) makes the kernel interrupt
+            # the FUSE request and the daemon abandon it with EINTR. WRITE is
+            # idempotent (the same bytes to the same offset): retry it.
+            self._ioctl_retry(_fileno(fd), proto.WRITE, buf, "WRITE", 0.0)
         except OSError as e:
             raise _daemon_error("WRITE", e, f"of {n} bytes at {offset}") from e
         written, _engine = proto.decode_write(buf)

@@ -324,6 +324,34 @@ def test_write_through_lease(gdsfs_mount) -> None:
     assert got[:4096] == bytes(4096) and got[4096:] == payload
 
 
+def test_write_retried_after_interrupt(gdsfs_mount, monkeypatch) -> None:
+    """A signal interrupting WRITE (the daemon answers EINTR) is retried, not surfaced."""
+    import gdsfs._core as core
+
+    real = core.fcntl.ioctl
+    interrupted = []
+
+    def flaky(fd, cmd, buf, mutate=True):
+        if cmd == proto.WRITE and not interrupted:
+            interrupted.append(cmd)
+            raise InterruptedError(errno.EINTR, "Interrupted system call")
+        return real(fd, cmd, buf, mutate)
+
+    p = gdsfs_mount.path("wi.bin")
+    with gdsfs.Session(gdsfs_mount.mnt) as s:
+        ref = s.alloc(8192)
+        payload = os.urandom(8192)
+        s.host_buffer(ref)[:] = payload
+        monkeypatch.setattr(core.fcntl, "ioctl", flaky)
+        with open(p, "wb") as f:
+            assert s.write(f, ref, 0, sync=True) == 8192
+        monkeypatch.setattr(core.fcntl, "ioctl", real)
+        s.release([ref])
+    assert interrupted == [proto.WRITE]
+    with open(os.path.join(gdsfs_mount.src, "wi.bin"), "rb") as f:
+        assert f.read() == payload
+
+
 def test_status_document(gdsfs_mount) -> None:
     st = gdsfs.status(gdsfs_mount.mnt)
     assert {"sessions", "leases"} <= set(st)
