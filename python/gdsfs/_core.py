@@ -270,17 +270,34 @@ def capabilities(path: PathLike) -> Capabilities:
     )
 
 
+def _ioctl_eintr(fd: int, cmd: int, buf: bytearray) -> None:
+    """ioctl, redone when a signal interrupted it.
+
+    For the requests that are safe to repeat (HELLO, STATUS pages, SLAB,
+    RELEASE: its per-id status makes a second pass harmless). A signal that
+    lands on the calling thread makes the kernel interrupt the FUSE request
+    and the daemon abandon it with EINTR; that is no reason to fall back.
+    """
+    template = bytes(buf)
+    while True:
+        try:
+            fcntl.ioctl(fd, cmd, buf, True)
+            return
+        except InterruptedError:
+            buf[:] = template
+
+
 def _paged(fd: int, cmd: int, size: int, op: str) -> bytes:
     for _attempt in range(8):
         buf = proto.encode_page(None, size, 0)
-        fcntl.ioctl(fd, cmd, buf, True)
+        _ioctl_eintr(fd, cmd, buf)
         first = proto.decode_page(buf)
         parts = [first.data]
         got = len(first.data)
         restart = False
         while got < first.total:
             buf = proto.encode_page(None, size, got)
-            fcntl.ioctl(fd, cmd, buf, True)
+            _ioctl_eintr(fd, cmd, buf)
             page = proto.decode_page(buf)
             if page.generation != first.generation:
                 restart = True
@@ -336,7 +353,7 @@ def status(path: PathLike) -> dict[str, Any]:
 def _hello(fd: int) -> proto.Hello:
     buf = proto.request(proto.HELLO_SIZE)
     try:
-        fcntl.ioctl(fd, proto.HELLO, buf, True)
+        _ioctl_eintr(fd, proto.HELLO, buf)
     except OSError as e:
         raise _daemon_error("HELLO", e) from e
     h = proto.decode_hello(buf)
@@ -677,7 +694,7 @@ class Session:
             chunk = ids[i : i + proto.MAX_RELEASE]
             buf = proto.encode_release(tok, chunk)
             try:
-                fcntl.ioctl(fd, proto.RELEASE, buf, True)
+                _ioctl_eintr(fd, proto.RELEASE, buf)
             except OSError as e:
                 raise _daemon_error("RELEASE", e, f"of {len(chunk)} leases") from e
 
@@ -690,7 +707,7 @@ class Session:
         fd, tok = self._control_fd()
         buf = proto.encode_slab(tok, slab)
         try:
-            fcntl.ioctl(fd, proto.SLAB, buf, True)
+            _ioctl_eintr(fd, proto.SLAB, buf)
         except OSError as e:
             raise _daemon_error("SLAB", e, f"of slab {slab}") from e
         d = proto.decode_slab(buf)

@@ -425,3 +425,31 @@ def test_weights_only_honours_torch_safe_globals(gdsfs_mount, mdir):
         assert torch.equal(gck.load(p, weights_only=True)["c"].x, torch.ones(2))
     finally:
         torch.serialization.clear_safe_globals()
+
+
+def test_interrupted_ioctls_are_redone_not_fallbacks(mdir, monkeypatch):
+    """A signal interrupting any control request of a save or a load (the daemon answers EINTR)
+    is redone: no GDSFallbackWarning (mdir makes it an error), identical tensors."""
+    import errno
+
+    import gdsfs._core as core
+    from gdsfs import _protocol as proto
+
+    real = core.fcntl.ioctl
+    cmds = {proto.HELLO, proto.ALLOC, proto.WRITE, proto.RELEASE, proto.READ, proto.STATUS}
+    interrupted: list[int] = []
+
+    def flaky(fd, cmd, buf, mutate=True):
+        if cmd in cmds and cmd not in interrupted:  # the first of each kind, once
+            interrupted.append(cmd)
+            raise InterruptedError(errno.EINTR, "Interrupted system call")
+        return real(fd, cmd, buf, mutate)
+
+    sd = {"a": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.int64)}
+    p = os.path.join(mdir, "eintr.pt")
+    monkeypatch.setattr(core.fcntl, "ioctl", flaky)
+    gck.save(sd, p)
+    got = gck.load(p, map_location="cpu")
+    monkeypatch.setattr(core.fcntl, "ioctl", real)
+    assert_same(got, sd)
+    assert set(interrupted) >= {proto.HELLO, proto.ALLOC, proto.WRITE, proto.RELEASE, proto.READ}
