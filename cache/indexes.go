@@ -147,6 +147,11 @@ func (x *Indexes) load(path string, f *os.File, id Identity, gen uint64) *indexE
 	e := &indexEntry{idx: idx, err: err, key: id.key(), path: path}
 	if err != nil {
 		x.parseErrors.Add(1)
+		if errors.Is(err, ErrInvalid) {
+			// Once per file identity: the error is cached under it, so the
+			// next parse (and log line) is for a changed or evicted file.
+			x.log.Warn().Err(err).Str("path", path).Msg("cache: corrupt shard: no index (user.gdsfs.index answers ENODATA; user.gdsfs.info has index_error)")
+		}
 		if !errors.Is(err, ErrNoIndex) && !errors.Is(err, ErrInvalid) {
 			// I/O errors and races with writers are not cached.
 			return e

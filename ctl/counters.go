@@ -10,17 +10,21 @@ import (
 type counters struct {
 	reads, readRanges, readBytes atomic.Uint64
 	writes, writeBytes           atomic.Uint64
+	foreign                      atomic.Uint64      // ioctls of other types (tty), not refusals
 	errors                       [256]atomic.Uint64 // by errno; larger errnos count in the last slot
 }
 
 // CounterStats is a snapshot of the counters.
 type CounterStats struct {
-	Reads      uint64            `json:"reads"`
-	ReadRanges uint64            `json:"read_ranges"`
-	ReadBytes  uint64            `json:"read_bytes"`
-	Writes     uint64            `json:"writes"`
-	WriteBytes uint64            `json:"write_bytes"`
-	Errors     map[string]uint64 `json:"errors"`
+	Reads      uint64 `json:"reads"`
+	ReadRanges uint64 `json:"read_ranges"`
+	ReadBytes  uint64 `json:"read_bytes"`
+	Writes     uint64 `json:"writes"`
+	WriteBytes uint64 `json:"write_bytes"`
+	// Foreign counts ioctls of types other than gdsfs's 'G' (a tty
+	// TCGETS from Python's open()): answered ENOTTY, not in Errors.
+	Foreign uint64            `json:"foreign_ioctls"`
+	Errors  map[string]uint64 `json:"errors"`
 }
 
 // result counts a refused or failed request.
@@ -34,7 +38,7 @@ func (c *counters) result(errno syscall.Errno) {
 func (c *counters) snapshot() CounterStats {
 	s := CounterStats{
 		Reads: c.reads.Load(), ReadRanges: c.readRanges.Load(), ReadBytes: c.readBytes.Load(),
-		Writes: c.writes.Load(), WriteBytes: c.writeBytes.Load(), Errors: map[string]uint64{},
+		Writes: c.writes.Load(), WriteBytes: c.writeBytes.Load(), Foreign: c.foreign.Load(), Errors: map[string]uint64{},
 	}
 	for i := range c.errors {
 		if n := c.errors[i].Load(); n > 0 {

@@ -196,6 +196,12 @@ func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path st
 	case CmdIndex:
 		errno = s.index(ctx, f, path, in, out)
 	default:
+		if !OurCmd(cmd) {
+			// Not a control-path command at all (Python's open() asks
+			// isatty with TCGETS): not a refusal worth counting.
+			s.counters.foreign.Add(1)
+			return 0, syscall.ENOTTY
+		}
 		errno = syscall.ENOTTY
 	}
 	s.counters.result(errno)
@@ -527,7 +533,14 @@ type Stats struct {
 	Leases    int          `json:"leases"`
 	Pool      gpubuf.Stats `json:"pool"`
 	Counters  CounterStats `json:"counters"`
+	// Index is the shard-index cache's figures; absent when the mount
+	// serves no indexes (or its Indexer keeps none).
+	Index *cache.IndexStats `json:"index,omitempty"`
 }
+
+// indexStatser is the optional part of an Indexer that reports its cache
+// figures (*cache.Indexes has it).
+type indexStatser interface{ Stats() cache.IndexStats }
 
 // Stats returns a snapshot of the control path's figures.
 func (s *Server) Stats() Stats {
@@ -540,6 +553,10 @@ func (s *Server) Stats() Stats {
 	}
 	for _, d := range st.Pool.Devices {
 		st.Leases += d.Leases
+	}
+	if x, ok := s.opts.Indexes.(indexStatser); ok {
+		is := x.Stats()
+		st.Index = &is
 	}
 	return st
 }
@@ -565,6 +582,10 @@ type fileInfo struct {
 	Engine  string `json:"engine"`
 	Reason  string `json:"reason"`
 	Format  string `json:"format"`
+	// IndexError says why a file of a recognised format has no index (it
+	// is corrupt: cache.ErrInvalid); user.gdsfs.index and INDEX answer
+	// ENODATA for it, as for a file of no format.
+	IndexError string `json:"index_error,omitempty"`
 }
 
 // Xattr implements fs.Control: the user.gdsfs.* names (docs/protocol.md
@@ -615,8 +636,11 @@ func (s *Server) info(ctx context.Context, path string) ([]byte, syscall.Errno) 
 			fi.Engine = eng.Name()
 		}
 		if s.opts.Indexes != nil {
-			if x, err := s.opts.Indexes.Get(ctx, path, nil); err == nil {
+			switch x, err := s.opts.Indexes.Get(ctx, path, nil); {
+			case err == nil:
 				fi.Format = string(x.Format)
+			case errors.Is(err, cache.ErrInvalid):
+				fi.IndexError = err.Error()
 			}
 		}
 	case syscall.S_IFDIR:

@@ -66,6 +66,10 @@ func (ss *session) owner() gpubuf.Owner { return gpubuf.Owner{Session: ss.id, UI
 
 // Ioctl implements fs.Session: the control-file commands.
 func (ss *session) Ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	if !OurCmd(cmd) {
+		ss.srv.counters.foreign.Add(1) // a tty ioctl, not a refusal
+		return 0, syscall.ENOTTY
+	}
 	errno := ss.ioctl(ctx, c, cmd, in, out)
 	ss.srv.counters.result(errno)
 	if errno != 0 {

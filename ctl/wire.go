@@ -60,6 +60,11 @@ const (
 	CmdIndex     uint32 = 3<<30 | SizePage<<16 | ioctlType<<8 | 0x13
 )
 
+// OurCmd reports whether cmd is of gdsfs's ioctl type ('G'). Other types
+// (a tty's TCGETS, which Python's open() issues to ask isatty) are answered
+// ENOTTY without being counted as control-path refusals.
+func OurCmd(cmd uint32) bool { return (cmd>>8)&0xff == ioctlType }
+
 // CmdSize returns the buffer size encoded in an ioctl command number.
 func CmdSize(cmd uint32) int { return int(cmd>>16) & 0x3fff }
 

@@ -32,7 +32,10 @@ type controlFlags struct {
 // addControlFlags registers the control path's flags on the mount command.
 func addControlFlags(cmd *cobra.Command) *controlFlags {
 	cf := &controlFlags{engine: addEngineFlags(cmd.Flags())}
-	cmd.Flags().StringVar(&cf.indexCache, "index-cache", "256MiB", "memory for parsed shard indexes (tar, MDS, safetensors, torch zip, npy)")
+	cmd.Flags().StringVar(&cf.indexCache, "meta-cache", "256MiB", "memory for parsed shard indexes (tar, MDS, safetensors, torch zip, npy)")
+	// The flag's first name; it sets the same value, hidden from help.
+	cmd.Flags().StringVar(&cf.indexCache, "index-cache", "256MiB", "old name of --meta-cache")
+	_ = cmd.Flags().MarkDeprecated("index-cache", "use --meta-cache") // cannot fail: registered above
 	return cf
 }
 
@@ -45,7 +48,11 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 	if err != nil {
 		return nil, nil, fmt.Errorf("BUG: mount has no --read-only flag: %w", err)
 	}
-	indexBytes, err := parseSize("index-cache", cf.indexCache)
+	sizeFlag, err := metaCacheFlag(cmd)
+	if err != nil {
+		return nil, nil, err
+	}
+	indexBytes, err := parseSize(sizeFlag, cf.indexCache)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -88,6 +95,20 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 	}
 	log.Info().Str("engine", engines.Probe().Engine).Str("why", engines.Probe().Why).Bool("read_only", readOnly).Msg("control path ready")
 	return srv, controlCloser{srv: srv, pool: pool, engines: engines, indexes: indexes}, nil
+}
+
+// metaCacheFlag names the flag that set the index cache's size, for its
+// error messages: --meta-cache, or its deprecated alias --index-cache when
+// only that was given. Both at once is a usage error.
+func metaCacheFlag(cmd *cobra.Command) (string, error) {
+	meta, old := cmd.Flags().Changed("meta-cache"), cmd.Flags().Changed("index-cache")
+	switch {
+	case meta && old:
+		return "", usagef("--index-cache is the old name of --meta-cache; give only --meta-cache")
+	case old:
+		return "index-cache", nil
+	}
+	return "meta-cache", nil
 }
 
 // overmountPaths returns, for an overmount (no --source), the mapping of

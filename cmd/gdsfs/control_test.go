@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
@@ -43,5 +46,51 @@ func TestOvermountPaths(t *testing.T) {
 				t.Errorf("%s -> %s, want %s", tc.in, p, tc.want)
 			}
 		})
+	}
+}
+
+// --meta-cache is the index cache's size flag; --index-cache still works,
+// hidden and deprecated; both at once is a usage error.
+func TestMetaCacheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		value    string
+		flag     string
+		usageErr bool
+	}{
+		{nil, "256MiB", "meta-cache", false},
+		{[]string{"--meta-cache", "1GiB"}, "1GiB", "meta-cache", false},
+		{[]string{"--index-cache", "64MiB"}, "64MiB", "index-cache", false},
+		{[]string{"--index-cache", "64MiB", "--meta-cache", "1GiB"}, "", "", true},
+	} {
+		var cf *controlFlags
+		var flag string
+		var ferr error
+		cmd := &cobra.Command{Use: "mount", RunE: func(cmd *cobra.Command, _ []string) error {
+			flag, ferr = metaCacheFlag(cmd)
+			return nil
+		}}
+		cf = addControlFlags(cmd)
+		var stderr bytes.Buffer
+		cmd.SetErr(&stderr)
+		cmd.SetArgs(tc.args)
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		var ue usageError
+		switch {
+		case tc.usageErr:
+			if !errors.As(ferr, &ue) {
+				t.Errorf("%v: %v, want a usage error", tc.args, ferr)
+			}
+		case ferr != nil || flag != tc.flag || cf.indexCache != tc.value:
+			t.Errorf("%v: flag %q value %q err %v; want %q %q", tc.args, flag, cf.indexCache, ferr, tc.flag, tc.value)
+		}
+	}
+	cmd := &cobra.Command{Use: "mount"}
+	addControlFlags(cmd)
+	usage := cmd.UsageString()
+	if !strings.Contains(usage, "--meta-cache") || strings.Contains(usage, "--index-cache") {
+		t.Errorf("mount usage should show --meta-cache and hide --index-cache:\n%s", usage)
 	}
 }

@@ -103,14 +103,34 @@ func mountIndex(ctx context.Context, path string) ([]byte, error) {
 	return doc, err
 }
 
-// noIndexError explains why the daemon has no index for path: parsing the
-// file here gives the parser's reason ("not a valid safetensors file: ...").
+// noIndexError explains why the daemon has no index for path: the reason
+// user.gdsfs.info gives for a corrupt shard (index_error), else parsing the
+// file here (the reason of a daemon that predates index_error, or "not a
+// format gdsfs indexes").
 func noIndexError(path string) error {
-	_, err := localIndex(path)
+	info, err := getxattr(path, "user.gdsfs.info")
+	if err == nil {
+		if why := indexErrorOf(info); why != "" {
+			return usagef("%s: %s", path, why)
+		}
+	}
+	_, err = localIndex(path)
 	if err == nil {
 		return fmt.Errorf("%s: the daemon serves no index for it, though it parses here (was it just written? try again)", path)
 	}
 	return err
+}
+
+// indexErrorOf returns the index_error of a user.gdsfs.info document ("" when
+// none, or when the document is not the expected JSON).
+func indexErrorOf(info []byte) string {
+	var fi struct {
+		IndexError string `json:"index_error"`
+	}
+	if json.Unmarshal(info, &fi) != nil {
+		return ""
+	}
+	return fi.IndexError
 }
 
 // localIndex parses path in this process.

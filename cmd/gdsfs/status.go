@@ -23,10 +23,11 @@ func newStatusCmd() *cobra.Command {
 		Short: "Show a mount's buffer pool, sessions and control-path counters",
 		Long: `Ask the daemon serving MOUNTPOINT for its figures: the engine, the buffer
 pool per device (budget, allocated, leased), open sessions and what they hold,
-and counters of reads, writes and refusals by errno.`,
+counters of reads, writes and refusals by errno, and the shard-index
+cache (hits, misses, evictions, parses).`,
 		Example: `  gdsfs status /data
   gdsfs status --watch /data                 # refresh every 2s with rates, until Ctrl-C
-  gdsfs status -w --metrics 127.0.0.1:9477 /data   # plus FUSE, index cache and passthrough figures
+  gdsfs status -w --metrics 127.0.0.1:9477 /data   # plus FUSE, passthrough and per-engine figures
   gdsfs status --json /data | jq .pool.devices`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -87,6 +88,13 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 	c := st.Counters
 	fmt.Fprintf(w, "reads:    %d requests, %d ranges, %s\n", c.Reads, c.ReadRanges, humanize.IBytes(c.ReadBytes))
 	fmt.Fprintf(w, "writes:   %d requests, %s\n", c.Writes, humanize.IBytes(c.WriteBytes))
+	if x := st.Index; x != nil {
+		fmt.Fprintf(w, "index:    %d hits, %d misses, %d evictions, %d parses (%d failed), %s cached of %s\n",
+			x.Hits, x.Misses, x.Evictions, x.Parses, x.ParseErrors, humanize.IBytes(uint64(x.UsedBytes)), humanize.IBytes(uint64(x.BudgetBytes)))
+	}
+	if c.Foreign > 0 {
+		fmt.Fprintf(w, "other:    %d ioctls of other types answered ENOTTY (isatty checks), not refusals\n", c.Foreign)
+	}
 	if len(c.Errors) > 0 {
 		names := make([]string, 0, len(c.Errors))
 		for n := range c.Errors {

@@ -19,6 +19,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 
+	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/metrics"
 )
@@ -33,13 +34,14 @@ type watchFlags struct {
 func addWatchFlags(cmd *cobra.Command, w *watchFlags) {
 	cmd.Flags().BoolVarP(&w.on, "watch", "w", false, "refresh until interrupted, with rates since the previous refresh")
 	cmd.Flags().DurationVar(&w.every, "interval", 2*time.Second, "refresh interval of --watch")
-	cmd.Flags().StringVar(&w.metrics, "metrics", "", "also show FUSE, index cache and passthrough figures from the daemon's --metrics-addr (HOST:PORT)")
+	cmd.Flags().StringVar(&w.metrics, "metrics", "", "also show FUSE, passthrough and per-engine byte figures from the daemon's --metrics-addr (HOST:PORT)")
 }
 
 // statusView is one refresh's figures, kept to compute rates.
 type statusView struct {
 	at       time.Time
 	counters ctl.CounterStats
+	index    *cache.IndexStats
 	scrape   metrics.Snapshot // nil without --metrics
 }
 
@@ -92,7 +94,7 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, wf watchFlags) 
 		if err := json.Unmarshal(doc, &st); err != nil {
 			return fmt.Errorf("status of %s is not the expected JSON: %w", mp, err)
 		}
-		cur := &statusView{at: time.Now(), counters: st.Counters}
+		cur := &statusView{at: time.Now(), counters: st.Counters, index: st.Index}
 		if url != "" {
 			if cur.scrape, err = scrapeMetrics(ctx, url); err != nil {
 				return usagef("--metrics %s: %v; give the daemon's --metrics-addr", wf.metrics, err)
@@ -154,10 +156,14 @@ func printRates(w io.Writer, prev, cur *statusView) {
 	fmt.Fprintf(w, "rates:    %.0f reads/s %s/s, %.0f writes/s %s/s\n",
 		float64(c.Reads-p.Reads)/dt, humanize.IBytes(uint64(float64(c.ReadBytes-p.ReadBytes)/dt)),
 		float64(c.Writes-p.Writes)/dt, humanize.IBytes(uint64(float64(c.WriteBytes-p.WriteBytes)/dt)))
+	if pi, ci := prev.index, cur.index; pi != nil && ci != nil {
+		fmt.Fprintf(w, "index/s:  %.0f hits/s, %.0f misses/s, %.0f evictions/s\n",
+			float64(ci.Hits-pi.Hits)/dt, float64(ci.Misses-pi.Misses)/dt, float64(ci.Evictions-pi.Evictions)/dt)
+	}
 }
 
 // printScrape prints the figures only the metrics have: FUSE operations,
-// passthrough, the index cache, bytes per engine.
+// passthrough, bytes per engine (the index cache is in STATUS itself).
 func printScrape(w io.Writer, prev, cur *statusView) {
 	s := cur.scrape
 	if s == nil {
@@ -177,11 +183,6 @@ func printScrape(w io.Writer, prev, cur *statusView) {
 		line += fmt.Sprintf("; %.0f ops/s", (ops-prev.scrape.Sum("gdsfs_fuse_ops_total"))/dt)
 	}
 	fmt.Fprintln(w, line+topOps(s))
-	h, _ := s.Get("gdsfs_index_cache_hits_total")
-	m, _ := s.Get("gdsfs_index_cache_misses_total")
-	ev, _ := s.Get("gdsfs_index_cache_evictions_total")
-	used, _ := s.Get("gdsfs_index_cache_used_bytes")
-	fmt.Fprintf(w, "index:    %.0f hits, %.0f misses, %.0f evictions, %s cached\n", h, m, ev, humanize.IBytes(uint64(used)))
 	var bytesLine []string
 	for _, eng := range []string{"gds", "gds-compat", "posix", "host", "fuse", "other"} {
 		for _, dir := range []string{"read", "write"} {

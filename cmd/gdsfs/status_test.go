@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/ctl"
+)
+
+// gdsfs status shows the index cache's counters and the foreign ioctls
+// apart from refusals; --watch adds the index cache's rates.
+func TestPrintStatusIndex(t *testing.T) {
+	doc := []byte(`{"daemon_pid":7,"version":"t","engine":"host","sessions":1,"leases":0,
+		"pool":{"backend":"host","devices":[]},
+		"counters":{"reads":1,"read_ranges":1,"read_bytes":4096,"writes":0,"write_bytes":0,"foreign_ioctls":5,"errors":{"EAGAIN":2}},
+		"index":{"hits":40,"misses":3,"evictions":1,"parses":3,"parse_errors":1,"budget_bytes":268435456,"used_bytes":8192}}`)
+	var out bytes.Buffer
+	if err := printStatus(&out, "/mnt", doc, ctl.HelloReply{}, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"index:    40 hits, 3 misses, 1 evictions, 3 parses (1 failed), 8.0 KiB cached of 256 MiB",
+		"other:    5 ioctls of other types",
+		"refused:  EAGAIN=2",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "ENOTTY=") {
+		t.Errorf("foreign ioctls shown as refusals:\n%s", out.String())
+	}
+	now := time.Now()
+	prev := &statusView{at: now, index: &cache.IndexStats{Hits: 10, Misses: 2}}
+	cur := &statusView{at: now.Add(2 * time.Second), index: &cache.IndexStats{Hits: 30, Misses: 4, Evictions: 2}}
+	out.Reset()
+	printRates(&out, prev, cur)
+	if want := "index/s:  10 hits/s, 1 misses/s, 1 evictions/s"; !strings.Contains(out.String(), want) {
+		t.Errorf("rates lack %q:\n%s", want, out.String())
+	}
+}
