@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
+import threading
 from typing import IO, Any, BinaryIO, Callable, Union
 
 import torch
@@ -222,11 +223,27 @@ def save(
     if not on_gdsfs:
         warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict)
     with atomic.replace(path, sync=sync) as (tmp, fd):
-        items = arc.data_items(0)
-        if on_gdsfs:
-            transfer(tmp, fd, items, write=True, strict=strict)
-        else:
-            PosixMover().write_from(fd, items)
+        # CRCs of host-memory storages (a full read of them) run alongside the transfer.
+        items = arc.data_items(0, crc=False)
+        crc_error: list[BaseException] = []
+
+        def crc32s() -> None:
+            try:
+                arc.compute_crcs()
+            except BaseException as e:  # raised below, in the saving thread
+                crc_error.append(e)
+
+        crcs = threading.Thread(target=crc32s, name="gdsfs-crc32", daemon=True)
+        crcs.start()
+        try:
+            if on_gdsfs:
+                transfer(tmp, fd, items, write=True, strict=strict, sync=sync)
+            else:
+                PosixMover().write_from(fd, items)
+        finally:
+            crcs.join()
+        if crc_error:
+            raise crc_error[0]
         # Metadata last, through the mount: the central directory ends the file, so this write
         # (not the daemon's) sets the size the kernel caches for it.
         for off, b in arc.metadata_writes(0):

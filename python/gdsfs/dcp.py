@@ -236,7 +236,7 @@ class GDSFileSystemWriter(FileSystemWriter):
             pos += arc.size
         with atomic.replace(path, sync=bool(self.sync_files)) as (tmp, fd):
             if data:
-                transfer(tmp, fd, data, write=True, strict=self._strict)
+                transfer(tmp, fd, data, write=True, strict=self._strict, sync=bool(self.sync_files))
             for off, sess, ref, n in direct:
                 sess.write(fd, ref, off, n)
             for off, b in small:

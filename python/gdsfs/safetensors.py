@@ -246,7 +246,7 @@ def save_file(
     with atomic.replace(path, sync=sync) as (tmp, fd):
         items = [(infos[n].offset, byte_view(t)) for n, t in tensors.items() if infos[n].nbytes]
         if on:
-            transfer(tmp, fd, items, write=True, strict=strict)
+            transfer(tmp, fd, items, write=True, strict=strict, sync=sync)
         else:
             PosixMover().write_from(fd, items)
         mv = memoryview(head)

@@ -242,3 +242,40 @@ def test_storage_errors_are_not_fallbacks(tmp_path, monkeypatch):
         tensorio.transfer(str(p), f.fileno(), [(0, torch.ones(10, dtype=torch.uint8))], write=True)
     assert ei.value.errno == errno.ENOSPC and not isinstance(ei.value, GDSUnavailableError)
     assert os.path.getsize(p) == 0, "the write was retried with plain I/O"
+
+
+def _flush_case(tmp_path, monkeypatch, fail: bool):
+    """write_from(flush_every=...) against the fake session, os.fdatasync recorded (or failing)."""
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        synced.append(fd)
+        if fail:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(tensorio.os, "fdatasync", fdatasync)
+    srcs = [torch.full((64 << 10,), i, dtype=torch.uint8) for i in range(16)]
+    items = [(i * (64 << 10), t) for i, t in enumerate(srcs)]
+    sess = FakeSession(1 << 20, 1 << 20)
+    p = tmp_path / "f.bin"
+    with open(p, "wb+") as f:
+        tensorio.DaemonMover(sess).write_from(f.fileno(), items, flush_every=128 << 10)
+        return synced, f.fileno(), sess, open(p, "rb").read(), srcs
+
+
+def test_durable_writes_start_writeback_as_they_go(tmp_path, monkeypatch):
+    synced, fd, sess, raw, srcs = _flush_case(tmp_path, monkeypatch, fail=False)
+    # 1 MiB written, a flush wanted every 128 KiB: several ran (requests during one coalesce).
+    assert synced and set(synced) == {fd}
+    assert not sess.leases
+    assert raw == b"".join(t.numpy().tobytes() for t in srcs)
+
+
+def test_a_failed_writeback_is_raised(tmp_path, monkeypatch):
+    # fdatasync reports a writeback error once per descriptor: swallowing it here would leave the
+    # caller's final fsync silent about lost data.
+    with pytest.raises(OSError) as e:
+        _flush_case(tmp_path, monkeypatch, fail=True)
+    assert e.value.errno == errno.EIO

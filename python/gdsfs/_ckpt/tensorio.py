@@ -42,6 +42,11 @@ ALIGN = 4096
 WRITE_THREADS = 4
 # Host staging for the plain path (CUDA destinations go through it in chunks).
 STAGING_BYTES = 64 << 20
+# A durable save starts the file's writeback (fdatasync from a helper thread) every time this many
+# more bytes were written: the daemon's buffered writes land in the page cache, and without it the
+# whole file waits for the final fsync, the disk idle while the cache fills and the copies idle
+# while the disk drains. With it the disk writes while later leases are filled.
+FLUSH_BYTES = 512 << 20
 
 
 def untyped_storage(t: torch.Tensor) -> Any:
@@ -79,8 +84,9 @@ class Mover(Protocol):
     def read_into(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
         """Fill every ``(file_offset, dest)``; short files raise EOFError."""
 
-    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
-        """Write every ``(file_offset, src)``."""
+    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, flush_every: int = 0) -> None:
+        """Write every ``(file_offset, src)``; ``flush_every`` > 0: start writeback (fdatasync)
+        each time that many more bytes were written (the caller still fsyncs at the end)."""
 
 
 class PosixMover:
@@ -108,7 +114,8 @@ class PosixMover:
                 dest[pos : pos + k].copy_(staging[:k])
                 pos += k
 
-    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, flush_every: int = 0) -> None:
+        del flush_every  # plain writes from one thread: the caller's final fsync does it all
         for off, src in items:
             n = src.numel()
             pos = 0
@@ -249,17 +256,25 @@ class DaemonMover:
         if live:
             self._s.release(live)
 
-    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+    def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, flush_every: int = 0) -> None:
         pieces = [p for p in self._pieces(items, self._write_lease) if p[1].numel() > 0]
         by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
         for p in pieces:
             by_dev.setdefault(self.device_for(p[1]), []).append(p)
         for d in {t.device for _, t in pieces if t.device.type == "cuda"}:
             torch.cuda.current_stream(d).synchronize()  # the producers' work is done before we copy
-        for dev, group in by_dev.items():
-            self._write_group(fd, dev, group)
+        flusher = _Flusher(fd, flush_every) if flush_every > 0 else None
+        try:
+            for dev, group in by_dev.items():
+                self._write_group(fd, dev, group, flusher)
+        finally:
+            if flusher is not None:
+                flusher.close()
+        if flusher is not None and flusher.error is not None:
+            raise flusher.error
 
-    def _write_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> None:
+    def _write_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]],
+                     flusher: "_Flusher | None" = None) -> None:
         # Several leases, one writer thread each: the WRITE ioctl releases the GIL (its buffer is
         # small), so copies into one lease overlap the daemon writing another.
         size = min(self._write_lease, max(t.numel() for _, t in pieces))
@@ -297,6 +312,8 @@ class DaemonMover:
                         else:
                             view.copy_(t)
                         self._s.write(fd, ref, off, n)
+                        if flusher is not None:
+                            flusher.wrote(n)
                 except BaseException as e:  # handed to the caller below
                     with lock:
                         errors.append(e)
@@ -311,6 +328,59 @@ class DaemonMover:
                 raise errors[0]
         finally:
             self._s.release(leases)
+
+
+class _Flusher:
+    """Starts the writeback of a file being written as the bytes accumulate.
+
+    One helper thread runs ``fdatasync`` whenever ``every`` more bytes were written since the last
+    one began (a request arriving while one runs is served when it ends). fdatasync reports a
+    writeback error once per descriptor, so its error is kept and raised by the writer: a failed
+    intermediate flush must not leave the final fsync silent.
+    """
+
+    def __init__(self, fd: int, every: int) -> None:
+        self._fd = fd
+        self._every = every
+        self._pending = 0
+        self._cv = threading.Condition()
+        self._want = False
+        self._done = False
+        self.error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="gdsfs-flush", daemon=True)
+        self._thread.start()
+
+    def wrote(self, n: int) -> None:
+        with self._cv:
+            self._pending += n
+            if self._pending >= self._every:
+                self._pending = 0
+                self._want = True
+                self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._want and not self._done:
+                    self._cv.wait()
+                if not self._want:
+                    return
+                self._want = False
+            try:
+                os.fdatasync(self._fd)
+            except OSError as e:
+                with self._cv:
+                    if self.error is None:
+                        self.error = e
+                    self._done = True
+                return
+
+    def close(self) -> None:
+        """Stop once the flush asked for last has run (its error, if any, is kept)."""
+        with self._cv:
+            self._done = True
+            self._cv.notify()
+        self._thread.join()
 
 
 def slab_bytes(session: Any) -> int:
@@ -354,13 +424,15 @@ def close_mover(m: Mover) -> None:
 _STORAGE_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG, _errno.EROFS})
 
 
-def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, write: bool, strict: bool = False) -> str:
+def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, write: bool, strict: bool = False,
+             sync: bool = False) -> str:
     """Read into (or write from) every item of one operation, falling back to plain I/O.
 
     Opens a session for ``path`` (the file ``fd`` refers to), moves everything in one batched
     call, and closes the session. When the daemon cannot serve, part way included, the whole
     transfer is redone with plain I/O after the one-time GDSFallbackWarning (positional I/O makes
-    the redo safe); ``strict=True`` raises GDSUnavailableError instead.
+    the redo safe); ``strict=True`` raises GDSUnavailableError instead. ``sync=True`` (a write the
+    caller will fsync) starts the file's writeback while it is written (FLUSH_BYTES).
 
     Returns:
         The engine that moved the bytes ("gdsfs" or "posix-client").
@@ -370,7 +442,10 @@ def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, w
     mover = open_mover(path, strict=strict)
     try:
         try:
-            (mover.write_from if write else mover.read_into)(fd, items)
+            if write:
+                mover.write_from(fd, items, flush_every=FLUSH_BYTES if sync else 0)
+            else:
+                mover.read_into(fd, items)
             return mover.engine
         except GDSUnavailableError as e:
             if e.errno in _STORAGE_ERRNOS:

@@ -86,21 +86,28 @@ class Archive:
         """Bytes of the finished archive."""
         return self.plan.total_size()
 
-    def data_items(self, base: int) -> list[tuple[int, torch.Tensor]]:
+    def data_items(self, base: int, *, crc: bool = True) -> list[tuple[int, torch.Tensor]]:
         """(absolute offset, uint8 tensor) of every non-empty storage, archive placed at ``base``.
 
-        Sets the CRC of records whose bytes are in host memory; device-resident records keep
-        CRC 0 (torch.save's ``compute_crc32=False`` output; torch.load does not check it).
+        With ``crc``, sets the CRC of records whose bytes are in host memory (else call
+        :meth:`compute_crcs` before :meth:`metadata_writes`); device-resident records keep CRC 0
+        (torch.save's ``compute_crc32=False`` output; torch.load does not check it).
         """
         out = []
         for rec, st in self.storages:
             if rec.size == 0:
                 continue
-            b = storage_bytes(st, 0, rec.size)
-            if b.device.type == "cpu":
-                rec.crc = zlib.crc32(memoryview(b.numpy()))
-            out.append((base + rec.data_offset, b))
+            out.append((base + rec.data_offset, storage_bytes(st, 0, rec.size)))
+        if crc:
+            self.compute_crcs()
         return out
+
+    def compute_crcs(self) -> None:
+        """Set the CRC of every record whose bytes are in host memory. zlib releases the GIL, so
+        a thread running this overlaps the transfer of the same bytes (both only read them)."""
+        for rec, st in self.storages:
+            if rec.size and st.device.type == "cpu":
+                rec.crc = zlib.crc32(memoryview(storage_bytes(st, 0, rec.size).numpy()))
 
     def metadata_writes(self, base: int) -> list[tuple[int, bytes]]:
         """(absolute offset, bytes) of headers, small records and central directory; call after
