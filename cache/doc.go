@@ -2,7 +2,9 @@
 // safetensors, torch.save zip archives and .npy headers) into indexes that
 // say where every sample, tensor or record lives in the backing file, and
 // keeps parsed indexes and open backing handles in ristretto caches keyed by
-// file identity.
+// file identity. The daemon uses Indexes; Handles has no user today (see
+// docs/architecture.md: ctl gets every transfer's backing *os.File from the
+// kernel's open, and cufile keeps its cuFile registrations itself).
 //
 // # Parsers
 //

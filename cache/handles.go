@@ -25,8 +25,8 @@ type HandlesOptions struct {
 	// error fails the Acquire and closes the file.
 	OnOpen func(h *Handle) (any, error)
 	// OnEvict runs once per handle, after it left the cache and its last
-	// user released it, just before its descriptor is closed (the cuFile
-	// engine deregisters here). It must not call back into Handles.
+	// user released it, just before its descriptor is closed (e.g. a
+	// cuFile deregistration). It must not call back into Handles.
 	OnEvict func(h *Handle)
 	// Log receives close errors; the zero value is silent.
 	Log zerolog.Logger

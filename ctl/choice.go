@@ -8,11 +8,13 @@ import (
 )
 
 // choiceTTL is how long the engine chosen for a file serves its later
-// requests. The cufile chooser without nvidia-fs measures how much of the
-// whole file is in the page cache on every call (cachestat walks the cache:
-// about 20 ms per GiB cached on a 2-core test machine), which cost more than
-// the transfer of an 8-32 MiB request; the answer only picks the faster of
-// two correct engines, so a second-old answer is good enough.
+// requests (WRITE, and READ with a chooser that is not a RangeChooser). The
+// cufile chooser without nvidia-fs once measured how much of the whole file
+// was in the page cache on every call (about 20 ms per GiB cached on a
+// 2-core test machine), more than the transfer of an 8-32 MiB request; it
+// now samples at most 8 MiB, and READs ask it about their own range
+// (RangeChooser, not cached). The answer only picks the faster of two
+// correct engines, so a second-old answer is good enough.
 const choiceTTL = time.Second
 
 // choiceShards and choiceMax bound the cache's lock contention and size.

@@ -76,3 +76,44 @@ func TestEngineChoiceCached(t *testing.T) {
 	}
 	checkLeases(t, cl, []Range{{Offset: 100, Length: 5000}}, ls, data)
 }
+
+// rangeChooser records the ranges it is asked about.
+type rangeChooser struct {
+	countingChooser
+	mu     sync.Mutex
+	ranges [][2]int64
+}
+
+func (c *rangeChooser) ForRange(_ *os.File, _ string, off, n int64) (Engine, string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ranges = append(c.ranges, [2]int64{off, n})
+	return c.e, "test: range"
+}
+
+// TestEngineChoiceByRange: a RangeChooser is asked per READ about the span
+// of its widened ranges (not the whole file, not from the per-file cache).
+func TestEngineChoiceByRange(t *testing.T) {
+	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 16 << 20})
+	rc := &rangeChooser{countingChooser: countingChooser{e: cufile.NewHostEngine(cufile.Options{ChunkBytes: 64 << 10, Workers: 2})}}
+	e.srv.opts.Engines = rc
+	e.srv.choices.chooser = rc
+	cl := e.client(1000, Token{})
+	f, data := e.file("a.bin", 100000, os.O_RDONLY)
+	ctx := context.Background()
+	ranges := []Range{{Offset: 30000, Length: 10}, {Offset: 5000, Length: 100}, {Offset: 99990, Length: 100}}
+	for range 2 {
+		ls, err := cl.Read(ctx, f, HostDevice, ranges)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkLeases(t, cl, ranges, ls, data)
+	}
+	want := [2]int64{4096, 102400 - 4096} // widened: [4096, 102400)
+	if len(rc.ranges) != 2 || rc.ranges[0] != want || rc.ranges[1] != want {
+		t.Errorf("ForRange asked about %v, want %v twice (once per READ)", rc.ranges, want)
+	}
+	if n := rc.calls.Load(); n != 0 {
+		t.Errorf("For called %d times on READ, want 0", n)
+	}
+}

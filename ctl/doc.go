@@ -33,5 +33,7 @@
 // (exclusive) across RELEASE; no other Server lock is held across an engine
 // call. The engine chooser's answer per file is cached for choiceTTL
 // (choice.go): a choice's mutex is held across the chooser call, with no
-// other lock, so concurrent first requests for a file ask once.
+// other lock, so concurrent first requests for a file ask once. A
+// RangeChooser is asked per READ about the READ's span instead, uncached
+// and with no lock held.
 package ctl

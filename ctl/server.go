@@ -34,6 +34,16 @@ type EngineChooser interface {
 	For(f *os.File, path string) (e Engine, reason string)
 }
 
+// RangeChooser is an EngineChooser whose answer depends on the range
+// transferred (cufile's auto chooser measures the page-cache residency of
+// the range). ctl asks it per READ, over the span of the READ's ranges,
+// without caching: the answer for one range says nothing about another, and
+// the chooser bounds its own cost.
+type RangeChooser interface {
+	EngineChooser
+	ForRange(f *os.File, path string, off, n int64) (e Engine, reason string)
+}
+
 // Indexer returns parsed shard indexes (*cache.Indexes satisfies it). Get
 // fails with an error wrapping cache.ErrNoIndex for files of no known
 // format. f may be nil (xattrs); then the index is found by path.
@@ -265,7 +275,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	eng, errno := s.engine(f, id, path)
+	eng, errno := s.readEngine(f, id, path, plan)
 	if errno != 0 {
 		return errno
 	}
@@ -282,6 +292,35 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 // with EIO rather than a crash.
 func (s *Server) engine(f *os.File, id fileID, path string) (Engine, syscall.Errno) {
 	eng, why := s.choices.forFile(f, id, path)
+	if eng == nil {
+		s.opts.Log.Error().Str("path", path).Str("why", why).Msg("BUG: ctl: no engine for file")
+		return nil, syscall.EIO
+	}
+	return eng, 0
+}
+
+// readEngine returns the engine for a READ of plan: a RangeChooser is asked
+// about the span of the READ's widened ranges; any other chooser's answer
+// per file comes from the cache (engine).
+func (s *Server) readEngine(f *os.File, id fileID, path string, plan []span) (Engine, syscall.Errno) {
+	rc, ok := s.opts.Engines.(RangeChooser)
+	if !ok {
+		return s.engine(f, id, path)
+	}
+	lo, hi := int64(-1), int64(0)
+	for _, sp := range plan {
+		if sp.valid == 0 {
+			continue
+		}
+		if lo < 0 || sp.start < lo {
+			lo = sp.start
+		}
+		hi = max(hi, sp.end)
+	}
+	if lo < 0 {
+		lo = 0 // nothing to read: any answer serves
+	}
+	eng, why := rc.ForRange(f, path, lo, hi-lo)
 	if eng == nil {
 		s.opts.Log.Error().Str("path", path).Str("why", why).Msg("BUG: ctl: no engine for file")
 		return nil, syscall.EIO

@@ -278,8 +278,19 @@ func (e *Engines) Engine(name string) (Engine, bool) {
 // engine also falls back to posix, for that file, if cuFile fails
 // mid-transfer: clients never see a cuFile error. In auto mode without
 // nvidia-fs the answer depends on the call: cuFile compat mode while most
-// of the file is in the page cache, posix otherwise; call For per transfer.
+// of the file is in the page cache, posix otherwise, measured on a bounded
+// sample of the file (residencySample), so the call costs the same for any
+// file size. ForRange answers for one range.
 func (e *Engines) For(f *os.File, path string) (Engine, string) {
+	return e.ForRange(f, path, 0, -1)
+}
+
+// ForRange is For for a transfer of [off, off+n) of the file (n < 0: to end
+// of file): in auto mode without nvidia-fs, the page-cache residency that
+// picks cuFile compat mode or posix is measured over a bounded sample of
+// that range only, not of the whole file (a cachestat walk costs about
+// 20 ms per cached GiB). Call it per transfer.
+func (e *Engines) ForRange(f *os.File, path string, off, n int64) (Engine, string) {
 	r := e.report
 	if r.Engine != EngineGDS && !e.compatWarm {
 		if r.Engine == EngineHost {
@@ -306,22 +317,65 @@ func (e *Engines) For(f *os.File, path string) (Engine, string) {
 		c = e.register(f, k, path)
 	}
 	if _, gds := c.engine.(*fallbackEngine); gds && e.compatWarm {
-		if !mostlyCached(f) {
-			return e.posix, "posix: file not in the page cache, where the posix pipeline (O_DIRECT) reads faster than cuFile compat mode"
+		if !rangeMostlyCached(f, off, n) {
+			return e.posix, "posix: range not in the page cache, where the posix pipeline (O_DIRECT) reads faster than cuFile compat mode"
 		}
-		return c.engine, "gds-compat: file in the page cache, where cuFile compat mode reads faster than the posix pipeline"
+		return c.engine, "gds-compat: range in the page cache, where cuFile compat mode reads faster than the posix pipeline"
 	}
 	return c.engine, c.why
 }
 
-// mostlyCached reports whether at least half of f is in the page cache.
-func mostlyCached(f *os.File) bool {
+// Residency sampling: at most residencyWindows windows of residencyWindow
+// bytes, spread evenly over the range, are measured (cachestat costs time
+// in proportion to the pages it walks: 8 MiB is about 0.2 ms cached).
+const (
+	residencyWindows = 8
+	residencyWindow  = 1 << 20
+)
+
+// residencySample returns the windows [off, off+len) measured for the range
+// [off, off+n): the range itself when it is small, else residencyWindows
+// windows of residencyWindow bytes spread evenly from its start to its end.
+func residencySample(off, n int64) [][2]int64 {
+	if n <= 0 {
+		return nil
+	}
+	if n <= residencyWindows*residencyWindow {
+		return [][2]int64{{off, n}}
+	}
+	w := make([][2]int64, residencyWindows)
+	stride := (n - residencyWindow) / (residencyWindows - 1)
+	for i := range w {
+		w[i] = [2]int64{off + int64(i)*stride, residencyWindow}
+	}
+	return w
+}
+
+// mostlyCached reports whether at least half of (a sample of) f is in the
+// page cache.
+func mostlyCached(f *os.File) bool { return rangeMostlyCached(f, 0, -1) }
+
+// rangeMostlyCached reports whether at least half of a bounded sample of
+// [off, off+n) of f (n < 0: to end of file; clipped to the file) is in the
+// page cache.
+func rangeMostlyCached(f *os.File, off, n int64) bool {
 	st, err := f.Stat()
-	if err != nil || st.Size() == 0 {
+	if err != nil || off < 0 || off >= st.Size() {
 		return false
 	}
-	cached, ok := cachedBytes(f, 0, st.Size())
-	return ok && cached >= st.Size()/2
+	if n < 0 || n > st.Size()-off {
+		n = st.Size() - off
+	}
+	var measured, cached int64
+	for _, w := range residencySample(off, n) {
+		c, ok := cachedBytes(f, w[0], w[1])
+		if !ok {
+			return false
+		}
+		measured += w[1]
+		cached += min(c, w[1]) // cachestat counts whole pages
+	}
+	return measured > 0 && cached >= measured/2
 }
 
 // register decides, once per file, whether cuFile serves it.

@@ -168,9 +168,15 @@ func (s engineSettings) budget(eng *cufile.Engines) (int64, error) {
 // ctlEngines adapts *cufile.Engines to ctl.EngineChooser.
 type ctlEngines struct{ e *cufile.Engines }
 
-var _ ctl.EngineChooser = ctlEngines{}
+var _ ctl.RangeChooser = ctlEngines{}
 
 func (c ctlEngines) For(f *os.File, path string) (ctl.Engine, string) {
 	eng, why := c.e.For(f, path)
+	return eng, why
+}
+
+// ForRange lets ctl ask about the range a READ transfers.
+func (c ctlEngines) ForRange(f *os.File, path string, off, n int64) (ctl.Engine, string) {
+	eng, why := c.e.ForRange(f, path, off, n)
 	return eng, why
 }

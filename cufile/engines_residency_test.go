@@ -1,0 +1,115 @@
+package cufile
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestResidencySample(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name   string
+		off, n int64
+	}{
+		{"empty", 5, 0},
+		{"small", 4096, 3 * mib},
+		{"exactly the cap", 0, residencyWindows * residencyWindow},
+		{"just over", 7, residencyWindows*residencyWindow + 1},
+		{"huge", 1 << 30, 1 << 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := residencySample(tc.off, tc.n)
+			var total int64
+			for i, win := range w {
+				total += win[1]
+				if win[0] < tc.off || win[0]+win[1] > tc.off+tc.n || win[1] <= 0 {
+					t.Errorf("window %d %v outside [%d, %d)", i, win, tc.off, tc.off+tc.n)
+				}
+				if i > 0 && win[0] < w[i-1][0]+w[i-1][1] {
+					t.Errorf("window %d %v overlaps the previous %v", i, win, w[i-1])
+				}
+			}
+			switch {
+			case tc.n == 0 && len(w) != 0:
+				t.Errorf("empty range sampled: %v", w)
+			case tc.n > 0 && tc.n <= residencyWindows*residencyWindow && (len(w) != 1 || w[0] != [2]int64{tc.off, tc.n}):
+				t.Errorf("small range sampled as %v, want itself", w)
+			case tc.n > residencyWindows*residencyWindow:
+				if total != residencyWindows*residencyWindow || w[0][0] != tc.off || w[len(w)-1][0]+w[len(w)-1][1] < tc.off+tc.n-residencyWindow {
+					t.Errorf("large range sampled as %v (%d bytes): want %d windows from its start to its end", w, total, residencyWindows)
+				}
+			}
+		})
+	}
+}
+
+// The auto chooser's residency is that of the range read, not the file's:
+// half a file dropped from the page cache reads as uncached there and cached
+// in the other half.
+func TestRangeMostlyCached(t *testing.T) {
+	const half = 12 << 20 // over the sample cap: each half is sampled
+	p := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(p, make([]byte, 2*half), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, ok := cachedBytes(f, 0, 1); !ok {
+		t.Skip("kernel without cachestat(2)")
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, half, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := cachedBytes(f, 0, half); c > half/4 {
+		t.Skipf("the page cache kept %d of %d dropped bytes (filesystem ignores FADV_DONTNEED)", c, half)
+	}
+	for _, tc := range []struct {
+		off, n int64
+		want   bool
+	}{
+		{0, half, false},
+		{half, half, true},
+		{half, -1, true},
+		{2 * half, 10, false}, // at EOF: nothing to measure
+		{4096, 1 << 20, false},
+		{half + 4096, 1 << 20, true},
+	} {
+		if got := rangeMostlyCached(f, tc.off, tc.n); got != tc.want {
+			t.Errorf("rangeMostlyCached(%d, %d) = %v, want %v", tc.off, tc.n, got, tc.want)
+		}
+	}
+}
+
+// BenchmarkResidency compares the whole-range cachestat the chooser did
+// before with the bounded sample, on a cached 256 MiB file.
+func BenchmarkResidency(b *testing.B) {
+	const size = 256 << 20
+	p := filepath.Join(b.TempDir(), "data")
+	if err := os.WriteFile(p, make([]byte, size), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	b.Run("whole", func(b *testing.B) {
+		for b.Loop() {
+			cachedBytes(f, 0, size)
+		}
+	})
+	b.Run("sampled", func(b *testing.B) {
+		for b.Loop() {
+			rangeMostlyCached(f, 0, -1)
+		}
+	})
+}
