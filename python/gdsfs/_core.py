@@ -69,6 +69,7 @@ and file descriptors never do.
 
 from __future__ import annotations
 
+import ctypes
 import errno as _errno
 import fcntl
 import json
@@ -270,6 +271,41 @@ def capabilities(path: PathLike) -> Capabilities:
     )
 
 
+# fcntl.ioctl copies a mutable buffer of more than 1024 bytes into a
+# temporary and holds the GIL for the whole call: a 1 GiB READ would stop
+# every other Python thread of the process (a data loader, a writer) until
+# the daemon answers. Those go through libc's ioctl via ctypes, which
+# releases the GIL and works on the buffer in place.
+_IOCTL_GIL_FREE_ABOVE = 1024
+_libc_ioctl: Any = None
+
+
+def _ioctl(fd: int, cmd: int, buf: bytearray) -> None:
+    """ioctl(fd, cmd, buf) with buf read and written in place; OSError on failure.
+
+    Buffers above 1024 bytes go through ctypes (GIL released), smaller ones
+    through fcntl.ioctl (which releases the GIL for those already).
+    """
+    global _libc_ioctl
+    if len(buf) <= _IOCTL_GIL_FREE_ABOVE:
+        fcntl.ioctl(fd, cmd, buf, True)
+        return
+    f = _libc_ioctl
+    if f is None:
+        f = ctypes.CDLL(None, use_errno=True).ioctl
+        f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+        f.restype = ctypes.c_int
+        _libc_ioctl = f  # one function object, set once; a race only builds it twice
+    arr = (ctypes.c_char * len(buf)).from_buffer(buf)
+    try:
+        rc = f(fd, cmd, ctypes.addressof(arr))
+    finally:
+        del arr  # drop the export, so the caller may refill buf
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))  # EINTR becomes InterruptedError, as fcntl's
+
+
 def _ioctl_eintr(fd: int, cmd: int, buf: bytearray) -> None:
     """ioctl, redone when a signal interrupted it.
 
@@ -281,7 +317,7 @@ def _ioctl_eintr(fd: int, cmd: int, buf: bytearray) -> None:
     template = bytes(buf)
     while True:
         try:
-            fcntl.ioctl(fd, cmd, buf, True)
+            _ioctl(fd, cmd, buf)
             return
         except InterruptedError:
             buf[:] = template
@@ -568,7 +604,7 @@ class Session:
         template = bytes(buf)
         while True:
             try:
-                fcntl.ioctl(fd, cmd, buf, True)
+                _ioctl(fd, cmd, buf)
                 return
             except OSError as e:
                 if e.errno == _errno.EINTR or (e.errno == _errno.EAGAIN and time.monotonic() - start < deadline_s):

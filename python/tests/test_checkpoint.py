@@ -435,21 +435,62 @@ def test_interrupted_ioctls_are_redone_not_fallbacks(mdir, monkeypatch):
     import gdsfs._core as core
     from gdsfs import _protocol as proto
 
-    real = core.fcntl.ioctl
+    real = core._ioctl  # every request of the core goes through it (fcntl or ctypes below)
     cmds = {proto.HELLO, proto.ALLOC, proto.WRITE, proto.RELEASE, proto.READ, proto.STATUS}
     interrupted: list[int] = []
 
-    def flaky(fd, cmd, buf, mutate=True):
+    def flaky(fd, cmd, buf):
         if cmd in cmds and cmd not in interrupted:  # the first of each kind, once
             interrupted.append(cmd)
             raise InterruptedError(errno.EINTR, "Interrupted system call")
-        return real(fd, cmd, buf, mutate)
+        return real(fd, cmd, buf)
 
     sd = {"a": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.int64)}
     p = os.path.join(mdir, "eintr.pt")
-    monkeypatch.setattr(core.fcntl, "ioctl", flaky)
+    monkeypatch.setattr(core, "_ioctl", flaky)
     gck.save(sd, p)
     got = gck.load(p, map_location="cpu")
-    monkeypatch.setattr(core.fcntl, "ioctl", real)
+    monkeypatch.setattr(core, "_ioctl", real)
     assert_same(got, sd)
     assert set(interrupted) >= {proto.HELLO, proto.ALLOC, proto.WRITE, proto.RELEASE, proto.READ}
+
+
+def test_large_reads_leave_other_threads_running(mdir):
+    """A READ (a 12 KiB request buffer) goes through ctypes, which releases the GIL: another
+    Python thread keeps running while the daemon fills a 256 MiB range (fcntl.ioctl would hold
+    the GIL for the whole call, stalling it)."""
+    import threading
+    import time
+
+    import gdsfs
+
+    p = os.path.join(mdir, "big.bin")
+    with open(p, "wb") as f:
+        f.write(os.urandom(1 << 20) * 256)
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            stamps.append(time.monotonic())
+            time.sleep(0.0005)
+
+    with gdsfs.Session(p) as s, open(p, "rb", buffering=0) as f:
+        s.release(s.read(f, [(0, 1 << 20)]))  # warm: session, slabs, page cache
+        th = threading.Thread(target=ticker)
+        th.start()
+        try:
+            time.sleep(0.02)
+            t0 = time.monotonic()
+            refs = s.read(f, [(0, 256 << 20)])
+            t1 = time.monotonic()
+            time.sleep(0.02)
+        finally:
+            stop.set()
+            th.join()
+        s.release(refs)
+    if t1 - t0 < 0.05:
+        pytest.skip(f"the 256 MiB READ took {1e3 * (t1 - t0):.0f} ms: too fast to tell a held GIL apart")
+    inside = [b - a for a, b in zip(stamps, stamps[1:]) if b > t0 and a < t1]
+    assert inside and max(inside) < 0.5 * (t1 - t0), (
+        f"another thread stalled {1e3 * max(inside or [0]):.0f} ms of a {1e3 * (t1 - t0):.0f} ms READ")
