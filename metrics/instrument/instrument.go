@@ -78,7 +78,9 @@ func (c *control) OpenSession(ctx context.Context, who fs.Caller) (fs.Session, s
 func (c *control) FileIoctl(ctx context.Context, who fs.Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno) {
 	start := time.Now()
 	n, errno := c.Control.FileIoctl(ctx, who, f, path, cmd, in, out)
-	c.r.ObserveControl(CommandName(cmd), time.Since(start), errno)
+	if ctl.OurCmd(cmd) { // a tty probe (Python's open() asks isatty) is no control request
+		c.r.ObserveControl(CommandName(cmd), time.Since(start), errno)
+	}
 	return n, errno
 }
 
@@ -106,7 +108,9 @@ type session struct {
 func (s *session) Ioctl(ctx context.Context, who fs.Caller, cmd uint32, in, out []byte) (int32, syscall.Errno) {
 	start := time.Now()
 	n, errno := s.Session.Ioctl(ctx, who, cmd, in, out)
-	s.r.ObserveControl(CommandName(cmd), time.Since(start), errno)
+	if ctl.OurCmd(cmd) {
+		s.r.ObserveControl(CommandName(cmd), time.Since(start), errno)
+	}
 	return n, errno
 }
 
@@ -118,9 +122,23 @@ func (s *session) Close() error {
 }
 
 // Engines returns ch with the bytes every chosen engine moves recorded in
-// r under the engine's name.
+// r under the engine's name. A ctl.RangeChooser stays one, so wrapping
+// hides no optional ability.
 func Engines(ch ctl.EngineChooser, r Recorder) ctl.EngineChooser {
-	return &chooser{EngineChooser: ch, r: r}
+	c := &chooser{EngineChooser: ch, r: r}
+	if rc, ok := ch.(ctl.RangeChooser); ok {
+		return &rangeChooser{chooser: c, rc: rc}
+	}
+	return c
+}
+
+type rangeChooser struct {
+	*chooser
+	rc ctl.RangeChooser
+}
+
+func (c *rangeChooser) ForRange(f *os.File, path string, off, n int64) (ctl.Engine, string) {
+	return c.wrap(c.rc.ForRange(f, path, off, n))
 }
 
 type chooser struct {
@@ -129,7 +147,10 @@ type chooser struct {
 }
 
 func (c *chooser) For(f *os.File, path string) (ctl.Engine, string) {
-	e, why := c.EngineChooser.For(f, path)
+	return c.wrap(c.EngineChooser.For(f, path))
+}
+
+func (c *chooser) wrap(e ctl.Engine, why string) (ctl.Engine, string) {
 	if e == nil {
 		return e, why
 	}

@@ -85,8 +85,15 @@ func TestControlAndEngineRecording(t *testing.T) {
 	if _, errno := c.FileIoctl(ctx, fs.Caller{UID: 1001}, f, p, ctl.CmdRead, req, make([]byte, ctl.SizeRead)); errno != syscall.EPERM {
 		t.Fatalf("READ as another uid: %v, want EPERM", errno)
 	}
-	if _, errno := c.FileIoctl(ctx, who, f, p, 0xdeadbeef, nil, nil); errno != syscall.ENOTTY {
+	// An unknown command of ours is a refused control request; a tty probe
+	// (TCGETS, what Python's open() sends to ask isatty) is none at all.
+	unknown := uint32(3<<30 | 8<<16 | 'G'<<8 | 0x7f)
+	if _, errno := c.FileIoctl(ctx, who, f, p, unknown, make([]byte, 8), make([]byte, 8)); errno != syscall.ENOTTY {
 		t.Fatalf("unknown command: %v, want ENOTTY", errno)
+	}
+	const tcgets = 0x5401
+	if _, errno := c.FileIoctl(ctx, who, f, p, tcgets, nil, nil); errno != syscall.ENOTTY {
+		t.Fatalf("TCGETS: %v, want ENOTTY", errno)
 	}
 	if _, errno := c.Xattr(ctx, who, p, false, "user.gdsfs.backing"); errno != 0 {
 		t.Fatalf("xattr backing: %v", errno)
@@ -119,6 +126,33 @@ func TestControlAndEngineRecording(t *testing.T) {
 		if !ok || got != tt.want {
 			t.Errorf("%s = %v (present %v), want %v", metrics.Series(tt.name, tt.labels...), got, ok, tt.want)
 		}
+	}
+}
+
+type rangeEngine struct {
+	fixedEngine
+	asked *[2]int64
+}
+
+func (c rangeEngine) ForRange(_ *os.File, _ string, off, n int64) (ctl.Engine, string) {
+	*c.asked = [2]int64{off, n}
+	return c.e, "range"
+}
+
+// TestEnginesKeepsRangeChooser: wrapping a chooser that answers by range
+// must not hide ForRange (READs would fall back to a per-file answer).
+func TestEnginesKeepsRangeChooser(t *testing.T) {
+	var asked [2]int64
+	w := Engines(rangeEngine{fixedEngine{cufile.NewHostEngine(cufile.Options{})}, &asked}, metrics.New())
+	rc, ok := w.(ctl.RangeChooser)
+	if !ok {
+		t.Fatal("Engines hid ForRange of a ctl.RangeChooser")
+	}
+	if e, why := rc.ForRange(nil, "p", 4096, 8192); e == nil || why != "range" || asked != [2]int64{4096, 8192} {
+		t.Fatalf("ForRange = %v, %q, asked %v", e, why, asked)
+	}
+	if _, ok := Engines(fixedEngine{}, metrics.New()).(ctl.RangeChooser); ok {
+		t.Fatal("a plain chooser became a RangeChooser")
 	}
 }
 
