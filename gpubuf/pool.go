@@ -359,6 +359,7 @@ func (p *Pool) allocSlab(ctx context.Context, dev *deviceState, uid uint32, size
 // takeOver scrubs idle slab s, hands it to uid and carves size bytes from
 // it. It is called with dev.mu held and unlocks it.
 func (p *Pool) takeOver(ctx context.Context, dev *deviceState, s *Slab, uid uint32, size int64) (*Slab, int64, error) {
+	prev := s.uid
 	s.busy = true
 	s.uid = uid
 	off := s.carve(0, size)
@@ -367,6 +368,18 @@ func (p *Pool) takeOver(ctx context.Context, dev *deviceState, s *Slab, uid uint
 	if err := p.reassign(ctx, s, uid); err != nil {
 		dev.mu.Lock()
 		s.put(off, size)
+		if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+			// The caller gave up (an interrupted ioctl), the memory did
+			// not fail: the slab holds only prev's bytes (some perhaps
+			// zeroed) and was not chowned, so it goes back to prev
+			// idle. Retiring it would keep its bytes charged to the
+			// budget for the pool's life.
+			s.uid = prev
+			s.busy = false
+			dev.endPending(ps)
+			dev.mu.Unlock()
+			return nil, 0, err
+		}
 		// A slab that could not be scrubbed must never serve anyone:
 		// it stays busy (unallocatable) until the pool closes.
 		dev.endPending(ps)

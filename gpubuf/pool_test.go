@@ -69,7 +69,12 @@ type fakeMemory struct {
 func (m *fakeMemory) Size() int64             { return int64(len(m.data)) }
 func (m *fakeMemory) HostBytes() []byte       { return m.data }
 func (m *fakeMemory) Export() ([]byte, error) { return []byte(fmt.Sprintf("fake-%p", m)), nil }
-func (m *fakeMemory) Scrub(context.Context) error {
+func (m *fakeMemory) Scrub(ctx context.Context) error {
+	// Like the host and CUDA memories: a cancelled context leaves the
+	// memory untouched.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	clear(m.data)
@@ -283,6 +288,36 @@ func TestUIDIsolationAndScrub(t *testing.T) {
 	mustAlloc(t, p, alice, 0, Align)
 	if mem.scrubs != 2 {
 		t.Errorf("scrubs %d, want 2", mem.scrubs)
+	}
+}
+
+// An Alloc whose context ends before the scrub of an idle slab of another
+// uid gives the slab back: the next Alloc can take it over. The slab was
+// once retired for good, its bytes charged to the budget until Close.
+func TestCancelledTakeOverKeepsTheSlab(t *testing.T) {
+	p, _ := newTestPool(t, 1)
+	alice := Owner{Session: 1, UID: 1001}
+	bob := Owner{Session: 2, UID: 1002}
+	la := mustAlloc(t, p, alice, 0, Align)
+	mem := la.Slab.Memory.(*fakeMemory)
+	copy(mem.data[la.Offset:], "alice's secret")
+	if err := p.Release(alice, la.ID); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := p.Alloc(ctx, bob, 0, Align); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Alloc with a cancelled context: %v, want context.Canceled", err)
+	}
+	if la.Slab.UID() != alice.UID {
+		t.Errorf("unscrubbed slab serves uid %d, want alice's %d", la.Slab.UID(), alice.UID)
+	}
+	lb := mustAlloc(t, p, bob, 0, Align)
+	if lb.Slab != la.Slab || mem.uid != bob.UID || mem.scrubs != 1 {
+		t.Errorf("bob's lease: same slab %v, memory uid %d, scrubs %d; want true, %d, 1", lb.Slab == la.Slab, mem.uid, bob.UID, mem.scrubs)
+	}
+	if bytes.Contains(mem.data, []byte("alice")) {
+		t.Error("alice's bytes survived the hand-over to bob")
 	}
 }
 
