@@ -5,9 +5,12 @@ from __future__ import annotations
 import collections
 import os
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+
+from gdsfs import GDSFallbackWarning
+from gdsfs._errors import _reset_fallback_warning
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -208,3 +211,29 @@ def crash_save(kind: str, path: str, seed: int, nbytes: int, crash_before: int, 
         setattr(os, name, wrap(name, getattr(os, name)))
     once(sd)
     conn.send(steps)
+
+
+def daemon_dir(mount: Any, request: Any, sub: str) -> Iterator[str]:
+    """Body of the ``mdir`` fixtures: a fresh directory on the mount for one test, in which a
+    GDSFallbackWarning is an error (on the mount nothing may fall back silently), and after
+    which no lease is left and the daemon answered no request with an error."""
+    d = mount.path(sub, request.node.name.replace("/", "_"))
+    os.makedirs(d, exist_ok=True)
+    _reset_fallback_warning()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
+        errors = daemon_errors(mount)
+        yield d
+    assert mount.wait_leases(0) == 0, "leases left behind"
+    assert daemon_errors(mount) == errors, "the daemon answered requests with errors"
+
+
+def daemon_errors(m: Any) -> dict:
+    """The daemon's error counters by errno. ENOTTY aside: every plain open() of a file on the
+    mount asks isatty(), a TCGETS ioctl the daemon refuses (torch.load and shutil do that)."""
+    return {k: v for k, v in m.stats()["counters"].get("errors", {}).items() if k != "ENOTTY"}
+
+
+def counters(m: Any) -> dict:
+    """The daemon's control-path counters (reads, read_bytes, writes, write_bytes, errors)."""
+    return m.stats()["counters"]

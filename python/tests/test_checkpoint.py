@@ -18,7 +18,7 @@ import zipfile
 import pytest
 import torch
 
-from _ckpt_helpers import FIXTURES, assert_same, nested_state, storage_key
+from _ckpt_helpers import assert_same, counters, daemon_dir, FIXTURES, nested_state, storage_key
 from gdsfs import GDSFallbackWarning, GDSUnavailableError
 from gdsfs._ckpt import zipfmt
 from gdsfs._errors import _reset_fallback_warning
@@ -27,25 +27,9 @@ import gdsfs.checkpoint as gck
 
 @pytest.fixture
 def mdir(gdsfs_mount, request):
-    d = gdsfs_mount.path("ckpt", request.node.name.replace("/", "_"))
-    os.makedirs(d, exist_ok=True)
-    _reset_fallback_warning()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", GDSFallbackWarning)  # on the mount, no silent fallback
-        errors = _errors(gdsfs_mount)
-        yield d
-    assert gdsfs_mount.wait_leases(0) == 0, "leases left behind"
-    assert _errors(gdsfs_mount) == errors, "the daemon answered requests with errors"
+    yield from daemon_dir(gdsfs_mount, request, "ckpt")
 
 
-def _errors(m) -> dict:
-    # ENOTTY aside: every plain open() of a file on the mount asks isatty(), a TCGETS ioctl the
-    # daemon answers with ENOTTY (torch.load and shutil do that in these tests; gdsfs does not).
-    return {k: v for k, v in m.stats()["counters"].get("errors", {}).items() if k != "ENOTTY"}
-
-
-def counters(m) -> dict:
-    return m.stats()["counters"]
 
 
 def payload(obj) -> int:

@@ -18,9 +18,7 @@ import pytest
 import torch
 
 import _dcp_standin
-from _ckpt_helpers import DTYPES, FIXTURES, _bytes, make_tensor
-from gdsfs import GDSFallbackWarning
-from gdsfs._errors import _reset_fallback_warning
+from _ckpt_helpers import _bytes, daemon_dir, DTYPES, FIXTURES, make_tensor
 
 REAL = _dcp_standin.has_real_dcp()
 needs_real = pytest.mark.skipif(not REAL, reason=f"torch {torch.__version__} has no torch.distributed.checkpoint")
@@ -33,21 +31,8 @@ import gdsfs.dcp as gdcp  # noqa: E402  (after the stand-in is installed)
 
 @pytest.fixture
 def mdir(gdsfs_mount, request):
-    d = gdsfs_mount.path("dcp", request.node.name.replace("/", "_"))
-    os.makedirs(d, exist_ok=True)
-    _reset_fallback_warning()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", GDSFallbackWarning)
-        errors = _errors(gdsfs_mount)
-        yield d
-    assert gdsfs_mount.wait_leases(0) == 0, "leases left behind"
-    assert _errors(gdsfs_mount) == errors, "the daemon answered requests with errors"
+    yield from daemon_dir(gdsfs_mount, request, "dcp")
 
-
-def _errors(m) -> dict:
-    # ENOTTY aside: every plain open() of a file on the mount asks isatty(), a TCGETS ioctl the
-    # daemon answers with ENOTTY (torch.load and shutil do that in these tests; gdsfs does not).
-    return {k: v for k, v in m.stats()["counters"].get("errors", {}).items() if k != "ENOTTY"}
 
 
 def state(seed: int = 0) -> dict[str, object]:
