@@ -249,7 +249,7 @@ func TestPosixErrorsAndCancellation(t *testing.T) {
 		}
 		// Broken lanes are closed and dropped, never handed out again.
 		for len(e.pool(0).free) > 0 {
-			if l := (<-e.pool(0).free).(*fakeLane); l.closed {
+			if l, ok := (<-e.pool(0).free).(*fakeLane); ok && l.closed {
 				t.Error("a closed lane was returned to the pool")
 			}
 		}

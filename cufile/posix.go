@@ -67,6 +67,9 @@ type posixEngine struct {
 // lanePool bounds the pinned memory of a device: at most Workers lanes exist,
 // shared by all concurrent transfers.
 type lanePool struct {
+	// free holds idle lanes and nil tokens: a nil is room for one lane
+	// whose predecessor broke (or whose allocation failed), so a transfer
+	// waiting for a lane wakes on a failure as well as on a release.
 	free    chan lane
 	mu      sync.Mutex
 	created int
@@ -119,29 +122,37 @@ func (e *posixEngine) acquire(ctx context.Context, device int) (lane, error) {
 	p := e.pool(device)
 	select {
 	case l := <-p.free:
-		return l, nil
+		return e.lane(p, device, l)
 	default:
 	}
 	p.mu.Lock()
 	if p.created < p.max {
 		p.created++
 		p.mu.Unlock()
-		l, err := e.st.newLane(device, e.opts.Slots, e.bufBytes())
-		if err != nil {
-			p.mu.Lock()
-			p.created--
-			p.mu.Unlock()
-			return nil, fmt.Errorf("allocate pinned staging: %w", err)
-		}
-		return l, nil
+		return e.lane(p, device, nil)
 	}
 	p.mu.Unlock()
 	select {
 	case l := <-p.free:
-		return l, nil
+		return e.lane(p, device, l)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// lane returns l, or a new lane of device when l is nil (room for one in
+// p). A failed allocation puts the room back as a token, never blocking:
+// free holds at most one entry per lane counted in p.created.
+func (e *posixEngine) lane(p *lanePool, device int, l lane) (lane, error) {
+	if l != nil {
+		return l, nil
+	}
+	l, err := e.st.newLane(device, e.opts.Slots, e.bufBytes())
+	if err != nil {
+		p.free <- nil
+		return nil, fmt.Errorf("allocate pinned staging: %w", err)
+	}
+	return l, nil
 }
 
 func (e *posixEngine) release(device int, l lane) { e.pool(device).free <- l }
@@ -155,7 +166,9 @@ func (e *posixEngine) Close() error {
 		for {
 			select {
 			case l := <-p.free:
-				errs = append(errs, l.close())
+				if l != nil {
+					errs = append(errs, l.close())
+				}
 				continue
 			default:
 			}
@@ -348,11 +361,12 @@ func (w *pipeWorker) finish() error {
 	}
 	err := errors.Join(errs...)
 	if err != nil {
-		// A lane whose stream failed is not trusted again.
+		// A lane whose stream failed is not trusted again. Its room goes
+		// back as a token, which also wakes a transfer waiting in acquire
+		// (lowering p.created instead left it waiting for a release that
+		// would never come once every lane had failed).
 		errs = append(errs, w.l.close())
-		w.e.pool(w.device).mu.Lock()
-		w.e.pool(w.device).created--
-		w.e.pool(w.device).mu.Unlock()
+		w.e.pool(w.device).free <- nil
 		return errors.Join(errs...)
 	}
 	w.e.release(w.device, w.l)
