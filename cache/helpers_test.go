@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -172,4 +174,21 @@ func readRange(t testing.TB, path string, r Range) []byte {
 		t.Fatalf("read %+v of %s: %v", r, path, err)
 	}
 	return b
+}
+
+// checkParse is the body of every parser's fuzz target: parsing data either
+// fails with an error wrapping ErrInvalid or yields an index (built by wrap
+// from the parser's result) whose ranges checkIndex accepts.
+func checkParse[T any](t *testing.T, data []byte, parse func(io.ReaderAt, int64) (T, error), wrap func(T) *Index) {
+	t.Helper()
+	v, err := parse(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("error does not wrap ErrInvalid: %v", err)
+		}
+		return
+	}
+	x := wrap(v)
+	x.FileSize = int64(len(data))
+	checkIndex(t, x)
 }

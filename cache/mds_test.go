@@ -190,14 +190,7 @@ func FuzzMDS(f *testing.F) {
 	f.Add(writeMDSShard(testSamples(4)))
 	f.Add(writeMDSShard(nil))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := ParseMDS(bytes.NewReader(data), int64(len(data)))
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("error does not wrap ErrInvalid: %v", err)
-			}
-			return
-		}
-		checkIndex(t, &Index{Format: FormatMDS, FileSize: int64(len(data)), MDS: m})
+		checkParse(t, data, ParseMDS, func(x *MDS) *Index { return &Index{Format: FormatMDS, MDS: x} })
 	})
 }
 

@@ -162,13 +162,6 @@ func FuzzTorchZip(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		z, err := ParseTorchZip(bytes.NewReader(data), int64(len(data)))
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("error does not wrap ErrInvalid: %v", err)
-			}
-			return
-		}
-		checkIndex(t, &Index{Format: FormatTorchZip, FileSize: int64(len(data)), TorchZip: z})
+		checkParse(t, data, ParseTorchZip, func(x *TorchZip) *Index { return &Index{Format: FormatTorchZip, TorchZip: x} })
 	})
 }
