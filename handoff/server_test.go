@@ -117,13 +117,13 @@ func readAll(t *testing.T, f *os.File) []byte {
 // descriptor, and the connection keeps serving after a refusal.
 func TestFetch(t *testing.T) {
 	src := newFake()
-	s := startServer(t, src, Options{}, nil)
+	done := make(chan struct{}, 1)
+	s := startServer(t, src, Options{}, done)
 	ctx := ctxT(t)
 	c, err := Dial(ctx, s.Addr(), os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	cases := []struct {
 		name string
 		req  Request
@@ -156,6 +156,8 @@ func TestFetch(t *testing.T) {
 			}
 		})
 	}
+	c.Close()
+	<-done // the server is done counting that connection's requests
 	st := s.Stats()
 	if st.Served != 2 || st.Refused != 6 {
 		t.Errorf("stats %+v, want 2 served and 6 refused", st)
