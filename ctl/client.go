@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/gdsfs/gdsfs/handoff"
 	"golang.org/x/sys/unix"
 )
 
@@ -280,6 +281,20 @@ func (c *Client) Slab(ctx context.Context, id uint64) (SlabReply, error) {
 		return SlabReply{}, fmt.Errorf("gdsfs: SLAB %d: %w", id, err)
 	}
 	return DecodeSlabReply(buf)
+}
+
+// SlabFD fetches a descriptor of slab id's memory from the daemon's slab
+// socket (CapSlabFD): for CUDA slabs of kind SlabCUDAFD the shareable
+// handle to import, for host slabs the slab file. The socket gives it only
+// to a process of the session's uid whose session holds a lease in the
+// slab; a refusal is the daemon's errno (errors.Is). The caller closes the
+// file; a mapping made from it stays valid after it is closed.
+func (c *Client) SlabFD(ctx context.Context, id uint64) (*os.File, handoff.Reply, error) {
+	if c.hello.Caps&CapSlabFD == 0 || c.hello.SlabSocket == "" {
+		return nil, handoff.Reply{}, fmt.Errorf("gdsfs: slab %d: the daemon serves no slab socket (HELLO caps %#x): upgrade the daemon: %w", id, c.hello.Caps, syscall.EOPNOTSUPP)
+	}
+	tok := c.tok
+	return handoff.Fetch(ctx, c.hello.SlabSocket, int(c.hello.DaemonPID), handoff.Request{Session: tok.Session, Secret: tok.Secret, Slab: id})
 }
 
 // Map returns the bytes of host slab id, mapping it on first use. The

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,10 @@ type Options struct {
 	// user.gdsfs.backing and user.gdsfs.info report (an overmount serves
 	// the mountpoint's own contents through /proc/self/fd/N). Nil: as is.
 	BackingPath func(daemonPath string) string
+	// SlabSocket is the address of the slab socket (package handoff) that
+	// serves this Server's SlabFD, announced in HELLO with CapSlabFD.
+	// Empty: none (CUDA slabs of kind SlabCUDAFD cannot be mapped then).
+	SlabSocket string
 }
 
 // Validate reports every problem of o at once.
@@ -84,6 +89,9 @@ func (o Options) Validate() error {
 	}
 	if o.Engines == nil {
 		errs = append(errs, errors.New("ctl: Options.Engines is nil"))
+	}
+	if len(o.SlabSocket) >= SlabSocketBytes {
+		errs = append(errs, fmt.Errorf("ctl: Options.SlabSocket %q is %d bytes, HELLO has room for %d", o.SlabSocket, len(o.SlabSocket), SlabSocketBytes-1))
 	}
 	return errors.Join(errs...)
 }
@@ -547,6 +555,9 @@ func (s *Server) caps() uint64 {
 	}
 	if !s.opts.ReadOnly {
 		c |= CapWrite
+	}
+	if s.opts.SlabSocket != "" {
+		c |= CapSlabFD
 	}
 	return c
 }

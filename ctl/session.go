@@ -164,6 +164,7 @@ func (ss *session) hello(out []byte) {
 		DaemonPID:     s.pid,
 		Engine:        s.opts.Engine,
 		DaemonVersion: s.opts.Version,
+		SlabSocket:    s.opts.SlabSocket,
 	}
 	if !s.host {
 		r.Devices = uint32(s.devices)
@@ -194,9 +195,7 @@ func (ss *session) slab(id uint64, out []byte) syscall.Errno {
 		return syscall.EIO
 	}
 	r := SlabReply{Slab: id, Size: uint64(sl.Size), Kind: SlabHost, Device: ss.srv.wireDevice(sl.Device), Handle: h}
-	if _, ok := sl.Memory.(gpubuf.DeviceMemory); ok {
-		r.Kind = SlabCUDA
-	}
+	r.Kind = slabKind(sl.Memory)
 	r.Encode(out)
 	return 0
 }

@@ -75,13 +75,26 @@ const (
 	CapReadNames
 	CapIndex
 	CapWrite
+	// CapSlabFD: slab memory is handed out as file descriptors on the
+	// slab socket named in HelloReply.SlabSocket (docs/protocol.md,
+	// "Slab descriptors"). CUDA slabs of kind SlabCUDAFD can only be
+	// mapped this way.
+	CapSlabFD
 )
 
 // Slab kinds of SlabReply.Kind.
 const (
 	SlabHost uint32 = 1 // Handle is the path of a shared-memory file
-	SlabCUDA uint32 = 2 // Handle is a 64-byte CUDA IPC memory handle
+	SlabCUDA uint32 = 2 // Handle is a 64-byte legacy CUDA IPC memory handle (a bearer capability)
+	// SlabCUDAFD is CUDA virtual-memory-management memory: Handle is
+	// empty; the client fetches a POSIX file descriptor of the allocation
+	// from the slab socket (CapSlabFD) and imports it
+	// (cuMemImportFromShareableHandle).
+	SlabCUDAFD uint32 = 3
 )
+
+// SlabSocketBytes is the room for HelloReply.SlabSocket (NUL-padded).
+const SlabSocketBytes = 88
 
 // WriteSync asks WRITE to fdatasync the file before replying.
 const WriteSync uint32 = 1
@@ -156,6 +169,10 @@ type HelloReply struct {
 	DaemonPID     uint32
 	Engine        string // at most 31 bytes
 	DaemonVersion string // at most 31 bytes
+	// SlabSocket is the address of the slab socket ("@name": abstract
+	// namespace; else a path), set with CapSlabFD; at most
+	// SlabSocketBytes-1 bytes.
+	SlabSocket string
 }
 
 // SlabRequest asks how to map a slab.
@@ -360,6 +377,7 @@ func (r *HelloReply) Encode(b []byte) {
 	le.PutUint32(b[96:], r.DaemonPID)
 	putString(b[104:136], r.Engine)
 	putString(b[136:168], r.DaemonVersion)
+	putString(b[168:168+SlabSocketBytes], r.SlabSocket)
 }
 
 // DecodeHelloReply decodes a HELLO reply.
@@ -381,6 +399,7 @@ func DecodeHelloReply(b []byte) (HelloReply, error) {
 		DaemonPID:     le.Uint32(b[96:]),
 		Engine:        getString(b[104:136]),
 		DaemonVersion: getString(b[136:168]),
+		SlabSocket:    getString(b[168 : 168+SlabSocketBytes]),
 	}, nil
 }
 

@@ -17,6 +17,7 @@ import (
 type Driver struct {
 	lib  *library
 	fn   driverFuncs
+	vmm  vmmFuncs  // virtual memory management (vmm.go); zero where the driver lacks it
 	ctxs []uintptr // primary context per device ordinal
 	devs []int32   // CUdevice per ordinal
 }
@@ -57,6 +58,7 @@ func LoadDriver() (*Driver, error) {
 	}, nil); err != nil {
 		return nil, err
 	}
+	d.bindVMM()
 	if err := d.check("cuInit", cuCall(f.cuInit, 0)); err != nil {
 		return nil, err
 	}
@@ -200,7 +202,9 @@ func (d *Driver) Memset(device int, p uintptr, v byte, n int64) error {
 	})
 }
 
-// IPCHandle returns the 64-byte CUDA IPC handle of the allocation at p.
+// IPCHandle returns the 64-byte legacy CUDA IPC handle of the allocation at
+// p. The handle is a bearer capability: any process that learns its bytes
+// can open it; gdsfs uses it only where VMM is unavailable (memory.go).
 func (d *Driver) IPCHandle(device int, p uintptr) ([]byte, error) {
 	h := make([]byte, 64)
 	err := d.Do(device, func() error {

@@ -195,13 +195,14 @@ func (e *Engines) choose(gpuErr error) error {
 	r := &e.report
 	gpu := e.drv != nil
 	if gpu {
-		e.backend = &cudaBackend{d: e.drv}
+		be, why := newCUDABackend(e.drv, e.lib)
+		e.backend = be
+		r.Probes = append(r.Probes, Probe{Name: "cuda slab handles", OK: be.vmm, Detail: why})
 		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct})
 		r.Backend = "cuda"
 	}
 	if e.lib != nil {
 		e.gds = newGDSEngine(e.drv, e.lib, e.cfg.ChunkBytes, e.cfg.Workers, !e.nvfs)
-		e.backend = &cudaBackend{d: e.drv, lib: e.lib}
 	}
 	switch e.cfg.Engine {
 	case EngineHost:

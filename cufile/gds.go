@@ -184,7 +184,7 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 	if !ok {
 		return 0, fmt.Errorf("%s: needs device memory, got %T", op, mem)
 	}
-	if cm, ok := mem.(*cudaMemory); ok {
+	if cm, ok := mem.(interface{ register(*Lib) error }); ok {
 		// Unregistered memory still works (cuFile bounces it through its
 		// own registered buffers), only slower: registration failing (BAR1
 		// space, 5016) is no reason to fail the transfer.

@@ -199,3 +199,23 @@ func (m *hostMemory) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// ExportFD returns a new descriptor of the slab file (O_RDWR, close-on-exec)
+// and its size: the slab socket hands it to the slab's uid (ctl.FDExporter).
+func (m *hostMemory) ExportFD() (*os.File, int64, error) {
+	rc, err := m.f.SyscallConn()
+	if err != nil {
+		return nil, 0, fmt.Errorf("gpubuf: slab %q: %w", m.path, err)
+	}
+	nfd := -1
+	var derr error
+	// Control holds the descriptor open while it runs: a concurrent Close
+	// cannot hand its number to another file under the dup.
+	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, 0, fmt.Errorf("gpubuf: slab %q: %w", m.path, err)
+	}
+	if derr != nil {
+		return nil, 0, fmt.Errorf("gpubuf: duplicate slab %q: %w", m.path, derr)
+	}
+	return os.NewFile(uintptr(nfd), m.path), m.size, nil
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/handoff"
 )
 
 // daemonVersion is reported by HELLO and user.gdsfs.stats.
@@ -77,7 +78,18 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 		engines.Close()
 		return nil, nil, err
 	}
+	// The slab socket hands slab memory descriptors to the sessions' own
+	// processes (CUDA VMM handles, host slab files): bound before the
+	// server so HELLO can name it, served once the server exists.
+	slabs, err := handoff.Listen(handoff.Options{Log: log})
+	if err != nil {
+		indexes.Close()
+		pool.Close()
+		engines.Close()
+		return nil, nil, err
+	}
 	srv, err := ctl.NewServer(ctl.Options{
+		SlabSocket:  slabs.Addr(),
 		BackingPath: backingPath,
 		Pool:        pool,
 		Engines:     chooser,
@@ -87,14 +99,19 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 		Version:     daemonVersion,
 		Log:         log,
 	})
+	if err == nil {
+		err = slabs.Serve(srv)
+	}
 	if err != nil {
+		slabs.Close()
 		indexes.Close()
 		pool.Close()
 		engines.Close()
 		return nil, nil, err
 	}
-	log.Info().Str("engine", engines.Probe().Engine).Str("why", engines.Probe().Why).Bool("read_only", readOnly).Msg("control path ready")
-	return srv, controlCloser{srv: srv, pool: pool, engines: engines, indexes: indexes}, nil
+	log.Info().Str("engine", engines.Probe().Engine).Str("why", engines.Probe().Why).Bool("read_only", readOnly).
+		Str("slab_socket", slabs.Addr()).Str("slab_handles", slabHandles(engines)).Msg("control path ready")
+	return srv, controlCloser{slabs: slabs, srv: srv, pool: pool, engines: engines, indexes: indexes}, nil
 }
 
 // metaCacheFlag names the flag that set the index cache's size, for its
@@ -143,6 +160,7 @@ func overmountPaths(cmd *cobra.Command) (func(string) string, error) {
 
 // controlCloser tears the control path down after unmount.
 type controlCloser struct {
+	slabs   *handoff.Server
 	srv     *ctl.Server
 	pool    *gpubuf.Pool
 	engines *cufile.Engines
@@ -151,6 +169,9 @@ type controlCloser struct {
 
 func (c controlCloser) Close() error {
 	var errs []error
+	if err := c.slabs.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close slab socket: %w", err))
+	}
 	if err := c.srv.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close sessions: %w", err))
 	}
@@ -163,3 +184,9 @@ func (c controlCloser) Close() error {
 	c.indexes.Close()
 	return errors.Join(errs...)
 }
+
+// slabHandles says how clients map GPU slabs, for the log: "vmm" (CUDA
+// virtual memory, POSIX fd handles from the slab socket), "legacy-ipc"
+// (64-byte CUDA IPC handles: bearer capabilities, old drivers only) or
+// "host" (no GPU slabs).
+func slabHandles(e *cufile.Engines) string { return e.SlabHandles() }

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/handoff"
 )
 
 // slabReader gives gdsfs read the bytes of a lease.
@@ -16,7 +18,8 @@ type slabReader interface {
 }
 
 // newSlabReader returns the reader for device's slabs: host slabs are
-// mapped, CUDA slabs are opened by IPC and copied to host memory.
+// mapped, CUDA slabs are imported (VMM descriptors from the slab socket)
+// or opened by legacy IPC, and copied to host memory.
 func newSlabReader(ctx context.Context, cl *ctl.Client, device int32) (slabReader, error) {
 	if device == ctl.HostDevice {
 		return hostSlabs{cl}, nil
@@ -53,6 +56,19 @@ type ipcOpener interface {
 	IPCClose(device int, p uintptr) error
 }
 
+// slabFDSource fetches a slab's descriptor from the slab socket
+// (ctl.Client.SlabFD), for slabs of kind ctl.SlabCUDAFD.
+type slabFDSource interface {
+	SlabFD(ctx context.Context, id uint64) (*os.File, handoff.Reply, error)
+}
+
+// vmmImporter maps CUDA virtual memory exported as a POSIX descriptor
+// (cufile.Driver.VMMImport) and unmaps it.
+type vmmImporter interface {
+	VMMImport(device, fd int, bytes int64) (uintptr, error)
+	VMMUnmap(device int, p uintptr, bytes int64) error
+}
+
 // deviceCopier copies device memory to host memory and waits
 // (cufile.Driver.CopyDtoH).
 type deviceCopier interface {
@@ -69,11 +85,12 @@ type cudaSlabs struct {
 	mapped map[uint64]cudaSlab // slab id -> its mapping here
 }
 
-// cudaSlab is one slab opened by IPC.
+// cudaSlab is one slab opened by IPC or imported from a descriptor.
 type cudaSlab struct {
-	opened uintptr // what IPCOpen returned, to close
-	base   uintptr // address of slab byte 0
-	size   uint64
+	opened   uintptr // what IPCOpen or VMMImport returned, to close
+	base     uintptr // address of slab byte 0
+	size     uint64
+	vmmBytes int64 // bytes VMMImport mapped (0: opened by IPCOpen)
 }
 
 func newCUDASlabs(slabs slabSource, ipc ipcOpener, copier deviceCopier, device int) *cudaSlabs {
@@ -89,14 +106,43 @@ func (c *cudaSlabs) slab(ctx context.Context, id uint64) (cudaSlab, error) {
 	if err != nil {
 		return cudaSlab{}, err
 	}
-	if r.Kind != ctl.SlabCUDA || int(r.Device) != c.device {
-		return cudaSlab{}, fmt.Errorf("slab %d is kind %d on device %d, want CUDA memory (kind %d) on device %d", id, r.Kind, r.Device, ctl.SlabCUDA, c.device)
+	if (r.Kind != ctl.SlabCUDA && r.Kind != ctl.SlabCUDAFD) || int(r.Device) != c.device {
+		return cudaSlab{}, fmt.Errorf("slab %d is kind %d on device %d, want CUDA memory (kind %d or %d) on device %d", id, r.Kind, r.Device, ctl.SlabCUDA, ctl.SlabCUDAFD, c.device)
+	}
+	if r.Kind == ctl.SlabCUDAFD {
+		return c.importSlab(ctx, id, r)
 	}
 	p, err := c.ipc.IPCOpen(c.device, r.Handle)
 	if err != nil {
 		return cudaSlab{}, fmt.Errorf("open the CUDA IPC handle of slab %d: %w", id, err)
 	}
 	m := cudaSlab{opened: p, base: p + uintptr(r.MapOffset), size: r.Size}
+	c.mapped[id] = m
+	return m, nil
+}
+
+// importSlab maps a VMM slab from the descriptor the slab socket hands
+// this process (only a process of the session's uid gets it).
+func (c *cudaSlabs) importSlab(ctx context.Context, id uint64, r ctl.SlabReply) (cudaSlab, error) {
+	src, ok1 := c.slabs.(slabFDSource)
+	imp, ok2 := c.ipc.(vmmImporter)
+	if !ok1 || !ok2 {
+		return cudaSlab{}, fmt.Errorf("slab %d is CUDA virtual memory, and this reader cannot import it", id)
+	}
+	f, rep, err := src.SlabFD(ctx, id)
+	if err != nil {
+		return cudaSlab{}, err
+	}
+	defer f.Close() // the mapping keeps the memory
+	n := int64(rep.Bytes)
+	if n <= 0 || uint64(n) < r.MapOffset+r.Size {
+		return cudaSlab{}, fmt.Errorf("slab %d: descriptor of %d bytes for a %d-byte slab at offset %d", id, n, r.Size, r.MapOffset)
+	}
+	p, err := imp.VMMImport(c.device, int(f.Fd()), n)
+	if err != nil {
+		return cudaSlab{}, fmt.Errorf("import the CUDA memory of slab %d: %w", id, err)
+	}
+	m := cudaSlab{opened: p, base: p + uintptr(r.MapOffset), size: r.Size, vmmBytes: n}
 	c.mapped[id] = m
 	return m, nil
 }
@@ -126,7 +172,11 @@ func (c *cudaSlabs) bytes(ctx context.Context, l ctl.Lease, buf *[]byte) ([]byte
 // the leases that made it valid).
 func (c *cudaSlabs) close() {
 	for id, m := range c.mapped {
-		_ = c.ipc.IPCClose(c.device, m.opened)
+		if imp, ok := c.ipc.(vmmImporter); ok && m.vmmBytes > 0 {
+			_ = imp.VMMUnmap(c.device, m.opened, m.vmmBytes)
+		} else {
+			_ = c.ipc.IPCClose(c.device, m.opened)
+		}
 		delete(c.mapped, id)
 	}
 }
