@@ -46,8 +46,13 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         session). Releasing twice is an error from the daemon, ignored here.
 
     session.slab_info(slab_id) -> SlabInfo
-        (kind, size, handle): handle is the shm path (host) or the 64-byte
-        CUDA IPC handle; cached. gdsfs.torch uses it to map slabs.
+        (kind, size, handle): handle is the shm path (host), empty for CUDA
+        virtual memory (kind 3: map it from session.slab_fd), or the 64-byte
+        legacy CUDA IPC handle (kind 2, old drivers); cached. gdsfs.torch
+        uses it to map slabs.
+    session.slab_fd(slab_id) -> (fd, nbytes)
+        A descriptor of the slab's memory from the daemon's slab socket,
+        handed only to a process of the session's uid (the caller closes it).
 
     capabilities(path) -> Capabilities      what the daemon serves for path
     layout(path) -> dict                    the daemon's parsed index (JSON)
@@ -426,6 +431,18 @@ class _ProcessSlabs:
         self.descs: dict[tuple[str, int, int], proto.SlabDesc] = {}
         self.host: dict[tuple[str, int, int], _HostMapping] = {}
         self.tensors: dict[tuple[str, int, int], Any] = {}  # slab -> torch tensor (gdsfs.torch)
+        # Slabs mapped from descriptors (CUDA virtual memory): dropped when a
+        # session of their mount closes in this process, so the mapping
+        # goes once the last tensor over it does (legacy IPC mappings stay:
+        # CUDA cannot open one handle twice in a process).
+        self.vmm: set[tuple[str, int, int]] = set()
+
+    def drop_vmm(self, mount: str) -> None:
+        with self.lock:
+            for key in [k for k in self.vmm if k[0] == mount]:
+                self.vmm.discard(key)
+                self.tensors.pop(key, None)
+                self.descs.pop(key, None)
 
     def reset(self) -> None:
         # After fork: CUDA mappings do not survive, host mmaps do but a child
@@ -434,6 +451,7 @@ class _ProcessSlabs:
         self.descs = {}
         self.host = {}
         self.tensors = {}
+        self.vmm = set()
 
 
 _slabs = _ProcessSlabs()
@@ -563,6 +581,7 @@ class Session:
             elif self._cfd is not None:
                 os.close(self._cfd)
             self._cfd = None
+        _slabs.drop_vmm(self.mount)
 
     @property
     def closed(self) -> bool:
@@ -750,6 +769,26 @@ class Session:
         with _slabs.lock:
             _slabs.descs[key] = d
         return d
+
+    def slab_fd(self, slab: int) -> tuple[int, int]:
+        """A descriptor of slab's memory and the bytes to map through it,
+        from the daemon's slab socket (CAP_SLAB_FD). The daemon gives it
+        only to a process of this session's uid, while the session holds a
+        lease in the slab. The caller closes the descriptor; a mapping made
+        from it stays valid (and keeps its memory) after that."""
+        fd, _ = self._control_fd()
+        addr, pid = self.hello.slab_socket, self.hello.daemon_pid
+        if not addr:
+            # A session rebuilt from a token (a Ref from another process)
+            # has not seen the daemon's HELLO: ask it on our descriptor.
+            h = _hello(fd)
+            addr, pid = h.slab_socket, h.daemon_pid
+            if not (h.caps & proto.CAP_SLAB_FD) or not addr:
+                raise GDSUnavailableError(f"gdsfs: the daemon at {self.mount!r} serves no slab socket: upgrade the gdsfs daemon")
+        try:
+            return proto.fetch_slab_fd(addr, pid, self.token, slab)
+        except OSError as e:
+            raise _daemon_error("slab socket", e, f"for slab {slab}") from e
 
     def _host_mapping(self, slab: int) -> _HostMapping:
         key = (self.mount, self.hello.daemon_pid, slab)

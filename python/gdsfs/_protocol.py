@@ -8,6 +8,8 @@ on the way in and the reply on the way out.
 from __future__ import annotations
 
 import errno as _errno
+import os
+import socket
 import struct
 from typing import NamedTuple, Sequence
 
@@ -26,9 +28,11 @@ CAP_CUDA_SLABS = 1 << 1
 CAP_READ_NAMES = 1 << 2
 CAP_INDEX = 1 << 3
 CAP_WRITE = 1 << 4
+CAP_SLAB_FD = 1 << 5  # slab descriptors on the slab socket named in HELLO
 
 SLAB_KIND_HOST = 1
-SLAB_KIND_CUDA = 2
+SLAB_KIND_CUDA = 2  # legacy 64-byte CUDA IPC handle (a bearer capability)
+SLAB_KIND_CUDA_FD = 3  # CUDA virtual memory: fetch a descriptor from the slab socket
 
 WRITE_SYNC = 1
 
@@ -86,6 +90,7 @@ class Hello(NamedTuple):
     daemon_pid: int
     engine: str
     daemon_version: str
+    slab_socket: str = ""  # with CAP_SLAB_FD: "@name" (abstract) or a path
 
 
 class LeaseDesc(NamedTuple):
@@ -147,6 +152,7 @@ def decode_hello(buf: bytes) -> Hello:
         daemon_pid=pid,
         engine=_cstr(buf[104:136]),
         daemon_version=_cstr(buf[136:168]),
+        slab_socket=_cstr(buf[168:256]),
     )
 
 
@@ -161,6 +167,53 @@ def decode_slab(buf: bytes) -> SlabDesc:
     if handle_len > 512:
         raise ValueError(f"gdsfs: SLAB reply handle_len {handle_len} > 512")
     return SlabDesc(slab, size, map_offset, kind, device, bytes(buf[128 : 128 + handle_len]))
+
+
+# The slab socket (docs/protocol.md, "Slab descriptors"): SOCK_SEQPACKET,
+# one request message, one reply message with one descriptor (SCM_RIGHTS).
+SLAB_FD_REQUEST = struct.Struct("<IHHQQQQ")  # magic, version 1, op 1, session, secret, slab, reserved
+SLAB_FD_REPLY = struct.Struct("<IHHIIQQ")  # magic, version, reserved, errno, reserved, slab, bytes
+
+
+def fetch_slab_fd(addr: str, daemon_pid: int, token: Token, slab: int, timeout: float = 30.0) -> tuple[int, int]:
+    """A descriptor of slab's memory from the daemon's slab socket, and the
+    bytes to map through it. The caller closes the descriptor.
+
+    The daemon hands it only to a process of the session's uid whose
+    session holds a lease in the slab (it checks SO_PEERCRED); we check in
+    turn that the socket is served by the daemon's pid, so a name left by a
+    daemon that exited cannot be squatted to collect tokens.
+
+    Raises:
+        OSError: errno of the daemon's refusal (EPERM, ENOENT, ...) or of
+            the connection.
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(timeout)
+        s.connect("\0" + addr[1:] if addr.startswith("@") else addr)
+        pid, _uid, _gid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if daemon_pid and pid != daemon_pid:
+            raise OSError(_errno.EPERM, f"gdsfs: the slab socket {addr!r} is served by pid {pid}, not the daemon (pid {daemon_pid}): refusing it")
+        s.sendall(SLAB_FD_REQUEST.pack(MAGIC, 1, 1, token.session, token.secret, slab, 0))
+        msg, fds, _flags, _addr = socket.recv_fds(s, SLAB_FD_REPLY.size + 1, 4, socket.MSG_CMSG_CLOEXEC)
+        try:
+            if len(msg) != SLAB_FD_REPLY.size:
+                raise OSError(_errno.EBADMSG, f"gdsfs: slab socket reply of {len(msg)} bytes")
+            magic, version, _r0, err, _r1, got_slab, nbytes = SLAB_FD_REPLY.unpack(msg)
+            if magic != MAGIC or version != 1:
+                raise OSError(_errno.EBADMSG, "gdsfs: slab socket reply with a bad magic or version")
+            if err:
+                raise OSError(err, f"gdsfs: the daemon refused slab {slab}: {os.strerror(err)}")
+            if len(fds) != 1 or got_slab != slab:
+                raise OSError(_errno.EBADMSG, f"gdsfs: slab socket reply for slab {got_slab} with {len(fds)} descriptors")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds[0], nbytes
+    finally:
+        s.close()
 
 
 def encode_alloc(token: Token | None, device: int, length: int) -> bytearray:

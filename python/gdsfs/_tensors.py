@@ -8,6 +8,7 @@ field) and releases the leases.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -95,6 +96,20 @@ def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
         if d.kind == proto.SLAB_KIND_HOST:
             m = session._host_mapping(slab)
             t = torch.frombuffer(m.view[m.base : m.base + m.size], dtype=torch.uint8)
+        elif d.kind == proto.SLAB_KIND_CUDA_FD:
+            from . import _cuda
+
+            torch.cuda.init()
+            with torch.cuda.device(d.device):
+                fd, nbytes = session.slab_fd(slab)
+                try:
+                    m = _cuda.import_fd(fd, nbytes, d.device)
+                finally:
+                    os.close(fd)
+                # The tensor keeps the mapping: it goes when the last view does.
+                arr = _cuda.CudaArray(m.ptr + d.map_offset, d.size, owner=m)
+                t = torch.as_tensor(arr, device=torch.device("cuda", d.device))
+            _core._slabs.vmm.add(key)
         elif d.kind == proto.SLAB_KIND_CUDA:
             from . import _cuda
 
