@@ -238,9 +238,11 @@ func TestGPUScrubOnUIDChange(t *testing.T) {
 	}
 }
 
-// TestGPUIPCExport exports a slab's IPC handle and has a second process
-// (python3, ctypes, cuIpcOpenMemHandle_v2) open it and hash the lease's
-// bytes: a handle cannot be opened in the exporting process.
+// TestGPUIPCExport exports a slab and has a second process (python3,
+// ctypes) map it and hash the lease's bytes: a VMM slab's POSIX descriptor
+// passed as the child's fd 3 (cuMemImportFromShareableHandle), or a legacy
+// slab's 64-byte IPC handle (cuIpcOpenMemHandle_v2, which cannot be opened
+// in the exporting process).
 func TestGPUIPCExport(t *testing.T) {
 	e := gpuEngines(t)
 	script := os.Getenv("GDSFS_IPC_CHECK")
@@ -270,16 +272,30 @@ func TestGPUIPCExport(t *testing.T) {
 	if err := e.drv.CopyHtoD(0, dm.DevicePtr()+uintptr(l.Offset), payload); err != nil {
 		t.Fatal(err)
 	}
-	h, err := p.Export(o, l.Slab.ID)
-	if err != nil || len(h) != 64 {
-		t.Fatalf("Export = %d bytes, %v", len(h), err)
-	}
 	sum := sha256.Sum256(payload)
 	py := os.Getenv("GDSFS_PYTHON")
 	if py == "" {
 		py = "python3"
 	}
-	out, err := exec.CommandContext(ctx, py, script, hex.EncodeToString(h), fmt.Sprint(l.Offset), fmt.Sprint(len(payload)), hex.EncodeToString(sum[:])).CombinedOutput()
+	var cmd *exec.Cmd
+	if fe, ok := l.Slab.Memory.(interface {
+		ExportFD() (*os.File, int64, error)
+	}); ok {
+		f, n, err := fe.ExportFD()
+		if err != nil {
+			t.Fatalf("ExportFD: %v", err)
+		}
+		defer f.Close()
+		cmd = exec.CommandContext(ctx, py, script, fmt.Sprintf("fd:3:%d", n), fmt.Sprint(l.Offset), fmt.Sprint(len(payload)), hex.EncodeToString(sum[:]))
+		cmd.ExtraFiles = []*os.File{f}
+	} else {
+		h, err := p.Export(o, l.Slab.ID)
+		if err != nil || len(h) != 64 {
+			t.Fatalf("Export = %d bytes, %v", len(h), err)
+		}
+		cmd = exec.CommandContext(ctx, py, script, hex.EncodeToString(h), fmt.Sprint(l.Offset), fmt.Sprint(len(payload)), hex.EncodeToString(sum[:]))
+	}
+	out, err := cmd.CombinedOutput()
 	t.Logf("%s", strings.TrimSpace(string(out)))
 	if err != nil {
 		t.Fatalf("second process could not read the exported slab: %v", err)

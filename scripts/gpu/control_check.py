@@ -9,8 +9,10 @@ of device N (default 0) with READ ioctls, and hands the session token and
 the lease descriptors to a consumer process (the same script with
 --consume), which:
 
-  * maps every slab once by CUDA IPC (SLAB on its own control file with the
-    producer's token, cuIpcOpenMemHandle_v2 through ctypes), views each lease
+  * maps every slab once (SLAB on its own control file with the producer's
+    token; CUDA virtual memory: the slab's descriptor from the daemon's slab
+    socket, cuMemImportFromShareableHandle and cuMemMap through ctypes;
+    legacy slabs: cuIpcOpenMemHandle_v2), views each lease
     as a torch tensor (zero copy, __cuda_array_interface__) and compares it
     on the GPU with the file's bytes;
   * writes a checkpoint: ALLOC on device 0, fills the lease on the GPU
@@ -45,6 +47,7 @@ CMD_HELLO, CMD_SLAB, CMD_ALLOC = iowr(0x01, SIZE_HELLO), iowr(0x02, SIZE_SLAB), 
 CMD_RELEASE, CMD_STATUS = iowr(0x04, SIZE_RELEASE), iowr(0x05, SIZE_PAGE)
 CMD_READ, CMD_WRITE = iowr(0x10, SIZE_READ), iowr(0x12, SIZE_WRITE)
 CAP_HOST_SLABS, CAP_CUDA_SLABS, SLAB_HOST, SLAB_CUDA, WRITE_SYNC = 1 << 0, 1 << 1, 1, 2, 1
+SLAB_CUDA_FD = 3  # CUDA virtual memory: the descriptor comes from the slab socket
 LEASE_FMT = "<QQQQQII"  # id, slab, offset, length, valid, engine, reserved
 
 
@@ -67,8 +70,55 @@ def hello(cfd):
     version, uid, caps, session, secret, max_ranges = struct.unpack_from("<IIQQQI", b, 32)
     devices, max_lease = struct.unpack_from("<IQ", b, 76)
     engine = bytes(b[104:136]).rstrip(b"\0").decode()
+    pid, = struct.unpack_from("<I", b, 96)
+    sock = bytes(b[168:256]).split(b"\0", 1)[0].decode()
     return {"caps": caps, "token": (session, secret), "max_ranges": max_ranges, "devices": devices,
-            "max_lease": max_lease, "engine": engine, "uid": uid}
+            "max_lease": max_lease, "engine": engine, "uid": uid, "pid": pid, "slab_socket": sock}
+
+
+def slab_fd(h, token, slab_id):
+    """The slab's descriptor from the slab socket (docs/protocol.md, "Slab
+    descriptors"): (fd, bytes to map)."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    addr = h["slab_socket"]
+    s.connect("\0" + addr[1:] if addr.startswith("@") else addr)
+    pid, _, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if pid != h["pid"]:
+        sys.exit(f"control_check: slab socket served by pid {pid}, not the daemon {h['pid']}")
+    s.sendall(struct.pack("<IHHQQQQ", MAGIC, 1, 1, token[0], token[1], slab_id, 0))
+    msg, fds, _, _ = socket.recv_fds(s, 33, 4)
+    s.close()
+    magic, _, _, err, _, _, nbytes = struct.unpack("<IHHIIQQ", msg)
+    if err or len(fds) != 1:
+        sys.exit(f"control_check: slab socket refused slab {slab_id}: errno {err}")
+    return fds[0], nbytes
+
+
+class AccessDesc(ctypes.Structure):
+    _fields_ = [("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int), ("flags", ctypes.c_int)]
+
+
+def vmm_import(cu, fd, nbytes, dev):
+    """Map a CUDA virtual-memory descriptor; returns the address."""
+    u64, sz = ctypes.c_uint64, ctypes.c_size_t
+    cu.cuMemImportFromShareableHandle.argtypes = [ctypes.POINTER(u64), ctypes.c_void_p, ctypes.c_int]
+    cu.cuMemAddressReserve.argtypes = [ctypes.POINTER(u64), sz, sz, u64, ctypes.c_ulonglong]
+    cu.cuMemMap.argtypes = [u64, sz, sz, u64, ctypes.c_ulonglong]
+    cu.cuMemSetAccess.argtypes = [u64, sz, ctypes.POINTER(AccessDesc), sz]
+    cu.cuMemRelease.argtypes = [u64]
+    h, ptr = u64(), u64()
+    for what, rc in (("cuMemImportFromShareableHandle", lambda: cu.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fd), 1)),
+                     ("cuMemAddressReserve", lambda: cu.cuMemAddressReserve(ctypes.byref(ptr), nbytes, 0, 0, 0)),
+                     ("cuMemMap", lambda: cu.cuMemMap(ptr.value, nbytes, 0, h.value, 0)),
+                     ("cuMemSetAccess", lambda: cu.cuMemSetAccess(ptr.value, nbytes, ctypes.byref(AccessDesc(1, dev, 3)), 1)),
+                     ("cuMemRelease", lambda: cu.cuMemRelease(h.value))):
+        r = rc()
+        if r != 0:
+            sys.exit(f"control_check: {what}: CUresult {r}")
+    os.close(fd)
+    return ptr.value
 
 
 def read(fd, token, device, ranges):
@@ -278,13 +328,20 @@ def cuda_consumer(job):
     # The consumer's own control file: SLAB and ALLOC act on the producer's
     # session through its token.
     cfd = os.open(os.path.join(mount, ".gdsfs"), os.O_RDONLY)
-    hello(cfd)
+    hi = hello(cfd)
     bases = {}
     opened = []
+    imported = []
 
     def slab_base(sid):
         if sid not in bases:
             s = slab(cfd, token, sid)
+            if s["kind"] == SLAB_CUDA_FD:
+                fd, nbytes = slab_fd(hi, token, sid)
+                ptr = vmm_import(cu, fd, nbytes, job["device"])
+                imported.append((ptr, nbytes))
+                bases[sid] = ptr + s["map_offset"]
+                return bases[sid]
             if s["kind"] != SLAB_CUDA or len(s["handle"]) != 64:
                 sys.exit(f"control_check: slab {sid} is kind {s['kind']} with a {len(s['handle'])}-byte handle")
             h = IpcHandle()
@@ -313,7 +370,7 @@ def cuda_consumer(job):
             sys.exit(f"control_check: {w['file']} range at {w['file_offset']}: byte {bad} differs on the GPU")
         checked += w["valid"]
     torch.cuda.synchronize()
-    print(f"control_check: consumer compared {checked} bytes on the GPU through CUDA IPC views ({len(bases)} slabs)")
+    print(f"control_check: consumer compared {checked} bytes on the GPU through CUDA views ({len(imported)} slabs imported from descriptors, {len(opened)} by legacy IPC)")
 
     # Checkpoint write: fill a lease on the GPU, WRITE it, compare sha256.
     n = 9 * (1 << 20) + 123
@@ -342,6 +399,12 @@ def cuda_consumer(job):
     print(f"control_check: consumer wrote a {n}-byte checkpoint from GPU memory through WRITE; sha256sum matches")
     for p in opened:
         cu.cuIpcCloseMemHandle(p)
+    cu.cuMemUnmap.argtypes = [ctypes.c_uint64, ctypes.c_size_t]
+    cu.cuMemAddressFree.argtypes = [ctypes.c_uint64, ctypes.c_size_t]
+    torch.cuda.synchronize()
+    for p, n in imported:
+        cu.cuMemUnmap(p, n)
+        cu.cuMemAddressFree(p, n)
     os.close(cfd)
 
 
