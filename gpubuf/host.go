@@ -110,28 +110,26 @@ func (b *HostBackend) Close() error {
 	return nil
 }
 
-// hostMemory is one shared-memory slab file, mapped MAP_SHARED.
+// hostMemory is one shared-memory slab file of one uid, mapped MAP_SHARED.
 type hostMemory struct {
 	path string
 	f    *os.File
 	size int64
+	uid  uint32
 	data []byte
-
-	mu  sync.Mutex // guards uid
-	uid uint32
 }
 
-var (
-	_ HostMemory = (*hostMemory)(nil)
-	_ Chowner    = (*hostMemory)(nil)
-)
+var _ HostMemory = (*hostMemory)(nil)
 
 func (m *hostMemory) init() error {
 	if err := m.f.Truncate(m.size); err != nil {
 		return fmt.Errorf("gpubuf: size slab file %q: %w", m.path, err)
 	}
-	if err := m.chown(m.uid); err != nil {
-		return err
+	if err := m.f.Chown(int(m.uid), -1); err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return fmt.Errorf("gpubuf: give slab %q to uid %d: %w (the daemon must run as root to serve other users)", m.path, m.uid, err)
+		}
+		return fmt.Errorf("gpubuf: give slab %q to uid %d: %w", m.path, m.uid, err)
 	}
 	data, err := unix.Mmap(int(m.f.Fd()), 0, int(m.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -141,61 +139,32 @@ func (m *hostMemory) init() error {
 	return nil
 }
 
-func (m *hostMemory) chown(uid uint32) error {
-	if err := m.f.Chown(int(uid), -1); err != nil {
-		if errors.Is(err, os.ErrPermission) {
-			return fmt.Errorf("gpubuf: give slab %q to uid %d: %w (the daemon must run as root to serve other users)", m.path, uid, err)
-		}
-		return fmt.Errorf("gpubuf: give slab %q to uid %d: %w", m.path, uid, err)
-	}
-	return nil
-}
-
 func (m *hostMemory) Size() int64             { return m.size }
 func (m *hostMemory) HostBytes() []byte       { return m.data }
 func (m *hostMemory) Export() ([]byte, error) { return []byte(m.path), nil }
 
-// Scrub zeroes the slab. Punching a hole frees the pages (tmpfs reads holes as
-// zeroes, in every mapping); where the filesystem cannot, it writes zeroes.
-func (m *hostMemory) Scrub(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	err := unix.Fallocate(int(m.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, m.size)
-	if err == nil {
-		return nil
-	}
-	clear(m.data)
-	return nil
-}
-
-// Chown gives the slab file to uid.
-func (m *hostMemory) Chown(uid uint32) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if uid == m.uid {
-		return nil
-	}
-	if err := m.chown(uid); err != nil {
-		return err
-	}
-	m.uid = uid
-	return nil
-}
-
+// Close frees the slab. The file is truncated to zero bytes before it is
+// unlinked: tmpfs frees its pages at once, and a client that kept a
+// mapping (or the file open) past its leases gets SIGBUS (or EOF) instead
+// of holding memory beyond the pool's budget. The uid may grow the file
+// again through a descriptor it kept; that is its own tmpfs memory, as
+// with any file it creates in /dev/shm, and no one else's data.
 func (m *hostMemory) Close() error {
 	var errs []error
+	if err := m.f.Truncate(0); err != nil {
+		errs = append(errs, fmt.Errorf("gpubuf: truncate slab %q: %w", m.path, err))
+	}
 	if m.data != nil {
 		if err := unix.Munmap(m.data); err != nil {
 			errs = append(errs, fmt.Errorf("gpubuf: unmap slab %q: %w", m.path, err))
 		}
 		m.data = nil
 	}
-	if err := m.f.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("gpubuf: close slab %q: %w", m.path, err))
-	}
 	if err := os.Remove(m.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("gpubuf: remove slab %q: %w", m.path, err))
+	}
+	if err := m.f.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("gpubuf: close slab %q: %w", m.path, err))
 	}
 	return errors.Join(errs...)
 }
