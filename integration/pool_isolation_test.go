@@ -369,8 +369,8 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
-// allocs serves "alloc N" commands (answering "ok" or the errno's name)
-// and holds every lease until "exit".
+// allocs serves "alloc N TIMES" commands and holds every lease until
+// "exit".
 func (c *poolChild) allocs() error {
 	ctx := context.Background()
 	cl, err := ctl.OpenSession(c.mnt)
@@ -383,21 +383,33 @@ func (c *poolChild) allocs() error {
 		switch {
 		case len(f) == 1 && f[0] == "exit":
 			return nil
-		case len(f) == 2 && f[0] == "alloc":
+		case len(f) == 3 && f[0] == "alloc":
+			// alloc N TIMES: answers the outcome of each, "ok" or the
+			// errno's name, on one line.
 			n, err := strconv.ParseInt(f[1], 10, 64)
 			if err != nil {
 				return err
 			}
-			_, err = cl.Alloc(ctx, ctl.HostDevice, n)
-			var errno syscall.Errno
-			switch {
-			case err == nil:
-				fmt.Println("ok")
-			case errors.As(err, &errno):
-				fmt.Println(errnoName(errno))
-			default:
+			times, err := strconv.Atoi(f[2])
+			if err != nil {
 				return err
 			}
+			var got []string
+			for range times {
+				_, err = cl.Alloc(ctx, ctl.HostDevice, n)
+				var errno syscall.Errno
+				switch {
+				case err == nil:
+					got = append(got, "ok")
+				case errors.Is(err, syscall.EAGAIN):
+					got = append(got, "EAGAIN")
+				case errors.As(err, &errno):
+					got = append(got, fmt.Sprintf("errno%d", int(errno)))
+				default:
+					return err
+				}
+			}
+			fmt.Println("alloc", strings.Join(got, " "))
 		default:
 			return fmt.Errorf("unknown command %q", c.in.Text())
 		}
@@ -561,4 +573,67 @@ func openAs(uid int, path string) (string, error) {
 		return "", err
 	}
 	return path, nil
+}
+
+// TestPoolFairShare (issue 12, item 9): with the default --uid-share (half
+// the pool), uid A holding its whole share gets EAGAIN beyond it and does
+// not make uid B's ALLOC fail; gdsfs status and the metrics show each
+// uid's memory and refusals; A retrying in a loop logs one warning, not
+// one per refusal (item 10).
+func TestPoolFairShare(t *testing.T) {
+	d, bin := poolMount(t)
+	a := startPoolChild(t, bin, d.mnt, "alloc", poolUIDA)
+	b := startPoolChild(t, bin, d.mnt, "alloc", poolUIDB)
+	a.send(fmt.Sprintf("alloc %d 1", poolSlab))
+	if got := a.expect("alloc"); got != "alloc ok" {
+		t.Fatalf("uid %d's first ALLOC of its share: %q", poolUIDA, got)
+	}
+	const retries = 200
+	a.send(fmt.Sprintf("alloc 4096 %d", retries))
+	if got := a.expect("alloc"); got != "alloc"+strings.Repeat(" EAGAIN", retries) {
+		t.Fatalf("uid %d beyond its share: %q, want EAGAIN every time", poolUIDA, got)
+	}
+	b.send(fmt.Sprintf("alloc %d 1", poolSlab))
+	if got := b.expect("alloc"); got != "alloc ok" {
+		t.Fatalf("uid %d's ALLOC while uid %d holds its share: %q, want ok", poolUIDB, poolUIDA, got)
+	}
+
+	out, err := exec.Command(gdsfsBin(t), "status", d.mnt).CombinedOutput()
+	if err != nil {
+		t.Fatalf("gdsfs status: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"4.0 MiB per uid",
+		fmt.Sprintf("uid %d: 1 sessions, 4.0 MiB leased, 4.0 MiB allocated, %d allocations refused", poolUIDA, retries),
+		fmt.Sprintf("uid %d: 1 sessions, 4.0 MiB leased, 4.0 MiB allocated, 0 allocations refused", poolUIDB),
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("gdsfs status lacks %q:\n%s", want, out)
+		}
+	}
+	s := d.mustScrape()
+	for _, m := range []struct {
+		name, uid string
+		want      float64
+	}{
+		{"gdsfs_pool_uid_refused_total", strconv.Itoa(poolUIDA), retries},
+		{"gdsfs_pool_uid_refused_total", strconv.Itoa(poolUIDB), 0},
+		{"gdsfs_pool_uid_allocated_bytes", strconv.Itoa(poolUIDB), poolSlab},
+	} {
+		if got, ok := s.Get(m.name, "uid", m.uid); !ok || got != m.want {
+			t.Errorf("%s{uid=%q} = %v (present %v), want %v", m.name, m.uid, got, ok, m.want)
+		}
+	}
+	if got, ok := s.Get("gdsfs_pool_uid_share_bytes", "device", "host"); !ok || got != poolSlab {
+		t.Errorf("gdsfs_pool_uid_share_bytes = %v (present %v), want %d", got, ok, poolSlab)
+	}
+	log, err := os.ReadFile(d.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(log, []byte("gpubuf: pool exhausted")); n < 1 || n > 2 {
+		t.Errorf("%d exhaustion warnings logged for %d refusals, want 1 (or 2 across a period boundary)", n, retries)
+	}
+	a.send("exit")
+	b.send("exit")
 }
