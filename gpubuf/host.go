@@ -2,6 +2,8 @@ package gpubuf
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -12,20 +14,24 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// HostBackend allocates slabs as shared-memory files in a private directory
-// (by default /dev/shm/gdsfs-<pid>-<random>), mmapped by the daemon. A client
-// in another process maps a slab by opening the path Export returns; the file
-// is mode 0600 and owned by the uid the slab serves, so only that uid (and
-// root) can. The backend holds a lock on the directory's lock file for its
-// lifetime: that is how a later daemon tells a live directory from one left
-// by a killed daemon (see slabdir.go).
+// HostBackend allocates slabs as new shared-memory files in a private
+// directory (by default /dev/shm/gdsfs-<pid>-<random>), one subdirectory per
+// uid (u-<random>, owned by the uid, mode 0500: only it and root can look
+// inside), mmapped by the daemon. A client in another process maps a slab
+// by opening the path Export returns; the file is mode 0600 and owned by the
+// uid the slab serves from its creation, so only that uid (and root) can.
+// No other uid can even tell which uids have slabs or how large they are.
+// The backend holds a lock on the directory's lock file for its lifetime:
+// that is how a later daemon tells a live directory from one left by a
+// killed daemon (see slabdir.go).
 type HostBackend struct {
 	dir  string
 	next atomic.Uint64
 
 	mu     sync.Mutex
 	closed bool
-	lock   *os.File // GUARDED_BY(mu): holds the directory's lock; nil once closed
+	lock   *os.File          // GUARDED_BY(mu): holds the directory's lock; nil once closed
+	uids   map[uint32]string // GUARDED_BY(mu): the uids' subdirectories made so far
 }
 
 // HostBackendOptions configures NewHostBackend. The zero value is usable.
@@ -52,7 +58,49 @@ func NewHostBackend(opts HostBackendOptions) (*HostBackend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &HostBackend{dir: dir, lock: lock}, nil
+	return &HostBackend{dir: dir, lock: lock, uids: map[uint32]string{}}, nil
+}
+
+// uidDir returns uid's subdirectory, making it on first use.
+func (b *HostBackend) uidDir(uid uint32) (string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return "", ErrClosed
+	}
+	if d, ok := b.uids[uid]; ok {
+		return d, nil
+	}
+	// A random name: other uids can look names up in the 0711 parent,
+	// and must not learn which uids have slabs.
+	var r [8]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return "", fmt.Errorf("gpubuf: random slab directory name: %w", err)
+	}
+	d := filepath.Join(b.dir, "u-"+hex.EncodeToString(r[:]))
+	// 0500: the uid may look up and open its files but not add, remove
+	// or rename any. Root (the daemon serving other users) creates files
+	// regardless; a daemon running as its own user needs write access.
+	mode := os.FileMode(0o500)
+	if os.Geteuid() != 0 {
+		mode = 0o700
+	}
+	if err := os.Mkdir(d, 0o700); err != nil {
+		return "", fmt.Errorf("gpubuf: create slab directory of uid %d: %w", uid, err)
+	}
+	if err := os.Chown(d, int(uid), -1); err != nil {
+		_ = os.Remove(d)
+		if errors.Is(err, os.ErrPermission) {
+			return "", fmt.Errorf("gpubuf: give slab directory %q to uid %d: %w (the daemon must run as root to serve other users)", d, uid, err)
+		}
+		return "", fmt.Errorf("gpubuf: give slab directory %q to uid %d: %w", d, uid, err)
+	}
+	if err := os.Chmod(d, mode); err != nil {
+		_ = os.Remove(d)
+		return "", fmt.Errorf("gpubuf: chmod slab directory %q: %w", d, err)
+	}
+	b.uids[uid] = d
+	return d, nil
 }
 
 // Dir is the directory holding the slab files.
@@ -72,14 +120,12 @@ func (b *HostBackend) Alloc(_ context.Context, device int, size int64, uid uint3
 	if size <= 0 || size%Align != 0 {
 		return nil, fmt.Errorf("gpubuf: slab size %d is not a positive multiple of %d", size, Align)
 	}
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
-		return nil, ErrClosed
+	dir, err := b.uidDir(uid)
+	if err != nil {
+		return nil, err
 	}
-	path := filepath.Join(b.dir, fmt.Sprintf("slab-%d", b.next.Add(1)))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	path := filepath.Join(dir, fmt.Sprintf("slab-%d", b.next.Add(1)))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("gpubuf: create slab file: %w", err)
 	}

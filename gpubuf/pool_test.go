@@ -881,6 +881,15 @@ func TestHostBackend(t *testing.T) {
 	if err != nil || dfi.Mode().Perm() != 0o711 {
 		t.Errorf("slab directory mode: %v %v", dfi.Mode().Perm(), err)
 	}
+	// The file lies in a directory of the uid that only it can search.
+	ufi, err := os.Stat(filepath.Dir(string(tok)))
+	wantMode := os.FileMode(0o500)
+	if os.Getuid() != 0 {
+		wantMode = 0o700
+	}
+	if err != nil || ufi.Mode().Perm() != wantMode || ufi.Sys().(*syscall.Stat_t).Uid != uid || filepath.Dir(filepath.Dir(string(tok))) != dir {
+		t.Errorf("uid directory of %s: %v, want mode %v owned by %d under %s (%v)", tok, ufi.Mode().Perm(), wantMode, uid, dir, err)
+	}
 	// A client's mapping, kept after its lease is released and the slab
 	// is freed (here: for another uid), faults instead of showing or
 	// holding memory; the other uid gets a new file.

@@ -62,6 +62,10 @@ func TestPoolChild(t *testing.T) {
 		err = c.victim(os.Getenv("GDSFS_POOL_FILE"), os.Getenv("GDSFS_POOL_OUT"))
 	case "alloc":
 		err = c.allocs()
+	case "hoarder":
+		err = c.hoarder()
+	case "truncator":
+		err = c.truncator(os.Getenv("GDSFS_POOL_FILE"), os.Getenv("GDSFS_POOL_OUT"))
 	default:
 		err = fmt.Errorf("unknown child mode %q", mode)
 	}
@@ -553,6 +557,10 @@ func TestPoolIsolation(t *testing.T) {
 			if f, err := openAs(poolUIDB, f[2]); err == nil {
 				t.Errorf("uid %d opened uid %d's slab file %s", poolUIDB, poolUIDA, f)
 			}
+			// Nor can it tell that they exist (which uids use the pool, how much).
+			if err := asUID(poolUIDB, `[ -e "$1" ] || [ -e "${1%/*}/." ]`, f[2]); err == nil {
+				t.Errorf("uid %d can see uid %d's slab file or its directory (%s)", poolUIDB, poolUIDA, f[2])
+			}
 		}
 	}
 	t.Logf("attacker's view:\n%s", a.log.String())
@@ -563,16 +571,20 @@ func TestPoolIsolation(t *testing.T) {
 	}
 }
 
-// openAs reports whether uid may open path for reading (an access(2)
-// check with uid's credentials: faccessat with AT_EACCESS would need the
-// effective uid changed, so a child process does it).
+// openAs opens path for reading as uid (in a child process: the test's
+// own credentials cannot change per thread) and returns path if it could.
 func openAs(uid int, path string) (string, error) {
-	cmd := exec.Command("/bin/sh", "-c", `exec 3<"$1"`, "sh", path)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-	if err := cmd.Run(); err != nil {
+	if err := asUID(uid, `exec 3<"$1"`, path); err != nil {
 		return "", err
 	}
 	return path, nil
+}
+
+// asUID runs the shell script with arg as $1 as uid; nil when it exits 0.
+func asUID(uid int, script, arg string) error {
+	cmd := exec.Command("/bin/sh", "-c", script, "sh", arg)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	return cmd.Run()
 }
 
 // TestPoolFairShare (issue 12, item 9): with the default --uid-share (half
@@ -636,4 +648,136 @@ func TestPoolFairShare(t *testing.T) {
 	}
 	a.send("exit")
 	b.send("exit")
+}
+
+// truncator shrinks its own slab file to nothing while it holds a lease
+// in it (the owner may: the file is its), then asks the daemon to READ
+// into and WRITE from that slab. The daemon must answer with an error,
+// not die of SIGBUS.
+func (c *poolChild) truncator(file, out string) error {
+	ctx := context.Background()
+	cl, err := ctl.OpenSession(c.mnt)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	l, err := cl.Alloc(ctx, ctl.HostDevice, 4096)
+	if err != nil {
+		return err
+	}
+	r, err := cl.Slab(ctx, l.Slab)
+	if err != nil {
+		return err
+	}
+	if err := os.Truncate(string(r.Handle), 0); err != nil {
+		return fmt.Errorf("truncate own slab file: %w", err)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	dst, err := os.OpenFile(out, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	_, rerr := cl.Read(ctx, f, ctl.HostDevice, []ctl.Range{{Offset: 0, Length: 8192}})
+	werr := cl.Write(ctx, dst, l, 0, 0, 4096, false)
+	for _, e := range []error{rerr, werr} {
+		if errors.Is(e, syscall.ENOTCONN) || errors.Is(e, syscall.ECONNABORTED) {
+			return fmt.Errorf("the daemon died: %w", e)
+		}
+	}
+	fmt.Println("survived", rerr != nil, werr != nil)
+	_, err = c.wait("exit")
+	return err
+}
+
+// TestPoolOwnerTruncatesOwnSlab: a uid that truncates its own slab file
+// under the daemon's mapping breaks only its own requests; the daemon
+// stays up and serves everyone else.
+func TestPoolOwnerTruncatesOwnSlab(t *testing.T) {
+	d, bin := poolMount(t)
+	data := randomBytes(5, 1<<20)
+	ownedFile(t, d.backing, "mine", data, poolUIDA)
+	ownedFile(t, d.backing, "out", nil, poolUIDA)
+	a := startPoolChild(t, bin, d.mnt, "truncator", poolUIDA,
+		"GDSFS_POOL_FILE="+filepath.Join(d.mnt, "mine"), "GDSFS_POOL_OUT="+filepath.Join(d.mnt, "out"))
+	got := a.expect("survived")
+	t.Logf("uid %d truncated its own slab; READ failed, WRITE failed: %s", poolUIDA, strings.TrimPrefix(got, "survived "))
+	if !d.running() {
+		t.Fatal("the daemon died after a client truncated its own slab file")
+	}
+	cl := openSession(t, d.mnt)
+	f := openRO(t, filepath.Join(d.mnt, "mine"))
+	ls, err := cl.Read(context.Background(), f, ctl.HostDevice, []ctl.Range{{Offset: 0, Length: uint64(len(data))}})
+	if err != nil {
+		t.Fatalf("root's READ after uid %d truncated its slab: %v", poolUIDA, err)
+	}
+	b, err := cl.Bytes(context.Background(), ls[0])
+	if err != nil || !bytes.Equal(b, data) {
+		t.Fatalf("root's READ: %v, bytes equal %v", err, bytes.Equal(b, data))
+	}
+	a.send("exit")
+}
+
+// hoarder leases, fills and releases dedicated slabs (larger than a
+// regular slab) again and again, keeping every mapping, as a client that
+// caches mappings per slab does; it prints the shared memory resident in
+// its mappings after each release.
+func (c *poolChild) hoarder() error {
+	ctx := context.Background()
+	cl, err := ctl.OpenSession(c.mnt)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for range 8 {
+		l, err := cl.Alloc(ctx, ctl.HostDevice, poolSize-poolSlab/2)
+		if err != nil {
+			return err
+		}
+		b, err := cl.Bytes(ctx, l)
+		if err != nil {
+			return err
+		}
+		for i := range b {
+			b[i] = poolFillA
+		}
+		if err := cl.Release(ctx, l.ID); err != nil {
+			return err
+		}
+	}
+	st, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "RssShmem:" {
+			fmt.Println("rssshmem_kib", f[1])
+			_, err = c.wait("exit")
+			return err
+		}
+	}
+	return errors.New("no RssShmem in /proc/self/status")
+}
+
+// TestPoolReleasedMappingsHoldNoMemory (issue 12, item 10): mappings a
+// client keeps of freed slabs hold no memory, so they cannot add up beyond
+// --host-pool (eight 6 MiB slabs through an 8 MiB pool held 48 MiB before).
+func TestPoolReleasedMappingsHoldNoMemory(t *testing.T) {
+	d, bin := poolMount(t, "--uid-share", "1")
+	a := startPoolChild(t, bin, d.mnt, "hoarder", poolUIDA)
+	f := strings.Fields(a.expect("rssshmem_kib"))
+	kib, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after 8 x %d MiB leased, filled and released with mappings kept: %d KiB of shared memory resident in the client (pool %d MiB)",
+		(poolSize-poolSlab/2)>>20, kib, poolSize>>20)
+	if kib*1024 > poolSize {
+		t.Errorf("the client's kept mappings hold %d KiB, more than the %d MiB pool", kib, poolSize>>20)
+	}
+	a.send("exit")
 }
