@@ -775,7 +775,26 @@ func TestClosedPool(t *testing.T) {
 // with -race) and checks the invariants, uid isolation and that everything
 // returns to the pool.
 func TestConcurrentUse(t *testing.T) {
-	p, _ := newTestPool(t, 6)
+	for _, tc := range []struct {
+		name        string
+		shareSlabs  int64
+		budgetSlabs int64
+	}{
+		{"whole pool per uid", 6, 6},
+		{"a third per uid", 2, 6},
+		{"shares oversubscribed", 3, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := newSharePool(t, Config{BudgetBytes: tc.budgetSlabs * testSlab, UIDShareBytes: tc.shareSlabs * testSlab})
+			hammer(t, p)
+		})
+	}
+}
+
+// hammer runs 16 sessions of 3 uids allocating and releasing at random on
+// both devices and checks isolation, the invariants and that everything
+// comes back.
+func hammer(t *testing.T, p *Pool) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
 	for g := range 16 {
