@@ -7,12 +7,12 @@
 #   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
-#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines control dataset checkpoint dcp2;
+#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid control dataset checkpoint dcp2;
 #                       dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
 #                       fit them all in 10 minutes: split them across calls.
 #   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
 set -uo pipefail
-sections=" ${GDSFS_GPU_SECTIONS:-mount engines control dataset checkpoint dcp2} "
+sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp2} "
 want() { [[ "$sections" == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 bin=build/gpu
@@ -85,6 +85,14 @@ echo "== torch.cuda.gds on the same file"
 timeout 120 python3 scripts/gpu_torch_gds.py "$work/bench.dat" 2>&1 | tee "$out/torch-gds.txt" 2>/dev/null
 fi
 
+# ---- slab memory never crosses uids (issue 12 item 2, CUDA) --------------
+if want ipcuid; then
+	echo "== two uids, one process each: A keeps mappings of released slabs, B fills the pool; A sees only its own bytes, B gets none of A's handles (scripts/gpu/ipc_uid_check.py)"
+	timeout 300 python3 scripts/gpu/ipc_uid_check.py --bin "$bin/gdsfs" --work /tmp/gdsfs-ipc-uid --out "$out" \
+		--json "$out/ipc-uid.json" 2>&1 | tee "$out/ipc-uid.txt"
+	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
 # ---- control path (issue 4): scripts/gpu/control.sh ----------------------
 if want control; then
 echo "== control path: GPU slabs end to end (CUDA IPC consumer), gdsfs read, ioctl-hop throughput"
@@ -141,6 +149,7 @@ grep -E 'byte-exact|match' "$out/cufile-test.txt" 2>/dev/null | sed 's/^ *gpu_te
 grep -E '^ *(read|pread|h2d|odirect|gds|posix|host)' "$out/bench.txt"
 grep -E 'torch.cuda.gds' "$out/torch-gds.txt"
 grep -E '^verdict' "$out/doctor.txt" 2>/dev/null
+grep -hE '^ipc_uid_check: (FAIL.*|PASS)$|slab handles' "$out/ipc-uid.txt" 2>/dev/null
 grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* GB/s|^control.sh:' "$out/control.txt" 2>/dev/null
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
 for f in dataset checkpoint; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
