@@ -34,6 +34,11 @@ func TestGPUVMMRetainedMapping(t *testing.T) {
 	if !isAllByte(pad, 0) {
 		t.Fatal("a new VMM slab (granularity padding included) is not zeroed")
 	}
+	if e.lib != nil {
+		// cuFile on VMM memory: registration is an optimisation (unregistered
+		// memory is bounced through cuFile's own buffers), so report, not fail.
+		t.Logf("cuFileBufRegister on a VMM slab: %v (nil: registered)", vm.register(e.lib))
+	}
 	if err := e.drv.Memset(0, vm.DevicePtr(), 0xA1, size); err != nil {
 		t.Fatal(err)
 	}
