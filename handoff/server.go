@@ -135,6 +135,9 @@ func Listen(opts Options) (*Server, error) {
 		opts.Addr = fmt.Sprintf("@gdsfs-slabs-%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
 	}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: opts.Addr, Net: "unixpacket"})
+	if err != nil && errors.Is(err, syscall.EADDRINUSE) && !strings.HasPrefix(opts.Addr, "@") && removeStale(opts.Addr) {
+		ln, err = net.ListenUnix("unixpacket", &net.UnixAddr{Name: opts.Addr, Net: "unixpacket"})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("handoff: listen on %s: %w", opts.Addr, err)
 	}
@@ -147,6 +150,25 @@ func Listen(opts Options) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{opts: opts, ln: ln, ctx: ctx, cancel: cancel,
 		conns: make(map[*net.UnixConn]struct{}), perUID: make(map[uint32]int)}, nil
+}
+
+// removeStale removes the socket file at p if nothing listens on it (a
+// daemon that was killed leaves it behind) and says whether it did. A live
+// server's socket, or anything that is not a socket, is left alone.
+func removeStale(p string) bool {
+	fi, err := os.Lstat(p)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 {
+		return false
+	}
+	c, err := net.Dial("unixpacket", p)
+	if err == nil {
+		c.Close()
+		return false // in use
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return false
+	}
+	return os.Remove(p) == nil
 }
 
 // Addr is the socket's address as clients give it ("@name" or a path).

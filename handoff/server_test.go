@@ -331,6 +331,37 @@ func TestPathSocket(t *testing.T) {
 	}
 }
 
+// TestPathSocketStale: a socket file left by a killed daemon is replaced;
+// one a live server listens on, or a file that is not a socket, is not.
+func TestPathSocketStale(t *testing.T) {
+	dir := t.TempDir()
+	stale := filepath.Join(dir, "stale.sock")
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: stale, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close() // the file stays, nobody listens: what a killed daemon leaves
+	s, err := Listen(Options{Addr: stale})
+	if err != nil {
+		t.Fatalf("Listen over a stale socket: %v", err)
+	}
+	if _, err := Listen(Options{Addr: stale}); err == nil {
+		t.Fatal("a second server took over a live socket")
+	}
+	s.Close()
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Listen(Options{Addr: plain}); err == nil {
+		t.Fatal("Listen replaced a regular file")
+	}
+	if _, err := os.Stat(plain); err != nil {
+		t.Fatalf("the regular file is gone: %v", err)
+	}
+}
+
 // TestOtherUID runs clients as two other uids (needs root): the owner of
 // session 2 gets its slab; a stranger presenting the owner's token and
 // slab id, or root's, gets nothing.

@@ -37,9 +37,19 @@ const (
 // the owner's live token and slab id, a forged token, or its own token
 // with the owner's slab id, gets no descriptor (EPERM); clients killed
 // before or after sending a request leave no descriptor behind in the
-// daemon.
+// daemon. It runs with the default abstract socket and with a path
+// (--slab-socket).
 func TestSlabSocketTwoUIDs(t *testing.T) {
 	requireRoot(t)
+	for _, tc := range []struct {
+		name string
+		path bool
+	}{{"abstract", false}, {"path", true}} {
+		t.Run(tc.name, func(t *testing.T) { testSlabSocketTwoUIDs(t, tc.path) })
+	}
+}
+
+func testSlabSocketTwoUIDs(t *testing.T, pathSocket bool) {
 	dir := t.TempDir()
 	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
 	for _, d := range []string{backing, mnt} {
@@ -67,7 +77,11 @@ func TestSlabSocketTwoUIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--allow-other", "--host-pool", "64MiB", "--slab-size", "4MiB")
+	flags := []string{"--engine", "host", "--allow-other", "--host-pool", "64MiB", "--slab-size", "4MiB"}
+	if pathSocket {
+		flags = append(flags, "--slab-socket", filepath.Join(dir, "slabs.sock"))
+	}
+	d := startBinDaemon(t, backing, mnt, flags...)
 	base, err := d.waitIdle(idleFigures{fds: 1 << 20, goroutines: 1 << 20, pipeFDs: 1 << 20})
 	if err != nil {
 		t.Fatal(err)

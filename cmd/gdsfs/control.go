@@ -26,6 +26,7 @@ const daemonVersion = "0.1.0"
 type controlFlags struct {
 	engine     *engineFlags
 	indexCache string
+	slabSocket string
 	// wrapEngines, if set, decorates the engine chooser (metrics).
 	wrapEngines func(ctl.EngineChooser) ctl.EngineChooser
 }
@@ -37,6 +38,7 @@ func addControlFlags(cmd *cobra.Command) *controlFlags {
 	// The flag's first name; it sets the same value, hidden from help.
 	cmd.Flags().StringVar(&cf.indexCache, "index-cache", "256MiB", "old name of --meta-cache")
 	_ = cmd.Flags().MarkDeprecated("index-cache", "use --meta-cache") // cannot fail: registered above
+	cmd.Flags().StringVar(&cf.slabSocket, "slab-socket", "", "where clients fetch slab memory descriptors: a path (created mode 0666; put it where clients in other containers see it) or @name in the abstract namespace (default: @gdsfs-slabs-<pid>-<random>, reachable in the daemon's network namespace)")
 	return cf
 }
 
@@ -81,7 +83,10 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 	// The slab socket hands slab memory descriptors to the sessions' own
 	// processes (CUDA VMM handles, host slab files): bound before the
 	// server so HELLO can name it, served once the server exists.
-	slabs, err := handoff.Listen(handoff.Options{Log: log})
+	slabs, err := handoff.Listen(handoff.Options{Addr: cf.slabSocket, Log: log})
+	if err != nil && cf.slabSocket != "" {
+		err = usagef("--slab-socket %s: %v (create its directory, or leave the flag out for an abstract socket)", cf.slabSocket, err)
+	}
 	if err != nil {
 		indexes.Close()
 		pool.Close()
