@@ -144,3 +144,24 @@ func TestSlabFDOverSocket(t *testing.T) {
 		t.Fatalf("bytes through the socket's descriptor differ (reply %+v)", rep)
 	}
 }
+
+// TestSlabWireRoundTrip: HELLO's slab socket (up to its full room) and a
+// kind-3 SLAB reply (no handle bytes) survive encoding.
+func TestSlabWireRoundTrip(t *testing.T) {
+	for _, addr := range []string{"", "@gdsfs-slabs-1-0123456789abcdef", "/" + string(bytes.Repeat([]byte("s"), SlabSocketBytes-2))} {
+		h := HelloReply{Version: 1, Caps: CapCUDASlabs | CapSlabFD, DaemonPID: 7, Engine: "posix", SlabSocket: addr}
+		b := make([]byte, SizeHello)
+		h.Encode(b)
+		got, err := DecodeHelloReply(b)
+		if err != nil || got != h {
+			t.Errorf("hello with socket %q: got %+v, %v", addr, got, err)
+		}
+	}
+	r := SlabReply{Slab: 9, Size: 64 << 20, Kind: SlabCUDAFD, Device: 0}
+	b := make([]byte, SizeSlab)
+	r.Encode(b)
+	got, err := DecodeSlabReply(b)
+	if err != nil || got.Kind != SlabCUDAFD || len(got.Handle) != 0 || got.Size != r.Size || got.Slab != r.Slab {
+		t.Errorf("kind-3 slab reply: got %+v, %v", got, err)
+	}
+}

@@ -31,6 +31,19 @@
 // --engine gds. A file cuFile refuses, or fails on, is served by posix from
 // then on, logged once; clients never see the cuFile error.
 //
+// # Slab memory
+//
+// With a GPU, slabs are CUDA virtual memory (vmm.go, memory.go): cuMemCreate
+// with POSIX file descriptor handles, mapped in the daemon and zeroed whole.
+// Clients never get bytes that open it: ctl's slab socket (package handoff)
+// sends cuMemExportToShareableHandle's descriptor to a process of the
+// session's uid only, and the physical memory lives until the last importer
+// unmaps it, so a kept mapping never shows memory that serves another uid.
+// cuFile (compat mode) and cuMemcpy*Async work on it as on cuMemAlloc
+// memory. Only where a device or driver cannot (the probe "cuda slab
+// handles" says why) slabs are cuMemAlloc memory exported as legacy IPC
+// handles, which are bearer capabilities.
+//
 // # Pitfalls
 //
 //   - CUDA contexts are per OS thread: every driver call runs on a locked

@@ -92,3 +92,34 @@ def test_refuses_a_socket_not_served_by_the_daemon(gdsfs_mount) -> None:
         with pytest.raises(OSError) as e:
             proto.fetch_slab_fd(s.hello.slab_socket, s.hello.daemon_pid + 1, s.token, 1)
         assert "not the daemon" in str(e.value)
+
+
+def test_token_only_session_maps_by_descriptor(gdsfs_mount) -> None:
+    """A Ref that reaches a process which never saw the session's HELLO (a
+    pickled descriptor) still maps its slab: the token-only session learns
+    the slab socket from a HELLO of its own."""
+    import pickle
+
+    from gdsfs import _core
+
+    data = _file(gdsfs_mount, "slabfd-token.bin", 60000)
+    with gdsfs.Session(gdsfs_mount.mnt, device=proto.DEVICE_HOST) as s, open(gdsfs_mount.path("slabfd-token.bin"), "rb") as f:
+        [ref] = s.read(f, [(100, 50000)])
+        blob = pickle.dumps(ref)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _core._open_sessions.clear()  # as in a process that never opened it
+                r = pickle.loads(blob)
+                t = _core.session_for(r)
+                assert not t.hello.slab_socket
+                fd, n = t.slab_fd(r.slab)
+                with mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+                    code = 0 if m[r.offset : r.offset + r.valid] == data[100:50100] else 2
+                os.close(fd)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        s.release([ref])
