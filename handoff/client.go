@@ -2,7 +2,9 @@ package handoff
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"time"
@@ -56,6 +58,9 @@ func (c *Conn) Fetch(ctx context.Context, req Request) (*os.File, Reply, error) 
 	buf := make([]byte, ReplyBytes+1)
 	oob := make([]byte, unix.CmsgSpace(4*4)) // room for a few: more than one is a protocol error
 	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
+	if errors.Is(err, io.EOF) {
+		return nil, Reply{}, fmt.Errorf("handoff: the daemon closed the slab socket without a reply for slab %d (too many connections of this uid at once? retry): %w", req.Slab, err)
+	}
 	if err != nil {
 		return nil, Reply{}, fmt.Errorf("handoff: read reply for slab %d: %w", req.Slab, err)
 	}

@@ -196,8 +196,12 @@ def fetch_slab_fd(addr: str, daemon_pid: int, token: Token, slab: int, timeout: 
         if daemon_pid and pid != daemon_pid:
             raise OSError(_errno.EPERM, f"gdsfs: the slab socket {addr!r} is served by pid {pid}, not the daemon (pid {daemon_pid}): refusing it")
         s.sendall(SLAB_FD_REQUEST.pack(MAGIC, 1, 1, token.session, token.secret, slab, 0))
-        msg, fds, _flags, _addr = socket.recv_fds(s, SLAB_FD_REPLY.size + 1, 4, socket.MSG_CMSG_CLOEXEC)
+        msg, fds, flags, _addr = socket.recv_fds(s, SLAB_FD_REPLY.size + 1, 4, socket.MSG_CMSG_CLOEXEC)
         try:
+            if not msg and not fds:
+                raise OSError(_errno.ECONNRESET, "gdsfs: the daemon closed the slab socket without a reply (too many connections of this uid at once? retry)")
+            if flags & socket.MSG_CTRUNC:
+                raise OSError(_errno.EBADMSG, "gdsfs: slab socket reply carried more descriptors than one")
             if len(msg) != SLAB_FD_REPLY.size:
                 raise OSError(_errno.EBADMSG, f"gdsfs: slab socket reply of {len(msg)} bytes")
             magic, version, _r0, err, _r1, got_slab, nbytes = SLAB_FD_REPLY.unpack(msg)
