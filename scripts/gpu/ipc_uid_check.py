@@ -161,6 +161,10 @@ def orchestrate(args: argparse.Namespace) -> int:
         results["a_check"] = rc
         check("A's retained mappings still hold A's bytes after the daemon freed the slabs", rc["intact"], rc["detail"])
         check("A's retained mappings show none of B's pages", rc["marker_pages"] == 0, f"{rc['marker_pages']} pages of B's marker seen")
+        if args.device >= 0:
+            got = rc["returned_bytes"]
+            check("A's kept mappings' memory goes back to the GPU when A closes its session and drops its tensors",
+                  got >= NRANGES * SLAB * 9 // 10, f"{got / 2**20:.0f} MiB returned (kept: {NRANGES * SLAB >> 20} MiB)")
         status = subprocess.run([args.bin, "status", mnt], capture_output=True, text=True, timeout=60)
         results["status"] = status.stdout[-3000:]
         b.stdin.write("done\n")
@@ -267,10 +271,20 @@ def role_a(args: argparse.Namespace) -> None:
         n = t.numel() // 4096 * 4096
         heads = t[:n].view(-1, 4096)[:, : len(MARKER)]
         pages += int((heads == marker).all(dim=1).sum().item())
-    report({"intact": intact, "marker_pages": pages,
-            "detail": f"{len(views)} retained views compared with A's file after B filled the pool"})
-    sys.stdin.readline()
+    # Closing the session and dropping the last tensors unmaps the slabs:
+    # the memory the kept mappings held (the daemon freed it long ago)
+    # goes back to the GPU.
+    import gc
+
+    free_kept, _ = torch.cuda.mem_get_info(args.device)
     s.close()
+    del views, whole, heads, t
+    gc.collect()
+    torch.cuda.synchronize()
+    free_after, _ = torch.cuda.mem_get_info(args.device)
+    report({"intact": intact, "marker_pages": pages, "returned_bytes": free_after - free_kept,
+            "detail": f"{len(refs)} retained views compared with A's file after B filled the pool"})
+    sys.stdin.readline()
 
 
 def role_b(args: argparse.Namespace) -> None:
