@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // CUDA virtual memory management (VMM): physical allocations (cuMemCreate)
@@ -201,13 +203,18 @@ func (d *Driver) VMMFree(device int, a VMMAllocation) error {
 }
 
 // VMMExportFD returns a new POSIX file descriptor of the allocation
-// handle; the caller closes it.
+// handle, close-on-exec; the caller closes it.
 func (d *Driver) VMMExportFD(device int, handle uint64) (int, error) {
 	var fd int32 = -1
 	err := d.Do(device, func() error {
 		return d.check("cuMemExportToShareableHandle", cuCall(d.vmm.cuMemExportToShareableHandle,
 			uintptr(unsafe.Pointer(&fd)), uintptr(handle), cuMemHandleTypePosixFD, 0))
 	})
+	if err == nil {
+		// The driver does not promise O_CLOEXEC: a process the daemon
+		// starts (fusermount3) must not inherit a slab.
+		unix.CloseOnExec(int(fd))
+	}
 	return int(fd), err
 }
 
