@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -164,4 +166,49 @@ func TestSlabWireRoundTrip(t *testing.T) {
 	if err != nil || got.Kind != SlabCUDAFD || len(got.Handle) != 0 || got.Size != r.Size || got.Slab != r.Slab {
 		t.Errorf("kind-3 slab reply: got %+v, %v", got, err)
 	}
+}
+
+// TestSlabFDConcurrentClose: SlabFD racing the session's end (run with
+// -race) either hands a descriptor of the session's own slab or refuses;
+// once the session is gone, it refuses.
+func TestSlabFDConcurrentClose(t *testing.T) {
+	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 64 << 20})
+	a := e.client(1000, Token{})
+	f, _ := e.file("c", 50000, os.O_RDONLY)
+	ls, err := a.Read(context.Background(), f, HostDevice, []Range{{Offset: 0, Length: 50000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := a.Token()
+	req := handoff.Request{Session: tok.Session, Secret: tok.Secret, Slab: ls[0].Slab}
+	peer := handoff.Peer{PID: 1, UID: 1000}
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				h, errno := e.srv.SlabFD(context.Background(), peer, req)
+				switch {
+				case errno == 0 && h.File != nil:
+					h.File.Close()
+				case errno == syscall.EPERM && h.File == nil:
+				default:
+					errs <- fmt.Errorf("SlabFD = %v, %v during close", h.File, errno)
+					return
+				}
+			}
+		}()
+	}
+	a.Close()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if _, errno := e.srv.SlabFD(context.Background(), peer, req); errno != syscall.EPERM {
+		t.Fatalf("SlabFD after the session ended = %v, want EPERM", errno)
+	}
+	e.checkIdle()
 }
