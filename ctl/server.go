@@ -68,6 +68,9 @@ type Options struct {
 	ReadOnly bool
 	// Version is the daemon version reported by HELLO.
 	Version string
+	// LogFile is where the daemon logs (absolute; empty: stderr), reported
+	// in STATUS so `gdsfs status` can name it.
+	LogFile string
 	// Log receives refusals at debug level and failures at error level.
 	Log zerolog.Logger
 	// BackingPath maps a backing path as the daemon opens it to the path
@@ -575,6 +578,8 @@ type Stats struct {
 	// Index is the shard-index cache's figures; absent when the mount
 	// serves no indexes (or its Indexer keeps none).
 	Index *cache.IndexStats `json:"index,omitempty"`
+	// LogFile is the daemon's log file; absent when it logs to stderr.
+	LogFile string `json:"log_file,omitempty"`
 }
 
 // indexStatser is the optional part of an Indexer that reports its cache
@@ -583,7 +588,7 @@ type indexStatser interface{ Stats() cache.IndexStats }
 
 // Stats returns a snapshot of the control path's figures.
 func (s *Server) Stats() Stats {
-	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, Engine: s.opts.Engine, Pool: s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
+	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, LogFile: s.opts.LogFile, Engine: s.opts.Engine, Pool: s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()

@@ -48,6 +48,9 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 	if err != nil {
 		return nil, nil, fmt.Errorf("BUG: mount has no --read-only flag: %w", err)
 	}
+	// mount sets --log-file to the file it opened (absolute, or the
+	// --background default).
+	logFile, _ := cmd.Flags().GetString("log-file")
 	sizeFlag, err := metaCacheFlag(cmd)
 	if err != nil {
 		return nil, nil, err
@@ -85,6 +88,7 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 		Engine:      engines.Probe().Engine,
 		ReadOnly:    readOnly,
 		Version:     daemonVersion,
+		LogFile:     logFile,
 		Log:         log,
 	})
 	if err != nil {

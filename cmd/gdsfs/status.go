@@ -73,6 +73,9 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 	}
 	// This command's own session is one of the sessions counted.
 	fmt.Fprintf(w, "mount:    %s (daemon pid %d, version %s)\n", mp, st.DaemonPID, st.Version)
+	if st.LogFile != "" {
+		fmt.Fprintf(w, "log:      %s\n", st.LogFile)
+	}
 	fmt.Fprintf(w, "engine:   %s (%s slabs)\n", st.Engine, st.Pool.Backend)
 	fmt.Fprintf(w, "protocol: v%d, up to %d ranges per read, largest lease %s\n", h.Version, h.MaxRanges, humanize.IBytes(h.MaxLease))
 	fmt.Fprintf(w, "sessions: %d open (this one included), %d leases\n", st.Sessions, st.Leases)
