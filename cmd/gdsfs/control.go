@@ -89,7 +89,15 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 		ReadOnly:    readOnly,
 		Version:     daemonVersion,
 		LogFile:     logFile,
-		Log:         log,
+		EngineWhy:   engines.Probe().Why,
+		Refusals: func() []ctl.EngineRefusal {
+			var out []ctl.EngineRefusal
+			for _, r := range engines.Refusals() {
+				out = append(out, ctl.EngineRefusal(r))
+			}
+			return out
+		},
+		Log: log,
 	})
 	if err != nil {
 		indexes.Close()
