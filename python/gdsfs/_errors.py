@@ -28,12 +28,14 @@ class GDSFallbackWarning(UserWarning):
 
 class GDSShardError(ValueError):
     """A shard (or one sample of it) cannot be read: corrupt, truncated, or a field that does not
-    decode. ``path`` is the shard, ``key`` the sample key (None for the whole shard)."""
+    decode. ``path`` is the shard, ``key`` the sample key (None for the whole shard), ``reason``
+    what is wrong with it."""
 
-    def __init__(self, message: str, *, path: str, key: str | None = None) -> None:
+    def __init__(self, message: str, *, path: str, key: str | None = None, reason: str = "") -> None:
         super().__init__(message)
         self.path = path
         self.key = key
+        self.reason = reason
 
 
 class GDSShardWarning(UserWarning):
