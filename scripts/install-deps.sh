@@ -4,6 +4,7 @@
 set -euo pipefail
 
 pkgs=(fuse3 attr python3-torch python3-numpy python3-pytest tar coreutils)
+pkgs+=(python3-pil) # gdsfs.torch image decoders (decode="pil") in python/tests
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
