@@ -126,19 +126,20 @@ class EpochPlan:
         shard = self.shard_order[k]
         return shard, self._perm(shard)[pos - self.starts[k]]
 
-    def _order(self, slot: int) -> Iterator[int]:
-        """slot's positions in the order it reads them: its block cut into `interleave` runs
-        read in turn, through a shuffle buffer of `buffer` positions."""
+    def _order(self, slot: int) -> Iterator[tuple[int, int]]:
+        """(shard, index) of slot's samples in the order it reads them: its block cut into
+        `interleave` runs read in turn (so at() touches `interleave` shards at a time), then
+        through a shuffle buffer of `buffer` samples."""
         lo, hi = self.block(slot)
         k = min(self.interleave, max(1, hi - lo))
         runs = [range(lo + j * (hi - lo) // k, lo + (j + 1) * (hi - lo) // k) for j in range(k)]
         longest = max(len(r) for r in runs)
-        src = (r[i] for i in range(longest) for r in runs if i < len(r))
+        src = (self.at(r[i]) for i in range(longest) for r in runs if i < len(r))
         if self.buffer <= 1:
             yield from src
             return
         rng = random.Random(f"gdsfs-buffer:{self.seed}:{self.epoch}:{slot}")
-        buf: list[int] = []
+        buf: list[tuple[int, int]] = []
         for p in src:
             if len(buf) < self.buffer:
                 buf.append(p)
@@ -156,8 +157,6 @@ class EpochPlan:
         The first field counts samples (block start + n), so that it minus the block start
         is the slot's progress whatever the order."""
         lo = self.block(slot)[0]
-        for n, pos in enumerate(self._order(slot)):
-            if n < skip:
-                continue
-            shard, idx = self.at(pos)
-            yield lo + n, shard, idx
+        for n, (shard, idx) in enumerate(self._order(slot)):
+            if n >= skip:
+                yield lo + n, shard, idx

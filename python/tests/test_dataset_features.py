@@ -235,6 +235,7 @@ def test_even_ranks_give_every_rank_the_same_batches(datasets, monkeypatch, even
         gt.GDSShardDataset(datasets.wds_shards(), even_ranks="equal")
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("num_workers,batch_size,drop_last", [(0, 5, False), (2, 5, False), (3, 4, True), (2, None, False)])
 def test_len_of_the_loader_matches_what_it_yields(datasets, num_workers: int, batch_size: Any, drop_last: bool) -> None:
     with gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=["x.npy"]) as ds:

@@ -4,8 +4,6 @@ the ranks' shares are disjoint and equal where asked."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from gdsfs._plan import EpochPlan
@@ -21,7 +19,6 @@ CASES = [
     ([7, 7], 4, 1, "drop", 100, 9),
     ([], 2, 2, "pad", 3, 2),
 ]
-
 
 @pytest.mark.parametrize("counts,world,workers,even,buffer,interleave", CASES)
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -59,7 +56,6 @@ def test_slots_cover_the_epoch(counts, world, workers, even, buffer, interleave,
     sizes = [[plan.block(r * workers + w)[1] - plan.block(r * workers + w)[0] for w in range(workers)] for r in range(world)]
     assert all(s == sizes[0] for s in sizes)
 
-
 def test_buffer_and_interleave_change_the_order_not_the_set() -> None:
     counts = [20] * 6
     base = EpochPlan(counts, seed=1, epoch=0, shuffle=False, slots=1)
@@ -73,15 +69,24 @@ def test_buffer_and_interleave_change_the_order_not_the_set() -> None:
     other_epoch = EpochPlan(counts, seed=1, epoch=1, shuffle=False, slots=1, buffer=16, interleave=3)
     assert [x[1:] for x in other_epoch.positions(0)] != b
 
-
 def test_bad_plan_arguments() -> None:
     with pytest.raises(ValueError, match="even"):
         EpochPlan([3], seed=0, epoch=0, shuffle=False, slots=1, even="equal")
     with pytest.raises(ValueError, match="world size"):
         EpochPlan([3], seed=0, epoch=0, shuffle=False, slots=3, world=2)
 
+@pytest.mark.parametrize("buffer", [0, 400])
+def test_interleaving_and_buffer_shuffle_few_shards_at_a_time(buffer: int) -> None:
+    # Each shard's permutation is computed once per epoch, however far the buffer spreads.
+    plan = EpochPlan([50] * 40, seed=0, epoch=0, shuffle=True, slots=1, interleave=4, buffer=buffer)
+    made = []
+    real = plan._perm
 
-def test_interleaving_keeps_few_permutations() -> None:
-    plan = EpochPlan([50] * 40, seed=0, epoch=0, shuffle=True, slots=1, interleave=4)
-    for _ in itertools.islice(plan.positions(0), 500):
-        assert len(plan._perms) <= 5
+    def counting(shard: int) -> list[int]:
+        if shard not in plan._perms:
+            made.append(shard)
+        return real(shard)
+
+    plan._perm = counting  # type: ignore[method-assign]
+    assert len(list(plan.positions(0))) == 2000
+    assert sorted(made) == list(range(40)) and len(plan._perms) <= 5
