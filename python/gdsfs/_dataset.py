@@ -51,10 +51,8 @@ def _npy_tensor(b: bytes) -> torch.Tensor:
 
 
 def _pth(data: bytes) -> Any:
-    try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except TypeError:  # a torch without weights_only
-        return torch.load(io.BytesIO(data), map_location="cpu")
+    # weights_only: a shard's bytes never run code through pickle (torch >= 1.13 has it).
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def default_decode(field: str, data: bytes) -> Any:
@@ -946,7 +944,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     refs[shard] = session.read(self._shard(shard).fd, ranges)
                 except GDSUnavailableError as e:
                     # The daemon cannot serve this shard now: plain reads
-                    # (warned once per process), unless strict.
+                    # (warned once per mount and errno), unless strict.
                     warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
                     continue
                 held.update((r.lease, r) for r in refs[shard] if r.lease)
