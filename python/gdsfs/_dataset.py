@@ -677,11 +677,17 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             return len(idx["samples"])
         return 1
 
-    def _shard_field_names(self, i: int) -> set[str]:
+    def _shard_field_names(self, i: int, wanted: frozenset[str] = frozenset()) -> set[str]:
+        """Field names of shard i's samples (tar: stops once every wanted name was seen)."""
         x = self._shard(i).index
         f = x["format"]
         if f == "tar":
-            return {name for s in x["samples"] for name in s["fields"]}
+            names: set[str] = set()
+            for s in x["samples"]:
+                names.update(s["fields"])
+                if wanted and wanted <= names:
+                    break
+            return names
         if f == "mds":
             return {c["name"] for c in x["columns"]}
         ext = os.path.basename(self.shards[i]).partition(".")[2] or "raw"
@@ -691,9 +697,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         """Refuse, at construction, names that select nothing: gpu_keys or keys= fields no
         shard has, gpu_keys outside keys=, a decode= entry for a gpu field."""
         good = [i for i in range(len(self.shards)) if i not in self._bad]
+        wanted = frozenset(self.gpu_keys) | frozenset(self.keys or ())
         have: set[str] = set()
         for i in good:
-            have |= self._shard_field_names(i)
+            # Stop once every name is found: construction stays O(shards) on large datasets.
+            have |= self._shard_field_names(i, frozenset(wanted - have))
+            if wanted and wanted <= have:
+                break
+        if not wanted <= have:
+            for i in good:  # a name is missing: list every field the shards have
+                have |= self._shard_field_names(i)
         mds = bool(good) and self._shard(good[0]).index["format"] == "mds"
         first = self.shards[good[0]] if good else ""
         where = (f"MDS column {{!r}} is in no shard of {os.path.dirname(first)!r} (columns: {', '.join(sorted(have))})" if mds
