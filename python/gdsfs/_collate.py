@@ -17,7 +17,9 @@ __all__ = ["collate"]
 MISSING_POLICIES = ("raise", "drop")
 
 
-def _where(s: Mapping[str, Any]) -> str:
+def _where(s: Mapping[str, Any], i: int) -> str:
+    if "__key__" not in s:
+        return f"sample {i} of the batch"
     return f"sample {s.get('__key__')!r} of shard {s.get('__url__')!r}"
 
 
@@ -42,18 +44,18 @@ def _same_fields(samples: Sequence[Mapping[str, Any]], missing: str) -> Sequence
     if all(set(s.keys()) == wanted for s in samples):
         return samples
     if missing == "raise":
-        for s in samples[1:]:
+        for i, s in enumerate(samples[1:], 1):
             have = set(s.keys())
             lacks = [k for k in want if k not in have]
             if lacks:
                 raise ValueError(
-                    f"gdsfs: {_where(s)} has no field {lacks[0]!r}, which {_where(first)} has: read only fields every sample has "
+                    f"gdsfs: {_where(s, i)} has no field {lacks[0]!r}, which {_where(first, 0)} has: read only fields every sample has "
                     f"(keys=[...]), or collate with functools.partial(gdsfs.torch.collate, missing='drop') to keep only "
                     "the fields every sample of a batch has")
             extra = sorted(have - wanted)
             if extra:
                 raise ValueError(
-                    f"gdsfs: {_where(s)} has field {extra[0]!r}, which {_where(first)} lacks: read only fields every sample has "
+                    f"gdsfs: {_where(s, i)} has field {extra[0]!r}, which {_where(first, 0)} lacks: read only fields every sample has "
                     f"(keys=[...]), or collate with functools.partial(gdsfs.torch.collate, missing='drop') to keep only "
                     "the fields every sample of a batch has")
     common = set.intersection(*(set(s.keys()) for s in samples))

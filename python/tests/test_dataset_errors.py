@@ -110,6 +110,8 @@ def test_collate_of_a_sample_missing_a_field_names_sample_and_shard(gdsfs_mount)
         b = gt.collate(samples, missing="drop").materialize()
         assert sorted(b.keys()) == ["__key__", "__url__", "x.npy"]
         assert b["x.npy"].shape == (3, 3)
+    with pytest.raises(ValueError, match=r"sample 1 of the batch has no field 'b', which sample 0 of the batch has"):
+        gt.collate([{"a": 1, "b": 2}, {"a": 3}])
     # A dropped gpu field's lease goes back at once.
     with gt.GDSShardDataset(os.path.join(mnt, "h.tar"), gpu_keys=["x.npy"], map=lambda s: s if s["__key__"] != "a" else {**s, "x.npy": None}) as ds:
         samples = list(ds)

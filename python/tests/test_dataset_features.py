@@ -199,6 +199,21 @@ def test_shuffle_buffer_resume_is_exact(datasets, num_workers: int) -> None:
     assert datasets.mount.wait_leases(0) == 0
 
 
+def test_features_with_spawned_workers(datasets) -> None:
+    kw: dict[str, Any] = dict(gpu_keys=["x.npy"], keys=["x.npy", "cls"], map=_AddPid(), shuffle=True, seed=2, shuffle_buffer=6, interleave=2)
+    want = sorted(k for k, v in datasets.wds.items() if v["cls"] != 0)
+    with gt.GDSShardDataset(datasets.wds_shards(), **kw) as ds:
+        dl = gt.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+        got = []
+        for b in dl:
+            assert sorted(b.keys()) == ["__key__", "__url__", "cls", "cls2", "pid", "x.npy"]
+            for i, k in enumerate(b["__key__"]):
+                assert b["x.npy"][i].numpy().tobytes() == datasets.wds[k]["x.npy"].tobytes()
+            got.extend(b["__key__"])
+    assert sorted(got) == want
+    assert datasets.mount.wait_leases(0) == 0
+
+
 def test_shuffle_arguments_are_checked(datasets) -> None:
     with pytest.raises(ValueError, match="shuffle_buffer"):
         gt.GDSShardDataset(datasets.wds_shards(), shuffle_buffer=-1)
