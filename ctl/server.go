@@ -108,7 +108,7 @@ type Server struct {
 	opts     Options
 	host     bool  // the pool's backend is host memory (wire device -1)
 	devices  int   // the pool backend's device count
-	maxLease int64 // the largest lease the pool can grant (its per-device budget)
+	maxLease int64 // the largest lease the pool can grant one uid (its per-uid share)
 	pid      uint32
 
 	nextSession atomic.Uint64
@@ -137,9 +137,7 @@ func NewServer(opts Options) (*Server, error) {
 		pid:     uint32(os.Getpid()),
 		choices: newChoices(opts.Engines, choiceTTL),
 	}
-	for _, d := range opts.Pool.Stats().Devices {
-		s.maxLease = max(s.maxLease, d.BudgetBytes)
-	}
+	s.maxLease = opts.Pool.MaxLeaseBytes()
 	for i := range s.shards {
 		s.shards[i].sessions = make(map[uint64]*session)
 	}

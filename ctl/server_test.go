@@ -49,7 +49,7 @@ func newEnv(t testing.TB, o envOptions) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { be.Close() })
-	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: be, SlabBytes: o.slabBytes, BudgetBytes: o.budgetBytes})
+	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: be, SlabBytes: o.slabBytes, BudgetBytes: o.budgetBytes, UIDShareBytes: o.budgetBytes})
 	if err != nil {
 		t.Fatal(err)
 	}

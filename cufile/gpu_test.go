@@ -202,9 +202,10 @@ func TestGPUWriteRoundTrip(t *testing.T) {
 	}
 }
 
-// TestGPUScrubOnUIDChange checks on real device memory that a slab passing
-// to another uid holds none of the previous uid's bytes.
-func TestGPUScrubOnUIDChange(t *testing.T) {
+// TestGPUNoMemoryCrossesUIDs checks on real device memory that another
+// uid gets new memory, never the previous uid's (gpubuf I1): alice's idle
+// slab is freed to make room and bob's slab holds none of her bytes.
+func TestGPUNoMemoryCrossesUIDs(t *testing.T) {
 	e := gpuEngines(t)
 	ctx := context.Background()
 	p, err := gpubuf.NewPool(gpubuf.Config{Backend: e.Backend(), SlabBytes: 2 << 20, BudgetBytes: 2 << 20})
@@ -226,15 +227,18 @@ func TestGPUScrubOnUIDChange(t *testing.T) {
 	}
 	bob := gpubuf.Owner{Session: 2, UID: 1002}
 	l2, err := p.Alloc(ctx, bob, 0, 4096)
-	if err != nil || l2.Slab != l.Slab {
-		t.Fatalf("bob's lease: %v (same slab %v)", err, l2 != nil && l2.Slab == l.Slab)
+	if err != nil || l2.Slab == l.Slab {
+		t.Fatalf("bob's lease: %v (alice's slab %v)", err, l2 != nil && l2.Slab == l.Slab)
+	}
+	if _, err := p.Slab(l.Slab.ID); err == nil {
+		t.Error("alice's idle slab was not freed to make room for bob")
 	}
 	back := make([]byte, 2<<20)
-	if err := e.drv.CopyDtoH(0, back, dm.DevicePtr()); err != nil {
+	if err := e.drv.CopyDtoH(0, back, l2.Slab.Memory.(gpubuf.DeviceMemory).DevicePtr()); err != nil {
 		t.Fatal(err)
 	}
 	if !isAllByte(back, 0) {
-		t.Fatal("slab handed to another uid still holds the previous uid's bytes")
+		t.Fatal("bob's new slab holds bytes it was not given (alice's?)")
 	}
 }
 

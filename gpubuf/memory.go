@@ -29,26 +29,32 @@ type Backend interface {
 	// Devices is the number of devices memory can be allocated on; device
 	// numbers passed to Alloc are 0..Devices()-1. The host backend has one.
 	Devices() int
-	// Alloc returns size bytes of zeroed memory on device, accessible to uid
-	// (for file-backed memory: owned by uid, mode 0600). size is a multiple
-	// of Align.
+	// Alloc returns size bytes of new, zeroed memory on device for uid
+	// alone: no other uid can map it, ever (for file-backed memory: a new
+	// file owned by uid, mode 0600). size is a multiple of Align. The
+	// Pool never hands memory from one uid to another: it Closes one
+	// uid's idle memory and Allocs new memory for the other.
 	Alloc(ctx context.Context, device int, size int64, uid uint32) (Memory, error)
 }
 
-// Memory is one slab's memory. Methods may be called concurrently, except
-// Close, which the Pool calls once when nothing else uses the memory.
+// Memory is one slab's memory, allocated for one uid and never used for
+// another. Methods may be called concurrently, except Close, which the Pool
+// calls once when nothing else uses the memory.
 type Memory interface {
 	// Size is the memory's length in bytes.
 	Size() int64
-	// Scrub zeroes the whole memory and returns when the zeroes are in
-	// place (visible to every later reader, including other processes).
-	Scrub(ctx context.Context) error
-	// Export returns what a client needs to map the memory in its own
-	// process: for host memory the path of the shared-memory file, for CUDA
-	// memory the 64-byte IPC handle.
+	// Export returns what a client of the slab's uid needs to map the
+	// memory in its own process: for host memory the path of the
+	// shared-memory file (mode 0600, owned by the uid), for CUDA memory
+	// the handle the CUDA backend documents. It must be useless to any
+	// other uid (docs/protocol.md, "Slab handles").
 	Export() ([]byte, error)
-	// Close frees the memory. Clients' existing mappings may stay valid
-	// until they unmap (host) or must be closed first (CUDA IPC).
+	// Close frees the memory. The Pool calls it when the slab holds no
+	// lease, either to make room (for this uid or another) or at Close.
+	// A client may still hold a mapping: Close must leave it unable to
+	// see any memory that will ever serve anything else, and should make
+	// it hold no memory (host memory truncates the file to zero bytes, so
+	// a retained mapping faults with SIGBUS instead of keeping pages).
 	Close() error
 }
 
@@ -66,11 +72,4 @@ type DeviceMemory interface {
 	DevicePtr() uintptr
 	// Device is the CUDA device ordinal.
 	Device() int
-}
-
-// Chowner is implemented by Memory whose access control follows the uid the
-// slab serves (shared-memory files). The Pool calls Chown after Scrub when a
-// slab changes uid.
-type Chowner interface {
-	Chown(uid uint32) error
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -15,6 +16,13 @@ import (
 const (
 	DefaultSlabBytes   = 64 << 20
 	DefaultBudgetBytes = 2 << 30
+	// DefaultUIDShare is the fraction of a device's budget one uid may
+	// hold when Config.UIDShareBytes is 0: half, so that a uid holding all
+	// it may leaves the other half to everyone else.
+	DefaultUIDShare = 0.5
+	// DefaultLogEvery is how often a repeated warning (the same refusal
+	// for the same uid and device) is logged at most.
+	DefaultLogEvery = 10 * time.Second
 )
 
 // sessionShards is the number of independently locked session tables.
@@ -38,8 +46,19 @@ type Config struct {
 	// BudgetBytes is the most memory the pool allocates per device, a
 	// multiple of Align. Default DefaultBudgetBytes.
 	BudgetBytes int64
-	// Log receives exhaustion and scrub failures. Default: silent.
+	// UIDShareBytes is the most slab memory one uid's sessions may hold
+	// per device (the uid's fair share). It is rounded up to a whole
+	// number of slabs and capped at the budget. Default: DefaultUIDShare
+	// of the budget. Set it to BudgetBytes to let one uid take everything.
+	UIDShareBytes int64
+	// Log receives exhaustion warnings (at most one per uid, device and
+	// kind of refusal every LogEvery, with a count of those suppressed)
+	// and failures to free memory. Default: silent.
 	Log zerolog.Logger
+	// LogEvery is the period of repeated warnings. Default DefaultLogEvery.
+	LogEvery time.Duration
+	// Now is the clock of the warning rate limiter. Default time.Now.
+	Now func() time.Time
 }
 
 // Validate reports every problem of c at once.
@@ -54,6 +73,12 @@ func (c Config) Validate() error {
 	if c.BudgetBytes < 0 || c.BudgetBytes%Align != 0 {
 		errs = append(errs, fmt.Errorf("gpubuf: BudgetBytes (%d) must be a positive multiple of %d", c.BudgetBytes, Align))
 	}
+	if c.UIDShareBytes < 0 {
+		errs = append(errs, fmt.Errorf("gpubuf: UIDShareBytes (%d) must not be negative", c.UIDShareBytes))
+	}
+	if c.LogEvery < 0 {
+		errs = append(errs, fmt.Errorf("gpubuf: LogEvery (%v) must not be negative", c.LogEvery))
+	}
 	slab, budget := c.SlabBytes, c.BudgetBytes
 	if slab == 0 {
 		slab = DefaultSlabBytes
@@ -67,6 +92,17 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ShareBytes is the per-uid share a pool of budget bytes in slabs of slab
+// bytes grants for a requested share (0: the default): a whole number of
+// slabs, at least one, at most the budget.
+func ShareBytes(budget, slab, share int64) int64 {
+	if share == 0 {
+		share = int64(float64(budget) * DefaultUIDShare)
+	}
+	share = (share + slab - 1) / slab * slab
+	return max(slab, min(share, budget))
+}
+
 // Lease is a range of one slab held by an Owner. Its fields never change.
 type Lease struct {
 	ID     uint64
@@ -76,8 +112,9 @@ type Lease struct {
 	Length int64 // a multiple of Align, at least the requested size
 }
 
-// Slab is one allocation of backend memory. ID, Device, Size, Memory and
-// Dedicated never change; the rest is guarded by the device's mutex.
+// Slab is one allocation of backend memory for one uid (I1). ID, Device,
+// Size, Memory, Dedicated and the uid never change; the free list and
+// lease count are guarded by the device's mutex.
 type Slab struct {
 	ID        uint32
 	Device    int
@@ -86,32 +123,58 @@ type Slab struct {
 	Dedicated bool // holds exactly one lease larger than a regular slab
 
 	dev *deviceState
+	uid uint32
 
 	// GUARDED_BY(dev.mu)
-	uid    uint32
 	free   []extent // sorted by off, never adjacent (I3)
 	leases int
-	busy   bool // being scrubbed for a new uid: not allocatable
 }
 
-// UID is the uid the slab currently serves.
-func (s *Slab) UID() uint32 {
-	s.dev.mu.Lock()
-	defer s.dev.mu.Unlock()
-	return s.uid
-}
+// UID is the uid the slab serves, for its whole life.
+func (s *Slab) UID() uint32 { return s.uid }
 
 type extent struct{ off, len int64 }
 
 type deviceState struct {
 	id     int
 	budget int64
+	share  int64 // the most bytes one uid may hold (I5)
 
 	mu sync.Mutex
 	// GUARDED_BY(mu)
 	slabs   []*Slab
-	bytes   int64          // sum of slab sizes plus allocations in flight (I4)
-	pending []*pendingSlab // regular slabs being allocated or scrubbed
+	bytes   int64               // sum of slab sizes plus allocations in flight (I4)
+	uids    map[uint32]*uidHold // per uid: its part of bytes (I5), refusals
+	pending []*pendingSlab      // regular slabs being allocated
+	freed   uint64              // idle slabs freed to make room for another uid
+}
+
+// uidHold is one uid's part of a device. GUARDED_BY(deviceState.mu)
+type uidHold struct {
+	bytes   int64  // its slabs' sizes plus its allocations in flight
+	refused uint64 // Allocs refused for lack of memory
+	freed   uint64 // its idle slabs freed to make room for other uids
+}
+
+// hold returns uid's record, creating it. LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) hold(uid uint32) *uidHold {
+	h := dev.uids[uid]
+	if h == nil {
+		h = &uidHold{}
+		dev.uids[uid] = h
+	}
+	return h
+}
+
+// charge adds n bytes (negative: frees them) to the device and to uid.
+// LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) charge(uid uint32, n int64) {
+	dev.bytes += n
+	h := dev.hold(uid)
+	h.bytes += n
+	if h.bytes == 0 && h.refused == 0 && h.freed == 0 {
+		delete(dev.uids, uid)
+	}
 }
 
 type sessionShard struct {
@@ -131,6 +194,7 @@ type Pool struct {
 	backend   Backend
 	slabBytes int64
 	log       zerolog.Logger
+	warn      *limiter
 
 	devices   []*deviceState
 	nextSlab  atomic.Uint32
@@ -151,9 +215,16 @@ func NewPool(cfg Config) (*Pool, error) {
 	if cfg.BudgetBytes == 0 {
 		cfg.BudgetBytes = DefaultBudgetBytes
 	}
-	p := &Pool{backend: cfg.Backend, slabBytes: cfg.SlabBytes, log: cfg.Log}
+	if cfg.LogEvery == 0 {
+		cfg.LogEvery = DefaultLogEvery
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	share := ShareBytes(cfg.BudgetBytes, cfg.SlabBytes, cfg.UIDShareBytes)
+	p := &Pool{backend: cfg.Backend, slabBytes: cfg.SlabBytes, log: cfg.Log, warn: newLimiter(cfg.LogEvery, cfg.Now)}
 	for i := range cfg.Backend.Devices() {
-		p.devices = append(p.devices, &deviceState{id: i, budget: cfg.BudgetBytes})
+		p.devices = append(p.devices, &deviceState{id: i, budget: cfg.BudgetBytes, share: share, uids: map[uint32]*uidHold{}})
 	}
 	for i := range p.shards {
 		p.shards[i].sessions = make(map[uint64]*sessionLeases)
@@ -167,6 +238,16 @@ func (p *Pool) Backend() Backend { return p.backend }
 // SlabBytes is the size of a regular slab.
 func (p *Pool) SlabBytes() int64 { return p.slabBytes }
 
+// MaxLeaseBytes is the largest lease one uid can ever be granted on a
+// device: its share (at most the budget). Longer requests can never
+// succeed, however long the caller waits.
+func (p *Pool) MaxLeaseBytes() int64 {
+	if len(p.devices) == 0 {
+		return 0
+	}
+	return p.devices[0].share
+}
+
 func alignUp(n int64) int64 { return (n + Align - 1) &^ (Align - 1) }
 
 func (p *Pool) shard(session uint64) *sessionShard {
@@ -174,8 +255,9 @@ func (p *Pool) shard(session uint64) *sessionShard {
 }
 
 // Alloc leases at least n bytes (rounded up to Align) on device for owner.
-// It never waits for memory to be released: it returns ErrExhausted when the
-// device's budget is spent. ctx bounds the backend allocation and scrubbing.
+// It never waits for memory to be released: it returns ErrExhausted when
+// owner's uid holds its share or the device's budget is spent and no idle
+// slab of another uid can be freed. ctx bounds the backend allocation.
 func (p *Pool) Alloc(ctx context.Context, owner Owner, device int, n int64) (*Lease, error) {
 	if p.closed.Load() {
 		return nil, ErrClosed
@@ -186,11 +268,14 @@ func (p *Pool) Alloc(ctx context.Context, owner Owner, device int, n int64) (*Le
 	if device < 0 || device >= len(p.devices) {
 		return nil, fmt.Errorf("gpubuf: device %d does not exist (the %s backend has %d)", device, p.backend.Name(), len(p.devices))
 	}
-	if n > p.devices[device].budget {
-		return nil, fmt.Errorf("gpubuf: lease of %d bytes exceeds the pool budget of %d bytes: %w", n, p.devices[device].budget, ErrExhausted)
+	dev := p.devices[device]
+	if n > dev.share {
+		dev.mu.Lock()
+		err := p.exhausted(dev, owner.UID, n, refusedTooLarge)
+		dev.mu.Unlock()
+		return nil, err
 	}
 	size := alignUp(n)
-	dev := p.devices[device]
 	var (
 		slab *Slab
 		off  int64
@@ -218,12 +303,11 @@ func (p *Pool) Alloc(ctx context.Context, owner Owner, device int, n int64) (*Le
 	return l, nil
 }
 
-// allocShared carves size bytes out of a regular slab serving uid, creating or
-// reassigning a slab when none has room. A request that a slab being
-// allocated (or scrubbed) for uid can still hold waits for that slab instead
-// of allocating its own: concurrent first requests share slabs, and the
-// budget is not spent on slabs that are mostly empty while other requests
-// are refused.
+// allocShared carves size bytes out of a regular slab of uid, allocating a
+// new slab when none has room. A request that a slab being allocated for
+// uid can still hold waits for that slab instead of allocating its own:
+// concurrent first requests share slabs, and the budget is not spent on
+// slabs that are mostly empty while other requests are refused.
 func (p *Pool) allocShared(ctx context.Context, dev *deviceState, uid uint32, size int64) (*Slab, int64, error) {
 	for {
 		dev.mu.Lock()
@@ -240,21 +324,21 @@ func (p *Pool) allocShared(ctx context.Context, dev *deviceState, uid uint32, si
 				return nil, 0, ctx.Err()
 			}
 		}
-		if dev.bytes+p.slabBytes <= dev.budget {
-			return p.allocSlab(ctx, dev, uid, size)
+		// uid has no idle slab (bestFit would have used it): a new one
+		// must fit its share, and the budget once idle slabs of other
+		// uids are freed.
+		victims, why := dev.makeRoom(uid, p.slabBytes)
+		if why != 0 {
+			err := p.exhausted(dev, uid, size, why)
+			dev.mu.Unlock()
+			return nil, 0, err
 		}
-		// Budget spent: take over an idle slab of another uid, scrubbed first.
-		if s := dev.idleSlab(); s != nil {
-			return p.takeOver(ctx, dev, s, uid, size)
-		}
-		err := p.exhausted(dev, uid, size)
-		dev.mu.Unlock()
-		return nil, 0, err
+		return p.allocSlab(ctx, dev, uid, size, victims)
 	}
 }
 
-// pendingSlab is a regular slab on its way to serving uid (being allocated,
-// or scrubbed for a new uid): requests of uid it can hold wait for it.
+// pendingSlab is a regular slab on its way to serving uid: requests of uid
+// it can hold wait for it.
 type pendingSlab struct {
 	uid      uint32
 	promised int64         // bytes of the requests counting on it, its creator's included
@@ -268,7 +352,7 @@ func (dev *deviceState) bestFit(uid uint32, size int64) (*Slab, int64, bool) {
 	var best *Slab
 	bestIdx := -1
 	for _, s := range dev.slabs {
-		if s.Dedicated || s.busy || s.uid != uid {
+		if s.Dedicated || s.uid != uid {
 			continue
 		}
 		for i, e := range s.free {
@@ -315,27 +399,123 @@ func (dev *deviceState) endPending(ps *pendingSlab) {
 	close(ps.done)
 }
 
-// idleSlab returns a regular slab that holds no lease and is not being
-// scrubbed, or nil. LOCKS_REQUIRED(dev.mu)
-func (dev *deviceState) idleSlab() *Slab {
-	for _, s := range dev.slabs {
-		if !s.Dedicated && !s.busy && s.leases == 0 {
-			return s
-		}
+// refusal is why an Alloc was refused; 0 when it was not.
+type refusal int
+
+const (
+	refusedShare    refusal = iota + 1 // the uid holds its share
+	refusedBudget                      // the budget is spent on leased slabs
+	refusedTooLarge                    // the request exceeds any uid's share
+)
+
+func (r refusal) String() string {
+	switch r {
+	case refusedShare:
+		return "uid share held"
+	case refusedBudget:
+		return "budget spent on leased slabs"
+	case refusedTooLarge:
+		return "larger than a uid's share"
 	}
-	return nil
+	return "not refused"
 }
 
-// allocSlab allocates a new regular slab for uid and carves size bytes from
-// it. It is called with dev.mu held and the budget checked, and unlocks it.
-func (p *Pool) allocSlab(ctx context.Context, dev *deviceState, uid uint32, size int64) (*Slab, int64, error) {
-	dev.bytes += p.slabBytes
+// makeRoom finds what must be freed for uid to allocate size more bytes
+// within its share (I5) and the budget (I4), takes those slabs out of the
+// device and charges size to uid; the caller frees the victims (Close,
+// outside the lock) before allocating. Idle slabs of uid go first, then
+// idle slabs of the uids holding the most. Memory is never handed from one
+// uid to another (I1): an idle slab of another uid is freed, and new
+// memory is allocated for uid. When the room cannot be made nothing is
+// changed and the refusal says why. LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) makeRoom(uid uint32, size int64) ([]*Slab, refusal) {
+	idle := map[uint32][]*Slab{}
+	var own []*Slab
+	for _, s := range dev.slabs {
+		if s.leases != 0 {
+			continue
+		}
+		if s.uid == uid {
+			own = append(own, s)
+		} else {
+			idle[s.uid] = append(idle[s.uid], s)
+		}
+	}
+	held := dev.hold(uid).bytes
+	var victims []*Slab
+	freed := int64(0)
+	for held-freed+size > dev.share {
+		if len(own) == 0 {
+			return nil, refusedShare
+		}
+		victims = append(victims, own[0])
+		freed += own[0].Size
+		own = own[1:]
+	}
+	total := dev.bytes - freed
+	// The uid's own idle slabs, then the largest holders' idle slabs.
+	holding := map[uint32]int64{}
+	for u := range idle {
+		holding[u] = dev.uids[u].bytes
+	}
+	for total+size > dev.budget {
+		if len(own) > 0 {
+			victims = append(victims, own[0])
+			total -= own[0].Size
+			own = own[1:]
+			continue
+		}
+		var top uint32
+		found := false
+		for u, ss := range idle {
+			if len(ss) > 0 && (!found || holding[u] > holding[top] || holding[u] == holding[top] && u < top) {
+				top, found = u, true
+			}
+		}
+		if !found {
+			return nil, refusedBudget
+		}
+		s := idle[top][0]
+		idle[top] = idle[top][1:]
+		victims = append(victims, s)
+		total -= s.Size
+		holding[top] -= s.Size
+	}
+	for _, s := range victims {
+		dev.removeSlab(s)
+		dev.charge(s.uid, -s.Size)
+		if s.uid != uid {
+			dev.freed++
+			dev.hold(s.uid).freed++
+		}
+	}
+	dev.charge(uid, size)
+	return victims, 0
+}
+
+// removeSlab takes s out of the device's list. LOCKS_REQUIRED(dev.mu)
+func (dev *deviceState) removeSlab(s *Slab) {
+	for i, x := range dev.slabs {
+		if x == s {
+			dev.slabs = append(dev.slabs[:i], dev.slabs[i+1:]...)
+			return
+		}
+	}
+}
+
+// allocSlab frees victims, allocates a new regular slab for uid and carves
+// size bytes from it. It is called with dev.mu held and the room made
+// (makeRoom), and unlocks it.
+func (p *Pool) allocSlab(ctx context.Context, dev *deviceState, uid uint32, size int64, victims []*Slab) (*Slab, int64, error) {
 	ps := dev.addPending(uid, size)
 	dev.mu.Unlock()
+	for _, s := range victims {
+		p.closeSlab(s)
+	}
 	mem, err := p.backend.Alloc(ctx, dev.id, p.slabBytes, uid)
 	if err != nil {
 		dev.mu.Lock()
-		dev.bytes -= p.slabBytes
+		dev.charge(uid, -p.slabBytes)
 		dev.endPending(ps)
 		dev.mu.Unlock()
 		return nil, 0, fmt.Errorf("gpubuf: allocate %d-byte slab on device %d: %w", p.slabBytes, dev.id, err)
@@ -356,78 +536,24 @@ func (p *Pool) allocSlab(ctx context.Context, dev *deviceState, uid uint32, size
 	return s, off, nil
 }
 
-// takeOver scrubs idle slab s, hands it to uid and carves size bytes from
-// it. It is called with dev.mu held and unlocks it.
-func (p *Pool) takeOver(ctx context.Context, dev *deviceState, s *Slab, uid uint32, size int64) (*Slab, int64, error) {
-	prev := s.uid
-	s.busy = true
-	s.uid = uid
-	off := s.carve(0, size)
-	ps := dev.addPending(uid, size)
-	dev.mu.Unlock()
-	if err := p.reassign(ctx, s, uid); err != nil {
-		dev.mu.Lock()
-		s.put(off, size)
-		if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
-			// The caller gave up (an interrupted ioctl), the memory did
-			// not fail: the slab holds only prev's bytes (some perhaps
-			// zeroed) and was not chowned, so it goes back to prev
-			// idle. Retiring it would keep its bytes charged to the
-			// budget for the pool's life.
-			s.uid = prev
-			s.busy = false
-			dev.endPending(ps)
-			dev.mu.Unlock()
-			return nil, 0, err
-		}
-		// A slab that could not be scrubbed must never serve anyone:
-		// it stays busy (unallocatable) until the pool closes.
-		dev.endPending(ps)
-		dev.mu.Unlock()
-		p.log.Error().Err(err).Uint32("slab", s.ID).Msg("gpubuf: slab scrub failed; slab retired")
-		return nil, 0, err
-	}
-	dev.mu.Lock()
-	s.busy = false
-	dev.endPending(ps)
-	dev.mu.Unlock()
-	return s, off, nil
-}
-
 // allocDedicated allocates a slab of exactly size bytes for one lease,
-// freeing idle regular slabs when the budget requires it.
+// freeing idle slabs when uid's share or the budget requires it.
 func (p *Pool) allocDedicated(ctx context.Context, dev *deviceState, uid uint32, size int64) (*Slab, error) {
 	dev.mu.Lock()
-	var evict []*Slab
-	for i := 0; i < len(dev.slabs) && dev.bytes+size > dev.budget; {
-		s := dev.slabs[i]
-		if s.Dedicated || s.busy || s.leases != 0 {
-			i++
-			continue
-		}
-		dev.slabs = append(dev.slabs[:i], dev.slabs[i+1:]...)
-		dev.bytes -= s.Size
-		evict = append(evict, s)
-	}
-	if dev.bytes+size > dev.budget {
-		// Put the idle slabs back: nothing was freed for nothing.
-		dev.slabs = append(dev.slabs, evict...)
-		for _, s := range evict {
-			dev.bytes += s.Size
-		}
-		err := p.exhausted(dev, uid, size)
+	victims, why := dev.makeRoom(uid, size)
+	if why != 0 {
+		err := p.exhausted(dev, uid, size, why)
 		dev.mu.Unlock()
 		return nil, err
 	}
-	dev.bytes += size
 	dev.mu.Unlock()
-	for _, s := range evict {
+	for _, s := range victims {
 		p.closeSlab(s)
 	}
 	mem, err := p.backend.Alloc(ctx, dev.id, size, uid)
 	if err != nil {
 		dev.mu.Lock()
-		dev.bytes -= size
+		dev.charge(uid, -size)
 		dev.mu.Unlock()
 		return nil, fmt.Errorf("gpubuf: allocate dedicated %d-byte slab on device %d: %w", size, dev.id, err)
 	}
@@ -459,21 +585,13 @@ func (p *Pool) newSlab(dev *deviceState, mem Memory, uid uint32, dedicated bool)
 	return s
 }
 
-// reassign scrubs s and hands it to uid. The caller marked s busy.
-func (p *Pool) reassign(ctx context.Context, s *Slab, uid uint32) error {
-	if err := s.Memory.Scrub(ctx); err != nil {
-		return fmt.Errorf("gpubuf: scrub slab %d for uid %d: %w", s.ID, uid, err)
-	}
-	if c, ok := s.Memory.(Chowner); ok {
-		if err := c.Chown(uid); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// exhausted logs the device's state and returns ErrExhausted. LOCKS_REQUIRED(dev.mu)
-func (p *Pool) exhausted(dev *deviceState, uid uint32, size int64) error {
+// exhausted counts a refusal of uid, logs the device's state (rate
+// limited: at most one line per uid, device and reason every LogEvery,
+// carrying the count of those suppressed since) and returns ErrExhausted.
+// LOCKS_REQUIRED(dev.mu)
+func (p *Pool) exhausted(dev *deviceState, uid uint32, size int64, why refusal) error {
+	h := dev.hold(uid)
+	h.refused++
 	var leased, largest, slabBytes int64
 	inUse := 0
 	for _, s := range dev.slabs {
@@ -484,16 +602,28 @@ func (p *Pool) exhausted(dev *deviceState, uid uint32, size int64) error {
 		var free int64
 		for _, e := range s.free {
 			free += e.len
-			if e.len > largest && s.uid == uid && !s.busy {
+			if e.len > largest && s.uid == uid {
 				largest = e.len
 			}
 		}
 		leased += s.Size - free
 	}
-	p.log.Warn().Int("device", dev.id).Uint32("uid", uid).Int64("want_bytes", size).
-		Int64("budget_bytes", dev.budget).Int64("allocated_bytes", dev.bytes).Int64("leased_bytes", leased).
-		Int("slabs", len(dev.slabs)).Int("slabs_in_use", inUse).Int64("largest_free_bytes_for_uid", largest).
-		Msg("gpubuf: pool exhausted")
+	if ok, suppressed := p.warn.allow(fmt.Sprintf("exhausted/%d/%d/%d", dev.id, uid, why)); ok {
+		p.log.Warn().Int("device", dev.id).Uint32("uid", uid).Int64("want_bytes", size).Str("reason", why.String()).
+			Int64("budget_bytes", dev.budget).Int64("uid_share_bytes", dev.share).Int64("uid_bytes", h.bytes).
+			Int64("allocated_bytes", dev.bytes).Int64("leased_bytes", leased).
+			Int("slabs", len(dev.slabs)).Int("slabs_in_use", inUse).Int64("largest_free_bytes_for_uid", largest).
+			Uint64("uid_refusals", h.refused).Uint64("similar_suppressed", suppressed).
+			Msg("gpubuf: pool exhausted")
+	}
+	switch why {
+	case refusedShare:
+		return fmt.Errorf("%w: uid %d holds %d bytes of device %d, its share is %d: release leases first",
+			ErrExhausted, uid, h.bytes, dev.id, dev.share)
+	case refusedTooLarge:
+		return fmt.Errorf("%w: a lease of %d bytes exceeds the per-uid share of %d bytes of device %d",
+			ErrExhausted, size, dev.share, dev.id)
+	}
 	return fmt.Errorf("%w: device %d has %d of %d bytes leased, %d slabs (%d more bytes being allocated), none with %d free bytes for uid %d",
 		ErrExhausted, dev.id, leased, dev.budget, len(dev.slabs), dev.bytes-slabBytes, size, uid)
 }
@@ -590,13 +720,8 @@ func (p *Pool) free(l *Lease) {
 	s.put(l.Offset, l.Length)
 	drop := s.Dedicated && s.leases == 0
 	if drop {
-		for i, x := range dev.slabs {
-			if x == s {
-				dev.slabs = append(dev.slabs[:i], dev.slabs[i+1:]...)
-				break
-			}
-		}
-		dev.bytes -= s.Size
+		dev.removeSlab(s)
+		dev.charge(s.uid, -s.Size)
 	}
 	dev.mu.Unlock()
 	if drop {
@@ -636,7 +761,7 @@ func (p *Pool) Export(owner Owner, id uint32) ([]byte, error) {
 		}
 	}
 	sh.mu.Unlock()
-	if slab == nil {
+	if slab == nil || slab.uid != owner.UID {
 		return nil, fmt.Errorf("%w: slab %d holds no lease of session %d", ErrNotFound, id, owner.Session)
 	}
 	return slab.Memory.Export()
@@ -654,6 +779,9 @@ func (p *Pool) Close() error {
 		slabs := dev.slabs
 		dev.slabs = nil
 		dev.bytes = 0
+		for _, h := range dev.uids {
+			h.bytes = 0
+		}
 		dev.mu.Unlock()
 		for _, s := range slabs {
 			p.slabs.Delete(s.ID)

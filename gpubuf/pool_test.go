@@ -10,14 +10,21 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rs/zerolog"
 )
 
 // fakeBackend is an in-process Backend whose memory is plain byte slices.
-// It records scrubs and ownership so tests can check isolation (I1).
+// It records the uid each memory was allocated for so tests can check
+// isolation (I1).
 type fakeBackend struct {
 	devices int
 	mu      sync.Mutex
@@ -60,33 +67,14 @@ func (b *fakeBackend) liveCount() int {
 type fakeMemory struct {
 	b      *fakeBackend
 	data   []byte
+	uid    uint32 // the uid it was allocated for; never changes
 	mu     sync.Mutex
-	uid    uint32
-	scrubs int
 	closed bool
 }
 
 func (m *fakeMemory) Size() int64             { return int64(len(m.data)) }
 func (m *fakeMemory) HostBytes() []byte       { return m.data }
 func (m *fakeMemory) Export() ([]byte, error) { return []byte(fmt.Sprintf("fake-%p", m)), nil }
-func (m *fakeMemory) Scrub(ctx context.Context) error {
-	// Like the host and CUDA memories: a cancelled context leaves the
-	// memory untouched.
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	clear(m.data)
-	m.scrubs++
-	return nil
-}
-func (m *fakeMemory) Chown(uid uint32) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.uid = uid
-	return nil
-}
 func (m *fakeMemory) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -102,10 +90,20 @@ func (m *fakeMemory) Close() error {
 
 const testSlab = 64 * Align
 
+// newTestPool returns a pool of two devices with a budget of budgetSlabs
+// slabs each, every uid allowed the whole budget.
 func newTestPool(t *testing.T, budgetSlabs int64) (*Pool, *fakeBackend) {
 	t.Helper()
+	return newSharePool(t, Config{BudgetBytes: budgetSlabs * testSlab, UIDShareBytes: budgetSlabs * testSlab})
+}
+
+// newSharePool returns a pool of two devices configured by cfg (Backend
+// and SlabBytes filled in), checked and closed at the end of the test.
+func newSharePool(t *testing.T, cfg Config) (*Pool, *fakeBackend) {
+	t.Helper()
 	b := newFakeBackend(2)
-	p, err := NewPool(Config{Backend: b, SlabBytes: testSlab, BudgetBytes: budgetSlabs * testSlab})
+	cfg.Backend, cfg.SlabBytes = b, testSlab
+	p, err := NewPool(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,8 +249,11 @@ func TestExhaustionIsImmediateAndRecoverable(t *testing.T) {
 	}
 }
 
-func TestUIDIsolationAndScrub(t *testing.T) {
-	p, _ := newTestPool(t, 1)
+// TestUIDIsolation (I1): memory one uid could ever map is never handed to
+// another. An idle slab of alice is freed (closed) to make room for bob,
+// who gets new memory allocated for him; alice's memory is never reused.
+func TestUIDIsolation(t *testing.T) {
+	p, b := newTestPool(t, 1)
 	alice := Owner{Session: 1, UID: 1001}
 	bob := Owner{Session: 2, UID: 1002}
 	la := mustAlloc(t, p, alice, 0, Align)
@@ -265,59 +266,202 @@ func TestUIDIsolationAndScrub(t *testing.T) {
 	if err := p.Release(alice, la.ID); err != nil {
 		t.Fatal(err)
 	}
-	if mem.scrubs != 0 {
-		t.Errorf("scrubbed on release; scrubbing is due only on a uid change")
+	// Same uid: the idle slab is reused as is.
+	again := mustAlloc(t, p, alice, 0, Align)
+	if again.Slab != la.Slab {
+		t.Errorf("alice's idle slab was not reused for alice")
 	}
-	lb := mustAlloc(t, p, bob, 0, testSlab)
-	if lb.Slab != la.Slab {
-		t.Fatalf("idle slab not reassigned")
-	}
-	if mem.scrubs != 1 || mem.uid != bob.UID {
-		t.Errorf("after reassignment: scrubs %d uid %d, want 1 and %d", mem.scrubs, mem.uid, bob.UID)
-	}
-	if bytes.Contains(mem.data, []byte("alice")) {
-		t.Error("alice's bytes survived the hand-over to bob")
-	}
-	if la.Slab.UID() != bob.UID {
-		t.Errorf("slab UID %d, want %d", la.Slab.UID(), bob.UID)
-	}
-	// The same uid taking the slab back after bob: scrubbed again.
-	if err := p.Release(bob, lb.ID); err != nil {
+	if err := p.Release(alice, again.ID); err != nil {
 		t.Fatal(err)
 	}
-	mustAlloc(t, p, alice, 0, Align)
-	if mem.scrubs != 2 {
-		t.Errorf("scrubs %d, want 2", mem.scrubs)
+	lb := mustAlloc(t, p, bob, 0, testSlab)
+	if lb.Slab == la.Slab || lb.Slab.Memory == la.Slab.Memory {
+		t.Fatal("alice's slab was handed to bob")
+	}
+	if !mem.closed {
+		t.Error("alice's idle slab was not freed to make room for bob")
+	}
+	bm := lb.Slab.Memory.(*fakeMemory)
+	if bm.uid != bob.UID || lb.Slab.UID() != bob.UID {
+		t.Errorf("bob's slab: memory for uid %d, slab uid %d; want %d", bm.uid, lb.Slab.UID(), bob.UID)
+	}
+	if bytes.Contains(bm.data, []byte("alice")) {
+		t.Error("alice's bytes in bob's memory")
+	}
+	if _, err := p.Slab(la.Slab.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("freed slab %d still known: %v", la.Slab.ID, err)
+	}
+	if _, err := p.Export(alice, lb.Slab.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("alice exported bob's slab: %v", err)
+	}
+	if _, err := p.Export(Owner{Session: bob.Session, UID: alice.UID}, lb.Slab.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("bob's session with alice's uid exported bob's slab: %v", err)
+	}
+	st := p.Stats()
+	if st.Devices[0].FreedSlabs != 1 {
+		t.Errorf("freed slabs %d, want 1", st.Devices[0].FreedSlabs)
+	}
+	if b.liveCount() != 1 {
+		t.Errorf("live memories %d, want bob's 1", b.liveCount())
 	}
 }
 
-// An Alloc whose context ends before the scrub of an idle slab of another
-// uid gives the slab back: the next Alloc can take it over. The slab was
-// once retired for good, its bytes charged to the budget until Close.
-func TestCancelledTakeOverKeepsTheSlab(t *testing.T) {
-	p, _ := newTestPool(t, 1)
-	alice := Owner{Session: 1, UID: 1001}
-	bob := Owner{Session: 2, UID: 1002}
-	la := mustAlloc(t, p, alice, 0, Align)
-	mem := la.Slab.Memory.(*fakeMemory)
-	copy(mem.data[la.Offset:], "alice's secret")
-	if err := p.Release(alice, la.ID); err != nil {
+// TestUIDShare (issue 12, item 9): a uid holding its whole share is
+// refused more (ErrExhausted) and leaves the rest of the pool to others.
+func TestUIDShare(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		budget, share, got int64 // in slabs; share 0: the default
+	}{
+		{"default half", 4, 0, 2},
+		{"default rounds up to a slab", 3, 0, 2},
+		{"one slab pool", 1, 0, 1},
+		{"explicit", 4, 1, 1},
+		{"explicit rounds up", 4, 1, 1},
+		{"whole pool", 4, 4, 4},
+		{"capped at the budget", 4, 9, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			share := tc.share * testSlab
+			if tc.name == "explicit rounds up" {
+				share = testSlab/2 + Align
+			}
+			p, _ := newSharePool(t, Config{BudgetBytes: tc.budget * testSlab, UIDShareBytes: share})
+			if got := p.MaxLeaseBytes(); got != tc.got*testSlab {
+				t.Errorf("MaxLeaseBytes %d, want %d slabs", got, tc.got)
+			}
+			alice := Owner{Session: 1, UID: 1}
+			for range tc.got {
+				mustAlloc(t, p, alice, 0, testSlab)
+			}
+			_, err := p.Alloc(context.Background(), alice, 0, Align)
+			if !errors.Is(err, ErrExhausted) {
+				t.Fatalf("alloc beyond the share: %v, want ErrExhausted", err)
+			}
+			if tc.got < tc.budget && !strings.Contains(err.Error(), "share") {
+				t.Errorf("refusal %q does not name the share", err)
+			}
+			if tc.got < tc.budget {
+				bob := Owner{Session: 2, UID: 2}
+				mustAlloc(t, p, bob, 0, testSlab)
+			}
+			st := p.Stats()
+			if st.Devices[0].UIDShareBytes != tc.got*testSlab {
+				t.Errorf("stats share %d, want %d", st.Devices[0].UIDShareBytes, tc.got*testSlab)
+			}
+			if st.UIDs[0].UID != 1 || st.UIDs[0].Refused != 1 || st.UIDs[0].AllocatedBytes != tc.got*testSlab {
+				t.Errorf("alice's stats %+v, want 1 refusal and %d slabs", st.UIDs[0], tc.got)
+			}
+		})
+	}
+}
+
+// TestShareCountsIdleAndDedicatedSlabs: the share bounds a uid's slabs, idle
+// or not, regular or dedicated; its own idle slabs are freed to fit a
+// dedicated one within it.
+func TestShareCountsIdleAndDedicatedSlabs(t *testing.T) {
+	p, b := newSharePool(t, Config{BudgetBytes: 4 * testSlab, UIDShareBytes: 2 * testSlab})
+	alice := Owner{Session: 1, UID: 1}
+	l1 := mustAlloc(t, p, alice, 0, testSlab)
+	l2 := mustAlloc(t, p, alice, 0, testSlab)
+	for _, l := range []*Lease{l1, l2} {
+		if err := p.Release(alice, l.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Two idle slabs of alice; a 1.5-slab lease fits her share once both go.
+	big := mustAlloc(t, p, alice, 0, testSlab+testSlab/2)
+	if !big.Slab.Dedicated || b.liveCount() != 1 {
+		t.Fatalf("dedicated %v, live %d: want alice's idle slabs freed for it", big.Slab.Dedicated, b.liveCount())
+	}
+	if _, err := p.Alloc(context.Background(), alice, 0, testSlab); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("alice beyond her share with a dedicated slab: %v", err)
+	}
+	if _, err := p.Alloc(context.Background(), alice, 0, 2*testSlab+Align); !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), "exceeds") {
+		t.Errorf("a lease larger than the share: %v, want ErrExhausted naming it", err)
+	}
+}
+
+// TestReclaimFromTheLargestHolder (item 9): with the budget spent, a uid
+// within its share gets memory by freeing an idle slab of the uid holding
+// the most, never a leased one.
+func TestReclaimFromTheLargestHolder(t *testing.T) {
+	p, _ := newSharePool(t, Config{BudgetBytes: 4 * testSlab, UIDShareBytes: 3 * testSlab})
+	small := Owner{Session: 1, UID: 1}
+	large := Owner{Session: 2, UID: 2}
+	late := Owner{Session: 3, UID: 3}
+	ls := mustAlloc(t, p, small, 0, testSlab)
+	var ll []*Lease
+	for range 3 {
+		ll = append(ll, mustAlloc(t, p, large, 0, testSlab))
+	}
+	// Everything leased: nothing to free.
+	if _, err := p.Alloc(context.Background(), late, 0, Align); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("full pool: %v", err)
+	}
+	for _, l := range []*Lease{ls, ll[0]} {
+		owner := small
+		if l != ls {
+			owner = large
+		}
+		if err := p.Release(owner, l.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := mustAlloc(t, p, late, 0, Align)
+	if _, err := p.Slab(ll[0].Slab.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the largest holder's idle slab was kept")
+	}
+	if _, err := p.Slab(ls.Slab.ID); err != nil {
+		t.Errorf("the small holder's idle slab was freed first: %v", err)
+	}
+	if got.Slab.UID() != late.UID {
+		t.Errorf("new slab serves uid %d", got.Slab.UID())
+	}
+	var freed uint64
+	for _, u := range p.Stats().UIDs {
+		if u.UID == large.UID {
+			freed = u.FreedSlabs
+		}
+	}
+	if freed != 1 {
+		t.Errorf("large holder's freed slabs %d, want 1", freed)
+	}
+}
+
+// TestExhaustionLogIsRateLimited (item 10): a client retrying a refused
+// Alloc in a loop makes one warning per period, and the next one counts
+// those suppressed.
+func TestExhaustionLogIsRateLimited(t *testing.T) {
+	var logBuf bytes.Buffer
+	now := time.Unix(1000, 0)
+	p, _ := newSharePool(t, Config{BudgetBytes: testSlab, UIDShareBytes: testSlab,
+		Log: zerolog.New(&logBuf), LogEvery: time.Minute, Now: func() time.Time { return now }})
+	o := Owner{Session: 1, UID: 1}
+	mustAlloc(t, p, o, 0, testSlab)
+	refuse := func(n int) {
+		for range n {
+			if _, err := p.Alloc(context.Background(), o, 0, Align); !errors.Is(err, ErrExhausted) {
+				t.Fatalf("got %v, want ErrExhausted", err)
+			}
+		}
+	}
+	refuse(1000)
+	if n := strings.Count(logBuf.String(), "\n"); n != 1 {
+		t.Fatalf("%d log lines for 1000 refusals in one period, want 1:\n%s", n, logBuf.String())
+	}
+	now = now.Add(time.Minute)
+	refuse(1)
+	lines := strings.Split(strings.TrimSpace(logBuf.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[1], `"similar_suppressed":999`) || !strings.Contains(lines[1], `"uid_refusals":1001`) {
+		t.Errorf("second line %q, want 999 suppressed and 1001 refusals", lines[len(lines)-1])
+	}
+	// Another uid's refusals are their own line.
+	if _, err := p.Alloc(context.Background(), Owner{Session: 2, UID: 2}, 0, Align); !errors.Is(err, ErrExhausted) {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := p.Alloc(ctx, bob, 0, Align); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Alloc with a cancelled context: %v, want context.Canceled", err)
-	}
-	if la.Slab.UID() != alice.UID {
-		t.Errorf("unscrubbed slab serves uid %d, want alice's %d", la.Slab.UID(), alice.UID)
-	}
-	lb := mustAlloc(t, p, bob, 0, Align)
-	if lb.Slab != la.Slab || mem.uid != bob.UID || mem.scrubs != 1 {
-		t.Errorf("bob's lease: same slab %v, memory uid %d, scrubs %d; want true, %d, 1", lb.Slab == la.Slab, mem.uid, bob.UID, mem.scrubs)
-	}
-	if bytes.Contains(mem.data, []byte("alice")) {
-		t.Error("alice's bytes survived the hand-over to bob")
+	if n := strings.Count(logBuf.String(), "\n"); n != 3 {
+		t.Errorf("%d lines after another uid's refusal, want 3", n)
 	}
 }
 
@@ -439,11 +583,12 @@ func TestStats(t *testing.T) {
 	want := Stats{
 		Backend: "fake", SlabBytes: testSlab,
 		Devices: []DeviceStats{
-			{Device: 0, BudgetBytes: 4 * testSlab, AllocatedBytes: 2 * testSlab, LeasedBytes: 8 * Align, Slabs: 2, SlabsInUse: 2, Leases: 3},
-			{Device: 1, BudgetBytes: 4 * testSlab, AllocatedBytes: testSlab, LeasedBytes: Align, Slabs: 1, SlabsInUse: 1, Leases: 1},
+			{Device: 0, BudgetBytes: 4 * testSlab, AllocatedBytes: 2 * testSlab, LeasedBytes: 8 * Align, Slabs: 2, SlabsInUse: 2, Leases: 3, UIDShareBytes: 4 * testSlab},
+			{Device: 1, BudgetBytes: 4 * testSlab, AllocatedBytes: testSlab, LeasedBytes: Align, Slabs: 1, SlabsInUse: 1, Leases: 1, UIDShareBytes: 4 * testSlab},
 		},
 		Sessions: []SessionStats{{1, 10, 2, 3 * Align}, {2, 10, 1, Align}, {3, 20, 1, 5 * Align}},
-		UIDs:     []UIDStats{{10, 2, 4 * Align}, {20, 1, 5 * Align}},
+		UIDs: []UIDStats{{UID: 10, Sessions: 2, LeasedBytes: 4 * Align, AllocatedBytes: 2 * testSlab},
+			{UID: 20, Sessions: 1, LeasedBytes: 5 * Align, AllocatedBytes: testSlab}},
 	}
 	if fmt.Sprint(st) != fmt.Sprint(want) {
 		t.Errorf("Stats:\n got %+v\nwant %+v", st, want)
@@ -454,15 +599,19 @@ func TestStats(t *testing.T) {
 // GPU check crashed on "sessions": null once every lease was released).
 func TestStatsListsAreNeverNull(t *testing.T) {
 	p, _ := newTestPool(t, 1)
+	b, err := json.Marshal(p.Stats())
+	if !strings.Contains(string(b), `"uids":[]`) {
+		t.Errorf("empty pool's stats JSON %s lacks \"uids\":[]", b)
+	}
 	l := mustAlloc(t, p, Owner{Session: 1, UID: 1}, 0, Align)
 	if err := p.Release(Owner{Session: 1, UID: 1}, l.ID); err != nil {
 		t.Fatal(err)
 	}
-	b, err := json.Marshal(p.Stats())
+	b, err = json.Marshal(p.Stats())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"sessions":[]`, `"uids":[]`} {
+	for _, want := range []string{`"sessions":[]`, `"uids":[`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("stats JSON %s lacks %s", b, want)
 		}
@@ -626,7 +775,26 @@ func TestClosedPool(t *testing.T) {
 // with -race) and checks the invariants, uid isolation and that everything
 // returns to the pool.
 func TestConcurrentUse(t *testing.T) {
-	p, _ := newTestPool(t, 6)
+	for _, tc := range []struct {
+		name        string
+		shareSlabs  int64
+		budgetSlabs int64
+	}{
+		{"whole pool per uid", 6, 6},
+		{"a third per uid", 2, 6},
+		{"shares oversubscribed", 3, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := newSharePool(t, Config{BudgetBytes: tc.budgetSlabs * testSlab, UIDShareBytes: tc.shareSlabs * testSlab})
+			hammer(t, p)
+		})
+	}
+}
+
+// hammer runs 16 sessions of 3 uids allocating and releasing at random on
+// both devices and checks isolation, the invariants and that everything
+// comes back.
+func hammer(t *testing.T, p *Pool) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
 	for g := range 16 {
@@ -732,29 +900,58 @@ func TestHostBackend(t *testing.T) {
 	if err != nil || dfi.Mode().Perm() != 0o711 {
 		t.Errorf("slab directory mode: %v %v", dfi.Mode().Perm(), err)
 	}
-	if err := hm.Scrub(context.Background()); err != nil {
+	// The file lies in a directory of the uid that only it can search.
+	ufi, err := os.Stat(filepath.Dir(string(tok)))
+	wantMode := os.FileMode(0o500)
+	if os.Getuid() != 0 {
+		wantMode = 0o700
+	}
+	if err != nil || ufi.Mode().Perm() != wantMode || ufi.Sys().(*syscall.Stat_t).Uid != uid || filepath.Dir(filepath.Dir(string(tok))) != dir {
+		t.Errorf("uid directory of %s: %v, want mode %v owned by %d under %s (%v)", tok, ufi.Mode().Perm(), wantMode, uid, dir, err)
+	}
+	// A client's mapping, kept after its lease is released and the slab
+	// is freed (here: for another uid), faults instead of showing or
+	// holding memory; the other uid gets a new file.
+	cf, err := os.OpenFile(string(tok), os.O_RDWR, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(hm.HostBytes(), make([]byte, 16*Align)) {
-		t.Error("scrub left bytes in the daemon's mapping")
+	defer cf.Close()
+	kept, err := syscall.Mmap(int(cf.Fd()), 0, 16*Align, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got, _ := os.ReadFile(string(tok)); !bytes.Equal(got, make([]byte, 16*Align)) {
-		t.Error("scrub left bytes in the file")
+	defer syscall.Munmap(kept)
+	if err := p.Release(o, l.ID); err != nil {
+		t.Fatal(err)
 	}
-	if os.Getuid() == 0 {
-		// Handing the slab to another uid chowns the file.
-		if err := p.Release(o, l.ID); err != nil {
-			t.Fatal(err)
-		}
-		other := Owner{Session: 2, UID: 4242}
-		l2 := mustAlloc(t, p, other, 0, Align)
-		fi, err := os.Stat(string(tok))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st := fi.Sys().(*syscall.Stat_t); st.Uid != other.UID || l2.Slab != l.Slab {
-			t.Errorf("reassigned slab owner %d, want %d", st.Uid, other.UID)
-		}
+	other := Owner{Session: 2, UID: uid + 1}
+	if os.Getuid() != 0 {
+		other.UID = uid // only root can give files away: the same uid, a dedicated slab
+	}
+	l2 := mustAlloc(t, p, other, 0, 16*Align)
+	tok2, err := p.Export(other, l2.Slab.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(tok2) == string(tok) || l2.Slab == l.Slab {
+		t.Fatalf("the freed slab's file %s was reused", tok)
+	}
+	if _, err := os.Stat(string(tok)); !os.IsNotExist(err) {
+		t.Errorf("freed slab file still present: %v", err)
+	}
+	fi2, err := os.Stat(string(tok2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi2.Sys().(*syscall.Stat_t); st.Uid != other.UID || fi2.Mode().Perm() != 0o600 {
+		t.Errorf("new slab file owner %d mode %v, want %d and 0600", st.Uid, fi2.Mode().Perm(), other.UID)
+	}
+	if st, err := cf.Stat(); err != nil || st.Size() != 0 {
+		t.Errorf("freed slab file through a kept descriptor: %v bytes (%v), want 0", st.Size(), err)
+	}
+	if !faults(kept) {
+		t.Error("a mapping kept after the slab was freed still reads")
 	}
 	if _, err := b.Alloc(context.Background(), 1, Align, uid); err == nil {
 		t.Error("host backend accepted device 1")
@@ -762,4 +959,18 @@ func TestHostBackend(t *testing.T) {
 	if _, err := b.Alloc(context.Background(), 0, 100, uid); err == nil {
 		t.Error("host backend accepted an unaligned size")
 	}
+}
+
+// faults reports whether reading the first byte of b faults (SIGBUS on a
+// mapping of a truncated file).
+func faults(b []byte) (faulted bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			faulted = true
+		}
+	}()
+	// An atomic load: a plain read whose value is unused may be dropped.
+	atomic.LoadUint32((*uint32)(unsafe.Pointer(&b[0])))
+	return false
 }

@@ -26,6 +26,10 @@ type DeviceStats struct {
 	Slabs          int   `json:"slabs"`
 	SlabsInUse     int   `json:"slabs_in_use"` // slabs holding at least one lease
 	Leases         int   `json:"leases"`
+	// UIDShareBytes is the most slab memory one uid may hold on the device.
+	UIDShareBytes int64 `json:"uid_share_bytes"`
+	// FreedSlabs counts idle slabs freed to make room for another uid.
+	FreedSlabs uint64 `json:"freed_slabs"`
 }
 
 // SessionStats is what one session holds.
@@ -36,11 +40,19 @@ type SessionStats struct {
 	LeasedBytes int64  `json:"leased_bytes"`
 }
 
-// UIDStats is what all sessions of one uid hold.
+// UIDStats is what all sessions of one uid hold, summed over devices.
 type UIDStats struct {
 	UID         uint32 `json:"uid"`
 	Sessions    int    `json:"sessions"`
 	LeasedBytes int64  `json:"leased_bytes"`
+	// AllocatedBytes is the slab memory of the uid (leased or idle,
+	// allocations in flight included): what counts against its share.
+	AllocatedBytes int64 `json:"allocated_bytes"`
+	// Refused counts the uid's Allocs refused for lack of memory (its
+	// share held, or the budget spent), since the pool started.
+	Refused uint64 `json:"refused"`
+	// FreedSlabs counts the uid's idle slabs freed for other uids.
+	FreedSlabs uint64 `json:"freed_slabs"`
 }
 
 // Stats returns a snapshot of the pool's accounting.
@@ -49,9 +61,25 @@ func (p *Pool) Stats() Stats {
 	// clients iterate over without a check.
 	st := Stats{Backend: p.backend.Name(), SlabBytes: p.slabBytes,
 		Devices: []DeviceStats{}, Sessions: []SessionStats{}, UIDs: []UIDStats{}}
+	uids := map[uint32]*UIDStats{}
+	uidStat := func(uid uint32) *UIDStats {
+		u := uids[uid]
+		if u == nil {
+			u = &UIDStats{UID: uid}
+			uids[uid] = u
+		}
+		return u
+	}
 	for _, dev := range p.devices {
 		dev.mu.Lock()
-		ds := DeviceStats{Device: dev.id, BudgetBytes: dev.budget, AllocatedBytes: dev.bytes, Slabs: len(dev.slabs)}
+		ds := DeviceStats{Device: dev.id, BudgetBytes: dev.budget, AllocatedBytes: dev.bytes, Slabs: len(dev.slabs),
+			UIDShareBytes: dev.share, FreedSlabs: dev.freed}
+		for uid, h := range dev.uids {
+			u := uidStat(uid)
+			u.AllocatedBytes += h.bytes
+			u.Refused += h.refused
+			u.FreedSlabs += h.freed
+		}
 		for _, s := range dev.slabs {
 			var free int64
 			for _, e := range s.free {
@@ -66,17 +94,12 @@ func (p *Pool) Stats() Stats {
 		dev.mu.Unlock()
 		st.Devices = append(st.Devices, ds)
 	}
-	uids := map[uint32]*UIDStats{}
 	for i := range p.shards {
 		sh := &p.shards[i]
 		sh.mu.Lock()
 		for id, sl := range sh.sessions {
 			st.Sessions = append(st.Sessions, SessionStats{Session: id, UID: sl.uid, Leases: len(sl.leases), LeasedBytes: sl.bytes})
-			u := uids[sl.uid]
-			if u == nil {
-				u = &UIDStats{UID: sl.uid}
-				uids[sl.uid] = u
-			}
+			u := uidStat(sl.uid)
 			u.Sessions++
 			u.LeasedBytes += sl.bytes
 		}
@@ -90,7 +113,7 @@ func (p *Pool) Stats() Stats {
 	return st
 }
 
-// checkInvariants verifies I3 and I4 and that the sessions' leases match the
+// checkInvariants verifies I1 and I3-I5 and that the sessions' leases match the
 // slabs' lease counts. Tests call it; it locks every device and shard.
 func (p *Pool) checkInvariants() error {
 	var errs []error
@@ -155,6 +178,26 @@ func (p *Pool) checkInvariants() error {
 		}
 		if total > dev.budget || total > dev.bytes {
 			errs = append(errs, fmt.Errorf("device %d: slabs hold %d bytes, accounted %d, budget %d", dev.id, total, dev.bytes, dev.budget))
+		}
+		// I5: each uid's slabs fit its share and its account.
+		perUID := map[uint32]int64{}
+		for _, s := range dev.slabs {
+			perUID[s.uid] += s.Size
+		}
+		var accounted int64
+		for uid, h := range dev.uids {
+			accounted += h.bytes
+			if h.bytes > dev.share || perUID[uid] > h.bytes {
+				errs = append(errs, fmt.Errorf("device %d uid %d: slabs hold %d bytes, accounted %d, share %d", dev.id, uid, perUID[uid], h.bytes, dev.share))
+			}
+		}
+		for uid, n := range perUID {
+			if dev.uids[uid] == nil {
+				errs = append(errs, fmt.Errorf("device %d uid %d: %d bytes of slabs not accounted", dev.id, uid, n))
+			}
+		}
+		if accounted != dev.bytes {
+			errs = append(errs, fmt.Errorf("device %d: uids account %d bytes, the device %d", dev.id, accounted, dev.bytes))
 		}
 		dev.mu.Unlock()
 	}

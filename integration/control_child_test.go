@@ -52,7 +52,7 @@ func TestControlChild(t *testing.T) {
 }
 
 // childOtherUID runs as another uid: the token it was handed is refused,
-// a session of its own works (slabs are chowned to it).
+// a session of its own works (its slabs are its own files).
 func childOtherUID(mnt, file, token string) error {
 	ctx := context.Background()
 	tok, err := parseToken(token)

@@ -88,11 +88,12 @@ func TestStateCallbacks(t *testing.T) {
 	m := New()
 	var uids []UIDPool
 	for i := 0; i < MaxUIDLabels+5; i++ {
-		uids = append(uids, UIDPool{UID: uint32(1000 + i), Sessions: 1, LeasedBytes: int64(4096 * (i + 1))})
+		uids = append(uids, UIDPool{UID: uint32(1000 + i), Sessions: 1, LeasedBytes: int64(4096 * (i + 1)),
+			AllocatedBytes: 1 << 20, Refused: uint64(i), FreedSlabs: 1})
 	}
 	m.SetPool(func() PoolStats {
 		return PoolStats{Backend: "host", Devices: []DevicePool{
-			{Device: -1, BudgetBytes: 1 << 30, AllocatedBytes: 64 << 20, LeasedBytes: 8 << 20, Slabs: 1, Leases: 3},
+			{Device: -1, BudgetBytes: 1 << 30, AllocatedBytes: 64 << 20, LeasedBytes: 8 << 20, Slabs: 1, Leases: 3, UIDShareBytes: 512 << 20, FreedSlabs: 4},
 			{Device: 1, BudgetBytes: 1 << 30, AllocatedBytes: 0},
 		}, UIDs: uids}
 	})
@@ -119,6 +120,12 @@ func TestStateCallbacks(t *testing.T) {
 		// The five smallest holders are summed: uids 1000..1004.
 		{"gdsfs_pool_uid_in_use_bytes", []string{"uid", "other"}, 4096 * (1 + 2 + 3 + 4 + 5)},
 		{"gdsfs_pool_uid_sessions", []string{"uid", "other"}, 5},
+		{"gdsfs_pool_uid_share_bytes", []string{"device", "host"}, 512 << 20},
+		{"gdsfs_pool_freed_slabs_total", []string{"device", "host"}, 4},
+		{"gdsfs_pool_uid_allocated_bytes", []string{"uid", "1036"}, 1 << 20},
+		{"gdsfs_pool_uid_refused_total", []string{"uid", "1036"}, 36},
+		{"gdsfs_pool_uid_refused_total", []string{"uid", "other"}, 0 + 1 + 2 + 3 + 4},
+		{"gdsfs_pool_uid_freed_slabs_total", []string{"uid", "other"}, 5},
 		{"gdsfs_index_cache_hits_total", nil, 7},
 		{"gdsfs_index_cache_evictions_total", nil, 1},
 		{"gdsfs_fuse_passthrough_enabled", nil, 1},

@@ -32,13 +32,24 @@ type DevicePool struct {
 	LeasedBytes int64
 	Slabs       int
 	Leases      int
+	// UIDShareBytes is the most slab memory one uid may hold on it.
+	UIDShareBytes int64
+	// FreedSlabs counts idle slabs freed to make room for another uid.
+	FreedSlabs uint64
 }
 
-// UIDPool is what the sessions of one uid hold.
+// UIDPool is what the sessions of one uid hold, over all devices.
 type UIDPool struct {
 	UID         uint32
 	Sessions    int
 	LeasedBytes int64
+	// AllocatedBytes is the uid's slab memory, leased or idle: what
+	// counts against its share.
+	AllocatedBytes int64
+	// Refused counts the uid's allocations refused for lack of memory.
+	Refused uint64
+	// FreedSlabs counts the uid's idle slabs freed for other uids.
+	FreedSlabs uint64
 }
 
 // IndexStats are the shard-index cache counters.
@@ -92,7 +103,9 @@ type stateCollector struct {
 
 	poolBudget, poolAllocated, poolLeased, poolFree *prometheus.Desc
 	poolSlabs, poolLeases                           *prometheus.Desc
+	poolShare, poolFreed                            *prometheus.Desc
 	uidLeased, uidSessions                          *prometheus.Desc
+	uidAllocated, uidRefused, uidFreed              *prometheus.Desc
 	idxHits, idxMisses, idxEvictions                *prometheus.Desc
 	idxParses, idxParseErrors                       *prometheus.Desc
 	idxBudget, idxUsed                              *prometheus.Desc
@@ -112,6 +125,11 @@ func newStateCollector() *stateCollector {
 		poolLeases:     d("pool", "leases", "Leases alive on the device.", "device"),
 		uidLeased:      d("pool", "uid_in_use_bytes", "Slab memory held by the leases of one uid's sessions (at most 32 uids, the rest as uid=\"other\").", "uid"),
 		uidSessions:    d("pool", "uid_sessions", "Sessions of one uid holding leases.", "uid"),
+		poolShare:      d("pool", "uid_share_bytes", "Most slab memory one uid may hold on the device (--uid-share).", "device"),
+		poolFreed:      d("pool", "freed_slabs_total", "Idle slabs of one uid freed on the device to make room for another uid.", "device"),
+		uidAllocated:   d("pool", "uid_allocated_bytes", "Slab memory of one uid, leased or idle, over all devices: what counts against its share.", "uid"),
+		uidRefused:     d("pool", "uid_refused_total", "Allocations of one uid refused for lack of memory (its share held or the budget spent).", "uid"),
+		uidFreed:       d("pool", "uid_freed_slabs_total", "Idle slabs of one uid freed to make room for other uids.", "uid"),
 		idxHits:        d("index_cache", "hits_total", "Shard index lookups served from the cache."),
 		idxMisses:      d("index_cache", "misses_total", "Shard index lookups that had to parse."),
 		idxEvictions:   d("index_cache", "evictions_total", "Shard indexes evicted from the cache."),
@@ -134,7 +152,7 @@ func (c *stateCollector) set(f func(*sources)) {
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.poolBudget, c.poolAllocated, c.poolLeased, c.poolFree, c.poolSlabs, c.poolLeases,
-		c.uidLeased, c.uidSessions,
+		c.uidLeased, c.uidSessions, c.poolShare, c.poolFreed, c.uidAllocated, c.uidRefused, c.uidFreed,
 		c.idxHits, c.idxMisses, c.idxEvictions, c.idxParses, c.idxParseErrors, c.idxBudget, c.idxUsed,
 		c.ptEnabled, c.ptOpens, c.ptRefused,
 	} {
@@ -162,10 +180,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.poolFree, float64(max(dv.BudgetBytes-dv.LeasedBytes, 0)), l)
 			gauge(c.poolSlabs, float64(dv.Slabs), l)
 			gauge(c.poolLeases, float64(dv.Leases), l)
+			gauge(c.poolShare, float64(dv.UIDShareBytes), l)
+			counter(c.poolFreed, dv.FreedSlabs, l)
 		}
 		for _, u := range boundUIDs(ps.UIDs) {
 			gauge(c.uidLeased, float64(u.LeasedBytes), u.label)
 			gauge(c.uidSessions, float64(u.Sessions), u.label)
+			gauge(c.uidAllocated, float64(u.AllocatedBytes), u.label)
+			counter(c.uidRefused, u.Refused, u.label)
+			counter(c.uidFreed, u.FreedSlabs, u.label)
 		}
 	}
 	if src.index != nil {
@@ -215,6 +238,9 @@ func boundUIDs(uids []UIDPool) []labelledUID {
 		}
 		rest.Sessions += u.Sessions
 		rest.LeasedBytes += u.LeasedBytes
+		rest.AllocatedBytes += u.AllocatedBytes
+		rest.Refused += u.Refused
+		rest.FreedSlabs += u.FreedSlabs
 	}
 	if len(sorted) > MaxUIDLabels {
 		out = append(out, labelledUID{rest, other})

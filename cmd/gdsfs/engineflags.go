@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/dustin/go-humanize"
 	"github.com/rs/zerolog"
@@ -21,6 +23,7 @@ type engineFlags struct {
 	gpuPool  string
 	hostPool string
 	slabSize string
+	uidShare string
 	chunk    string
 	workers  int
 	direct   string
@@ -33,6 +36,7 @@ func addEngineFlags(fs *pflag.FlagSet) *engineFlags {
 	fs.StringVar(&f.gpuPool, "gpu-pool", "", "GPU memory per device for slabs, e.g. 8GiB (default: 2GiB or a quarter of free memory, whichever is less)")
 	fs.StringVar(&f.hostPool, "host-pool", "", "shared host memory for slabs with the host engine, e.g. 4GiB (default: 2GiB or a quarter of /dev/shm, whichever is less)")
 	fs.StringVar(&f.slabSize, "slab-size", "64MiB", "size of one slab (leases larger than this get a slab of their own)")
+	fs.StringVar(&f.uidShare, "uid-share", "50%", "most of each device's pool one uid may hold, as a percentage or fraction of the pool (50%, 0.25) or a size (1GiB); rounded up to whole slabs; 100% lets one uid take everything")
 	fs.StringVar(&f.chunk, "chunk-size", "8MiB", "size of one parallel transfer task")
 	fs.IntVar(&f.workers, "io-workers", 0, "parallel transfer workers per request (default: CPU count, 4 to 16)")
 	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix engine's reads: auto (when the range is not cached), always or never")
@@ -57,6 +61,42 @@ type engineSettings struct {
 	cfg               cufile.Config
 	slabBytes         int64
 	gpuPool, hostPool int64 // 0: default
+	// The per-uid share: shareBytes when not 0, else shareFrac of the
+	// budget.
+	shareBytes int64
+	shareFrac  float64
+}
+
+// parseShare parses --uid-share: a percentage ("50%"), a fraction of the
+// pool in (0, 1] ("0.25"), or a size ("1GiB").
+func parseShare(v string) (frac float64, bytes int64, err error) {
+	bad := usagef("--uid-share %q: give a percentage (50%%), a fraction of the pool (0.25) or a size (1GiB)", v)
+	if pct, ok := strings.CutSuffix(v, "%"); ok {
+		f, err := strconv.ParseFloat(pct, 64)
+		if err != nil || !(f > 0 && f <= 100) {
+			return 0, 0, bad
+		}
+		return f / 100, 0, nil
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if !(f > 0 && f <= 1) {
+			return 0, 0, usagef("--uid-share %q: a fraction must be above 0 and at most 1 (give a size with its unit, such as 1GiB)", v)
+		}
+		return f, 0, nil
+	}
+	n, err := parseSize("uid-share", v)
+	if err != nil {
+		return 0, 0, bad
+	}
+	return 0, n, nil
+}
+
+// share is the per-uid share in bytes for a pool of budget bytes.
+func (s engineSettings) share(budget int64) int64 {
+	if s.shareBytes != 0 {
+		return s.shareBytes
+	}
+	return max(int64(float64(budget)*s.shareFrac), 1)
 }
 
 func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
@@ -76,6 +116,9 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 	}
 	var err error
 	if s.slabBytes, err = parseSize("slab-size", f.slabSize); err != nil {
+		return s, err
+	}
+	if s.shareFrac, s.shareBytes, err = parseShare(f.uidShare); err != nil {
 		return s, err
 	}
 	chunk, err := parseSize("chunk-size", f.chunk)
@@ -120,13 +163,15 @@ func (f *engineFlags) open(log zerolog.Logger) (*cufile.Engines, *gpubuf.Pool, e
 		eng.Close()
 		return nil, nil, err
 	}
-	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: eng.Backend(), SlabBytes: s.slabBytes, BudgetBytes: budget, Log: log})
+	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: eng.Backend(), SlabBytes: s.slabBytes, BudgetBytes: budget,
+		UIDShareBytes: s.share(budget), Log: log})
 	if err != nil {
 		eng.Close()
 		return nil, nil, err
 	}
 	log.Info().Str("backend", eng.Backend().Name()).Str("budget", humanize.IBytes(uint64(budget))).
-		Str("slab", humanize.IBytes(uint64(s.slabBytes))).Msg("buffer pool")
+		Str("slab", humanize.IBytes(uint64(s.slabBytes))).Str("uid_share", humanize.IBytes(uint64(pool.MaxLeaseBytes()))).
+		Msg("buffer pool")
 	return eng, pool, nil
 }
 

@@ -26,6 +26,30 @@ func TestEngineFlags(t *testing.T) {
 					t.Errorf("settings %+v", s)
 				}
 			}},
+		{"uid share default", nil, true, func(t *testing.T, s engineSettings) {
+			if s.shareFrac != 0.5 || s.shareBytes != 0 || s.share(8<<30) != 4<<30 {
+				t.Errorf("share %v %d -> %d", s.shareFrac, s.shareBytes, s.share(8<<30))
+			}
+		}},
+		{"uid share percent", []string{"--uid-share", "25%"}, true, func(t *testing.T, s engineSettings) {
+			if s.share(8<<30) != 2<<30 {
+				t.Errorf("share %d", s.share(8<<30))
+			}
+		}},
+		{"uid share fraction", []string{"--uid-share", "1"}, true, func(t *testing.T, s engineSettings) {
+			if s.share(8<<30) != 8<<30 {
+				t.Errorf("share %d", s.share(8<<30))
+			}
+		}},
+		{"uid share size", []string{"--uid-share", "1GiB"}, true, func(t *testing.T, s engineSettings) {
+			if s.share(8<<30) != 1<<30 {
+				t.Errorf("share %d", s.share(8<<30))
+			}
+		}},
+		{"uid share zero", []string{"--uid-share", "0"}, false, nil},
+		{"uid share above the pool", []string{"--uid-share", "150%"}, false, nil},
+		{"uid share fraction above one", []string{"--uid-share", "2"}, false, nil},
+		{"uid share garbage", []string{"--uid-share", "half"}, false, nil},
 		{"bad engine", []string{"--engine", "fast"}, false, nil},
 		{"bad size", []string{"--gpu-pool", "lots"}, false, nil},
 		{"unaligned size", []string{"--slab-size", "1000"}, false, nil},

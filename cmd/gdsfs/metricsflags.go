@@ -129,10 +129,12 @@ func poolFigures(st gpubuf.Stats) metrics.PoolStats {
 			dev = -1
 		}
 		ps.Devices = append(ps.Devices, metrics.DevicePool{Device: dev, BudgetBytes: d.BudgetBytes,
-			AllocatedBytes: d.AllocatedBytes, LeasedBytes: d.LeasedBytes, Slabs: d.Slabs, Leases: d.Leases})
+			AllocatedBytes: d.AllocatedBytes, LeasedBytes: d.LeasedBytes, Slabs: d.Slabs, Leases: d.Leases,
+			UIDShareBytes: d.UIDShareBytes, FreedSlabs: d.FreedSlabs})
 	}
 	for _, u := range st.UIDs {
-		ps.UIDs = append(ps.UIDs, metrics.UIDPool{UID: u.UID, Sessions: u.Sessions, LeasedBytes: u.LeasedBytes})
+		ps.UIDs = append(ps.UIDs, metrics.UIDPool{UID: u.UID, Sessions: u.Sessions, LeasedBytes: u.LeasedBytes,
+			AllocatedBytes: u.AllocatedBytes, Refused: u.Refused, FreedSlabs: u.FreedSlabs})
 	}
 	return ps
 }

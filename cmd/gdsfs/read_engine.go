@@ -43,8 +43,10 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, 
 	// slab tails unused).
 	const slab = 64 << 20
 	need := int64(o.parallel) * readBatch * alignUp(chunk)
+	// One process, one uid: it may use its whole pool.
+	budget := ((need+slab-1)/slab + 1) * slab
 	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: engines.Backend(), SlabBytes: slab,
-		BudgetBytes: ((need+slab-1)/slab + 1) * slab})
+		BudgetBytes: budget, UIDShareBytes: budget})
 	if err != nil {
 		return err
 	}

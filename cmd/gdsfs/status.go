@@ -22,7 +22,8 @@ func newStatusCmd() *cobra.Command {
 		Use:   "status [--json] MOUNTPOINT",
 		Short: "Show a mount's buffer pool, sessions and control-path counters",
 		Long: `Ask the daemon serving MOUNTPOINT for its figures: the engine, the buffer
-pool per device (budget, allocated, leased), open sessions and what they hold,
+pool per device (budget, allocated, leased, the per-uid share of --uid-share),
+what each uid holds (leased, allocated, allocations refused), open sessions,
 counters of reads, writes and refusals by errno, and the shard-index
 cache (hits, misses, evictions, parses).`,
 		Example: `  gdsfs status /data
@@ -98,9 +99,14 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 		if st.Pool.Backend == "host" {
 			name = "host"
 		}
-		fmt.Fprintf(w, "pool %s: %s leased, %s allocated of %s budget, %d slabs (%d in use), %d leases\n",
+		fmt.Fprintf(w, "pool %s: %s leased, %s allocated of %s budget, %d slabs (%d in use), %d leases; %s per uid, %d idle slabs freed for other uids\n",
 			name, humanize.IBytes(uint64(d.LeasedBytes)), humanize.IBytes(uint64(d.AllocatedBytes)),
-			humanize.IBytes(uint64(d.BudgetBytes)), d.Slabs, d.SlabsInUse, d.Leases)
+			humanize.IBytes(uint64(d.BudgetBytes)), d.Slabs, d.SlabsInUse, d.Leases,
+			humanize.IBytes(uint64(d.UIDShareBytes)), d.FreedSlabs)
+	}
+	for _, u := range st.Pool.UIDs {
+		fmt.Fprintf(w, "uid %d: %d sessions, %s leased, %s allocated, %d allocations refused, %d idle slabs freed for others\n",
+			u.UID, u.Sessions, humanize.IBytes(uint64(u.LeasedBytes)), humanize.IBytes(uint64(u.AllocatedBytes)), u.Refused, u.FreedSlabs)
 	}
 	c := st.Counters
 	fmt.Fprintf(w, "reads:    %d requests, %d ranges, %s\n", c.Reads, c.ReadRanges, humanize.IBytes(c.ReadBytes))

@@ -10,11 +10,14 @@ import (
 	"github.com/gdsfs/gdsfs/ctl"
 )
 
-// gdsfs status shows the index cache's counters and the foreign ioctls
-// apart from refusals; --watch adds the index cache's rates.
+// gdsfs status shows the index cache's counters, the foreign ioctls apart
+// from refusals and each uid's share of the pool; --watch adds the index
+// cache's rates.
 func TestPrintStatusIndex(t *testing.T) {
 	doc := []byte(`{"daemon_pid":7,"version":"t","engine":"host","sessions":1,"leases":0,
-		"pool":{"backend":"host","devices":[]},
+		"pool":{"backend":"host","devices":[{"device":0,"budget_bytes":8388608,"allocated_bytes":4194304,"leased_bytes":4096,
+			"slabs":1,"slabs_in_use":1,"leases":1,"uid_share_bytes":4194304,"freed_slabs":2}],
+			"uids":[{"uid":10001,"sessions":1,"leased_bytes":4096,"allocated_bytes":4194304,"refused":3,"freed_slabs":2}]},
 		"counters":{"reads":1,"read_ranges":1,"read_bytes":4096,"writes":0,"write_bytes":0,"foreign_ioctls":5,"errors":{"EAGAIN":2}},
 		"index":{"hits":40,"misses":3,"evictions":1,"parses":3,"parse_errors":1,"budget_bytes":268435456,"used_bytes":8192}}`)
 	var out bytes.Buffer
@@ -25,6 +28,8 @@ func TestPrintStatusIndex(t *testing.T) {
 		"index:    40 hits, 3 misses, 1 evictions, 3 parses (1 failed), 8.0 KiB cached of 256 MiB",
 		"other:    5 ioctls of other types",
 		"refused:  EAGAIN=2",
+		"pool host: 4.0 KiB leased, 4.0 MiB allocated of 8.0 MiB budget, 1 slabs (1 in use), 1 leases; 4.0 MiB per uid, 2 idle slabs freed for other uids",
+		"uid 10001: 1 sessions, 4.0 KiB leased, 4.0 MiB allocated, 3 allocations refused, 2 idle slabs freed for others",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
