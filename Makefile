@@ -1,11 +1,17 @@
 # gdsfs build and test entry points. `make test` is what CI runs (see README.md).
-GO        ?= go
+# A Go new enough for go.mod: the first on PATH, else the one install-deps.sh
+# fetched (scripts/find-go.sh says why when there is none). Its directory goes
+# first on PATH so that scripts run by make use the same Go.
+GO        ?= $(shell ./scripts/find-go.sh || echo go)
+ifneq ($(findstring /,$(GO)),)
+export PATH := $(dir $(GO)):$(PATH)
+endif
 BIN       := bin/gdsfs
 PYTHON    ?= /usr/bin/python3
 FUZZTIME  ?= 10s
 export GDSFS_BIN := $(abspath $(BIN))
 
-.PHONY: all build test unit integration pytest fuzz lint demo bench gpu-build install clean
+.PHONY: all build test unit integration pytest fuzz lint demo bench gpu-build install install-check wheel clean
 
 all: build
 
@@ -13,7 +19,7 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/gdsfs
 
-test: build lint unit integration pytest fuzz
+test: build lint unit integration pytest fuzz install-check
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -35,6 +41,16 @@ fuzz:
 demo: build
 	./scripts/demo.sh
 
+# Platform wheels (dist/gdsfs-*-py3-none-linux_{x86_64,aarch64}.whl) with the
+# static binary and the Python package; `gdsfs` is their console script.
+wheel:
+	./scripts/build-wheel.sh
+
+# The README's install routes, checked as a new user takes them (install-deps
+# with Go hidden from PATH; the wheel in a fresh venv running the demo).
+install-check:
+	./scripts/check-install.sh
+
 bench: build
 	$(BIN) bench
 
@@ -48,4 +64,4 @@ install: build
 	install -D -m 0644 scripts/gdsfs.service $(DESTDIR)/usr/local/lib/systemd/system/gdsfs.service
 
 clean:
-	rm -rf bin build
+	rm -rf bin build dist

@@ -69,6 +69,14 @@ type Options struct {
 	ReadOnly bool
 	// Version is the daemon version reported by HELLO.
 	Version string
+	// LogFile is where the daemon logs (absolute; empty: stderr), reported
+	// in STATUS so `gdsfs status` can name it.
+	LogFile string
+	// EngineWhy says why Engine is the default engine, for STATUS.
+	EngineWhy string
+	// Refusals, if set, reports the files an engine was refused for, per
+	// cause and filesystem, for STATUS.
+	Refusals func() []EngineRefusal
 	// Log receives refusals at debug level and failures at error level.
 	Log zerolog.Logger
 	// BackingPath maps a backing path as the daemon opens it to the path
@@ -115,6 +123,7 @@ type Server struct {
 	shards      [sessionShards]sessionShard
 	counters    counters
 	choices     *choices // the chooser's answers per file, for choiceTTL
+	mount       atomic.Pointer[fs.Server]
 }
 
 type sessionShard struct {
@@ -584,7 +593,35 @@ type Stats struct {
 	// Index is the shard-index cache's figures; absent when the mount
 	// serves no indexes (or its Indexer keeps none).
 	Index *cache.IndexStats `json:"index,omitempty"`
+	// LogFile is the daemon's log file; absent when it logs to stderr.
+	LogFile string `json:"log_file,omitempty"`
+	// EngineWhy says why Engine serves by default.
+	EngineWhy string `json:"engine_why,omitempty"`
+	// Refusals counts files an engine refused, per cause and filesystem.
+	Refusals []EngineRefusal `json:"engine_refusals,omitempty"`
+	// Passthrough is the mount's kernel passthrough state; absent before
+	// the mount is up.
+	Passthrough *PassthroughState `json:"passthrough,omitempty"`
 }
+
+// EngineRefusal counts the files an engine was refused for, for one cause
+// on one filesystem (cuFile refuses all files of a filesystem alike).
+type EngineRefusal struct {
+	Filesystem string `json:"filesystem"`
+	Cause      string `json:"cause"`
+	Files      int64  `json:"files"`
+}
+
+// PassthroughState says whether the kernel reads and writes backing files
+// itself, and why (or why not).
+type PassthroughState struct {
+	Enabled bool   `json:"enabled"`
+	Why     string `json:"why"`
+}
+
+// Mounted gives the server the running mount, whose passthrough state
+// STATUS reports; the CLI calls it once the mount is ready.
+func (s *Server) Mounted(m *fs.Server) { s.mount.Store(m) }
 
 // indexStatser is the optional part of an Indexer that reports its cache
 // figures (*cache.Indexes has it).
@@ -592,7 +629,15 @@ type indexStatser interface{ Stats() cache.IndexStats }
 
 // Stats returns a snapshot of the control path's figures.
 func (s *Server) Stats() Stats {
-	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, Engine: s.opts.Engine, Pool: s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
+	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, LogFile: s.opts.LogFile, Engine: s.opts.Engine, EngineWhy: s.opts.EngineWhy,
+		Pool: s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
+	if s.opts.Refusals != nil {
+		st.Refusals = s.opts.Refusals()
+	}
+	if m := s.mount.Load(); m != nil {
+		on, why := m.Passthrough()
+		st.Passthrough = &PassthroughState{Enabled: on, Why: why}
+	}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()

@@ -99,6 +99,8 @@ type Engines struct {
 
 	mu    sync.Mutex
 	files map[fileKey]choice // GUARDED_BY(mu): per-file decisions
+
+	refused *refusals // files cuFile refused or failed on, per cause and filesystem
 }
 
 type choice struct {
@@ -116,7 +118,7 @@ func Open(cfg Config) (*Engines, error) {
 	if cfg.Engine == "" {
 		cfg.Engine = EngineAuto
 	}
-	e := &Engines{cfg: cfg, log: cfg.Log, files: map[fileKey]choice{}}
+	e := &Engines{cfg: cfg, log: cfg.Log, files: map[fileKey]choice{}, refused: newRefusals(cfg.Log)}
 	e.host = NewHostEngine(Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct})
 	add := func(name string, ok bool, format string, args ...any) {
 		e.report.Probes = append(e.report.Probes, Probe{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
@@ -379,12 +381,16 @@ func rangeMostlyCached(f *os.File, off, n int64) bool {
 	return measured > 0 && cached >= measured/2
 }
 
+// Refusals counts the files cuFile refused (or failed on) and the posix
+// engine served instead, per cause and filesystem, most files first.
+func (e *Engines) Refusals() []Refusal { return e.refused.list() }
+
 // register decides, once per file, whether cuFile serves it.
 func (e *Engines) register(f *os.File, k fileKey, path string) choice {
 	var c choice
 	if err := e.gds.probe(f); err != nil {
 		c = choice{e.posix, fmt.Sprintf("posix: cuFileHandleRegister refused the file: %v", err)}
-		e.log.Warn().Str("path", path).Err(err).Msg("cufile: cuFile refused file; serving it with the posix engine")
+		e.refused.note(f, path, err, "cufile: cuFile refused file; serving it with the posix engine", refusalHint(err))
 	} else {
 		why := "gds: cuFile P2P"
 		if !e.nvfs {
@@ -411,8 +417,8 @@ type fallbackEngine struct {
 
 func (f *fallbackEngine) Name() string { return f.e.gds.Name() }
 
-func (f *fallbackEngine) demote(err error) {
-	f.e.log.Warn().Str("path", f.path).Err(err).Msg("cufile: cuFile failed on file; serving it with the posix engine from now on")
+func (f *fallbackEngine) demote(file *os.File, err error) {
+	f.e.refused.note(file, f.path, err, "cufile: cuFile failed on file; serving it with the posix engine from now on", refusalHint(err))
 	f.e.mu.Lock()
 	f.e.files[f.key] = choice{f.e.posix, fmt.Sprintf("posix: cuFile failed on this file: %v", err)}
 	f.e.mu.Unlock()
@@ -423,7 +429,7 @@ func (f *fallbackEngine) ReadAt(ctx context.Context, file *os.File, dst gpubuf.M
 	if err == nil || ctx.Err() != nil || errors.Is(err, ErrRange) {
 		return got, err
 	}
-	f.demote(err)
+	f.demote(file, err)
 	return f.e.posix.ReadAt(ctx, file, dst, dstOff, fileOff, n)
 }
 
@@ -432,7 +438,7 @@ func (f *fallbackEngine) WriteAt(ctx context.Context, file *os.File, src gpubuf.
 	if err == nil || ctx.Err() != nil || errors.Is(err, ErrRange) || !isWritable(file) {
 		return got, err
 	}
-	f.demote(err)
+	f.demote(file, err)
 	return f.e.posix.WriteAt(ctx, file, src, srcOff, fileOff, n)
 }
 

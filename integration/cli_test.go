@@ -365,3 +365,87 @@ func TestMountAsUser(t *testing.T) {
 		t.Errorf("mount as uid %d: exit %d, want 0 or 2: %s", nobody, code, out)
 	}
 }
+
+// TestBackgroundDefaultLog: `mount --background` without --log-file still
+// logs somewhere (/var/log/gdsfs/<mountpoint>.log as root), says where in its
+// one line of output, and `gdsfs status` names the same file.
+func TestBackgroundDefaultLog(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	src, mp := filepath.Join(dir, "src"), filepath.Join(dir, "mp")
+	for _, d := range []string{src, mp} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cleanupMount(t, mp)
+	want := "/var/log/gdsfs/" + strings.ReplaceAll(strings.Trim(mp, "/"), "/", "-") + ".log"
+	t.Cleanup(func() { os.Remove(want); os.Remove(want + ".1") })
+	out, code := runGdsfs(t, "mount", "--background", "--source", src, mp)
+	if code != 0 {
+		t.Fatalf("mount --background: exit %d: %s", code, out)
+	}
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 || !strings.Contains(out, "log: "+want) {
+		t.Errorf("mount --background printed %q, want one line naming the log %s", out, want)
+	}
+	if log, err := os.ReadFile(want); err != nil || !bytes.Contains(log, []byte(`"message":"mounted"`)) {
+		t.Errorf("default log %s: %v, %q: want the daemon's mounted line", want, err, log)
+	}
+	if st, err := os.Stat(want); err == nil && st.Mode().Perm() != 0o600 {
+		t.Errorf("default log mode %o, want 0600 (it names users' files)", st.Mode().Perm())
+	}
+	status, code := runGdsfs(t, "status", mp)
+	if code != 0 || !strings.Contains(status, "log:      "+want) {
+		t.Errorf("gdsfs status (exit %d) does not name the log %s:\n%s", code, want, status)
+	}
+	if out, code := runGdsfs(t, "unmount", mp); code != 0 {
+		t.Fatalf("unmount: exit %d: %s", code, out)
+	}
+}
+
+// TestMountSaysHowItServes: after a background mount with no log flags,
+// `gdsfs status` and `gdsfs doctor FILE-ON-THE-MOUNT` say whether kernel
+// passthrough is on and why, and which engine serves and why.
+func TestMountSaysHowItServes(t *testing.T) {
+	requireRoot(t)
+	for _, c := range []struct {
+		name  string
+		extra []string
+		want  string // status line
+		probe string // doctor row
+	}{
+		{"no-passthrough", []string{"--no-passthrough"}, "passthrough: off (", "mount passthrough   no"},
+		{"default", nil, "passthrough: ", "mount passthrough"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			src, mp := filepath.Join(dir, "src"), filepath.Join(dir, "mp")
+			for _, d := range []string{src, mp} {
+				if err := os.Mkdir(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			writeFile(t, filepath.Join(src, "f"), []byte("data"))
+			cleanupMount(t, mp)
+			logFile := filepath.Join(dir, "log")
+			args := append([]string{"mount", "--background", "--log-file", logFile, "--source", src}, c.extra...)
+			if out, code := runGdsfs(t, append(args, mp)...); code != 0 {
+				t.Fatalf("mount: exit %d: %s", code, out)
+			}
+			defer runGdsfs(t, "unmount", mp)
+			status, code := runGdsfs(t, "status", mp)
+			if code != 0 || !strings.Contains(status, c.want) || !strings.Contains(status, "engine:   host (host slabs): ") {
+				t.Errorf("gdsfs status (exit %d) does not say how the mount serves (want %q and the engine's why):\n%s", code, c.want, status)
+			}
+			log, _ := os.ReadFile(logFile)
+			on := bytes.Contains(log, []byte(`"passthrough":true`))
+			if strings.Contains(status, "passthrough: on") != on {
+				t.Errorf("status says %q, the mount's log says passthrough=%v", status, on)
+			}
+			doc, code := runGdsfs(t, "doctor", filepath.Join(mp, "f"))
+			if code != 0 || !strings.Contains(doc, c.probe) || !strings.Contains(doc, "gdsfs mount         ok      "+mp) {
+				t.Errorf("gdsfs doctor FILE (exit %d) does not check the mount (want %q):\n%s", code, c.probe, doc)
+			}
+		})
+	}
+}

@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${GDSFS_BIN:-$PWD/bin/gdsfs}"
-py=/usr/bin/python3
+# GDSFS_PYTHON: the interpreter for the numpy and gdsfs.torch steps;
+# GDSFS_PYTHONPATH: where it finds the gdsfs package (default: this checkout's
+# python/; empty: the installed package, as in scripts/check-install.sh).
+py=${GDSFS_PYTHON:-/usr/bin/python3}
+pypath=${GDSFS_PYTHONPATH-$PWD/python}
 [ -x "$bin" ] || { echo "demo: $bin not built; run make demo" >&2; exit 2; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/gdsfs-demo.XXXXXX")
@@ -32,9 +36,9 @@ for s in 0 1 2 3; do
 	mkdir -p "$gen"
 	for i in $(seq -w 0 31); do
 		head -c $((4096 + 97 * 10#$i)) /dev/urandom >"$gen/sample$s$i.bin"
-		echo "class $((10#$i % 10))" >"$gen/sample$s$i.cls"
+		echo "$((10#$i % 10))" >"$gen/sample$s$i.cls"
 	done
-	tar -C "$gen" -cf "$data/shard-00000$s.tar" .
+	tar --sort=name -C "$gen" -cf "$data/shard-00000$s.tar" .
 done
 if [ -x "$py" ] && "$py" -c 'import numpy' 2>/dev/null; then
 	"$py" -c "import numpy as np; np.save('$data/features.npy', np.arange(1 << 16, dtype=np.float32).reshape(256, 256))"
@@ -76,6 +80,26 @@ done <"$work/written.sha256"
 # A range at an unaligned offset, compared with dd.
 "$bin" read --offset 1000 --length 50000 "$data/shard-000000.tar" | cmp - <(dd if="$data/shard-000000.tar" bs=1 skip=1000 count=50000 status=none)
 echo "gdsfs read --offset 1000 --length 50000: OK"
+if "$py" -c 'import torch' 2>/dev/null; then
+	# Every sample's .bin field read by the daemon into its memory (GPU, or
+	# shared host memory here), through a DataLoader with 2 workers, must
+	# equal the file that went into the tar.
+	PYTHONPATH="$pypath" "$py" - "$data" "$work/gen" <<'EOF'
+import glob, os, sys
+import gdsfs.torch as gt
+data, gen = sys.argv[1], sys.argv[2]
+ds = gt.GDSShardDataset(sorted(glob.glob(os.path.join(data, "shard-*.tar"))), gpu_keys=["bin"], strict=True)
+seen = 0
+for batch in gt.DataLoader(ds, batch_size=8, num_workers=2):
+    for key, x in zip(batch["__key__"], batch["bin"]):
+        name = os.path.basename(key)
+        with open(os.path.join(gen, name[len("sample")], name + ".bin"), "rb") as f:
+            assert x.numpy().tobytes() == f.read(), key
+        seen += 1
+assert seen == 128, seen
+print(f"gdsfs.torch DataLoader: {seen} samples, bytes equal to the files written (read by {'the daemon' if ds.gds else 'plain reads'})")
+EOF
+fi
 "$bin" stat "$data/shard-000000.tar"
 "$bin" status "$data"
 

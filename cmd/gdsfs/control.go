@@ -51,6 +51,9 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 	if err != nil {
 		return nil, nil, fmt.Errorf("BUG: mount has no --read-only flag: %w", err)
 	}
+	// mount sets --log-file to the file it opened (absolute, or the
+	// --background default).
+	logFile, _ := cmd.Flags().GetString("log-file")
 	sizeFlag, err := metaCacheFlag(cmd)
 	if err != nil {
 		return nil, nil, err
@@ -102,7 +105,16 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 		Engine:      engines.Probe().Engine,
 		ReadOnly:    readOnly,
 		Version:     daemonVersion,
-		Log:         log,
+		LogFile:     logFile,
+		EngineWhy:   engines.Probe().Why,
+		Refusals: func() []ctl.EngineRefusal {
+			var out []ctl.EngineRefusal
+			for _, r := range engines.Refusals() {
+				out = append(out, ctl.EngineRefusal(r))
+			}
+			return out
+		},
+		Log: log,
 	})
 	if err == nil {
 		err = slabs.Serve(srv)

@@ -46,7 +46,9 @@ func newDoctorCmd() *cobra.Command {
 		Long: `Runs every probe gdsfs uses to pick its transfer engine (libcuda, CUDA
 devices, libcufile, cuFileDriverOpen, /dev/nvidia-fs*, udev) and to mount
 (/dev/fuse, fusermount3, kernel passthrough), and with PATH the per-file
-checks (udev record of PATH's block device, cuFileHandleRegister). Prints a
+checks (udev record of PATH's block device, cuFileHandleRegister) and, when
+PATH is on a gdsfs mount, that mount as its daemon reports it (passthrough
+on or off and why, the engine and the files it refused). Prints a
 table, the verdict (which engine a read of PATH would use, and why not the
 faster ones) and how to fix what fails.
 
@@ -99,6 +101,9 @@ func runDoctor(path string) doctorReport {
 		r.Engine, r.Backend, r.Why = rep.Engine, rep.Backend, rep.Why
 	}
 	r.Probes = append(r.Probes, fuseProbes()...)
+	if path != "" {
+		r.Probes = append(r.Probes, mountProbes(path)...)
+	}
 	if path != "" && eng != nil {
 		r.Path = path
 		if r.Backend == "cuda" {

@@ -109,7 +109,7 @@ The mount runs in the foreground until SIGINT/SIGTERM or 'gdsfs unmount'.`,
 	f.DurationVar(&c.attrTimeout, "attr-timeout", fs.DefaultAttrTimeout, "how long the kernel caches file attributes (0 disables)")
 	f.DurationVar(&c.entryTimeout, "entry-timeout", fs.DefaultEntryTimeout, "how long the kernel caches names (0 disables)")
 	f.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	f.StringVar(&c.logFile, "log-file", "", "append logs to this file (default: stderr; discarded with --background)")
+	f.StringVar(&c.logFile, "log-file", "", "append logs to this file, rotated at 64 MiB (default: stderr; with --background /var/log/gdsfs/MOUNTPOINT.log as root, $XDG_STATE_HOME/gdsfs/ otherwise)")
 	return cmd
 }
 
@@ -255,15 +255,31 @@ func hasConfLine(conf, word string) bool {
 // ready.
 func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, report *os.File) error {
 	logOut := io.Writer(os.Stderr)
+	perm := os.FileMode(0o644)
+	if c.background && c.logFile == "" {
+		// A background daemon's log must be findable: by default it goes
+		// where `gdsfs status` and the mount's one line of output say.
+		p, err := defaultLogPath(c.mountpoint, os.Geteuid())
+		if err != nil {
+			return usagef("%v", err)
+		}
+		c.logFile, perm = p, 0o600
+	}
 	if c.logFile != "" {
-		f, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		abs, err := filepath.Abs(c.logFile)
 		if err != nil {
 			return usagef("--log-file %s: %v", c.logFile, err)
 		}
+		f, err := openRotating(abs, logRotateBytes, perm)
+		if err != nil {
+			return usagef("--log-file %s: %v; give another --log-file", abs, err)
+		}
 		defer f.Close()
-		logOut = f
-	} else if report != nil {
-		logOut = io.Discard
+		c.logFile, logOut = abs, f
+		// The control path reports the log file in STATUS (gdsfs status).
+		if fl := cmd.Flags().Lookup("log-file"); fl != nil {
+			fl.Value.Set(abs)
+		}
 	}
 	log, err := newLogger(logOut, c.logLevel)
 	if err != nil {
@@ -396,13 +412,14 @@ func startBackground(c *mountConfig) error {
 	line = strings.TrimSpace(line)
 	switch {
 	case line == "ok":
+		fmt.Fprintf(os.Stdout, "gdsfs: mounted %s in the background (daemon pid %d); log: %s\n", c.mountpoint, child.Process.Pid, c.logFile)
 		return nil
 	case strings.HasPrefix(line, "usage "):
 		return usagef("%s", strings.TrimPrefix(line, "usage "))
 	case strings.HasPrefix(line, "error "):
 		return errors.New(strings.TrimPrefix(line, "error "))
 	}
-	return fmt.Errorf("the background daemon exited before the mount was ready; run without --background (or with --log-file) to see why")
+	return fmt.Errorf("the background daemon exited before the mount was ready; see %s, or run without --background to see why", c.logFile)
 }
 
 func reportFailure(w io.Writer, err error) {

@@ -74,7 +74,24 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 	}
 	// This command's own session is one of the sessions counted.
 	fmt.Fprintf(w, "mount:    %s (daemon pid %d, version %s)\n", mp, st.DaemonPID, st.Version)
-	fmt.Fprintf(w, "engine:   %s (%s slabs)\n", st.Engine, st.Pool.Backend)
+	if st.LogFile != "" {
+		fmt.Fprintf(w, "log:      %s\n", st.LogFile)
+	}
+	fmt.Fprintf(w, "engine:   %s (%s slabs)", st.Engine, st.Pool.Backend)
+	if st.EngineWhy != "" {
+		fmt.Fprintf(w, ": %s", st.EngineWhy)
+	}
+	fmt.Fprintln(w)
+	for _, r := range st.Refusals {
+		fmt.Fprintf(w, "          %d files on %s refused: %s\n", r.Files, r.Filesystem, r.Cause)
+	}
+	if pt := st.Passthrough; pt != nil {
+		state := "off"
+		if pt.Enabled {
+			state = "on"
+		}
+		fmt.Fprintf(w, "passthrough: %s (%s)\n", state, pt.Why)
+	}
 	fmt.Fprintf(w, "protocol: v%d, up to %d ranges per read, largest lease %s\n", h.Version, h.MaxRanges, humanize.IBytes(h.MaxLease))
 	fmt.Fprintf(w, "sessions: %d open (this one included), %d leases\n", st.Sessions, st.Leases)
 	for _, d := range st.Pool.Devices {

@@ -509,12 +509,12 @@ class Session:
         cannot serve it; strict=True raises GDSUnavailableError instead."""
         mount = find_mount(path)
         if mount is None:
-            warn_fallback(f"{os.fspath(path)!r} is not on a gdsfs mount", strict=strict)
+            warn_fallback(f"{os.fspath(path)!r} is not on a gdsfs mount", strict=strict, cause="off-mount")
             return None
         try:
             return cls(mount, device=device)
         except (GDSUnavailableError, OSError) as e:
-            warn_fallback(f"the gdsfs daemon at {mount!r} cannot serve: {e}", strict=strict)
+            warn_fallback(f"the gdsfs daemon at {mount!r} cannot serve: {e}", strict=strict, cause=f"daemon {mount}")
             return None
 
     def _default_device(self, device: int | None) -> int:

@@ -8,13 +8,18 @@ fields. Never touches CUDA.
 
 from __future__ import annotations
 
+import errno
 import glob
+import io
 import json
+import math
 import multiprocessing
 import multiprocessing.context
 import os
 import struct
+import tarfile
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
@@ -25,11 +30,12 @@ import torch.utils.data
 from . import _core, _layout
 from . import _protocol as proto
 from ._core import Ref, Session
-from ._errors import GDSUnavailableError, warn_fallback
+from ._collate import _release_refs, collate
+from ._errors import GDSShardError, GDSShardWarning, GDSUnavailableError, warn_fallback
 from ._plan import EpochPlan, expand_braces
-from ._tensors import GDSBatch, GDSSample, TensorRef, _numel, _torch_dtype, _view_as, collate
+from ._tensors import GDSBatch, GDSSample, TensorRef, _numel, _torch_dtype, _view_as
 
-__all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader"]
+__all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader", "default_decode"]
 
 
 # ----------------------------------------------------------------------------
@@ -44,7 +50,16 @@ def _npy_tensor(b: bytes) -> torch.Tensor:
     return _view_as(t, dt, h.shape, h.fortran_order)
 
 
-def _default_decode(field: str, data: bytes) -> Any:
+def _pth(data: bytes) -> Any:
+    # weights_only: a shard's bytes never run code through pickle (torch >= 1.13 has it).
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def default_decode(field: str, data: bytes) -> Any:
+    """Decode a CPU field by its extension (the last dot-separated part of its name), as
+    WebDataset does: cls/cls2/index/inx/id -> int, txt/text/transcript -> str (UTF-8),
+    json/jsn -> object, npy -> tensor, pth -> torch.load(weights_only=True) on the CPU,
+    anything else (images included, unless decode="pil"...) -> bytes."""
     ext = field.rsplit(".", 1)[-1].lower()
     if ext in ("cls", "cls2", "index", "inx", "id"):
         return int(data.decode().strip())
@@ -54,7 +69,27 @@ def _default_decode(field: str, data: bytes) -> Any:
         return json.loads(data)
     if ext == "npy":
         return _npy_tensor(data)
+    if ext == "pth":
+        return _pth(data)
     return data
+
+
+_default_decode = default_decode
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "webp", "tif", "tiff", "gif")
+# decode="<name>": how image fields are decoded (PIL needed); other fields as default_decode.
+IMAGE_DECODERS = ("pil", "torchrgb8", "torchrgb")
+
+
+def _image(how: str, data: bytes) -> Any:
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    if how == "pil":
+        return img
+    t = torch.frombuffer(bytearray(img.convert("RGB").tobytes()), dtype=torch.uint8).reshape(img.size[1], img.size[0], 3).permute(2, 0, 1).contiguous()
+    return t if how == "torchrgb8" else t.float().div_(255)
 
 
 def _mds_decode(encoding: str, data: bytes) -> Any:
@@ -91,6 +126,34 @@ class _FieldPlan:
     kind: str  # "bytes", "npy", "mds:<encoding>", "raw"
 
 
+def _tar_tail_error(path: str, size: int) -> str:
+    """Why the bytes after a tar's last member are not its end-of-archive blocks (Python's
+    tarfile stops quietly at a header cut short or garbage), or ""."""
+    with tarfile.open(path, "r:") as tf:
+        for _ in tf:
+            pass
+        end = tf.offset
+    with open(path, "rb") as f:
+        f.seek(end)
+        at = end
+        while True:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                return ""
+            if chunk.strip(b"\0"):
+                first = at + len(chunk) - len(chunk.lstrip(b"\0"))
+                return f"header at offset {first} is cut short or not a tar header (file of {size} bytes: truncated or corrupt)"
+            at += len(chunk)
+
+
+class _BadField:
+    """Stands for a field that could not be read or decoded (handler="warn_and_skip"): the
+    sample holding it is skipped with a GDSShardWarning."""
+
+    def __init__(self, error: GDSShardError) -> None:
+        self.error = error
+
+
 class _ShardState:
     """A shard open in this process: its descriptor and parsed index."""
 
@@ -122,8 +185,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
     collated lazily by collate() and materialized by GDSBatch.pin_memory()
     (DataLoader pin_memory=True) or materialize(). Other fields are read with
     pread and decoded on the CPU. When the shards are not on a gdsfs mount
-    (or the daemon cannot serve), the dataset warns once (GDSFallbackWarning)
-    and reads everything with pread; strict=True raises GDSUnavailableError.
+    (or the daemon cannot serve), the dataset warns once per cause
+    (GDSFallbackWarning) and reads everything with pread; strict=True raises
+    GDSUnavailableError.
 
     Each epoch's sample order is fixed by (seed, epoch); it is cut into one
     contiguous block per (rank, worker), so every sample is read exactly once
@@ -132,23 +196,49 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
 
     Args:
         shards: shard paths, brace patterns ("train-{000..099}.tar"), glob
-            patterns ("train-*.tar", sorted), or an MDS dataset directory
-            (with index.json).
+            patterns ("train-*.tar", sorted), an MDS dataset directory (with
+            index.json) or a directory of tars (its *.tar, sorted).
         format: "auto" (by extension), "wds"/"tar", "mds", "npy" or "raw".
         gpu_keys: fields delivered as tensors from daemon memory: tar member
             extensions ("x.npy", "jpg"), MDS columns, "npy"/"raw" for files.
-        decode: CPU decoder for other fields: a callable(field, bytes) or a
-            mapping {field: callable(bytes)}; default: by extension (cls ->
-            int, txt -> str, json -> object, npy -> tensor, else bytes).
+            A name that no shard has is an error.
+        keys: the fields to read (gpu_keys among them); the others are never
+            read. Default: every field.
+        decode: CPU decoder for other fields: a callable(field, bytes), a
+            mapping {field: callable(bytes)} (fields it does not name are
+            decoded by default_decode), or the name of an image decoder
+            ("pil", "torchrgb8": uint8 CHW tensor, "torchrgb": float CHW in
+            [0, 1]; needs Pillow) used for image fields with default_decode
+            for the rest. Default: default_decode (cls -> int, txt -> str,
+            json -> object, npy -> tensor, pth -> torch.load, else bytes).
         field_spec: {field: (dtype, shape)} for gpu fields of raw bytes
             (default: 1-D uint8).
+        map: a function applied to each sample in the worker, after CPU
+            decoding (gpu fields are still TensorRefs): returns the sample (a
+            mapping) to yield, or None to drop it. Resume stays exact.
+        handler: "raise" (default): a corrupt shard or a sample that cannot
+            be read or decoded raises GDSShardError; "warn_and_skip": it is
+            skipped with a GDSShardWarning (a corrupt shard at construction,
+            a bad sample when it is read).
         shuffle: shuffle shard order and samples within shards per epoch.
         seed: shuffle seed.
+        shuffle_buffer: also pass each worker's samples through a shuffle
+            buffer of this many samples (seeded by seed, epoch and worker),
+            mixing samples of the shards it reads. It shuffles positions, not
+            data: it holds no memory and resume stays exact.
+        interleave: shards each worker reads at a time, taking samples from
+            them in turn (1: one shard after the other).
         split_by_node: split samples across torch.distributed ranks.
         split_by_worker: split samples across DataLoader workers.
+        even_ranks: None (ranks differ by at most one sample), "drop" (every
+            rank reads len(dataset) // world_size samples, the rest of the
+            epoch is left out) or "pad" (every rank reads the ceiling, the
+            epoch's first samples are read twice), so that DDP ranks run the
+            same number of steps.
         device: where the daemon reads gpu fields: a CUDA ordinal or device,
             "cpu"/-1 for host memory; default LOCAL_RANK or 0 when the daemon
-            has GPUs, host memory otherwise.
+            has GPUs, host memory otherwise. A CUDA device the daemon does not
+            have raises RuntimeError.
         strict: raise GDSUnavailableError instead of falling back.
         read_ahead: most samples planned and read together (one daemon
             request per shard per group).
@@ -163,12 +253,18 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         *,
         format: str = "auto",
         gpu_keys: Optional[Sequence[str]] = None,
-        decode: Union[Callable[[str, bytes], Any], Mapping[str, Callable[[bytes], Any]], None] = None,
+        keys: Optional[Sequence[str]] = None,
+        decode: Union[Callable[[str, bytes], Any], Mapping[str, Callable[[bytes], Any]], str, None] = None,
         field_spec: Optional[Mapping[str, tuple[torch.dtype, tuple[int, ...]]]] = None,
+        map: Optional[Callable[[GDSSample], Optional[Mapping[str, Any]]]] = None,
+        handler: str = "raise",
         shuffle: bool = False,
         seed: int = 0,
+        shuffle_buffer: int = 0,
+        interleave: int = 1,
         split_by_node: bool = True,
         split_by_worker: bool = True,
+        even_ranks: Optional[str] = None,
         device: Union[int, str, torch.device, None] = None,
         strict: bool = False,
         read_ahead: int = 64,
@@ -183,10 +279,32 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"gdsfs: format {format!r} is not one of auto, wds, mds, npy, raw")
         self.format = fmt
         self.gpu_keys = tuple(gpu_keys or ())
+        self.keys = None if keys is None else tuple(keys)
+        if isinstance(decode, str):
+            if decode not in IMAGE_DECODERS:
+                raise ValueError(f"gdsfs: decode={decode!r} is not an image decoder ({', '.join(IMAGE_DECODERS)}), a callable or a mapping")
+            try:
+                import PIL.Image  # noqa: F401
+            except ImportError as e:
+                raise ImportError(f"gdsfs: decode={decode!r} needs Pillow ({e}): pip install pillow (Debian: apt-get install python3-pil)") from e
         self.decode = decode
         self.field_spec = dict(field_spec or {})
+        if map is not None and not callable(map):
+            raise TypeError(f"gdsfs: map={map!r} is not callable: pass a function of one sample")
+        self.map = map
+        if handler not in ("raise", "warn_and_skip"):
+            raise ValueError(f"gdsfs: handler {handler!r} is not 'raise' or 'warn_and_skip'")
+        self.handler = handler
         self.shuffle, self.seed = shuffle, int(seed)
+        if int(shuffle_buffer) < 0:
+            raise ValueError(f"gdsfs: shuffle_buffer {shuffle_buffer} must be >= 0 (samples; 0: none)")
+        if int(interleave) < 1:
+            raise ValueError(f"gdsfs: interleave {interleave} must be >= 1 (shards read at a time per worker)")
+        self.shuffle_buffer, self.interleave = int(shuffle_buffer), int(interleave)
         self.split_by_node, self.split_by_worker = split_by_node, split_by_worker
+        if even_ranks not in (None, "drop", "pad"):
+            raise ValueError(f"gdsfs: even_ranks {even_ranks!r} is not None, 'drop' or 'pad'")
+        self.even_ranks = even_ranks
         self.strict = strict
         if read_ahead < 1:
             raise ValueError(f"gdsfs: read_ahead {read_ahead} must be >= 1")
@@ -196,6 +314,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         self.read_ahead_bytes = read_ahead_bytes
         # Shared memory, so that set_epoch() reaches persistent workers.
         self._epoch: Any = multiprocessing.RawValue("q", 0)
+        # Set by workers that iterate: ds.state_dict() in the main process then
+        # cannot know what they delivered unless gdsfs.torch.DataLoader counted.
+        self._worker_iterated: Any = multiprocessing.RawValue("b", 0)
+        self._counting = False
         self._resume: dict[int, int] = {}
         self._resume_epoch = 0
         self._consumed: dict[int, int] = {}
@@ -204,12 +326,15 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         mounts = {_core.find_mount(p) for p in self.shards}
         self._session: Optional[Session] = None
         if len(mounts) > 1:
-            warn_fallback(f"shards lie on {len(mounts)} different mounts ({sorted(map(str, mounts))})", strict=strict)
+            warn_fallback(f"shards lie on {len(mounts)} different mounts ({sorted(str(m) for m in mounts)})", strict=strict, cause="several mounts")
         else:
-            self._session = Session.open(self.shards[0], device=self._pick_device(device, self.shards[0]), strict=strict)
+            self._session = Session.open(self.shards[0], device=self._pick_device(device, self.shards[0], next(iter(mounts))), strict=strict)
         self._open: "OrderedDict[int, _ShardState]" = OrderedDict()
         self._open_pid = os.getpid()
+        self._bad: set[int] = set()
+        self._errors: dict[tuple[str, str], GDSShardError] = {}
         self.counts = [self._count(i) for i in range(len(self.shards))]
+        self._check_fields()
 
     # -- configuration ------------------------------------------------------
 
@@ -221,6 +346,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             p = os.fspath(p)
             if os.path.isdir(p) and os.path.exists(os.path.join(p, "index.json")):
                 out.extend(GDSShardDataset._mds_dir(p))
+                continue
+            if os.path.isdir(p):
+                tars = sorted(glob.glob(os.path.join(glob.escape(p), "*.tar")))
+                if not tars:
+                    raise ValueError(f"gdsfs: directory {p!r} has no index.json and no .tar files: pass shard files, a pattern, or an MDS directory")
+                out.extend(tars)
                 continue
             for q in expand_braces(p):
                 if any(c in q for c in "*?["):
@@ -248,14 +379,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         return out
 
     @staticmethod
-    def _pick_device(device: Union[int, str, torch.device, None], path: str) -> Optional[int]:
+    def _pick_device(device: Union[int, str, torch.device, None], path: str, mount: Optional[str] = None) -> Optional[int]:
         if isinstance(device, (str, torch.device)):
             d = torch.device(device)
             if d.type != "cuda":
                 return -1
-            return d.index if d.index is not None else 0
+            return GDSShardDataset._cuda_device(d.index if d.index is not None else 0, path, mount)
         if device is not None:
-            return device
+            if int(device) < 0:
+                return int(device)
+            return GDSShardDataset._cuda_device(int(device), path, mount)
         lr = os.environ.get("LOCAL_RANK")
         if lr is None:
             return None
@@ -264,6 +397,24 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         except GDSUnavailableError:
             return None
         return int(lr) if caps.devices else None
+
+    @staticmethod
+    def _cuda_device(index: int, path: str, mount: Optional[str]) -> int:
+        """index, when CUDA device index exists where gpu fields are read (the daemon's GPUs
+        on a mount, this process's off one); else the error torch would give, with advice."""
+        if mount is not None:
+            try:
+                devices = list(_core.capabilities(path).devices)
+            except GDSUnavailableError:
+                return index  # the session's own fallback decides
+            where = f"the gdsfs daemon at {mount!r} has " + (f"CUDA devices {devices}" if devices else "no GPU (host engine)")
+        else:
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            devices = list(range(n))
+            where = f"torch sees {n} CUDA device(s)"
+        if index not in devices:
+            raise RuntimeError(f"gdsfs: device {f'cuda:{index}'!r} does not exist: {where}; pass device='cpu' (host memory) or an existing CUDA device")
+        return index
 
     @property
     def session(self) -> Optional[Session]:
@@ -276,10 +427,29 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         return self._session is not None
 
     def __len__(self) -> int:
-        """Samples this rank reads per epoch (all of its workers together)."""
+        """Samples this rank reads per epoch (all of its workers together; fewer when map=
+        drops some or handler="warn_and_skip" skips bad samples)."""
         total = sum(self.counts)
         rank, world = _rank_world() if self.split_by_node else (0, 1)
+        if self.even_ranks is not None:
+            return EpochPlan(self.counts, seed=self.seed, epoch=0, shuffle=False, slots=world, world=world, even=self.even_ranks).per_rank() if total else 0
         return (rank + 1) * total // world - rank * total // world
+
+    def _worker_counts(self, num_workers: int) -> list[int]:
+        """Samples each DataLoader worker of this rank reads this epoch (one entry for
+        num_workers=0), after a pending resume point."""
+        nw = max(1, num_workers) if self.split_by_worker else 1
+        rank, world = _rank_world() if self.split_by_node else (0, 1)
+        plan = self._plan(world * nw)
+        with self._lock:
+            resume = dict(self._resume) if self._resume_epoch == self.epoch else {}
+        out = []
+        for w in range(nw):
+            lo, hi = plan.block(rank * nw + w)
+            out.append(max(0, hi - lo - resume.get(rank * nw + w, 0)))
+        if not self.split_by_worker and num_workers > 1:
+            out = out * num_workers  # every worker reads the rank's whole share
+        return out
 
     def _close_shards(self) -> None:
         if self._open_pid == os.getpid():
@@ -331,6 +501,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             # Pickled for something other than starting a worker: the
             # shared epoch cannot travel, its value does.
             st["_epoch"] = _EpochBox(self.epoch)
+            st["_worker_iterated"] = _EpochBox(0)
         return st
 
     def __setstate__(self, st: dict[str, Any]) -> None:
@@ -358,7 +529,13 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
 
         In a worker (StatefulDataLoader) it covers that worker; in the main
         process it covers what it iterated itself or what gdsfs.torch.DataLoader
-        delivered."""
+        delivered. After the workers of a stock torch DataLoader iterated it,
+        the main process cannot know their progress: RuntimeError."""
+        if self._worker_iterated.value and torch.utils.data.get_worker_info() is None:
+            raise RuntimeError(
+                "gdsfs: ds.state_dict() in the main process cannot see what the workers of a torch.utils.data.DataLoader "
+                "(or StatefulDataLoader) read: iterate with gdsfs.torch.DataLoader and save its state_dict(), or save "
+                "torchdata's StatefulDataLoader.state_dict() (gdsfs.torch.StatefulDataLoader)")
         with self._lock:
             return {"version": 1, "epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle, "slots": self._slots_seen, "consumed": dict(self._consumed)}
 
@@ -382,10 +559,13 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         with self._lock:
             pending = bool(self._resume) and self._resume_epoch == self.epoch
             self._consumed = dict(self._resume) if pending else {}
+        self._worker_iterated.value = 0
+        self._counting = True  # the workers' copies: this process counts for them
 
     def _main_iteration_started(self) -> None:
         """The workers of the new iteration hold their copy of the resume
         state: later iterations start from the beginning."""
+        self._counting = False
         with self._lock:
             self._resume = {}
 
@@ -411,15 +591,55 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             try:
                 doc = json.loads(_core._paged(fd, proto.INDEX, proto.INDEX_SIZE, "INDEX"))
             except OSError as e:
+                why = self._index_error(path) if e.errno == errno.ENODATA else ""
+                if why:
+                    # The daemon parsed the shard and found it corrupt: an error, not a fallback.
+                    raise self._bad_shard(path, why) from None
                 err = _core._daemon_error("INDEX", e, repr(path))
                 if self.strict:
                     raise err from e
-                warn_fallback(str(err))
-                return _layout.local_index(path, fmt)
+                warn_fallback(str(err), cause=f"INDEX {self._session.mount} errno {e.errno}")
+                return self._local_index(path, fmt)
             if doc.get("format") != fmt:
                 raise ValueError(f"gdsfs: {path!r} is indexed as {doc.get('format')!r}, expected {fmt!r}: pass format= explicitly")
             return doc
-        return _layout.local_index(path, fmt)
+        return self._local_index(path, fmt)
+
+    @staticmethod
+    def _index_error(path: str) -> str:
+        """Why the daemon has no index for path (user.gdsfs.info's index_error), or ""."""
+        try:
+            info = json.loads(os.getxattr(path, _core.INFO_XATTR))
+        except (OSError, ValueError):
+            return ""
+        why = str(info.get("index_error") or "") if isinstance(info, dict) else ""
+        return why[len("cache: "):] if why.startswith("cache: ") else why
+
+    def _bad_shard(self, path: str, why: str) -> GDSShardError:
+        return GDSShardError(f"gdsfs: shard {path!r} cannot be read: {why}: rewrite or remove it, or pass handler='warn_and_skip' to skip bad shards", path=path, reason=why)
+
+    def _local_index(self, path: str, fmt: str) -> dict[str, Any]:
+        """The index parsed here; a shard that does not parse, or whose members run past its
+        end, is a GDSShardError naming it."""
+        try:
+            doc = _layout.local_index(path, fmt)
+        except (tarfile.TarError, ValueError, KeyError, struct.error, UnicodeDecodeError) as e:
+            if isinstance(e, ValueError) and "no index for" in str(e):
+                raise
+            why = str(e).replace("\n", " ")
+            if why.startswith("gdsfs: "):
+                why = why[len("gdsfs: "):]
+            raise self._bad_shard(path, f"not a valid {fmt}: {why}") from None
+        size = int(doc.get("file_size", 0))
+        if fmt == "tar":
+            for s in doc["samples"]:
+                for name, m in s["fields"].items():
+                    if int(m["offset"]) + int(m["length"]) > size:
+                        raise self._bad_shard(path, f"not a valid tar: member {s['key']}.{name} runs past the end of the file at {size} bytes (truncated)")
+            why = _tar_tail_error(path, size)
+            if why:
+                raise self._bad_shard(path, f"not a valid tar: {why}")
+        return doc
 
     def _shard(self, i: int) -> _ShardState:
         if self._open_pid != os.getpid():
@@ -438,20 +658,85 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             os.close(fd)
             raise
         self._open[i] = st
-        while len(self._open) > 8:
+        while len(self._open) > max(8, self.interleave + 1):
             _, old = self._open.popitem(last=False)
             old.close()
         return st
 
     def _count(self, i: int) -> int:
-        idx = self._shard(i).index
+        try:
+            idx = self._shard(i).index
+        except GDSShardError as e:
+            if self.handler != "warn_and_skip":
+                raise
+            warnings.warn(f"gdsfs: skipping shard {self.shards[i]!r}: {e.reason}", GDSShardWarning, stacklevel=4)
+            self._bad.add(i)
+            return 0
         f = idx["format"]
         if f in ("tar", "mds"):
             return len(idx["samples"])
         return 1
 
-    def _fields(self, st: _ShardState, idx: int) -> tuple[str, list[_FieldPlan]]:
-        """Key and field plans of sample idx of a shard."""
+    def _shard_field_names(self, i: int, wanted: frozenset[str] = frozenset()) -> set[str]:
+        """Field names of shard i's samples (tar: stops once every wanted name was seen)."""
+        x = self._shard(i).index
+        f = x["format"]
+        if f == "tar":
+            names: set[str] = set()
+            for s in x["samples"]:
+                names.update(s["fields"])
+                if wanted and wanted <= names:
+                    break
+            return names
+        if f == "mds":
+            return {c["name"] for c in x["columns"]}
+        ext = os.path.basename(self.shards[i]).partition(".")[2] or "raw"
+        return {ext, "npy" if f == "npy" else "raw"}
+
+    def _check_fields(self) -> None:
+        """Refuse, at construction, names that select nothing: gpu_keys or keys= fields no
+        shard has, gpu_keys outside keys=, a decode= entry for a gpu field."""
+        good = [i for i in range(len(self.shards)) if i not in self._bad]
+        wanted = frozenset(self.gpu_keys) | frozenset(self.keys or ())
+        have: set[str] = set()
+        for i in good:
+            # Stop once every name is found: construction stays O(shards) on large datasets.
+            have |= self._shard_field_names(i, frozenset(wanted - have))
+            if wanted and wanted <= have:
+                break
+        if not wanted <= have:
+            for i in good:  # a name is missing: list every field the shards have
+                have |= self._shard_field_names(i)
+        mds = bool(good) and self._shard(good[0]).index["format"] == "mds"
+        first = self.shards[good[0]] if good else ""
+        where = (f"MDS column {{!r}} is in no shard of {os.path.dirname(first)!r} (columns: {', '.join(sorted(have))})" if mds
+                 else f"{{}} is in no sample of {first!r}" + (f" or the other {len(good) - 1} shard(s)" if len(good) > 1 else "")
+                 + f" (fields: {', '.join(sorted(have))})")
+        hint = ": check the name (a tar member's name after the sample key, e.g. 'x.npy' or 'jpg')"
+        if good:
+            for k in self.gpu_keys:
+                if k not in have:
+                    raise ValueError("gdsfs: " + (where.format(k) if mds else where.format(f"gpu_keys field {k!r}")) + hint)
+            for k in self.keys or ():
+                if k not in have:
+                    raise ValueError("gdsfs: " + (where.format(k) if mds else where.format(f"keys= field {k!r}")) + hint)
+        if self.keys is not None:
+            for k in self.gpu_keys:
+                if k not in self.keys:
+                    raise ValueError(f"gdsfs: gpu_keys field {k!r} is not in keys={list(self.keys)}: add it there, or leave keys= out to read every field")
+        if isinstance(self.decode, Mapping):
+            for k in self.decode:
+                if k in self.gpu_keys:
+                    raise ValueError(f"gdsfs: decode={{{k!r}: ...}} names a gpu_keys field, which arrives as a tensor and is never decoded: remove {k!r} from gpu_keys or from decode")
+
+    def _sample_fields(self, st: _ShardState, idx: int) -> tuple[str, list[_FieldPlan]]:
+        """Key and field plans of sample idx of a shard (only the fields keys= names)."""
+        key, plans = self._all_fields(st, idx)
+        if self.keys is not None:
+            plans = [fp for fp in plans if fp.name in self.keys]
+        return key, plans
+
+    def _all_fields(self, st: _ShardState, idx: int) -> tuple[str, list[_FieldPlan]]:
         x = st.index
         f = x["format"]
         plans: list[_FieldPlan] = []
@@ -511,11 +796,33 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"gdsfs: MDS column {fp.name!r} has encoding {enc!r}, which cannot be a gpu_keys tensor (bytes, numeric scalars and ndarray can)")
         return fp.offset, fp.length, torch.uint8, (fp.length,), False
 
-    def _decode_cpu(self, fp: _FieldPlan, data: bytes) -> Any:
+    def _decode_cpu(self, fp: _FieldPlan, data: bytes, st: Optional[_ShardState] = None, key: str = "") -> Any:
+        """The decoded field; a decoder failure is a GDSShardError naming field, sample and
+        shard (with handler="warn_and_skip": a _BadField that __iter__ skips)."""
+        if fp.kind == "error" and st is not None:
+            return _BadField(self._errors.pop((st.path, key)))
+        try:
+            return self._decode_field(fp, data)
+        except Exception as e:  # noqa: BLE001 - any decoder failure is the sample's error
+            if st is None:
+                raise
+            what = "decode=" if self.decode is not None else "the default decoder"
+            err = GDSShardError(
+                f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} does not decode ({type(e).__name__}: {e}): "
+                f"fix the data, pass decode={{{fp.name!r}: ...}} (or a decode= function), or handler='warn_and_skip'",
+                path=st.path, key=key, reason=f"{what} failed on field {fp.name!r}: {type(e).__name__}: {e}")
+            if self.handler == "warn_and_skip":
+                return _BadField(err)
+            raise err from e
+
+    def _decode_field(self, fp: _FieldPlan, data: bytes) -> Any:
         d = self.decode
         if isinstance(d, Mapping) and fp.name in d:
             return d[fp.name](data)
-        if callable(d):
+        if isinstance(d, str):
+            if fp.name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS:
+                return _image(d, data)
+        elif callable(d):
             return d(fp.name, data)
         if fp.kind.startswith("mds:"):
             return _mds_decode(fp.kind[4:], data)
@@ -523,17 +830,67 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             return _npy_tensor(data)
         return _default_decode(fp.name, data)
 
-    def _plain_tensor(self, st: _ShardState, fp: _FieldPlan) -> torch.Tensor:
-        off, nb, dt, shape, fortran = self._tensor_geometry(st, fp)
+    def _plain_tensor(self, st: _ShardState, fp: _FieldPlan, key: str = "") -> Any:
+        try:
+            off, nb, dt, shape, fortran = self._tensor_geometry(st, fp)
+        except ValueError as e:
+            err = e if isinstance(e, GDSShardError) else GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r}: {e}", path=st.path, key=key, reason=str(e))
+            if self.handler == "warn_and_skip":
+                return _BadField(err)
+            raise err from None
         data = bytearray(os.pread(st.fd, nb, off))
         if len(data) != nb:
-            raise ValueError(f"gdsfs: {st.path!r}: field {fp.name!r} is truncated ({len(data)} of {nb} bytes)")
+            err = GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({len(data)} of {nb} bytes): rewrite the shard, or pass handler='warn_and_skip'", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
+            if self.handler == "warn_and_skip":
+                return _BadField(err)
+            raise err
         t = torch.frombuffer(data, dtype=torch.uint8) if nb else torch.empty(0, dtype=torch.uint8)
         return _view_as(t, dt, shape, fortran)
 
     # -- iteration ----------------------------------------------------------
 
     def __iter__(self) -> Iterator[GDSSample]:
+        if torch.utils.data.get_worker_info() is None:
+            self._worker_iterated.value = 0  # this process counts what it hands out
+            self._counting = False
+        elif not self._counting:
+            self._worker_iterated.value = 1
+        for sample in self._samples():
+            bad = [v for v in sample.values() if isinstance(v, _BadField)]
+            if bad:
+                warnings.warn(f"gdsfs: skipping sample {sample['__key__']!r} of shard {sample['__url__']!r}: {bad[0].error.reason}", GDSShardWarning, stacklevel=2)
+                _release_refs(v for v in sample.values() if isinstance(v, TensorRef))
+                continue
+            if self.map is not None:
+                sample = self._mapped(sample)
+                if sample is None:
+                    continue
+            yield sample
+
+    def _mapped(self, sample: GDSSample) -> Optional[GDSSample]:
+        """map(sample) as a GDSSample that keeps the resume bookkeeping; leases of TensorRefs
+        it dropped (all of them when it returns None) go back to the pool."""
+        refs = [v for v in sample.values() if isinstance(v, TensorRef)]
+        out = self.map(sample)  # type: ignore[misc]
+        if out is None:
+            _release_refs(refs)
+            return None
+        if not isinstance(out, Mapping):
+            raise TypeError(f"gdsfs: map= returned {type(out).__name__} for sample {sample.get('__key__')!r} of shard {sample.get('__url__')!r}: return the sample (a mapping) or None to drop it")
+        if not isinstance(out, GDSSample):
+            out = GDSSample(out)
+        out.progress, out.epoch, out.gpu_fields = sample.progress, sample.epoch, sample.gpu_fields
+        kept = {id(v) for v in out.values() if isinstance(v, TensorRef)}
+        _release_refs(r for r in refs if id(r) not in kept)
+        return out
+
+    def _plan(self, slots: int) -> EpochPlan:
+        world = _rank_world()[1] if self.split_by_node else 1
+        return EpochPlan(self.counts, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, slots=slots,
+                         world=world if slots % world == 0 else 1, even=self.even_ranks if slots % world == 0 else None,
+                         buffer=self.shuffle_buffer, interleave=self.interleave)
+
+    def _samples(self) -> Iterator[GDSSample]:
         slot, slots, _nw = self._slots()
         with self._lock:
             skip = self._resume.get(slot, 0) if self._resume_epoch == self.epoch else 0
@@ -542,7 +899,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._resume = {}
             self._slots_seen = slots
             self._consumed = {slot: skip}
-        plan = EpochPlan(self.counts, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, slots=slots)
+        plan = self._plan(slots)
         epoch = self.epoch
         pending: list[tuple[int, int, int]] = []
         for item in plan.positions(slot, skip):
@@ -560,8 +917,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         planned: list[tuple[int, int, _ShardState, str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = []
         for pos, shard, idx in items:
             st = self._shard(shard)
-            key, fields = self._fields(st, idx)
-            geo = {fp.name: self._tensor_geometry(st, fp) for fp in fields if fp.gpu and self._session is not None}
+            key, fields = self._sample_fields(st, idx)
+            try:
+                geo = {fp.name: self._tensor_geometry(st, fp) for fp in fields if fp.gpu and self._session is not None}
+            except (GDSShardError, ValueError) as e:
+                err = e if isinstance(e, GDSShardError) else GDSShardError(f"gdsfs: sample {key!r} of shard {st.path!r}: {e}", path=st.path, key=key, reason=str(e))
+                if self.handler != "warn_and_skip":
+                    raise err from None
+                # Read nothing of it; the reading loop yields it as bad, and __iter__ skips it.
+                fields, geo = [_FieldPlan("__error__", 0, 0, False, "error")], {}
+                self._errors[(st.path, key)] = err
             planned.append((pos, shard, st, key, fields, geo))
         start = 0
         while start < len(planned):
@@ -592,8 +957,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     refs[shard] = session.read(self._shard(shard).fd, ranges)
                 except GDSUnavailableError as e:
                     # The daemon cannot serve this shard now: plain reads
-                    # (warned once per process), unless strict.
-                    warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict)
+                    # (warned once per mount and errno), unless strict.
+                    warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
                     continue
                 held.update((r.lease, r) for r in refs[shard] if r.lease)
             cursor = {s: 0 for s in refs}
@@ -606,12 +971,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                         r = refs[shard][cursor[shard]]
                         cursor[shard] += 1
                         if r.valid < nb:
-                            raise ValueError(f"gdsfs: {st.path!r}: field {fp.name!r} of sample {key!r} is truncated ({r.valid} of {nb} bytes)")
+                            raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({r.valid} of {nb} bytes): rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
                         sample[fp.name] = TensorRef(r, dt, shape, 0, fortran)
                     elif fp.gpu:
-                        sample[fp.name] = self._plain_tensor(st, fp)
+                        sample[fp.name] = self._plain_tensor(st, fp, key)
                     else:
-                        sample[fp.name] = self._decode_cpu(fp, os.pread(st.fd, fp.length, fp.offset))
+                        sample[fp.name] = self._decode_cpu(fp, os.pread(st.fd, fp.length, fp.offset), st, key)
                 sample.progress = (slot, pos - lo + 1, slots)
                 sample.epoch = epoch
                 sample.gpu_fields = self.gpu_keys
@@ -641,14 +1006,41 @@ class DataLoader(torch.utils.data.DataLoader):
     available; everything else passes through. It adds what a stock
     DataLoader cannot do for an IterableDataset: batches it yields are always
     materialized (also on CPU-only machines, where pin_memory is off),
-    state_dict()/load_state_dict() resume mid-epoch exactly, and a failed
-    iteration (e.g. a killed worker) returns its leases to the pool.
+    state_dict()/load_state_dict() resume mid-epoch exactly, len() is the
+    number of batches it yields (each worker's last batch may be short), and
+    a failed iteration (e.g. a killed worker) returns its leases to the pool.
+    batch_size=None yields one sample at a time (a GDSBatch without the batch
+    dimension).
+
+    Args:
+        dataset: the dataset (a GDSShardDataset for the bookkeeping).
+        batch_map: a function applied to each materialized batch in this
+            process (gpu fields already on their device), returning what the
+            loop gets; it runs after the resume bookkeeping, so
+            state_dict() stays exact.
+        *args, **kwargs: as torch.utils.data.DataLoader.
     """
 
-    def __init__(self, dataset: torch.utils.data.Dataset, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, dataset: torch.utils.data.Dataset, *args: Any, batch_map: Optional[Callable[[Any], Any]] = None, **kwargs: Any) -> None:
+        if batch_map is not None and not callable(batch_map):
+            raise TypeError(f"gdsfs: batch_map={batch_map!r} is not callable: pass a function of one batch")
         kwargs.setdefault("collate_fn", collate)
         kwargs.setdefault("pin_memory", torch.cuda.is_available())
         super().__init__(dataset, *args, **kwargs)
+        self.batch_map = batch_map
+
+    def __len__(self) -> int:
+        """Batches one pass yields: for a GDSShardDataset, counted per worker
+        (a worker's last batch may be short, or dropped with drop_last)."""
+        ds = self.dataset
+        if not isinstance(ds, GDSShardDataset):
+            return super().__len__()
+        counts = ds._worker_counts(self.num_workers)
+        if self.batch_size is None:
+            return sum(counts)
+        if self.drop_last:
+            return sum(n // self.batch_size for n in counts)
+        return sum(math.ceil(n / self.batch_size) for n in counts)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset
@@ -666,6 +1058,8 @@ class DataLoader(torch.utils.data.DataLoader):
                         batch = batch.materialize()
                     if isinstance(ds, GDSShardDataset):
                         ds._observe(batch.epoch, batch.progress, batch.slots)
+                if self.batch_map is not None:
+                    batch = self.batch_map(batch)
                 yield batch
             ok = True
         finally:

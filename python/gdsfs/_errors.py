@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import warnings
 
-__all__ = ["GDSUnavailableError", "GDSFallbackWarning", "warn_fallback"]
+__all__ = ["GDSUnavailableError", "GDSFallbackWarning", "GDSShardError", "GDSShardWarning", "warn_fallback"]
 
 
 class GDSUnavailableError(RuntimeError):
@@ -23,31 +23,58 @@ class GDSUnavailableError(RuntimeError):
 
 
 class GDSFallbackWarning(UserWarning):
-    """gdsfs fell back to plain POSIX reads (issued once per process)."""
+    """gdsfs fell back to plain POSIX I/O (issued once per process and cause)."""
+
+
+class GDSShardError(ValueError):
+    """A shard (or one sample of it) cannot be read: corrupt, truncated, or a field that does not
+    decode. ``path`` is the shard, ``key`` the sample key (None for the whole shard), ``reason``
+    what is wrong with it."""
+
+    def __init__(self, message: str, *, path: str, key: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.key = key
+        self.reason = reason
+
+
+class GDSShardWarning(UserWarning):
+    """A bad shard or sample was skipped (GDSShardDataset(handler="warn_and_skip"))."""
 
 
 _warned_lock = threading.Lock()
-_warned: list[bool] = [False]
+# The causes already reported by warn_fallback in this process. A set of strings the tests reset;
+# the only process-wide state of the client, as a warnings registry is.
+_warned: set[str] = set()
 
 
-def warn_fallback(message: str, *, strict: bool = False, stacklevel: int = 3) -> None:
-    """Raise GDSUnavailableError when strict, else warn once per process.
+def warn_fallback(message: str, *, strict: bool = False, stacklevel: int = 3, cause: str | None = None,
+                  doing: str = "using plain reads") -> None:
+    """Raise GDSUnavailableError when strict, else warn once per process and cause.
 
     Args:
-        message: what is unavailable and what the user can do about it.
+        message: what is unavailable and what the user can do about it (a leading "gdsfs: " is
+            not repeated).
         strict: raise instead of warning.
         stacklevel: passed to warnings.warn.
+        cause: what makes two fallbacks the same, reported once (e.g. "off-mount checkpoint",
+            or the daemon's mount); default: the message itself.
+        doing: what gdsfs does instead, ending the warning ("using plain reads", "using plain
+            writes").
     """
+    if message.startswith("gdsfs: "):
+        message = message[len("gdsfs: "):]
     if strict:
-        raise GDSUnavailableError(message)
+        raise GDSUnavailableError(f"gdsfs: {message}")
+    key = cause if cause is not None else message
     with _warned_lock:
-        if _warned[0]:
+        if key in _warned:
             return
-        _warned[0] = True
-    warnings.warn(f"gdsfs: {message}; using plain reads", GDSFallbackWarning, stacklevel=stacklevel)
+        _warned.add(key)
+    warnings.warn(f"gdsfs: {message}; {doing}", GDSFallbackWarning, stacklevel=stacklevel)
 
 
 def _reset_fallback_warning() -> None:
-    """Let the next fallback warn again (for tests)."""
+    """Let the next fallback of every cause warn again (for tests)."""
     with _warned_lock:
-        _warned[0] = False
+        _warned.clear()

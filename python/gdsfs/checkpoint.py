@@ -156,7 +156,7 @@ def load(
         return _stock_load(f, map_location, pickle_module, wo, mmap, pickle_load_args)
     path = os.fspath(f)
     if not _on_gdsfs(path):
-        warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict)
+        warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, cause="off-mount checkpoint")
         return _stock_load(f, map_location, pickle_module, wo, mmap, pickle_load_args)
     try:
         return _load_path(path, restore, wo, pickle_load_args, strict=strict, via_daemon=True)
@@ -221,7 +221,7 @@ def save(
                          alignment=storage_alignment, byteorder_record=not _disable_byteorder_record)
     on_gdsfs = _on_gdsfs(path)
     if not on_gdsfs:
-        warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict)
+        warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, cause="off-mount checkpoint", doing="using plain writes")
     with atomic.replace(path, sync=sync) as (tmp, fd):
         # CRCs of host-memory storages (a full read of them) run alongside the transfer.
         items = arc.data_items(0, crc=False)

@@ -44,9 +44,16 @@ import re
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint import filesystem as _fs
-from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+
+try:
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint import filesystem as _fs
+    from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+except ImportError as _e:  # torch 1.x: no (usable) torch.distributed.checkpoint
+    raise ImportError(
+        f"gdsfs.dcp needs torch >= 2.0 with torch.distributed.checkpoint; this is torch {torch.__version__} "
+        f"({_e}): upgrade torch, or save with gdsfs.checkpoint / gdsfs.safetensors"
+    ) from None
 from torch.futures import Future
 
 from gdsfs._ckpt import atomic, torchzip
@@ -62,12 +69,12 @@ _ALIGN = 4096
 _OWN_NAME = re.compile(r"__\d+_\d+\.[0-9a-f]{1,8}" + re.escape(_SUFFIX))
 
 
-def _on_gdsfs(path: str, strict: bool) -> bool:
+def _on_gdsfs(path: str, strict: bool, doing: str = "using plain reads") -> bool:
     from gdsfs._core import find_mount
 
     if find_mount(path) is not None:
         return True
-    warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, stacklevel=4)
+    warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, stacklevel=4, cause="off-mount dcp", doing=doing)
     return False
 
 
@@ -167,7 +174,7 @@ class GDSFileSystemWriter(FileSystemWriter):
     def write_data(self, plan: Any, planner: Any) -> Future:
         """Write the plan's items as stock DCP does, tensor bytes through gdsfs."""
         root = os.fspath(self.path)
-        if self._stock_only() or not _on_gdsfs(root, self._strict):
+        if self._stock_only() or not _on_gdsfs(root, self._strict, "using plain writes"):
             try:
                 return super().write_data(plan, planner)  # synchronous: done when it returns
             finally:

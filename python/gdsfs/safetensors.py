@@ -1,4 +1,4 @@
-"""safetensors.torch through gdsfs: ``load_file``, ``save_file``, ``safe_open``.
+"""safetensors.torch through gdsfs: ``load_file``, ``save_file``, ``safe_open``, ``save_model``, ``load_model``.
 
 Loads read every tensor of the file through the daemon in one batched request, straight into
 memory on the target device (one device-to-device copy per tensor). Saves write a safetensors file
@@ -17,6 +17,11 @@ Example:
     from gdsfs.safetensors import load_file, save_file
     save_file(model.state_dict(), "/mnt/gdsfs/model.safetensors")
     sd = load_file("/mnt/gdsfs/model.safetensors", device="cuda:0")
+    save_model(model, "/mnt/gdsfs/tied.safetensors")   # shared (tied) tensors stored once
+    missing, unexpected = load_model(model, "/mnt/gdsfs/tied.safetensors")
+
+The signatures and defaults are safetensors' own (``load_file``'s device is "cpu"), so swapping the
+import changes nothing else.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ import torch
 
 from gdsfs._ckpt import atomic, stformat
 from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, PosixMover, byte_view, transfer, untyped_storage
-from gdsfs._errors import GDSFallbackWarning, warn_fallback
+from gdsfs._errors import warn_fallback
 
-__all__ = ["load_file", "save_file", "safe_open", "load", "save"]
+__all__ = ["load_file", "save_file", "safe_open", "load", "save", "save_model", "load_model"]
 
 _TO_TORCH_NAMES = {
     "BOOL": "bool",
@@ -59,29 +64,23 @@ _TO_TORCH: dict[str, torch.dtype] = {
 }
 _FROM_TORCH: dict[torch.dtype, str] = {v: k for k, v in _TO_TORCH.items()}
 
-_warned_cpu = [False]
-
-
 def _device(device: str | int | torch.device) -> torch.device:
     if isinstance(device, int):
         device = torch.device("cuda", device)
     dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        # The issue's default is device="cuda"; on CPU-only machines load to host memory, loudly.
-        if not _warned_cpu[0]:
-            _warned_cpu[0] = True
-            import warnings
-
-            warnings.warn(
-                f"gdsfs: CUDA is not available; loading to cpu instead of {device!r}",
-                GDSFallbackWarning,
-                stacklevel=3,
-            )
-        return torch.device("cpu")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"gdsfs: device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'")
+    if dev.type == "cuda":
+        # As torch and safetensors do: a CUDA device that does not exist is an error, never a
+        # silent load to the CPU.
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if dev.index is None and n:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.index is None or dev.index >= n:
+            raise RuntimeError(
+                f"gdsfs: device {str(device)!r} does not exist: torch sees {n} CUDA device(s); "
+                "pass device='cpu' or an existing 'cuda:N'"
+            )
     return dev
 
 
@@ -98,12 +97,12 @@ def _read_header(fh: Any) -> stformat.Header:
     return stformat.read_header(fh, os.fstat(fh.fileno()).st_size)
 
 
-def _is_gdsfs(path: str, strict: bool) -> bool:
+def _is_gdsfs(path: str, strict: bool, doing: str = "using plain reads") -> bool:
     from gdsfs._core import find_mount
 
     if find_mount(path) is not None:
         return True
-    warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, stacklevel=4)
+    warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, stacklevel=4, cause="off-mount safetensors", doing=doing)
     return False
 
 
@@ -125,7 +124,7 @@ def _load_tensors(path: str, fh: Any, infos: Sequence[stformat.TensorInfo], dev:
 
 def load_file(
     filename: str | os.PathLike,
-    device: str | int | torch.device = "cuda",
+    device: str | int | torch.device = "cpu",
     *,
     strict: bool = False,
 ) -> dict[str, torch.Tensor]:
@@ -133,8 +132,8 @@ def load_file(
 
     Args:
         filename: path of the file (on a gdsfs mount for the fast path).
-        device: target device; "cuda" (the default) loads to the current GPU, and to cpu with a
-            one-time warning where CUDA is not available.
+        device: target device: "cpu" (the default, as safetensors), "cuda" (the current GPU),
+            "cuda:N" or N. A CUDA device that does not exist raises RuntimeError.
         strict: raise GDSUnavailableError instead of falling back to plain reads.
 
     Returns:
@@ -242,7 +241,7 @@ def save_file(
     path = os.fspath(filename)
     entries = [stformat.Entry(n, _FROM_TORCH[t.dtype], tuple(t.shape)) for n, t in tensors.items()]
     head, infos = stformat.layout(entries, metadata, align)
-    on = _is_gdsfs(path, strict)
+    on = _is_gdsfs(path, strict, "using plain writes")
     with atomic.replace(path, sync=sync) as (tmp, fd):
         items = [(infos[n].offset, byte_view(t)) for n, t in tensors.items() if infos[n].nbytes]
         if on:
@@ -391,3 +390,127 @@ class safe_open:
     def _read(self, info: stformat.TensorInfo, rel: int, nbytes: int, shape: tuple[int, ...]) -> torch.Tensor:
         sub = stformat.TensorInfo(info.name, info.dtype, shape, info.offset + rel, nbytes)
         return _load_tensors(self._path, self._file(), [sub], self._dev, self._on, self._strict)[info.name]
+
+
+# --- shared tensors (safetensors.torch.save_model / load_model) -----------------------------
+
+
+def _storage_span(t: torch.Tensor) -> tuple[Any, int, int]:
+    """(device, storage address, storage bytes) of a tensor: equal for tensors sharing memory."""
+    st = untyped_storage(t)
+    return (t.device, st.data_ptr(), st.nbytes())
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    """True when t views its whole storage, from its first byte."""
+    st = untyped_storage(t)
+    return t.data_ptr() == st.data_ptr() and t.numel() * t.element_size() == st.nbytes()
+
+
+def _shared_groups(state_dict: dict[str, torch.Tensor]) -> list[set[str]]:
+    """Names of tensors that overlap in memory, grouped (singletons left out)."""
+    by_storage: dict[Any, set[str]] = {}
+    for name, t in state_dict.items():
+        if t.device.type == "meta" or untyped_storage(t).data_ptr() == 0 or untyped_storage(t).nbytes() == 0:
+            continue
+        by_storage.setdefault(_storage_span(t), set()).add(name)
+    groups: list[set[str]] = []
+    for names in by_storage.values():
+        if len(names) < 2:
+            continue
+        # Views of disjoint parts of one storage are not shared: split into overlapping runs.
+        spans = sorted((state_dict[n].data_ptr(), state_dict[n].data_ptr() + state_dict[n].numel() * state_dict[n].element_size(), n)
+                       for n in names)
+        run: set[str] = set()
+        end = -1
+        for lo, hi, n in spans:
+            if run and lo >= end:
+                if len(run) > 1:
+                    groups.append(run)
+                run = set()
+            run.add(n)
+            end = max(end, hi)
+        if len(run) > 1:
+            groups.append(run)
+    return groups
+
+
+def _names_to_remove(state_dict: dict[str, torch.Tensor], preferred: Sequence[str] = ()) -> dict[str, list[str]]:
+    """For each group of shared tensors: the name kept (one covering the whole storage, a
+    preferred one first, else the first in sorted order) -> the names dropped."""
+    pref = set(preferred)
+    out: dict[str, list[str]] = {}
+    for group in _shared_groups(state_dict):
+        complete = sorted(n for n in group if _covers_storage(state_dict[n]))
+        if not complete:
+            raise RuntimeError(
+                f"gdsfs: tensors {sorted(group)} share memory but none covers the whole storage, so saving "
+                "one would store more (or less) than the model has: save a copy of each "
+                "(.clone()) and use save_file; see https://huggingface.co/docs/safetensors/torch_shared_tensors"
+            )
+        keep = next((n for n in complete if n in pref), complete[0])
+        out[keep] = [n for n in sorted(group) if n != keep]
+    return out
+
+
+def save_model(model: torch.nn.Module, filename: str | os.PathLike, metadata: dict[str, str] | None = None,
+               force_contiguous: bool = False) -> None:
+    """Save a model's state dict, storing tensors that share memory (tied weights) once
+    (mirrors ``safetensors.torch.save_model``): each dropped name is recorded in the metadata as
+    ``{dropped: kept}``, which ``load_model`` uses.
+
+    Args:
+        model: the module.
+        filename: destination path.
+        metadata: optional ``__metadata__`` of strings (entries of the same name are kept).
+        force_contiguous: make every tensor contiguous first (may copy).
+    """
+    state_dict = model.state_dict()
+    for kept, dropped in _names_to_remove(state_dict).items():
+        for name in dropped:
+            if metadata is None:
+                metadata = {}
+            metadata.setdefault(name, kept)
+            del state_dict[name]
+    if force_contiguous:
+        state_dict = {k: v.contiguous() for k, v in state_dict.items()}
+    try:
+        save_file(state_dict, filename, metadata=metadata)
+    except ValueError as e:
+        raise ValueError(f"{e}. Or use save_model(..., force_contiguous=True), read the docs for potential caveats.") from None
+
+
+def load_model(model: torch.nn.Module, filename: str | os.PathLike, strict: bool = True,
+               device: str | int | torch.device = "cpu") -> tuple[list[str], list[str]]:
+    """Load a file written by ``save_model`` (or ``save_file``) into a model (mirrors
+    ``safetensors.torch.load_model``): tied names the file stores once are filled by the model's
+    own sharing.
+
+    Args:
+        model: the module to fill.
+        filename: the file.
+        strict: raise RuntimeError on missing or unexpected names.
+        device: where the tensors are loaded first.
+
+    Returns:
+        (missing, unexpected) names.
+    """
+    state_dict = load_file(filename, device=device)
+    to_remove = _names_to_remove(model.state_dict(), preferred=list(state_dict))
+    missing_keys, unexpected = model.load_state_dict(state_dict, strict=False)
+    missing = set(missing_keys)
+    unexpected = list(unexpected)
+    for dropped in to_remove.values():
+        for name in dropped:
+            if name in missing:
+                missing.remove(name)
+            else:
+                unexpected.append(name)
+    if strict and (missing or unexpected):
+        error = f"Error(s) in loading state_dict for {model.__class__.__name__}:"
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing))
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(unexpected))
+        raise RuntimeError(error)
+    return sorted(missing), unexpected

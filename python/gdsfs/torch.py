@@ -10,25 +10,29 @@ CPU tensors from the daemon's shared host memory.
 Example:
     >>> ds = gdsfs.torch.GDSShardDataset("/mnt/data/train-{000..009}.tar",
     ...                                  gpu_keys=["x.npy"], shuffle=True, seed=17)
-    >>> dl = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=8,
-    ...                                  pin_memory=True, collate_fn=gdsfs.torch.collate)
+    >>> dl = gdsfs.torch.DataLoader(ds, batch_size=64, num_workers=8)
     >>> for batch in dl:
     ...     batch["x.npy"]          # a CUDA tensor
 """
 
 from __future__ import annotations
 
-from ._dataset import DataLoader, GDSShardDataset, StatefulDataLoader
-from ._tensors import GDSBatch, GDSSample, TensorRef, collate, materialize, tensor_from_ref, writable_view
+from ._collate import collate
+from ._dataset import DataLoader, GDSShardDataset, StatefulDataLoader, default_decode
+from ._errors import GDSShardError, GDSShardWarning
+from ._tensors import GDSBatch, GDSSample, TensorRef, materialize, tensor_from_ref, writable_view
 
 __all__ = [
     "DataLoader",
     "GDSBatch",
     "GDSSample",
     "GDSShardDataset",
+    "GDSShardError",
+    "GDSShardWarning",
     "StatefulDataLoader",
     "TensorRef",
     "collate",
+    "default_decode",
     "materialize",
     "tensor_from_ref",
     "writable_view",

@@ -192,15 +192,19 @@ def test_round_trip_all_dtypes(gdsfs_mount, mdir):
         assert all(torch.equal(ref[k], sd[k]) for k in sd)
 
 
-def test_load_file_default_device_without_cuda(gdsfs_mount, mdir):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA; the GPU script covers device='cuda'")
+def test_load_file_default_device_is_cpu_as_safetensors(gdsfs_mount, mdir):
+    # safetensors.torch.load_file(filename, device="cpu"): the same default, so swapping the
+    # import changes nothing else (the old default "cuda" fell back to cpu with a warning).
+    assert inspect.signature(gst.load_file).parameters["device"].default == "cpu"
     p = os.path.join(mdir, "d.safetensors")
     gst.save_file({"a": torch.arange(5)}, p)
-    with pytest.warns(GDSFallbackWarning, match="CUDA is not available"):
-        gst._warned_cpu[0] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
         got = gst.load_file(p)
     assert got["a"].device.type == "cpu" and torch.equal(got["a"], torch.arange(5))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="does not exist"):
+            gst.load_file(p, device="cuda")
 
 
 def test_large_file_batches_and_splits(gdsfs_mount, mdir, monkeypatch):

@@ -454,7 +454,8 @@ def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, w
                 raise OSError(e.errno, f"gdsfs: writing {path!r}: {os.strerror(e.errno)}") from e
             if strict or isinstance(mover, PosixMover):
                 raise
-            warn_fallback(f"the daemon could not serve {path!r} ({e})")
+            warn_fallback(f"the daemon could not serve {path!r} ({e})", cause=f"transfer errno {e.errno}",
+                          doing="using plain writes" if write else "using plain reads")
     finally:
         close_mover(mover)
     plain = PosixMover()
