@@ -9,10 +9,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/dgraph-io/ristretto/v2"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/singleflight"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultIndexBudget is the default memory budget of parsed indexes
@@ -22,6 +24,18 @@ const DefaultIndexBudget int64 = 256 << 20
 // minIndexBudget keeps ristretto's bookkeeping meaningful.
 const minIndexBudget int64 = 1 << 20
 
+// DefaultParses is how many files are parsed at once (each parse is bounded
+// by the parsers' limits, docs/index-format.md "Limits"); further misses wait
+// up to DefaultParseWait for a slot, then fail with ErrBusy.
+const DefaultParses = 2
+
+// DefaultParseWait bounds the wait for a parse slot.
+const DefaultParseWait = 5 * time.Second
+
+// ErrBusy reports that every parse slot stayed taken for the whole wait: the
+// daemon is parsing other files (the answer is not cached; retry later).
+var ErrBusy = errors.New("cache: every index parse slot is busy; retry later")
+
 // Indexes is a ristretto cache of parsed indexes keyed by file identity.
 // All methods may be called concurrently.
 type Indexes struct {
@@ -30,7 +44,14 @@ type Indexes struct {
 	group singleflight.Group
 	paths pathTable
 
-	hits, misses, evictions, parses, parseErrors atomic.Uint64
+	// slots holds one token per parse in flight (at most DefaultParses);
+	// a miss waits up to parseWait for one.
+	slots     chan struct{}
+	parseWait time.Duration
+	// parseFn parses one file (Parse; tests substitute a slow one).
+	parseFn func(r io.ReaderAt, size int64, name string) (*Index, error)
+
+	hits, misses, evictions, parses, parseErrors, busy atomic.Uint64
 }
 
 // indexEntry is one cached answer: an index or the parse error (a corrupt
@@ -49,6 +70,8 @@ type IndexStats struct {
 	Evictions   uint64 `json:"evictions"`
 	Parses      uint64 `json:"parses"`
 	ParseErrors uint64 `json:"parse_errors"`
+	// Busy counts misses refused with ErrBusy (no parse slot in time).
+	Busy        uint64 `json:"busy"`
 	BudgetBytes int64  `json:"budget_bytes"`
 	UsedBytes   int64  `json:"used_bytes"`
 }
@@ -62,7 +85,7 @@ func NewIndexes(budgetBytes int64, log zerolog.Logger) (*Indexes, error) {
 	if budgetBytes < minIndexBudget {
 		return nil, fmt.Errorf("cache: index budget %d bytes is below the minimum of %d (1 MiB)", budgetBytes, minIndexBudget)
 	}
-	x := &Indexes{log: log}
+	x := &Indexes{log: log, slots: make(chan struct{}, DefaultParses), parseWait: DefaultParseWait, parseFn: Parse}
 	x.paths.m = make(map[string]pathEntry)
 	drop := func(it *ristretto.Item[*indexEntry]) {
 		if e := it.Value; e != nil {
@@ -88,19 +111,25 @@ func NewIndexes(budgetBytes int64, log zerolog.Logger) (*Indexes, error) {
 	return x, nil
 }
 
-// Get returns the index of the file at path. f, when not nil, is an open
-// descriptor of that file (it is only read with ReadAt); with f nil, Get
-// stats path and opens it only on a miss. A hit does one stat and no read.
-// It returns ErrNoIndex for files of no indexed format, an error wrapping
-// ErrInvalid for corrupt ones, and the stat/open error for missing files.
+// Get returns the index of the file f, open for reading, at path (used as
+// the name invalidations find the entry by, and as the format hint). Get
+// only reads through f, with ReadAt: it never opens anything, so it can
+// neither block on what a path names nor read with more rights than the
+// caller's descriptor has; a descriptor not open for reading fails with an
+// error wrapping syscall.EBADF. A hit does one fstat and no read. It
+// returns ErrNoIndex for files of no indexed format (and for anything but
+// a regular file), an error wrapping ErrInvalid for corrupt ones or ones
+// beyond the parsers' limits (cached like indexes, under the file's
+// identity), ErrBusy when no parse slot freed up in time, and ctx's error
+// when ctx ends first (the parse goes on and its answer is cached).
 func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, error) {
-	var fi os.FileInfo
-	var err error
-	if f != nil {
-		fi, err = f.Stat()
-	} else {
-		fi, err = os.Stat(path)
+	if f == nil {
+		return nil, fmt.Errorf("BUG: cache: Get of %q without a descriptor: %w", path, syscall.EBADF)
 	}
+	if err := readable(f); err != nil {
+		return nil, fmt.Errorf("cache: index %q: %w", path, err)
+	}
+	fi, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("cache: stat %q: %w", path, err)
 	}
@@ -139,11 +168,55 @@ func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, err
 	}
 }
 
+// readable checks that f was opened for reading (O_RDONLY or O_RDWR).
+func readable(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var fl int
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
+		return err
+	}
+	if ferr != nil {
+		return ferr
+	}
+	if fl&unix.O_ACCMODE == unix.O_WRONLY || fl&unix.O_PATH != 0 {
+		return fmt.Errorf("descriptor not open for reading: %w", syscall.EBADF)
+	}
+	return nil
+}
+
+// slot takes a parse slot, waiting up to parseWait; the caller gives it
+// back with <-x.slots.
+func (x *Indexes) slot() bool {
+	select {
+	case x.slots <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(x.parseWait)
+	defer t.Stop()
+	select {
+	case x.slots <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
 // load parses the file and caches the answer unless the path was
 // invalidated meanwhile.
 func (x *Indexes) load(path string, f *os.File, id Identity, gen uint64) *indexEntry {
+	if !x.slot() {
+		x.busy.Add(1)
+		x.log.Warn().Str("path", path).Dur("waited", x.parseWait).Msg("cache: no index parse slot free in time; answered EAGAIN (other files are being parsed)")
+		return &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, ErrBusy), key: id.key(), path: path}
+	}
 	x.parses.Add(1)
-	idx, err := x.parse(path, f, id)
+	idx, err := x.parseFn(f, id.Size, path)
+	<-x.slots
 	e := &indexEntry{idx: idx, err: err, key: id.key(), path: path}
 	if err != nil {
 		x.parseErrors.Add(1)
@@ -176,29 +249,6 @@ func (x *Indexes) load(path string, f *os.File, id Identity, gen uint64) *indexE
 	return e
 }
 
-func (x *Indexes) parse(path string, f *os.File, id Identity) (*Index, error) {
-	if f != nil {
-		idx, err := Parse(f, id.Size, path)
-		if !errors.Is(err, syscall.EBADF) {
-			return idx, err
-		}
-		// A write-only descriptor cannot be read: open the path.
-	}
-	g, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("cache: open %q: %w", path, err)
-	}
-	defer g.Close()
-	fi, err := g.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("cache: stat %q: %w", path, err)
-	}
-	if got, err := IdentityOf(fi); err != nil || got != id {
-		return nil, fmt.Errorf("cache: %q changed while being indexed; retry", path)
-	}
-	return Parse(g, id.Size, path)
-}
-
 // Invalidate drops what is cached for path. fs calls it (through ctl) after a write, truncate,
 // rename or unlink through the mount: identity alone can miss a same-size
 // write within one timestamp tick.
@@ -216,6 +266,7 @@ func (x *Indexes) Stats() IndexStats {
 		Evictions:   x.evictions.Load(),
 		Parses:      x.parses.Load(),
 		ParseErrors: x.parseErrors.Load(),
+		Busy:        x.busy.Load(),
 		BudgetBytes: x.cache.MaxCost(),
 		UsedBytes:   x.cache.MaxCost() - x.cache.RemainingCost(),
 	}

@@ -11,11 +11,11 @@ import (
 const (
 	// mdsMaxSamples bounds a shard's sample count (its offset table and the
 	// index's memory); MDS shards default to 64 MiB, far below this.
-	mdsMaxSamples = 1 << 22
+	mdsMaxSamples = 1 << 20
 	// mdsMaxConfig bounds the shard's embedded config JSON.
 	mdsMaxConfig = 1 << 20
 	// mdsMaxIndexJSON bounds a dataset's index.json.
-	mdsMaxIndexJSON = 64 << 20
+	mdsMaxIndexJSON = 16 << 20
 )
 
 // MDS is the index of one MosaicML Streaming MDS shard (shard.NNNNN.mds).

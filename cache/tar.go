@@ -167,7 +167,7 @@ func (s *TarSample) span() Range {
 
 // tarMaxMembers bounds the members indexed (and the index's memory, about
 // 200 bytes each); WebDataset shards hold thousands.
-const tarMaxMembers = 1 << 22
+const tarMaxMembers = 1 << 20
 
 // tarBufBytes is the read-ahead of the header reader: one refill at the end
 // of a member's data usually covers the next header and small members.

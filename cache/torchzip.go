@@ -36,7 +36,7 @@ type ZipRecord struct {
 
 // torchZipMaxRecords bounds the records we index; torch.save writes a few
 // per tensor storage.
-const torchZipMaxRecords = 1 << 22
+const torchZipMaxRecords = 1 << 20
 
 // ParseTorchZip indexes a zip archive from its central directory (zip64
 // included), taking each record's data offset from its local header.

@@ -1,0 +1,193 @@
+package cache
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.ReaderAt
+	n atomic.Int64
+}
+
+func (c *countingReader) ReadAt(b []byte, off int64) (int, error) {
+	n, err := c.r.ReadAt(b, off)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// sparseSafetensors writes a safetensors file of size bytes (sparse) whose
+// 8-byte header length is hdrLen, followed by '{'.
+func sparseSafetensors(t *testing.T, p string, hdrLen uint64, size int64) {
+	t.Helper()
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [9]byte
+	binary.LittleEndian.PutUint64(b[:], hdrLen)
+	b[8] = '{'
+	if _, err := f.Write(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSafetensorsHeaderLimit: a header beyond SafetensorsMaxHeader (but
+// within the format's 100 MB) is refused from its 8-byte length, without
+// reading it, with a reason naming the limit.
+func TestSafetensorsHeaderLimit(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name   string
+		hdrLen uint64
+		want   string
+	}{
+		{"crafted 97 MB", 97_000_000, "exceeds gdsfs's index limit of 16 MiB"},
+		{"just over", SafetensorsMaxHeader + 1, "exceeds gdsfs's index limit of 16 MiB"},
+		{"over the format", 100_000_001, "exceeds the format's limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".safetensors")
+			sparseSafetensors(t, p, tc.hdrLen, int64(tc.hdrLen)+8)
+			f, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			r := &countingReader{r: f}
+			_, err = Parse(r, int64(tc.hdrLen)+8, p)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse = %v, want ErrInvalid saying %q", err, tc.want)
+			}
+			if n := r.n.Load(); n > 1024 {
+				t.Errorf("read %d bytes to refuse the header, want <= 1024 (its length alone decides)", n)
+			}
+		})
+	}
+}
+
+// TestIndexesNegativeCached: a refused file is parsed once; later asks of
+// the same identity hit the cached refusal, and a change parses again.
+func TestIndexesNegativeCached(t *testing.T) {
+	x := newTestIndexes(t)
+	p := filepath.Join(t.TempDir(), "crafted.safetensors")
+	sparseSafetensors(t, p, 97_000_000, 97_000_008)
+	ctx := context.Background()
+	for range 4 {
+		if _, err := getPath(ctx, x, p); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Get = %v, want ErrInvalid", err)
+		}
+	}
+	if st := x.Stats(); st.Parses != 1 || st.Hits != 3 {
+		t.Fatalf("4 asks of a refused file: %+v, want 1 parse and 3 hits", st)
+	}
+	sparseSafetensors(t, p, 96_000_000, 96_000_008)
+	if _, err := getPath(ctx, x, p); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Get = %v, want ErrInvalid", err)
+	}
+	if p := x.Stats().Parses; p != 2 {
+		t.Errorf("parses = %d after the file changed, want 2", p)
+	}
+}
+
+// TestIndexesParseSlots: at most DefaultParses files parse at once; a miss
+// that finds no slot within the wait fails with ErrBusy (not cached), and
+// succeeds once slots free up.
+func TestIndexesParseSlots(t *testing.T) {
+	x := newTestIndexes(t)
+	x.parseWait = 20 * time.Millisecond
+	started := make(chan string, 8)
+	release := make(chan struct{})
+	var inFlight, peak atomic.Int32
+	x.parseFn = func(r io.ReaderAt, size int64, name string) (*Index, error) {
+		n := inFlight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		defer inFlight.Add(-1)
+		started <- name
+		<-release
+		return Parse(r, size, name)
+	}
+	dir := t.TempDir()
+	paths := make([]string, DefaultParses+1)
+	for i := range paths {
+		paths[i] = filepath.Join(dir, fmt.Sprintf("a%d.npy", i))
+		writeFile(t, paths[i], npyFile(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", make([]byte, 4)))
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, DefaultParses)
+	for i := range DefaultParses {
+		wg.Go(func() { _, errs[i] = getPath(ctx, x, paths[i]) })
+	}
+	for range DefaultParses {
+		<-started
+	}
+	// Every slot is taken: the next file waits parseWait and gives up.
+	last := paths[DefaultParses]
+	if _, err := getPath(ctx, x, last); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Get with every slot taken = %v, want ErrBusy", err)
+	}
+	close(release)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Get(%s) = %v", paths[i], err)
+		}
+	}
+	if _, err := getPath(ctx, x, last); err != nil {
+		t.Errorf("Get once slots are free = %v (ErrBusy must not be cached)", err)
+	}
+	if p := peak.Load(); p > DefaultParses {
+		t.Errorf("%d parses ran at once, limit %d", p, DefaultParses)
+	}
+	if st := x.Stats(); st.Busy != 1 {
+		t.Errorf("busy = %d, want 1", st.Busy)
+	}
+}
+
+// TestIndexesNeverOpen: Get reads only through the descriptor it is given;
+// a FIFO (opened without blocking) has no index and is not read; a
+// write-only descriptor is EBADF.
+func TestIndexesNeverOpen(t *testing.T) {
+	x := newTestIndexes(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "shard.tar")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := x.Get(context.Background(), fifo, f); !errors.Is(err, ErrNoIndex) {
+		t.Errorf("Get of a FIFO = %v, want ErrNoIndex", err)
+	}
+	if _, err := x.Get(context.Background(), fifo, nil); !errors.Is(err, syscall.EBADF) {
+		t.Errorf("Get without a descriptor = %v, want EBADF", err)
+	}
+	if p := x.Stats().Parses; p != 0 {
+		t.Errorf("parses = %d, want 0", p)
+	}
+}
