@@ -55,6 +55,8 @@ func TestHostileChild(t *testing.T) {
 	case "info":
 		n, _ := strconv.Atoi(env("N"))
 		err = childInfo(env("FILE"), n)
+	case "xattr-swap":
+		err = childXattrSwap(env("MNT"), env("BACKING"), env("SECRET"))
 	default:
 		err = fmt.Errorf("unknown child mode %q", mode)
 	}
@@ -622,5 +624,89 @@ func childInfo(file string, n int) error {
 		}
 	}
 	fmt.Printf("%s\n", doc)
+	return nil
+}
+
+// TestHostileXattrSwap: a user who can write a directory of the backing
+// tree swaps a file the kernel already knows for a symlink to root's 0600
+// shard, then for a FIFO, and asks for the xattrs through the mount
+// (items 4 and 7, daemon side). The daemon must neither serve the root
+// file's index nor block.
+func TestHostileXattrSwap(t *testing.T) {
+	bin := hostileBin(t)
+	// The kernel keeps the name's node and attributes for the whole test,
+	// so the xattr requests reach the daemon for the node it knows.
+	m := mountControl(t, controlOpts{EntryTimeout: time.Hour, AttrTimeout: time.Hour})
+	secret := filepath.Join(m.backing, "secret.tar")
+	indexTar(t, secret, 3)
+	if err := os.Chmod(secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mkdirOwned(t, filepath.Join(m.backing, "u"), attackerUID)
+	out := runHostile(t, bin, "xattr-swap", attackerUID, map[string]string{"MNT": m.mnt, "BACKING": m.backing, "SECRET": secret})
+	// The daemon answers ESTALE (the name holds another file than the
+	// node); the kernel then looks the name up again and answers for what
+	// is there now: root's 0600 file through the symlink (EACCES), a FIFO.
+	for _, want := range []string{"symlink index EACCES", "symlink info EACCES"} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("want %q in the attacker's report:\n%s", want, out)
+		}
+	}
+	for _, bad := range []string{"sample-", "blocked", `"format"`, `"type":"file"`} {
+		if strings.Contains(out, bad) {
+			t.Errorf("the attacker's report has %q (root's shard index, or a blocked daemon):\n%s", bad, out)
+		}
+	}
+}
+
+// childXattrSwap creates u/s.tar through the mount, then swaps its backing
+// name for a symlink to secret and for a FIFO, reporting what the xattrs
+// answer through the mount ("<swap> <xattr> <errno name or value>").
+func childXattrSwap(mnt, backing, secret string) error {
+	p := filepath.Join(mnt, "u", "s.tar")
+	bp := filepath.Join(backing, "u", "s.tar")
+	if err := os.WriteFile(p, make([]byte, 10240), 0o644); err != nil {
+		return err
+	}
+	if _, err := unixGetxattr(p, "user.gdsfs.info"); err != nil {
+		return err
+	}
+	ask := func(swap string) {
+		for _, name := range []string{"index", "info"} {
+			done := make(chan string, 1)
+			go func() {
+				v, err := unixGetxattr(p, "user.gdsfs."+name)
+				var errno syscall.Errno
+				switch {
+				case errors.As(err, &errno):
+					done <- unix.ErrnoName(errno)
+				case err != nil:
+					done <- err.Error()
+				default:
+					done <- fmt.Sprintf("%.300s", v)
+				}
+			}()
+			select {
+			case r := <-done:
+				fmt.Println(swap, name, r)
+			case <-time.After(20 * time.Second):
+				fmt.Println(swap, name, "blocked")
+			}
+		}
+	}
+	if err := os.Rename(bp, bp+".old"); err != nil {
+		return err
+	}
+	if err := os.Symlink(secret, bp); err != nil {
+		return err
+	}
+	ask("symlink")
+	if err := os.Remove(bp); err != nil {
+		return err
+	}
+	if err := syscall.Mkfifo(bp, 0o644); err != nil {
+		return err
+	}
+	ask("fifo")
 	return nil
 }
