@@ -1,6 +1,8 @@
 package cache
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -189,5 +191,71 @@ func TestIndexesNeverOpen(t *testing.T) {
 	}
 	if p := x.Stats().Parses; p != 0 {
 		t.Errorf("parses = %d, want 0", p)
+	}
+}
+
+// TestParserLimits: inputs within the file-size bounds but beyond gdsfs's
+// index limits are refused with the limit named, before the memory they
+// would cost is spent.
+func TestParserLimits(t *testing.T) {
+	// A tar of PAX members whose names add up to more than 8 MiB.
+	var tarBuf bytes.Buffer
+	tw := tar.NewWriter(&tarBuf)
+	for i := range 200 {
+		name := fmt.Sprintf("%d/%s.bin", i, strings.Repeat("n", 45_000))
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Typeflag: tar.TypeReg, Format: tar.FormatPAX}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// An MDS shard of 2^18 empty samples of 9 columns of fixed size 0:
+	// nothing in the file, 2.3 million column ranges in the index.
+	const n = 1 << 18
+	cols := `{"version":2,"format":"mds","column_names":["a","b","c","d","e","f","g","h","i"],` +
+		`"column_encodings":["int","int","int","int","int","int","int","int","int"],"column_sizes":[0,0,0,0,0,0,0,0,0]}`
+	mds := binary.LittleEndian.AppendUint32(nil, n)
+	start := uint32(4 + 4*(n+1) + len(cols))
+	for range n + 1 {
+		mds = binary.LittleEndian.AppendUint32(mds, start)
+	}
+	mds = append(mds, cols...)
+	// A zip whose zip64 end record claims 2^18+1 records.
+	var zipBuf bytes.Buffer
+	zipBuf.WriteString("PK\x03\x04") // a local header's magic, for Detect
+	zipBuf.Write(make([]byte, 26))
+	z64 := make([]byte, 56)
+	copy(z64, "PK\x06\x06")
+	binary.LittleEndian.PutUint64(z64[4:], 44)
+	binary.LittleEndian.PutUint64(z64[32:], 1<<18+1)
+	binary.LittleEndian.PutUint64(z64[40:], 1<<18*46)
+	zipBuf.Write(z64)
+	loc := make([]byte, 20)
+	copy(loc, "PK\x06\x07")
+	binary.LittleEndian.PutUint64(loc[8:], 30) // the zip64 record's offset
+	zipBuf.Write(loc)
+	eocd := make([]byte, 22)
+	copy(eocd, "PK\x05\x06")
+	binary.LittleEndian.PutUint16(eocd[8:], 0xffff)
+	binary.LittleEndian.PutUint16(eocd[10:], 0xffff)
+	binary.LittleEndian.PutUint32(eocd[12:], 0xffffffff)
+	binary.LittleEndian.PutUint32(eocd[16:], 0xffffffff)
+	zipBuf.Write(eocd)
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"a.tar", tarBuf.Bytes(), "member names of more than 8388608 bytes"},
+		{"shard.00000.mds", mds, "exceed gdsfs's index limit of 2097152 column ranges"},
+		{"big.pt", zipBuf.Bytes(), "262145 records exceed gdsfs's index limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(bytes.NewReader(tc.data), int64(len(tc.data)), tc.name)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse = %v, want ErrInvalid saying %q", err, tc.want)
+			}
+		})
 	}
 }
