@@ -211,7 +211,7 @@ func TestParserLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An MDS shard of 2^18 empty samples of 9 columns of fixed size 0:
-	// nothing in the file, 2.3 million column ranges in the index.
+	// nothing in the file, 2.4 million column ranges in the index.
 	const n = 1 << 18
 	cols := `{"version":2,"format":"mds","column_names":["a","b","c","d","e","f","g","h","i"],` +
 		`"column_encodings":["int","int","int","int","int","int","int","int","int"],"column_sizes":[0,0,0,0,0,0,0,0,0]}`
@@ -248,7 +248,7 @@ func TestParserLimits(t *testing.T) {
 		want string
 	}{
 		{"a.tar", tarBuf.Bytes(), "member names of more than 8388608 bytes"},
-		{"shard.00000.mds", mds, "exceed gdsfs's index limit of 2097152 column ranges"},
+		{"shard.00000.mds", mds, "exceed gdsfs's index limit of 1048576 column ranges"},
 		{"big.pt", zipBuf.Bytes(), "262145 records exceed gdsfs's index limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

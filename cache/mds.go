@@ -14,9 +14,9 @@ const (
 	// are 256 bytes each.
 	mdsMaxSamples = 1 << 18
 	// mdsMaxRanges bounds samples x columns, the column ranges the index
-	// holds (a column of fixed size 0 costs the file nothing): 2^21 ranges
-	// are 32 MiB, about 150 MiB with their JSON.
-	mdsMaxRanges = 1 << 21
+	// holds (a column of fixed size 0 costs the file nothing): a parse at
+	// 2^20 ranges peaks at about 100 MiB, most of it the JSON.
+	mdsMaxRanges = 1 << 20
 	// mdsMaxConfig bounds the shard's embedded config JSON.
 	mdsMaxConfig = 1 << 20
 	// mdsMaxIndexJSON bounds a dataset's index.json.
