@@ -41,13 +41,15 @@
 //   - I3: a hit performs one fstat and no read of the file.
 //   - I5: Indexes reads a file only through the descriptor its caller
 //     passes (open for reading: the caller's own access), never opens a
-//     path, and parses at most DefaultParses files at once; a miss waits at
-//     most DefaultParseWait for a slot (ErrBusy, not cached).
+//     path, and parses at most DefaultParses files at once, at most
+//     DefaultParsesPerUID of them for one requesting uid (WithRequester); a
+//     miss waits at most DefaultParseWait for a slot (ErrBusy, not cached).
 //   - I4: a cached backing handle is closed, and OnEvict runs, only after it
 //     has left the cache and its last user has released it.
 //
 // Lock order: ristretto's internal locks, then Indexes.paths.mu or
 // Handles.mu (eviction callbacks run under ristretto's locks and take ours);
 // nothing calls into a ristretto cache while holding ours, and no lock is
-// held while parsing or doing I/O.
+// held while parsing or doing I/O. Indexes.uids.mu (the per-uid parse
+// slots) is only ever taken alone.
 package cache

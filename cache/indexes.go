@@ -25,9 +25,14 @@ const DefaultIndexBudget int64 = 256 << 20
 const minIndexBudget int64 = 1 << 20
 
 // DefaultParses is how many files are parsed at once (each parse is bounded
-// by the parsers' limits, docs/index-format.md "Limits"); further misses wait
+// by the parsers' limits, docs/index-format.md "Limits"), and
+// DefaultParsesPerUID how many of them one requesting uid may hold (so one
+// user asking for many files cannot take every slot); further misses wait
 // up to DefaultParseWait for a slot, then fail with ErrBusy.
-const DefaultParses = 2
+const (
+	DefaultParses       = 2
+	DefaultParsesPerUID = 1
+)
 
 // DefaultParseWait bounds the wait for a parse slot.
 const DefaultParseWait = 5 * time.Second
@@ -44,9 +49,11 @@ type Indexes struct {
 	group singleflight.Group
 	paths pathTable
 
-	// slots holds one token per parse in flight (at most DefaultParses);
-	// a miss waits up to parseWait for one.
+	// slots holds one token per parse in flight (at most DefaultParses),
+	// uids one per parse of each requesting uid; a miss waits up to
+	// parseWait for both.
 	slots     chan struct{}
+	uids      uidSlots
 	parseWait time.Duration
 	// parseFn parses one file (Parse; tests substitute a slow one).
 	parseFn func(r io.ReaderAt, size int64, name string) (*Index, error)
@@ -86,6 +93,7 @@ func NewIndexes(budgetBytes int64, log zerolog.Logger) (*Indexes, error) {
 		return nil, fmt.Errorf("cache: index budget %d bytes is below the minimum of %d (1 MiB)", budgetBytes, minIndexBudget)
 	}
 	x := &Indexes{log: log, slots: make(chan struct{}, DefaultParses), parseWait: DefaultParseWait, parseFn: Parse}
+	x.uids.m = make(map[uint32]*uidSlot)
 	x.paths.m = make(map[string]pathEntry)
 	drop := func(it *ristretto.Item[*indexEntry]) {
 		if e := it.Value; e != nil {
@@ -157,7 +165,7 @@ func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, err
 		if e, ok := x.cache.Get(key); ok {
 			return e, nil
 		}
-		return x.load(path, f, id, gen), nil
+		return x.load(requester(ctx), path, f, id, gen), nil
 	})
 	select {
 	case <-ctx.Done():
@@ -188,35 +196,91 @@ func readable(f *os.File) error {
 	return nil
 }
 
-// slot takes a parse slot, waiting up to parseWait; the caller gives it
-// back with <-x.slots.
-func (x *Indexes) slot() bool {
-	select {
-	case x.slots <- struct{}{}:
-		return true
-	default:
+// requesterKey is the context key of the requesting uid (WithRequester).
+type requesterKey struct{}
+
+// WithRequester returns ctx naming uid as the user a Get is for: a parse
+// it starts counts against uid's share of the parse slots
+// (DefaultParsesPerUID). Without it, Gets share the share of uid 0.
+func WithRequester(ctx context.Context, uid uint32) context.Context {
+	return context.WithValue(ctx, requesterKey{}, uid)
+}
+
+func requester(ctx context.Context) uint32 {
+	uid, _ := ctx.Value(requesterKey{}).(uint32)
+	return uid
+}
+
+// uidSlots are the per-uid parse slots; an entry lives while a parse of
+// its uid runs or waits.
+type uidSlots struct {
+	mu sync.Mutex
+	m  map[uint32]*uidSlot // GUARDED_BY(mu)
+}
+
+type uidSlot struct {
+	ch    chan struct{} // one token per parse of the uid in flight
+	users int           // GUARDED_BY(uidSlots.mu): holders and waiters
+}
+
+func (u *uidSlots) get(uid uint32) *uidSlot {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	s := u.m[uid]
+	if s == nil {
+		s = &uidSlot{ch: make(chan struct{}, DefaultParsesPerUID)}
+		u.m[uid] = s
 	}
+	s.users++
+	return s
+}
+
+func (u *uidSlots) put(uid uint32, s *uidSlot) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if s.users--; s.users == 0 {
+		delete(u.m, uid)
+	}
+}
+
+// slot takes a slot of uid's share and a parse slot, waiting up to
+// parseWait in all; it returns the function that gives both back, or nil.
+func (x *Indexes) slot(uid uint32) func() {
 	t := time.NewTimer(x.parseWait)
 	defer t.Stop()
+	own := x.uids.get(uid)
+	select {
+	case own.ch <- struct{}{}:
+	case <-t.C:
+		x.uids.put(uid, own)
+		return nil
+	}
 	select {
 	case x.slots <- struct{}{}:
-		return true
 	case <-t.C:
-		return false
+		<-own.ch
+		x.uids.put(uid, own)
+		return nil
+	}
+	return func() {
+		<-x.slots
+		<-own.ch
+		x.uids.put(uid, own)
 	}
 }
 
 // load parses the file and caches the answer unless the path was
 // invalidated meanwhile.
-func (x *Indexes) load(path string, f *os.File, id Identity, gen uint64) *indexEntry {
-	if !x.slot() {
+func (x *Indexes) load(uid uint32, path string, f *os.File, id Identity, gen uint64) *indexEntry {
+	done := x.slot(uid)
+	if done == nil {
 		x.busy.Add(1)
-		x.log.Warn().Str("path", path).Dur("waited", x.parseWait).Msg("cache: no index parse slot free in time; answered EAGAIN (other files are being parsed)")
+		x.log.Warn().Str("path", path).Uint32("uid", uid).Dur("waited", x.parseWait).Msg("cache: no index parse slot free in time; answered EAGAIN (other files are being parsed)")
 		return &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, ErrBusy), key: id.key(), path: path}
 	}
 	x.parses.Add(1)
 	idx, err := x.parseFn(f, id.Size, path)
-	<-x.slots
+	done()
 	e := &indexEntry{idx: idx, err: err, key: id.key(), path: path}
 	if err != nil {
 		x.parseErrors.Add(1)

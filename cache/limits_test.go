@@ -136,16 +136,18 @@ func TestIndexesParseSlots(t *testing.T) {
 		paths[i] = filepath.Join(dir, fmt.Sprintf("a%d.npy", i))
 		writeFile(t, paths[i], npyFile(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", make([]byte, 4)))
 	}
-	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make([]error, DefaultParses)
 	for i := range DefaultParses {
+		// One requester each: a uid's own share is one parse.
+		ctx := WithRequester(context.Background(), uint32(1000+i))
 		wg.Go(func() { _, errs[i] = getPath(ctx, x, paths[i]) })
 	}
 	for range DefaultParses {
 		<-started
 	}
 	// Every slot is taken: the next file waits parseWait and gives up.
+	ctx := WithRequester(context.Background(), 2000)
 	last := paths[DefaultParses]
 	if _, err := getPath(ctx, x, last); !errors.Is(err, ErrBusy) {
 		t.Fatalf("Get with every slot taken = %v, want ErrBusy", err)
@@ -165,6 +167,48 @@ func TestIndexesParseSlots(t *testing.T) {
 	}
 	if st := x.Stats(); st.Busy != 1 {
 		t.Errorf("busy = %d, want 1", st.Busy)
+	}
+}
+
+// TestIndexesParseSlotsPerUID: a uid whose parse runs waits for it before
+// starting another (ErrBusy after the wait), while another uid is served:
+// one user asking for many files cannot take every slot.
+func TestIndexesParseSlotsPerUID(t *testing.T) {
+	x := newTestIndexes(t)
+	x.parseWait = 20 * time.Millisecond
+	started := make(chan struct{}, 4)
+	release := make(chan struct{})
+	x.parseFn = func(r io.ReaderAt, size int64, name string) (*Index, error) {
+		if strings.Contains(name, "slow") {
+			started <- struct{}{}
+			<-release
+		}
+		return Parse(r, size, name)
+	}
+	dir := t.TempDir()
+	npy := npyFile(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", make([]byte, 4))
+	for _, n := range []string{"slow.npy", "second.npy", "other.npy"} {
+		writeFile(t, filepath.Join(dir, n), npy)
+	}
+	attacker := WithRequester(context.Background(), 1001)
+	done := make(chan error, 1)
+	go func() { _, err := getPath(attacker, x, filepath.Join(dir, "slow.npy")); done <- err }()
+	<-started
+	if _, err := getPath(attacker, x, filepath.Join(dir, "second.npy")); !errors.Is(err, ErrBusy) {
+		t.Errorf("a second parse for the same uid = %v, want ErrBusy", err)
+	}
+	if _, err := getPath(WithRequester(context.Background(), 1002), x, filepath.Join(dir, "other.npy")); err != nil {
+		t.Errorf("another uid's parse while the first uid's runs = %v", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	x.uids.mu.Lock()
+	left := len(x.uids.m)
+	x.uids.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d per-uid slot entries left with no parse running", left)
 	}
 }
 

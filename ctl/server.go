@@ -213,7 +213,7 @@ func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path st
 	case CmdWrite:
 		errno = s.write(ctx, c, f, path, in, out)
 	case CmdIndex:
-		errno = s.index(ctx, f, path, in, out)
+		errno = s.index(ctx, c, f, path, in, out)
 	default:
 		if !OurCmd(cmd) {
 			// Not a control-path command at all (Python's open() asks
@@ -263,7 +263,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 		if _, errno := s.session(tok, c); errno != 0 {
 			return errno
 		}
-		if ranges, errno = s.resolve(ctx, f, path, req.Names); errno != 0 {
+		if ranges, errno = s.resolve(ctx, c, f, path, req.Names); errno != 0 {
 			return errno
 		}
 	} else {
@@ -382,8 +382,8 @@ func (s *Server) plan(ranges []Range, size int64) ([]span, syscall.Errno) {
 func alignUp(n int64) int64 { return (n + AlignBytes - 1) &^ (AlignBytes - 1) }
 
 // resolve maps index names of f to ranges.
-func (s *Server) resolve(ctx context.Context, f *os.File, path string, names []string) ([]Range, syscall.Errno) {
-	x, errno := s.lookup(ctx, path, f)
+func (s *Server) resolve(ctx context.Context, c fs.Caller, f *os.File, path string, names []string) ([]Range, syscall.Errno) {
+	x, errno := s.lookup(ctx, c, path, f)
 	if errno != 0 {
 		return nil, errno
 	}
@@ -406,20 +406,22 @@ func (s *Server) resolve(ctx context.Context, f *os.File, path string, names []s
 	return ranges, 0
 }
 
-// lookup returns the index of f (at path), waiting at most indexTimeout.
-func (s *Server) lookup(ctx context.Context, path string, f *os.File) (*cache.Index, syscall.Errno) {
-	x, err := s.lookupErr(ctx, path, f)
+// lookup returns the index of f (at path) for c, waiting at most
+// indexTimeout; a parse it needs counts against c's share of the parse
+// slots.
+func (s *Server) lookup(ctx context.Context, c fs.Caller, path string, f *os.File) (*cache.Index, syscall.Errno) {
+	x, err := s.lookupErr(ctx, c, path, f)
 	if err != nil {
 		return nil, s.indexErrno(err, path)
 	}
 	return x, 0
 }
 
-func (s *Server) lookupErr(ctx context.Context, path string, f *os.File) (*cache.Index, error) {
+func (s *Server) lookupErr(ctx context.Context, c fs.Caller, path string, f *os.File) (*cache.Index, error) {
 	if s.opts.Indexes == nil {
 		return nil, cache.ErrNoIndex
 	}
-	ctx, cancel := context.WithTimeout(ctx, indexTimeout)
+	ctx, cancel := context.WithTimeout(cache.WithRequester(ctx, c.UID), indexTimeout)
 	defer cancel()
 	return s.opts.Indexes.Get(ctx, path, f)
 }
@@ -540,7 +542,7 @@ func (s *Server) ioErrno(err error, op, path string) syscall.Errno {
 }
 
 // index serves INDEX.
-func (s *Server) index(ctx context.Context, f *os.File, path string, in, out []byte) syscall.Errno {
+func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte) syscall.Errno {
 	if len(in) != SizePage || len(out) != SizePage {
 		return syscall.EINVAL
 	}
@@ -554,7 +556,7 @@ func (s *Server) index(ctx context.Context, f *os.File, path string, in, out []b
 	if err != nil {
 		return errnoOf(err)
 	}
-	x, errno := s.lookup(ctx, path, f)
+	x, errno := s.lookup(ctx, c, path, f)
 	if errno != 0 {
 		return errno
 	}
@@ -705,7 +707,7 @@ func (s *Server) Xattr(ctx context.Context, c fs.Caller, t fs.XattrTarget, name 
 		}
 		return s.statsJSON(c.UID)
 	case "user.gdsfs.info":
-		return s.info(ctx, t)
+		return s.info(ctx, c, t)
 	case "user.gdsfs.index":
 		if s.opts.Indexes == nil {
 			return nil, syscall.ENODATA
@@ -715,7 +717,7 @@ func (s *Server) Xattr(ctx context.Context, c fs.Caller, t fs.XattrTarget, name 
 			return nil, errno
 		}
 		defer f.Close()
-		x, errno := s.lookup(ctx, t.Path, f)
+		x, errno := s.lookup(ctx, c, t.Path, f)
 		if errno != 0 {
 			return nil, errno
 		}
@@ -744,7 +746,7 @@ func openTarget(t fs.XattrTarget) (*os.File, syscall.Errno) {
 }
 
 // info builds user.gdsfs.info for the node t.
-func (s *Server) info(ctx context.Context, t fs.XattrTarget) ([]byte, syscall.Errno) {
+func (s *Server) info(ctx context.Context, c fs.Caller, t fs.XattrTarget) ([]byte, syscall.Errno) {
 	f, errno := openTarget(t)
 	if errno != 0 {
 		return nil, errno
@@ -764,7 +766,7 @@ func (s *Server) info(ctx context.Context, t fs.XattrTarget) ([]byte, syscall.Er
 			fi.Engine = eng.Name()
 		}
 		if s.opts.Indexes != nil {
-			switch x, err := s.lookupErr(ctx, path, f); {
+			switch x, err := s.lookupErr(ctx, c, path, f); {
 			case err == nil:
 				fi.Format = string(x.Format)
 			case errors.Is(err, cache.ErrInvalid):
