@@ -102,16 +102,16 @@ func (n *node) openBacking() (*os.File, error) {
 		return nil, fmt.Errorf("fs: open %q: %w", p, err)
 	}
 	pf := os.NewFile(uintptr(fd), p)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BTIME, &st); err != nil {
 		pf.Close()
 		return nil, fmt.Errorf("fs: stat %q: %w", p, err)
 	}
-	if !n.IsRoot() && n.inoOf(&st) != n.StableAttr().Ino {
+	if !n.IsRoot() && !n.isNode(&st) {
 		pf.Close()
 		return nil, fmt.Errorf("fs: %q is no longer the file the kernel resolved: %w", p, syscall.ESTALE)
 	}
-	switch st.Mode & unix.S_IFMT {
+	switch uint32(st.Mode) & unix.S_IFMT {
 	case unix.S_IFREG, unix.S_IFDIR:
 	default:
 		return pf, nil // stat only
@@ -124,10 +124,21 @@ func (n *node) openBacking() (*os.File, error) {
 	return os.NewFile(uintptr(rfd), p), nil
 }
 
-// inoOf is the inode number go-fuse's loopback gives a backing file of
-// stat st (LoopbackRoot.idFromStat): the backing inode, with the device
-// mixed in for files on another filesystem than the root's.
-func (n *node) inoOf(st *unix.Stat_t) uint64 {
+// isNode reports whether the backing file of statx st is n's inode: the
+// inode number go-fuse's loopback derives from (dev, ino)
+// (LoopbackRoot.idFromStat: the backing inode, with the device mixed in for
+// files on another filesystem than the root's) and, where the node has one,
+// the generation it derives from the birth time (an inode number reused by a
+// new file is another file).
+func (n *node) isNode(st *unix.Statx_t) bool {
 	swap := func(d uint64) uint64 { return d<<32 | d>>32 }
-	return swap(st.Dev) ^ swap(n.RootData.Dev) ^ st.Ino
+	dev := unix.Mkdev(st.Dev_major, st.Dev_minor)
+	sa := n.StableAttr()
+	if swap(dev)^swap(n.RootData.Dev)^st.Ino != sa.Ino {
+		return false
+	}
+	if sa.Gen <= 1 || st.Mask&unix.STATX_BTIME == 0 {
+		return true // no birth time: go-fuse's generation is 1
+	}
+	return uint64(st.Btime.Sec)*1e9+uint64(st.Btime.Nsec) == sa.Gen
 }
