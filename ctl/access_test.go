@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/fs"
 )
 
@@ -151,6 +154,34 @@ func TestStatsOwnOnly(t *testing.T) {
 	for _, s := range st.Pool.Sessions {
 		if s.UID != 1003 {
 			t.Errorf("STATUS of uid 1003 shows uid %d's session", s.UID)
+		}
+	}
+}
+
+// busyIndexer answers every lookup with err.
+type busyIndexer struct{ err error }
+
+func (b busyIndexer) Get(context.Context, string, *os.File) (*cache.Index, error) { return nil, b.err }
+func (b busyIndexer) Invalidate(string)                                           {}
+
+// TestIndexBusy: a lookup that found no parse slot in time, or ran out of
+// its deadline, is EAGAIN (retry), and user.gdsfs.info says so.
+func TestIndexBusy(t *testing.T) {
+	ctx := context.Background()
+	for _, err := range []error{cache.ErrBusy, context.DeadlineExceeded} {
+		e := newEnv(t, envOptions{})
+		e.srv.opts.Indexes = busyIndexer{err: fmt.Errorf("test: %w", err)}
+		f, _ := e.file("a.tar", 4096, os.O_RDONLY)
+		cl := e.client(1000, Token{})
+		if _, got := cl.Index(ctx, f); !errors.Is(got, syscall.EAGAIN) {
+			t.Errorf("INDEX with %v: %v, want EAGAIN", err, got)
+		}
+		if _, got := cl.ReadNames(ctx, f, HostDevice, []string{"x"}); !errors.Is(got, syscall.EAGAIN) {
+			t.Errorf("READ_NAMES with %v: %v, want EAGAIN", err, got)
+		}
+		v, errno := e.srv.Xattr(ctx, fs.Caller{UID: 1000}, pathTarget(f.Name(), false), "user.gdsfs.info")
+		if errno != 0 || !strings.Contains(string(v), "index not ready") {
+			t.Errorf("info with %v: %s, %v", err, v, errno)
 		}
 	}
 }

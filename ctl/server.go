@@ -433,8 +433,10 @@ func (s *Server) indexErrno(err error, path string) syscall.Errno {
 		return syscall.ENODATA
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
-	case errors.Is(err, cache.ErrBusy), errors.Is(err, context.DeadlineExceeded):
-		s.opts.Log.Warn().Err(err).Str("path", path).Msg("ctl: index lookup ran out of time; answered EAGAIN")
+	case errors.Is(err, cache.ErrBusy):
+		return syscall.EAGAIN // logged by cache
+	case errors.Is(err, context.DeadlineExceeded):
+		s.opts.Log.Warn().Err(err).Str("path", path).Dur("timeout", indexTimeout).Msg("ctl: index lookup ran out of time; answered EAGAIN")
 		return syscall.EAGAIN
 	}
 	var errno syscall.Errno
