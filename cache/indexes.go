@@ -134,15 +134,16 @@ func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, err
 	if f == nil {
 		return nil, fmt.Errorf("BUG: cache: Get of %q without a descriptor: %w", path, syscall.EBADF)
 	}
-	if err := readable(f); err != nil {
-		return nil, fmt.Errorf("cache: index %q: %w", path, err)
-	}
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("cache: stat %q: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
 		return nil, ErrNoIndex
+	}
+	// Before the cache: a cached index is the file's contents too.
+	if err := readable(f); err != nil {
+		return nil, fmt.Errorf("cache: index %q: %w", path, err)
 	}
 	id, err := IdentityOf(fi)
 	if err != nil {

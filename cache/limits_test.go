@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // countingReader counts the bytes read through it.
@@ -230,6 +232,22 @@ func TestIndexesNeverOpen(t *testing.T) {
 	if _, err := x.Get(context.Background(), fifo, f); !errors.Is(err, ErrNoIndex) {
 		t.Errorf("Get of a FIFO = %v, want ErrNoIndex", err)
 	}
+	// O_PATH descriptors (what fs hands over for anything but regular
+	// files and directories) stat, and never read.
+	for _, tc := range []struct {
+		path string
+		want error
+	}{{fifo, ErrNoIndex}, {regular(t, dir), syscall.EBADF}} {
+		fd, err := unix.Open(tc.path, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pf := os.NewFile(uintptr(fd), tc.path)
+		if _, err := x.Get(context.Background(), tc.path, pf); !errors.Is(err, tc.want) {
+			t.Errorf("Get of an O_PATH descriptor of %s = %v, want %v", tc.path, err, tc.want)
+		}
+		pf.Close()
+	}
 	if _, err := x.Get(context.Background(), fifo, nil); !errors.Is(err, syscall.EBADF) {
 		t.Errorf("Get without a descriptor = %v, want EBADF", err)
 	}
@@ -302,4 +320,12 @@ func TestParserLimits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// regular writes a small indexable file in dir and returns its path.
+func regular(t *testing.T, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, "r.npy")
+	writeFile(t, p, npyFile(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", make([]byte, 4)))
+	return p
 }
