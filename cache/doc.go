@@ -37,7 +37,7 @@
 //     looked up again. Changes made through the mount call Invalidate, which
 //     also covers writes that leave size and timestamps unchanged (coarse
 //     timestamp granularity).
-//   - I2: concurrent misses for one identity parse once (singleflight).
+//   - I2: concurrent misses for one identity parse once (Indexes.flights).
 //   - I3: a hit performs one fstat and no read of the file.
 //   - I5: Indexes reads a file only through the descriptor its caller
 //     passes (open for reading: the caller's own access), never opens a
@@ -51,5 +51,5 @@
 // Handles.mu (eviction callbacks run under ristretto's locks and take ours);
 // nothing calls into a ristretto cache while holding ours, and no lock is
 // held while parsing or doing I/O. Indexes.uids.mu (the per-uid parse
-// slots) is only ever taken alone.
+// slots) and Indexes.flights.mu are only ever taken alone.
 package cache

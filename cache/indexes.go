@@ -13,7 +13,6 @@ import (
 
 	"github.com/dgraph-io/ristretto/v2"
 	"github.com/rs/zerolog"
-	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,8 +45,13 @@ var ErrBusy = errors.New("cache: every index parse slot is busy; retry later")
 type Indexes struct {
 	log   zerolog.Logger
 	cache *ristretto.Cache[string, *indexEntry]
-	group singleflight.Group
 	paths pathTable
+	// flights are the parses in progress, one per identity key: later
+	// misses of the key wait for its answer instead of parsing again.
+	flights struct {
+		mu sync.Mutex
+		m  map[string]*flight // GUARDED_BY(mu)
+	}
 
 	// slots holds one token per parse in flight (at most DefaultParses),
 	// uids one per parse of each requesting uid; a miss waits up to
@@ -94,6 +98,7 @@ func NewIndexes(budgetBytes int64, log zerolog.Logger) (*Indexes, error) {
 	}
 	x := &Indexes{log: log, slots: make(chan struct{}, DefaultParses), parseWait: DefaultParseWait, parseFn: Parse}
 	x.uids.m = make(map[uint32]*uidSlot)
+	x.flights.m = make(map[string]*flight)
 	x.paths.m = make(map[string]pathEntry)
 	drop := func(it *ristretto.Item[*indexEntry]) {
 		if e := it.Value; e != nil {
@@ -161,20 +166,56 @@ func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, err
 	}
 	x.misses.Add(1)
 	gen := x.paths.note(path, key)
-	ch := x.group.DoChan(key, func() (any, error) {
-		// Another flight may have cached it between our Get and Do.
-		if e, ok := x.cache.Get(key); ok {
-			return e, nil
-		}
-		return x.load(requester(ctx), path, f, id, gen), nil
-	})
+	fl := x.fly(ctx, key, path, f, id, gen)
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case res := <-ch:
-		e := res.Val.(*indexEntry)
-		return e.idx, e.err
+	case <-fl.done:
+		return fl.e.idx, fl.e.err
 	}
+}
+
+// flight is one parse in progress; e is set before done is closed.
+type flight struct {
+	done chan struct{}
+	e    *indexEntry
+}
+
+// fly returns the flight of key, starting it (the parse of f) if there is
+// none. The flight outlives a caller that gives up (and may then close f):
+// it reads through its own duplicate of f's descriptor, made before fly
+// returns.
+func (x *Indexes) fly(ctx context.Context, key, path string, f *os.File, id Identity, gen uint64) *flight {
+	x.flights.mu.Lock()
+	fl := x.flights.m[key]
+	if fl != nil {
+		x.flights.mu.Unlock()
+		return fl
+	}
+	fl = &flight{done: make(chan struct{})}
+	x.flights.m[key] = fl
+	x.flights.mu.Unlock()
+	g, err := dupFile(f)
+	uid := requester(ctx)
+	go func() {
+		switch e, ok := x.cache.Get(key); {
+		case err != nil:
+			fl.e = &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, err), key: key, path: path}
+		case ok:
+			// A flight that just ended cached it between our miss and now.
+			fl.e = e
+		default:
+			fl.e = x.load(uid, path, g, id, gen)
+		}
+		if g != nil {
+			g.Close()
+		}
+		x.flights.mu.Lock()
+		delete(x.flights.m, key)
+		x.flights.mu.Unlock()
+		close(fl.done)
+	}()
+	return fl
 }
 
 // readable checks that f was opened for reading (O_RDONLY or O_RDWR).
@@ -195,6 +236,24 @@ func readable(f *os.File) error {
 		return fmt.Errorf("descriptor not open for reading: %w", syscall.EBADF)
 	}
 	return nil
+}
+
+// dupFile returns a duplicate of f's descriptor (same open file
+// description, so the same access mode).
+func dupFile(f *os.File) (*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var fd int
+	var derr error
+	if err := rc.Control(func(u uintptr) { fd, derr = unix.FcntlInt(u, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("dup: %w", derr)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
 // requesterKey is the context key of the requesting uid (WithRequester).

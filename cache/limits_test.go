@@ -329,3 +329,40 @@ func regular(t *testing.T, dir string) string {
 	writeFile(t, p, npyFile(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", make([]byte, 4)))
 	return p
 }
+
+// TestIndexesCallerGivesUp: a caller that gives up and closes its
+// descriptor leaves the parse it started to finish (on the flight's own
+// duplicate) and be cached for the next caller.
+func TestIndexesCallerGivesUp(t *testing.T) {
+	x := newTestIndexes(t)
+	release, finished := make(chan struct{}), make(chan error, 1)
+	x.parseFn = func(r io.ReaderAt, size int64, name string) (*Index, error) {
+		<-release
+		idx, err := Parse(r, size, name)
+		finished <- err
+		return idx, err
+	}
+	p := regular(t, t.TempDir())
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan error, 1)
+	go func() { _, err := x.Get(ctx, p, f); got <- err }()
+	cancel()
+	if err := <-got; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Get = %v", err)
+	}
+	f.Close()
+	close(release)
+	if err := <-finished; err != nil {
+		t.Fatalf("the parse after its caller closed the descriptor: %v", err)
+	}
+	if _, err := getPath(context.Background(), x, p); err != nil {
+		t.Fatal(err)
+	}
+	if st := x.Stats(); st.Parses != 1 {
+		t.Errorf("parses = %d, want 1 (the abandoned parse's answer is cached)", st.Parses)
+	}
+}
