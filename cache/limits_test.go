@@ -356,8 +356,13 @@ func TestIndexesCallerGivesUp(t *testing.T) {
 	}
 	f.Close()
 	close(release)
-	if err := <-finished; err != nil {
-		t.Fatalf("the parse after its caller closed the descriptor: %v", err)
+	select {
+	case err := <-finished:
+		if err != nil {
+			t.Fatalf("the parse after its caller closed the descriptor: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the parse its caller gave up on never ran")
 	}
 	if _, err := getPath(context.Background(), x, p); err != nil {
 		t.Fatal(err)
