@@ -85,7 +85,7 @@ func looksSafetensors(b []byte, size int64) bool {
 		return false
 	}
 	n := binary.LittleEndian.Uint64(b)
-	return n >= 2 && n <= safetensorsMaxHeader && n <= uint64(size-8) && b[8] == '{'
+	return n >= 2 && n <= safetensorsFormatMaxHeader && n <= uint64(size-8) && b[8] == '{'
 }
 
 func isTarName(base string) bool {

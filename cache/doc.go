@@ -11,7 +11,9 @@
 // Each parser takes an io.ReaderAt and the file size and never trusts a
 // length read from the file: every allocation is bounded by the file size
 // and by a fixed cap, and every offset is checked against the size before it
-// is used. Malformed input yields an error that wraps ErrInvalid and reads
+// is used. The caps bound each parse's memory to about 150 MiB whatever the
+// file (docs/index-format.md, "Limits"), and are checked from the lengths
+// the file declares before anything is allocated. Malformed input yields an error that wraps ErrInvalid and reads
 // "cache: not a valid <format>: <why>"; a file that is none of the known
 // formats yields ErrNoIndex. Parsers never panic on input (fuzzed).
 //
@@ -35,13 +37,19 @@
 //     looked up again. Changes made through the mount call Invalidate, which
 //     also covers writes that leave size and timestamps unchanged (coarse
 //     timestamp granularity).
-//   - I2: concurrent misses for one identity parse once (singleflight).
-//   - I3: a hit performs one fstat (or stat) and no read of the file.
+//   - I2: concurrent misses for one identity parse once (Indexes.flights).
+//   - I3: a hit performs one fstat and no read of the file.
+//   - I5: Indexes reads a file only through the descriptor its caller
+//     passes (open for reading: the caller's own access), never opens a
+//     path, and parses at most DefaultParses files at once, at most
+//     DefaultParsesPerUID of them for one requesting uid (WithRequester); a
+//     miss waits at most DefaultParseWait for a slot (ErrBusy, not cached).
 //   - I4: a cached backing handle is closed, and OnEvict runs, only after it
 //     has left the cache and its last user has released it.
 //
 // Lock order: ristretto's internal locks, then Indexes.paths.mu or
 // Handles.mu (eviction callbacks run under ristretto's locks and take ours);
 // nothing calls into a ristretto cache while holding ours, and no lock is
-// held while parsing or doing I/O.
+// held while parsing or doing I/O. Indexes.uids.mu (the per-uid parse
+// slots) and Indexes.flights.mu are only ever taken alone.
 package cache

@@ -36,8 +36,14 @@ func ExampleIndexes() {
 	}
 	defer ix.Close()
 	ctx := context.Background()
+	// The daemon passes the caller's descriptor of the file.
+	f, err := os.Open("testdata/model.safetensors")
+	if err != nil {
+		panic(err)
+	}
+	defer f.Close()
 	for range 3 {
-		x, err := ix.Get(ctx, "testdata/model.safetensors", nil)
+		x, err := ix.Get(ctx, f.Name(), f)
 		if err != nil {
 			panic(err)
 		}

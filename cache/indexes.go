@@ -9,10 +9,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/dgraph-io/ristretto/v2"
 	"github.com/rs/zerolog"
-	"golang.org/x/sync/singleflight"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultIndexBudget is the default memory budget of parsed indexes
@@ -22,15 +23,46 @@ const DefaultIndexBudget int64 = 256 << 20
 // minIndexBudget keeps ristretto's bookkeeping meaningful.
 const minIndexBudget int64 = 1 << 20
 
+// DefaultParses is how many files are parsed at once (each parse is bounded
+// by the parsers' limits, docs/index-format.md "Limits"), and
+// DefaultParsesPerUID how many of them one requesting uid may hold (so one
+// user asking for many files cannot take every slot); further misses wait
+// up to DefaultParseWait for a slot, then fail with ErrBusy.
+const (
+	DefaultParses       = 2
+	DefaultParsesPerUID = 1
+)
+
+// DefaultParseWait bounds the wait for a parse slot.
+const DefaultParseWait = 5 * time.Second
+
+// ErrBusy reports that every parse slot stayed taken for the whole wait: the
+// daemon is parsing other files (the answer is not cached; retry later).
+var ErrBusy = errors.New("cache: every index parse slot is busy; retry later")
+
 // Indexes is a ristretto cache of parsed indexes keyed by file identity.
 // All methods may be called concurrently.
 type Indexes struct {
 	log   zerolog.Logger
 	cache *ristretto.Cache[string, *indexEntry]
-	group singleflight.Group
 	paths pathTable
+	// flights are the parses in progress, one per identity key: later
+	// misses of the key wait for its answer instead of parsing again.
+	flights struct {
+		mu sync.Mutex
+		m  map[string]*flight // GUARDED_BY(mu)
+	}
 
-	hits, misses, evictions, parses, parseErrors atomic.Uint64
+	// slots holds one token per parse in flight (at most DefaultParses),
+	// uids one per parse of each requesting uid; a miss waits up to
+	// parseWait for both.
+	slots     chan struct{}
+	uids      uidSlots
+	parseWait time.Duration
+	// parseFn parses one file (Parse; tests substitute a slow one).
+	parseFn func(r io.ReaderAt, size int64, name string) (*Index, error)
+
+	hits, misses, evictions, parses, parseErrors, busy atomic.Uint64
 }
 
 // indexEntry is one cached answer: an index or the parse error (a corrupt
@@ -49,6 +81,8 @@ type IndexStats struct {
 	Evictions   uint64 `json:"evictions"`
 	Parses      uint64 `json:"parses"`
 	ParseErrors uint64 `json:"parse_errors"`
+	// Busy counts misses refused with ErrBusy (no parse slot in time).
+	Busy        uint64 `json:"busy"`
 	BudgetBytes int64  `json:"budget_bytes"`
 	UsedBytes   int64  `json:"used_bytes"`
 }
@@ -62,7 +96,9 @@ func NewIndexes(budgetBytes int64, log zerolog.Logger) (*Indexes, error) {
 	if budgetBytes < minIndexBudget {
 		return nil, fmt.Errorf("cache: index budget %d bytes is below the minimum of %d (1 MiB)", budgetBytes, minIndexBudget)
 	}
-	x := &Indexes{log: log}
+	x := &Indexes{log: log, slots: make(chan struct{}, DefaultParses), parseWait: DefaultParseWait, parseFn: Parse}
+	x.uids.m = make(map[uint32]*uidSlot)
+	x.flights.m = make(map[string]*flight)
 	x.paths.m = make(map[string]pathEntry)
 	drop := func(it *ristretto.Item[*indexEntry]) {
 		if e := it.Value; e != nil {
@@ -88,24 +124,31 @@ func NewIndexes(budgetBytes int64, log zerolog.Logger) (*Indexes, error) {
 	return x, nil
 }
 
-// Get returns the index of the file at path. f, when not nil, is an open
-// descriptor of that file (it is only read with ReadAt); with f nil, Get
-// stats path and opens it only on a miss. A hit does one stat and no read.
-// It returns ErrNoIndex for files of no indexed format, an error wrapping
-// ErrInvalid for corrupt ones, and the stat/open error for missing files.
+// Get returns the index of the file f, open for reading, at path (used as
+// the name invalidations find the entry by, and as the format hint). Get
+// only reads through f, with ReadAt: it never opens anything, so it can
+// neither block on what a path names nor read with more rights than the
+// caller's descriptor has; a descriptor not open for reading fails with an
+// error wrapping syscall.EBADF. A hit does one fstat and no read. It
+// returns ErrNoIndex for files of no indexed format (and for anything but
+// a regular file), an error wrapping ErrInvalid for corrupt ones or ones
+// beyond the parsers' limits (cached like indexes, under the file's
+// identity), ErrBusy when no parse slot freed up in time, and ctx's error
+// when ctx ends first (the parse goes on and its answer is cached).
 func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, error) {
-	var fi os.FileInfo
-	var err error
-	if f != nil {
-		fi, err = f.Stat()
-	} else {
-		fi, err = os.Stat(path)
+	if f == nil {
+		return nil, fmt.Errorf("BUG: cache: Get of %q without a descriptor: %w", path, syscall.EBADF)
 	}
+	fi, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("cache: stat %q: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
 		return nil, ErrNoIndex
+	}
+	// Before the cache: a cached index is the file's contents too.
+	if err := readable(f); err != nil {
+		return nil, fmt.Errorf("cache: index %q: %w", path, err)
 	}
 	id, err := IdentityOf(fi)
 	if err != nil {
@@ -123,27 +166,181 @@ func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, err
 	}
 	x.misses.Add(1)
 	gen := x.paths.note(path, key)
-	ch := x.group.DoChan(key, func() (any, error) {
-		// Another flight may have cached it between our Get and Do.
-		if e, ok := x.cache.Get(key); ok {
-			return e, nil
-		}
-		return x.load(path, f, id, gen), nil
-	})
+	fl := x.fly(ctx, key, path, f, id, gen)
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case res := <-ch:
-		e := res.Val.(*indexEntry)
-		return e.idx, e.err
+	case <-fl.done:
+		return fl.e.idx, fl.e.err
+	}
+}
+
+// flight is one parse in progress; e is set before done is closed.
+type flight struct {
+	done chan struct{}
+	e    *indexEntry
+}
+
+// fly returns the flight of key, starting it (the parse of f) if there is
+// none. The flight outlives a caller that gives up (and may then close f):
+// it reads through its own duplicate of f's descriptor, made before fly
+// returns.
+func (x *Indexes) fly(ctx context.Context, key, path string, f *os.File, id Identity, gen uint64) *flight {
+	x.flights.mu.Lock()
+	fl := x.flights.m[key]
+	if fl != nil {
+		x.flights.mu.Unlock()
+		return fl
+	}
+	fl = &flight{done: make(chan struct{})}
+	x.flights.m[key] = fl
+	x.flights.mu.Unlock()
+	g, err := dupFile(f)
+	uid := requester(ctx)
+	go func() {
+		switch e, ok := x.cache.Get(key); {
+		case err != nil:
+			fl.e = &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, err), key: key, path: path}
+		case ok:
+			// A flight that just ended cached it between our miss and now.
+			fl.e = e
+		default:
+			fl.e = x.load(uid, path, g, id, gen)
+		}
+		if g != nil {
+			g.Close()
+		}
+		x.flights.mu.Lock()
+		delete(x.flights.m, key)
+		x.flights.mu.Unlock()
+		close(fl.done)
+	}()
+	return fl
+}
+
+// readable checks that f was opened for reading (O_RDONLY or O_RDWR).
+func readable(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var fl int
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
+		return err
+	}
+	if ferr != nil {
+		return ferr
+	}
+	if fl&unix.O_ACCMODE == unix.O_WRONLY || fl&unix.O_PATH != 0 {
+		return fmt.Errorf("descriptor not open for reading: %w", syscall.EBADF)
+	}
+	return nil
+}
+
+// dupFile returns a duplicate of f's descriptor (same open file
+// description, so the same access mode).
+func dupFile(f *os.File) (*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var fd int
+	var derr error
+	if err := rc.Control(func(u uintptr) { fd, derr = unix.FcntlInt(u, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("dup: %w", derr)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// requesterKey is the context key of the requesting uid (WithRequester).
+type requesterKey struct{}
+
+// WithRequester returns ctx naming uid as the user a Get is for: a parse
+// it starts counts against uid's share of the parse slots
+// (DefaultParsesPerUID). Without it, Gets share the share of uid 0.
+func WithRequester(ctx context.Context, uid uint32) context.Context {
+	return context.WithValue(ctx, requesterKey{}, uid)
+}
+
+func requester(ctx context.Context) uint32 {
+	uid, _ := ctx.Value(requesterKey{}).(uint32)
+	return uid
+}
+
+// uidSlots are the per-uid parse slots; an entry lives while a parse of
+// its uid runs or waits.
+type uidSlots struct {
+	mu sync.Mutex
+	m  map[uint32]*uidSlot // GUARDED_BY(mu)
+}
+
+type uidSlot struct {
+	ch    chan struct{} // one token per parse of the uid in flight
+	users int           // GUARDED_BY(uidSlots.mu): holders and waiters
+}
+
+func (u *uidSlots) get(uid uint32) *uidSlot {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	s := u.m[uid]
+	if s == nil {
+		s = &uidSlot{ch: make(chan struct{}, DefaultParsesPerUID)}
+		u.m[uid] = s
+	}
+	s.users++
+	return s
+}
+
+func (u *uidSlots) put(uid uint32, s *uidSlot) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if s.users--; s.users == 0 {
+		delete(u.m, uid)
+	}
+}
+
+// slot takes a slot of uid's share and a parse slot, waiting up to
+// parseWait in all; it returns the function that gives both back, or nil.
+func (x *Indexes) slot(uid uint32) func() {
+	t := time.NewTimer(x.parseWait)
+	defer t.Stop()
+	own := x.uids.get(uid)
+	select {
+	case own.ch <- struct{}{}:
+	case <-t.C:
+		x.uids.put(uid, own)
+		return nil
+	}
+	select {
+	case x.slots <- struct{}{}:
+	case <-t.C:
+		<-own.ch
+		x.uids.put(uid, own)
+		return nil
+	}
+	return func() {
+		<-x.slots
+		<-own.ch
+		x.uids.put(uid, own)
 	}
 }
 
 // load parses the file and caches the answer unless the path was
 // invalidated meanwhile.
-func (x *Indexes) load(path string, f *os.File, id Identity, gen uint64) *indexEntry {
+func (x *Indexes) load(uid uint32, path string, f *os.File, id Identity, gen uint64) *indexEntry {
+	done := x.slot(uid)
+	if done == nil {
+		x.busy.Add(1)
+		x.log.Warn().Str("path", path).Uint32("uid", uid).Dur("waited", x.parseWait).Msg("cache: no index parse slot free in time; answered EAGAIN (other files are being parsed)")
+		return &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, ErrBusy), key: id.key(), path: path}
+	}
 	x.parses.Add(1)
-	idx, err := x.parse(path, f, id)
+	idx, err := x.parseFn(f, id.Size, path)
+	done()
 	e := &indexEntry{idx: idx, err: err, key: id.key(), path: path}
 	if err != nil {
 		x.parseErrors.Add(1)
@@ -176,29 +373,6 @@ func (x *Indexes) load(path string, f *os.File, id Identity, gen uint64) *indexE
 	return e
 }
 
-func (x *Indexes) parse(path string, f *os.File, id Identity) (*Index, error) {
-	if f != nil {
-		idx, err := Parse(f, id.Size, path)
-		if !errors.Is(err, syscall.EBADF) {
-			return idx, err
-		}
-		// A write-only descriptor cannot be read: open the path.
-	}
-	g, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("cache: open %q: %w", path, err)
-	}
-	defer g.Close()
-	fi, err := g.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("cache: stat %q: %w", path, err)
-	}
-	if got, err := IdentityOf(fi); err != nil || got != id {
-		return nil, fmt.Errorf("cache: %q changed while being indexed; retry", path)
-	}
-	return Parse(g, id.Size, path)
-}
-
 // Invalidate drops what is cached for path. fs calls it (through ctl) after a write, truncate,
 // rename or unlink through the mount: identity alone can miss a same-size
 // write within one timestamp tick.
@@ -216,6 +390,7 @@ func (x *Indexes) Stats() IndexStats {
 		Evictions:   x.evictions.Load(),
 		Parses:      x.parses.Load(),
 		ParseErrors: x.parseErrors.Load(),
+		Busy:        x.busy.Load(),
 		BudgetBytes: x.cache.MaxCost(),
 		UsedBytes:   x.cache.MaxCost() - x.cache.RemainingCost(),
 	}

@@ -23,7 +23,7 @@ func TestIndexesLogCorruptOnce(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.safetensors")
 	writeFile(t, bad, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}'})
 	for range 3 {
-		if _, err := x.Get(context.Background(), bad, nil); !errors.Is(err, ErrInvalid) {
+		if _, err := getPath(context.Background(), x, bad); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("Get = %v, want ErrInvalid", err)
 		}
 	}
@@ -32,7 +32,7 @@ func TestIndexesLogCorruptOnce(t *testing.T) {
 	}
 	writeFile(t, bad, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}', ' '})
 	x.Invalidate(bad)
-	if _, err := x.Get(context.Background(), bad, nil); !errors.Is(err, ErrInvalid) {
+	if _, err := getPath(context.Background(), x, bad); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Get = %v, want ErrInvalid", err)
 	}
 	if n := strings.Count(logs.String(), "corrupt shard"); n != 2 {

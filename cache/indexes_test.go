@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +21,17 @@ func newTestIndexes(t *testing.T) *Indexes {
 	}
 	t.Cleanup(x.Close)
 	return x
+}
+
+// getPath opens path read-only and asks x for its index, as the daemon does
+// with the caller's descriptor.
+func getPath(ctx context.Context, x *Indexes, path string) (*Index, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return x.Get(ctx, path, f)
 }
 
 func writeFile(t *testing.T, path string, data []byte) {
@@ -42,7 +54,7 @@ func TestIndexesSingleflight(t *testing.T) {
 	for range 64 {
 		wg.Go(func() {
 			<-start
-			idx, err := x.Get(ctx, path, nil)
+			idx, err := getPath(ctx, x, path)
 			if err == nil && len(idx.MDS.Samples) != 2000 {
 				err = errors.New("wrong index")
 			}
@@ -61,7 +73,7 @@ func TestIndexesSingleflight(t *testing.T) {
 		t.Fatalf("64 concurrent cold asks parsed %d times, want 1", p)
 	}
 	for range 100 {
-		if _, err := x.Get(ctx, path, nil); err != nil {
+		if _, err := getPath(ctx, x, path); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -82,7 +94,7 @@ func TestIndexesChangeBehindBack(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "shard.00000.mds")
 	writeFile(t, path, writeMDSShard(testSamples(3)))
 	ctx := context.Background()
-	idx, err := x.Get(ctx, path, nil)
+	idx, err := getPath(ctx, x, path)
 	if err != nil || len(idx.MDS.Samples) != 3 {
 		t.Fatalf("Get = %v, %v", idx, err)
 	}
@@ -94,7 +106,7 @@ func TestIndexesChangeBehindBack(t *testing.T) {
 	if err := os.Chtimes(path, old, old); err != nil {
 		t.Fatal(err)
 	}
-	idx2, err := x.Get(ctx, path, nil)
+	idx2, err := getPath(ctx, x, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +118,7 @@ func TestIndexesChangeBehindBack(t *testing.T) {
 	if err := os.Rename(path+".tmp", path); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := x.Get(ctx, path, nil); !errors.Is(err, ErrInvalid) {
+	if _, err := getPath(ctx, x, path); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("after replacement: %v, want ErrInvalid (a .mds that is not MDS)", err)
 	}
 }
@@ -168,7 +180,7 @@ func TestIndexesErrors(t *testing.T) {
 		{filepath.Join(dir, "missing.tar"), os.ErrNotExist},
 	} {
 		for range 2 { // the second ask is answered from the cache
-			if _, err := x.Get(ctx, tc.path, nil); !errors.Is(err, tc.want) {
+			if _, err := getPath(ctx, x, tc.path); !errors.Is(err, tc.want) {
 				t.Errorf("Get(%s) = %v, want %v", tc.path, err, tc.want)
 			}
 		}
@@ -176,7 +188,7 @@ func TestIndexesErrors(t *testing.T) {
 	if p := x.Stats().Parses; p != 2 {
 		t.Errorf("parses = %d, want 2 (errors are cached)", p)
 	}
-	// A write-only descriptor is not readable: Get opens the path.
+	// A write-only descriptor is refused: Get never opens the path.
 	sp := filepath.Join(dir, "m.safetensors")
 	writeFile(t, sp, stFile(`{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}`, []byte{7}))
 	wo, err := os.OpenFile(sp, os.O_WRONLY, 0)
@@ -184,14 +196,17 @@ func TestIndexesErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer wo.Close()
-	if idx, err := x.Get(ctx, sp, wo); err != nil || len(idx.Safetensors.Tensors) != 1 {
-		t.Errorf("Get with a write-only descriptor = %v, %v", idx, err)
+	if idx, err := x.Get(ctx, sp, wo); !errors.Is(err, syscall.EBADF) {
+		t.Errorf("Get with a write-only descriptor = %v, %v; want EBADF", idx, err)
+	}
+	if p := x.Stats().Parses; p != 2 {
+		t.Errorf("parses = %d after a write-only Get, want 2 (nothing parsed)", p)
 	}
 	// Cancelled callers return at once.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	writeFile(t, filepath.Join(dir, "c.npy"), npyFile(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", make([]byte, 4)))
-	if _, err := x.Get(cctx, filepath.Join(dir, "c.npy"), nil); err != nil && !errors.Is(err, context.Canceled) {
+	if _, err := getPath(cctx, x, filepath.Join(dir, "c.npy")); err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled Get = %v", err)
 	}
 	if _, err := NewIndexes(1000, zerolog.Nop()); err == nil {
@@ -213,7 +228,7 @@ func TestIndexesEviction(t *testing.T) {
 	for i := range 20 {
 		p := filepath.Join(dir, "shard."+string(rune('a'+i))+".mds")
 		writeFile(t, p, data)
-		if _, err := x.Get(ctx, p, nil); err != nil {
+		if _, err := getPath(ctx, x, p); err != nil {
 			t.Fatal(err)
 		}
 	}

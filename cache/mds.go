@@ -10,12 +10,17 @@ import (
 
 const (
 	// mdsMaxSamples bounds a shard's sample count (its offset table and the
-	// index's memory); MDS shards default to 64 MiB, far below this.
-	mdsMaxSamples = 1 << 22
+	// index's memory); MDS shards default to 64 MiB, in which 2^18 samples
+	// are 256 bytes each.
+	mdsMaxSamples = 1 << 18
+	// mdsMaxRanges bounds samples x columns, the column ranges the index
+	// holds (a column of fixed size 0 costs the file nothing): a parse at
+	// 2^20 ranges peaks at about 100 MiB, most of it the JSON.
+	mdsMaxRanges = 1 << 20
 	// mdsMaxConfig bounds the shard's embedded config JSON.
 	mdsMaxConfig = 1 << 20
 	// mdsMaxIndexJSON bounds a dataset's index.json.
-	mdsMaxIndexJSON = 64 << 20
+	mdsMaxIndexJSON = 16 << 20
 )
 
 // MDS is the index of one MosaicML Streaming MDS shard (shard.NNNNN.mds).
@@ -129,7 +134,7 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 	n := int64(binary.LittleEndian.Uint32(nb[:]))
 	tableEnd := 4 + 4*(n+1)
 	if n > mdsMaxSamples {
-		return nil, invalidf(what, "%d samples exceed the limit of %d", n, mdsMaxSamples)
+		return nil, invalidf(what, "%d samples exceed gdsfs's index limit of %d; split the shard", n, mdsMaxSamples)
 	}
 	if tableEnd > size {
 		return nil, invalidf(what, "%d samples need a %d-byte offset table but the file has %d bytes", n, tableEnd, size)
@@ -169,6 +174,9 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 	cols, err := cfg.columns(what)
 	if err != nil {
 		return nil, err
+	}
+	if n*int64(len(cols)) > mdsMaxRanges {
+		return nil, invalidf(what, "%d samples of %d columns exceed gdsfs's index limit of %d column ranges; split the shard", n, len(cols), mdsMaxRanges)
 	}
 	m := &MDS{Columns: cols, Samples: make([]MDSSample, n)}
 	var fixed, nvar int64
@@ -238,7 +246,7 @@ type MDSShard struct {
 func ParseMDSIndex(r io.ReaderAt, size int64) (*MDSDataset, error) {
 	const what = "MDS index.json"
 	if size > mdsMaxIndexJSON {
-		return nil, invalidf(what, "%d bytes exceed the limit of %d", size, mdsMaxIndexJSON)
+		return nil, invalidf(what, "%d bytes exceed gdsfs's index limit of %d (16 MiB)", size, mdsMaxIndexJSON)
 	}
 	raw := make([]byte, size)
 	if err := readAt(r, raw, 0); err != nil {

@@ -169,7 +169,7 @@ func TestMDSRejects(t *testing.T) {
 		want string
 	}{
 		{"short", []byte{1, 0}, "too short"},
-		{"count too big", put(good, 0, 1<<30), "exceed the limit"},
+		{"count too big", put(good, 0, 1<<30), "exceed gdsfs's index limit"},
 		{"table past EOF", put(good, 0, 1000), "offset table"},
 		{"decreasing", put(good, 8, 1), "decreases"},
 		{"end past EOF", put(good, 16, 1<<31), "past the end"},

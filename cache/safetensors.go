@@ -12,8 +12,17 @@ import (
 	"unicode/utf8"
 )
 
-// safetensorsMaxHeader is the safetensors library's MAX_HEADER_SIZE.
-const safetensorsMaxHeader = 100_000_000
+// safetensorsFormatMaxHeader is the safetensors library's MAX_HEADER_SIZE:
+// a longer header is no safetensors file at all.
+const safetensorsFormatMaxHeader = 100_000_000
+
+// SafetensorsMaxHeader is the longest header gdsfs indexes (16 MiB, about
+// 300,000 tensors; real checkpoints' headers are well below 1 MiB). Parsing
+// costs about 5 times the header in memory, so the format's own limit of
+// 100 MB would let one crafted file cost the daemon ~1 GB per parse. A file
+// beyond it is still served through the mount and by READ; it has no index
+// (user.gdsfs.info says why).
+const SafetensorsMaxHeader = 16 << 20
 
 // safetensorsDtypeBits is the element size of every dtype the safetensors
 // format defines.
@@ -58,8 +67,10 @@ func ParseSafetensors(r io.ReaderAt, size int64) (*Safetensors, error) {
 	}
 	n := binary.LittleEndian.Uint64(lenBuf[:])
 	switch {
-	case n > safetensorsMaxHeader:
-		return nil, invalidf(what, "header length %d exceeds the format's limit of %d bytes", n, safetensorsMaxHeader)
+	case n > safetensorsFormatMaxHeader:
+		return nil, invalidf(what, "header length %d exceeds the format's limit of %d bytes", n, safetensorsFormatMaxHeader)
+	case n > SafetensorsMaxHeader:
+		return nil, invalidf(what, "header of %d bytes exceeds gdsfs's index limit of 16 MiB (%d bytes); the file is still readable, but has no index", n, SafetensorsMaxHeader)
 	case n > uint64(size-8):
 		return nil, invalidf(what, "header length %d runs past the end of the %d-byte file", n, size)
 	case n < 2:

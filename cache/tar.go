@@ -27,6 +27,24 @@ type Tar struct {
 	// (sparse files, symlinks, devices, dangling hard links, names that are
 	// not UTF-8), each with the reason. Directories are not listed.
 	Skipped []TarSkipped `json:"skipped,omitempty"`
+
+	nameBytes int // member and link names read, against tarMaxNameBytes
+}
+
+// count records one more member header with the given names and reports
+// whether the archive is still within tarMaxMembers and tarMaxNameBytes.
+func (t *Tar) count(name, link string) bool {
+	t.Members++
+	t.nameBytes += len(name) + len(link)
+	return t.Members <= tarMaxMembers && t.nameBytes <= tarMaxNameBytes
+}
+
+// overLimit is the error for an archive beyond count's limits.
+func (t *Tar) overLimit() error {
+	if t.Members > tarMaxMembers {
+		return invalidf("tar", "more than %d members exceed gdsfs's index limit; split the shard", tarMaxMembers)
+	}
+	return invalidf("tar", "member names of more than %d bytes (8 MiB) in all exceed gdsfs's index limit; split the shard", tarMaxNameBytes)
 }
 
 // TarSample is one WebDataset sample: the fields sharing a key.
@@ -165,9 +183,16 @@ func (s *TarSample) span() Range {
 	return Range{Offset: lo, Length: hi - lo}
 }
 
-// tarMaxMembers bounds the members indexed (and the index's memory, about
-// 200 bytes each); WebDataset shards hold thousands.
-const tarMaxMembers = 1 << 22
+// tarMaxMembers and tarMaxNameBytes bound the members indexed and their
+// names' bytes, hence the parse's memory: measured, a parse costs about
+// 420 bytes per member plus 12 bytes per name byte (names are kept as
+// member, key and field, and twice in the JSON), so an archive at both
+// limits costs about 210 MiB at most (docs/index-format.md, "Limits").
+// WebDataset shards hold thousands of members.
+const (
+	tarMaxMembers   = 1 << 18
+	tarMaxNameBytes = 8 << 20
+)
 
 // tarBufBytes is the read-ahead of the header reader: one refill at the end
 // of a member's data usually covers the next header and small members.
@@ -204,9 +229,8 @@ func parseTarStd(r io.ReaderAt, size int64) (*Tar, error) {
 			}
 			return nil, invalidf("tar", "header at offset %d: %v", hdrOff, tarWhy(err))
 		}
-		t.Members++
-		if t.Members > tarMaxMembers {
-			return nil, invalidf("tar", "more than %d members; split the shard", tarMaxMembers)
+		if !t.count(h.Name, h.Linkname) {
+			return nil, t.overLimit()
 		}
 		data := br.pos
 		if !utf8.ValidString(h.Name) {

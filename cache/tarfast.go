@@ -39,9 +39,8 @@ func parseTarFast(r io.ReaderAt, size int64) (*Tar, bool) {
 		if !ok {
 			return nil, false
 		}
-		t.Members++
-		if t.Members > tarMaxMembers {
-			return nil, false
+		if !t.count(h.name, h.link) {
+			return nil, false // archive/tar's path says which limit
 		}
 		data := off + 512
 		nb := h.size

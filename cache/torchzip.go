@@ -2,6 +2,8 @@ package cache
 
 import (
 	"archive/zip"
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -34,20 +36,33 @@ type ZipRecord struct {
 	UncompressedLength int64 `json:"uncompressed_length,omitempty"`
 }
 
-// torchZipMaxRecords bounds the records we index; torch.save writes a few
-// per tensor storage.
-const torchZipMaxRecords = 1 << 22
+// torchZipMaxRecords and torchZipMaxDirBytes bound the records we index
+// and the central directory archive/zip reads (and holds: about 2.5 times
+// its size), checked from the end-of-central-directory record before it is
+// read. torch.save writes a few records per tensor storage.
+const (
+	torchZipMaxRecords  = 1 << 18
+	torchZipMaxDirBytes = 32 << 20
+)
 
 // ParseTorchZip indexes a zip archive from its central directory (zip64
 // included), taking each record's data offset from its local header.
 func ParseTorchZip(r io.ReaderAt, size int64) (*TorchZip, error) {
 	const what = "torch zip"
+	if n, dirBytes, ok := zipDirectory(r, size); ok {
+		switch {
+		case n > torchZipMaxRecords:
+			return nil, invalidf(what, "%d records exceed gdsfs's index limit of %d", n, torchZipMaxRecords)
+		case dirBytes > torchZipMaxDirBytes:
+			return nil, invalidf(what, "central directory of %d bytes exceeds gdsfs's index limit of %d (32 MiB)", dirBytes, torchZipMaxDirBytes)
+		}
+	}
 	zr, err := zip.NewReader(r, size)
 	if err != nil && !errors.Is(err, zip.ErrInsecurePath) {
 		return nil, invalidf(what, "%s", strings.TrimPrefix(err.Error(), "zip: "))
 	}
 	if len(zr.File) > torchZipMaxRecords {
-		return nil, invalidf(what, "%d records exceed the limit of %d", len(zr.File), torchZipMaxRecords)
+		return nil, invalidf(what, "%d records exceed gdsfs's index limit of %d", len(zr.File), torchZipMaxRecords)
 	}
 	z := &TorchZip{Records: make([]ZipRecord, 0, len(zr.File))}
 	for i, f := range zr.File {
@@ -88,6 +103,42 @@ func ParseTorchZip(r io.ReaderAt, size int64) (*TorchZip, error) {
 		}
 	}
 	return z, nil
+}
+
+// zipDirectory reads the record count and central directory size from the
+// end-of-central-directory record (zip64's when the classic one defers to
+// it). ok is false when there is none to find; archive/zip then says what
+// is wrong.
+func zipDirectory(r io.ReaderAt, size int64) (records, dirBytes uint64, ok bool) {
+	const eocdLen, maxComment = 22, 65535
+	tail := min(size, eocdLen+maxComment)
+	if tail < eocdLen {
+		return 0, 0, false
+	}
+	buf := make([]byte, tail)
+	if err := readAt(r, buf, size-tail); err != nil {
+		return 0, 0, false
+	}
+	i := bytes.LastIndex(buf[:len(buf)-eocdLen+4], []byte("PK\x05\x06"))
+	if i < 0 {
+		return 0, 0, false
+	}
+	records = uint64(binary.LittleEndian.Uint16(buf[i+10:]))
+	dirBytes = uint64(binary.LittleEndian.Uint32(buf[i+12:]))
+	if records != 0xffff && dirBytes != 0xffffffff {
+		return records, dirBytes, true
+	}
+	// zip64: a locator just before the record points at the zip64 record.
+	loc := i - 20
+	if loc < 0 || string(buf[loc:loc+4]) != "PK\x06\x07" {
+		return records, dirBytes, true
+	}
+	off := binary.LittleEndian.Uint64(buf[loc+8:])
+	var rec [56]byte
+	if off > uint64(size) || uint64(size)-off < uint64(len(rec)) || readAt(r, rec[:], int64(off)) != nil || string(rec[:4]) != "PK\x06\x06" {
+		return 0, 0, false
+	}
+	return binary.LittleEndian.Uint64(rec[32:]), binary.LittleEndian.Uint64(rec[40:]), true
 }
 
 // String describes the archive briefly, for logs.

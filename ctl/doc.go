@@ -25,6 +25,13 @@
 //     back to the pool only after its operations in flight finished (Close
 //     waits), a READ's leases become releasable only once their bytes are in
 //     place, and RELEASE waits for WRITEs of the session in flight.
+//   - S6: a data-file request uses only the access the caller's descriptor
+//     grants: READ, READ_NAMES and INDEX need it open for reading, WRITE
+//     for writing (EBADF otherwise); the server never opens a backing
+//     file by path (xattrs reach it through fs's XattrTarget.Open), and
+//     index lookups wait at most indexTimeout (EAGAIN).
+//   - S7: user.gdsfs.stats and STATUS show a non-root uid only its own
+//     sessions and per-uid figures, plus node-wide totals (StatsFor).
 //
 // # Locking
 //

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/fs"
@@ -28,9 +29,9 @@ type Engine interface {
 	WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error)
 }
 
-// EngineChooser picks the engine for one backing file and says why. f may be
-// nil when only the path is known (xattrs); it then answers for a file
-// opened at path.
+// EngineChooser picks the engine for one backing file and says why. ctl
+// always passes a descriptor of the file (the caller's, or for xattrs one
+// fs opened without following symlinks or blocking); path is for reports.
 type EngineChooser interface {
 	For(f *os.File, path string) (e Engine, reason string)
 }
@@ -47,7 +48,9 @@ type RangeChooser interface {
 
 // Indexer returns parsed shard indexes (*cache.Indexes satisfies it). Get
 // fails with an error wrapping cache.ErrNoIndex for files of no known
-// format. f may be nil (xattrs); then the index is found by path.
+// format, cache.ErrBusy when it could not parse in time, and EBADF for a
+// descriptor not open for reading. It reads only through f (never nil), the
+// file at path; it never opens path.
 type Indexer interface {
 	Get(ctx context.Context, path string, f *os.File) (*cache.Index, error)
 	// Invalidate forgets what is cached about path.
@@ -109,6 +112,12 @@ const sessionShards = 16
 
 // xattrMax is the largest value a FUSE getxattr can return.
 const xattrMax = 64 << 10
+
+// indexTimeout bounds the work of one index lookup (INDEX, READ_NAMES'
+// names, user.gdsfs.info and user.gdsfs.index): waiting for a parse slot
+// and the parse. A lookup that runs out answers EAGAIN; the parse itself
+// goes on, bounded by the parsers' limits, and its answer is cached.
+const indexTimeout = 10 * time.Second
 
 // Server is the daemon's control path; it implements fs.Control. All
 // methods are safe for concurrent use (lock order: see the package doc).
@@ -219,7 +228,7 @@ func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path st
 	case CmdWrite:
 		errno = s.write(ctx, c, f, path, in, out)
 	case CmdIndex:
-		errno = s.index(ctx, f, path, in, out)
+		errno = s.index(ctx, c, f, path, in, out)
 	default:
 		if !OurCmd(cmd) {
 			// Not a control-path command at all (Python's open() asks
@@ -248,6 +257,11 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
+	// Only the access the caller's descriptor grants: the kernel checked
+	// that at open, and the daemon (root) must not read past it.
+	if !readable(f) {
+		return syscall.EBADF
+	}
 	var (
 		tok    Token
 		dev    int32
@@ -264,7 +278,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 		if _, errno := s.session(tok, c); errno != 0 {
 			return errno
 		}
-		if ranges, errno = s.resolve(ctx, f, path, req.Names); errno != 0 {
+		if ranges, errno = s.resolve(ctx, c, f, path, req.Names); errno != 0 {
 			return errno
 		}
 	} else {
@@ -383,13 +397,10 @@ func (s *Server) plan(ranges []Range, size int64) ([]span, syscall.Errno) {
 func alignUp(n int64) int64 { return (n + AlignBytes - 1) &^ (AlignBytes - 1) }
 
 // resolve maps index names of f to ranges.
-func (s *Server) resolve(ctx context.Context, f *os.File, path string, names []string) ([]Range, syscall.Errno) {
-	if s.opts.Indexes == nil {
-		return nil, syscall.ENODATA
-	}
-	x, err := s.opts.Indexes.Get(ctx, path, f)
-	if err != nil {
-		return nil, s.indexErrno(err, path)
+func (s *Server) resolve(ctx context.Context, c fs.Caller, f *os.File, path string, names []string) ([]Range, syscall.Errno) {
+	x, errno := s.lookup(ctx, c, path, f)
+	if errno != 0 {
+		return nil, errno
 	}
 	ranges := make([]Range, len(names))
 	for i, name := range names {
@@ -410,6 +421,26 @@ func (s *Server) resolve(ctx context.Context, f *os.File, path string, names []s
 	return ranges, 0
 }
 
+// lookup returns the index of f (at path) for c, waiting at most
+// indexTimeout; a parse it needs counts against c's share of the parse
+// slots.
+func (s *Server) lookup(ctx context.Context, c fs.Caller, path string, f *os.File) (*cache.Index, syscall.Errno) {
+	x, err := s.lookupErr(ctx, c, path, f)
+	if err != nil {
+		return nil, s.indexErrno(err, path)
+	}
+	return x, 0
+}
+
+func (s *Server) lookupErr(ctx context.Context, c fs.Caller, path string, f *os.File) (*cache.Index, error) {
+	if s.opts.Indexes == nil {
+		return nil, cache.ErrNoIndex
+	}
+	ctx, cancel := context.WithTimeout(cache.WithRequester(ctx, c.UID), indexTimeout)
+	defer cancel()
+	return s.opts.Indexes.Get(ctx, path, f)
+}
+
 // indexErrno maps an index lookup failure.
 func (s *Server) indexErrno(err error, path string) syscall.Errno {
 	switch {
@@ -417,6 +448,11 @@ func (s *Server) indexErrno(err error, path string) syscall.Errno {
 		return syscall.ENODATA
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
+	case errors.Is(err, cache.ErrBusy):
+		return syscall.EAGAIN // logged by cache
+	case errors.Is(err, context.DeadlineExceeded):
+		s.opts.Log.Warn().Err(err).Str("path", path).Dur("timeout", indexTimeout).Msg("ctl: index lookup ran out of time; answered EAGAIN")
+		return syscall.EAGAIN
 	}
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
@@ -500,6 +536,12 @@ func writable(f *os.File) bool {
 	return err == nil && fl&syscall.O_ACCMODE != syscall.O_RDONLY
 }
 
+// readable reports whether f was opened for reading.
+func readable(f *os.File) bool {
+	fl, err := fcntlGetfl(f)
+	return err == nil && fl&syscall.O_ACCMODE != syscall.O_WRONLY
+}
+
 // ioErrno maps an engine or backing-file failure, logging it once.
 func (s *Server) ioErrno(err error, op, path string) syscall.Errno {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
@@ -517,23 +559,23 @@ func (s *Server) ioErrno(err error, op, path string) syscall.Errno {
 }
 
 // index serves INDEX.
-func (s *Server) index(ctx context.Context, f *os.File, path string, in, out []byte) syscall.Errno {
+func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte) syscall.Errno {
 	if len(in) != SizePage || len(out) != SizePage {
 		return syscall.EINVAL
 	}
 	if _, _, errno := statFile(f); errno != 0 {
 		return errno
 	}
+	if !readable(f) {
+		return syscall.EBADF // an index is the file's contents
+	}
 	req, err := DecodePageRequest(in)
 	if err != nil {
 		return errnoOf(err)
 	}
-	if s.opts.Indexes == nil {
-		return syscall.ENODATA
-	}
-	x, err := s.opts.Indexes.Get(ctx, path, f)
-	if err != nil {
-		return s.indexErrno(err, path)
+	x, errno := s.lookup(ctx, c, path, f)
+	if errno != 0 {
+		return errno
 	}
 	doc, err := x.JSON()
 	if err != nil {
@@ -627,7 +669,33 @@ func (s *Server) Mounted(m *fs.Server) { s.mount.Store(m) }
 // figures (*cache.Indexes has it).
 type indexStatser interface{ Stats() cache.IndexStats }
 
-// Stats returns a snapshot of the control path's figures.
+// StatsFor returns the snapshot uid may see: root sees everything; any
+// other uid sees its own sessions and per-uid figures, and only totals of
+// everyone else's (who uses the node, and how much, is not its business).
+func (s *Server) StatsFor(uid uint32) Stats {
+	st := s.Stats()
+	if uid == 0 {
+		return st
+	}
+	own := st.Pool.Sessions[:0:0]
+	for _, ss := range st.Pool.Sessions {
+		if ss.UID == uid {
+			own = append(own, ss)
+		}
+	}
+	st.Pool.Sessions = own
+	uids := st.Pool.UIDs[:0:0]
+	for _, u := range st.Pool.UIDs {
+		if u.UID == uid {
+			uids = append(uids, u)
+		}
+	}
+	st.Pool.UIDs = uids
+	return st
+}
+
+// Stats returns a snapshot of the control path's figures, every uid's
+// included (see StatsFor).
 func (s *Server) Stats() Stats {
 	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, LogFile: s.opts.LogFile, Engine: s.opts.Engine, EngineWhy: s.opts.EngineWhy,
 		Pool: s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
@@ -654,8 +722,8 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
-func (s *Server) statsJSON() ([]byte, syscall.Errno) {
-	b, err := json.Marshal(s.Stats())
+func (s *Server) statsJSON(uid uint32) ([]byte, syscall.Errno) {
+	b, err := json.Marshal(s.StatsFor(uid))
 	if err != nil {
 		s.opts.Log.Error().Err(err).Msg("BUG: ctl: encode stats")
 		return nil, syscall.EIO
@@ -682,29 +750,36 @@ type fileInfo struct {
 }
 
 // Xattr implements fs.Control: the user.gdsfs.* names (docs/protocol.md
-// section 6).
-func (s *Server) Xattr(ctx context.Context, c fs.Caller, path string, isRoot bool, name string) ([]byte, syscall.Errno) {
+// section 6). The kernel checked that the caller may read the node (user.*
+// attributes need read permission); the backing file is reached only
+// through t.Open, never by path.
+func (s *Server) Xattr(ctx context.Context, c fs.Caller, t fs.XattrTarget, name string) ([]byte, syscall.Errno) {
 	switch name {
 	case "user.gdsfs.backing":
-		return []byte(s.backingPath(path)), 0
+		return []byte(s.backingPath(t.Path)), 0
 	case "user.gdsfs.stats":
-		if !isRoot {
+		if !t.IsRoot {
 			return nil, syscall.ENODATA
 		}
-		return s.statsJSON()
+		return s.statsJSON(c.UID)
 	case "user.gdsfs.info":
-		return s.info(ctx, path)
+		return s.info(ctx, c, t)
 	case "user.gdsfs.index":
 		if s.opts.Indexes == nil {
 			return nil, syscall.ENODATA
 		}
-		x, err := s.opts.Indexes.Get(ctx, path, nil)
-		if err != nil {
-			return nil, s.indexErrno(err, path)
+		f, errno := openTarget(t)
+		if errno != 0 {
+			return nil, errno
+		}
+		defer f.Close()
+		x, errno := s.lookup(ctx, c, t.Path, f)
+		if errno != 0 {
+			return nil, errno
 		}
 		doc, err := x.JSON()
 		if err != nil {
-			return nil, s.indexErrno(err, path)
+			return nil, s.indexErrno(err, t.Path)
 		}
 		if len(doc) > xattrMax {
 			return nil, syscall.E2BIG
@@ -714,26 +789,47 @@ func (s *Server) Xattr(ctx context.Context, c fs.Caller, path string, isRoot boo
 	return nil, syscall.ENODATA
 }
 
-// info builds user.gdsfs.info for path.
-func (s *Server) info(ctx context.Context, path string) ([]byte, syscall.Errno) {
-	var st syscall.Stat_t
-	if err := syscall.Lstat(path, &st); err != nil {
+// openTarget opens an xattr's node through fs's opener.
+func openTarget(t fs.XattrTarget) (*os.File, syscall.Errno) {
+	if t.Open == nil {
+		return nil, syscall.ENODATA
+	}
+	f, err := t.Open()
+	if err != nil {
 		return nil, errnoOf(err)
 	}
+	return f, 0
+}
+
+// info builds user.gdsfs.info for the node t.
+func (s *Server) info(ctx context.Context, c fs.Caller, t fs.XattrTarget) ([]byte, syscall.Errno) {
+	f, errno := openTarget(t)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := fstat(f, &st); err != nil {
+		return nil, errnoOf(err)
+	}
+	path := t.Path
 	fi := fileInfo{Path: s.backingPath(path), Size: st.Size, Dev: st.Dev, Ino: st.Ino, MtimeNs: st.Mtim.Nano(), Align: AlignBytes}
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		fi.Type = "file"
 		var eng Engine
-		if eng, fi.Reason = s.opts.Engines.For(nil, path); eng != nil {
+		if eng, fi.Reason = s.opts.Engines.For(f, path); eng != nil {
 			fi.Engine = eng.Name()
 		}
 		if s.opts.Indexes != nil {
-			switch x, err := s.opts.Indexes.Get(ctx, path, nil); {
+			switch x, err := s.lookupErr(ctx, c, path, f); {
 			case err == nil:
 				fi.Format = string(x.Format)
 			case errors.Is(err, cache.ErrInvalid):
+				// Corrupt, or beyond the parsers' limits: say why.
 				fi.IndexError = err.Error()
+			case errors.Is(err, cache.ErrBusy), errors.Is(err, context.DeadlineExceeded):
+				fi.IndexError = "index not ready: the daemon is busy parsing other files; ask again"
 			}
 		}
 	case syscall.S_IFDIR:
@@ -751,6 +847,19 @@ func (s *Server) info(ctx context.Context, path string) ([]byte, syscall.Errno) 
 		return nil, syscall.EIO
 	}
 	return b, 0
+}
+
+// fstat stats f.
+func fstat(f *os.File, st *syscall.Stat_t) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = syscall.Fstat(int(fd), st) }); err != nil {
+		return err
+	}
+	return serr
 }
 
 // backingPath is the path clients are told for the daemon's path p.

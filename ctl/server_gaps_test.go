@@ -18,11 +18,11 @@ func TestStatsIndexCache(t *testing.T) {
 	ctx := context.Background()
 	p, _ := tarFile(t, e.dir, 3)
 	for range 2 { // a miss (one parse), then a hit
-		if _, errno := e.srv.Xattr(ctx, fs.Caller{UID: 1000}, p, false, "user.gdsfs.index"); errno != 0 {
+		if _, errno := e.srv.Xattr(ctx, fs.Caller{UID: 1000}, pathTarget(p, false), "user.gdsfs.index"); errno != 0 {
 			t.Fatal(errno)
 		}
 	}
-	doc, errno := e.srv.Xattr(ctx, fs.Caller{UID: 1000}, e.dir, true, "user.gdsfs.stats")
+	doc, errno := e.srv.Xattr(ctx, fs.Caller{UID: 1000}, pathTarget(e.dir, true), "user.gdsfs.stats")
 	if errno != 0 {
 		t.Fatal(errno)
 	}
@@ -40,7 +40,7 @@ func TestStatsIndexCache(t *testing.T) {
 		t.Errorf("stats index figures: %s", doc)
 	}
 	e2 := newEnv(t, envOptions{noIndexes: true})
-	if doc, _ := e2.srv.Xattr(ctx, fs.Caller{UID: 1000}, e2.dir, true, "user.gdsfs.stats"); strings.Contains(string(doc), `"index"`) {
+	if doc, _ := e2.srv.Xattr(ctx, fs.Caller{UID: 1000}, pathTarget(e2.dir, true), "user.gdsfs.stats"); strings.Contains(string(doc), `"index"`) {
 		t.Errorf("stats of a server without indexes: %s", doc)
 	}
 }
@@ -56,10 +56,10 @@ func TestInfoIndexError(t *testing.T) {
 	if err := os.WriteFile(bad, junk, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, errno := e.srv.Xattr(ctx, c, bad, false, "user.gdsfs.index"); errno != syscall.ENODATA {
+	if _, errno := e.srv.Xattr(ctx, c, pathTarget(bad, false), "user.gdsfs.index"); errno != syscall.ENODATA {
 		t.Fatalf("index of a corrupt tar: %v, want ENODATA", errno)
 	}
-	v, errno := e.srv.Xattr(ctx, c, bad, false, "user.gdsfs.info")
+	v, errno := e.srv.Xattr(ctx, c, pathTarget(bad, false), "user.gdsfs.info")
 	if errno != 0 {
 		t.Fatal(errno)
 	}
@@ -71,7 +71,7 @@ func TestInfoIndexError(t *testing.T) {
 		t.Errorf("info of a corrupt tar: %s; want index_error naming the format", v)
 	}
 	plain, _ := e.file("plain.bin", 100, os.O_RDONLY)
-	if v, _ := e.srv.Xattr(ctx, c, plain.Name(), false, "user.gdsfs.info"); strings.Contains(string(v), "index_error") {
+	if v, _ := e.srv.Xattr(ctx, c, pathTarget(plain.Name(), false), "user.gdsfs.info"); strings.Contains(string(v), "index_error") {
 		t.Errorf("info of a file of no format has index_error: %s", v)
 	}
 }

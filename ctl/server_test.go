@@ -512,7 +512,7 @@ func TestIndexAndReadNames(t *testing.T) {
 	if err := json.Unmarshal(doc, &parsed); err != nil || parsed["format"] != "tar" {
 		t.Fatalf("INDEX document: format %v, %v", parsed["format"], err)
 	}
-	if _, errno := e.srv.Xattr(ctx, fs.Caller{UID: 1000}, p, false, "user.gdsfs.index"); errno != syscall.E2BIG {
+	if _, errno := e.srv.Xattr(ctx, fs.Caller{UID: 1000}, pathTarget(p, false), "user.gdsfs.index"); errno != syscall.E2BIG {
 		t.Errorf("user.gdsfs.index over 64 KiB: %v, want E2BIG", errno)
 	}
 
@@ -547,7 +547,7 @@ func TestXattrsAndStatus(t *testing.T) {
 	ctx := context.Background()
 	c := fs.Caller{UID: 1000}
 	f, _ := e.file("x.bin", 12345, os.O_RDONLY)
-	v, errno := e.srv.Xattr(ctx, c, f.Name(), false, "user.gdsfs.info")
+	v, errno := e.srv.Xattr(ctx, c, pathTarget(f.Name(), false), "user.gdsfs.info")
 	if errno != 0 {
 		t.Fatal(errno)
 	}
@@ -558,19 +558,19 @@ func TestXattrsAndStatus(t *testing.T) {
 	if fi.Path != f.Name() || fi.Size != 12345 || fi.Type != "file" || fi.Engine != "host" || fi.Reason == "" || fi.Align != 4096 || fi.Ino == 0 {
 		t.Errorf("info %+v", fi)
 	}
-	if v, errno := e.srv.Xattr(ctx, c, e.dir, true, "user.gdsfs.info"); errno != 0 || !bytes.Contains(v, []byte(`"type":"dir"`)) {
+	if v, errno := e.srv.Xattr(ctx, c, pathTarget(e.dir, true), "user.gdsfs.info"); errno != 0 || !bytes.Contains(v, []byte(`"type":"dir"`)) {
 		t.Errorf("dir info %s, %v", v, errno)
 	}
-	if v, errno := e.srv.Xattr(ctx, c, f.Name(), false, "user.gdsfs.backing"); errno != 0 || string(v) != f.Name() {
+	if v, errno := e.srv.Xattr(ctx, c, pathTarget(f.Name(), false), "user.gdsfs.backing"); errno != 0 || string(v) != f.Name() {
 		t.Errorf("backing %q, %v", v, errno)
 	}
-	if _, errno := e.srv.Xattr(ctx, c, f.Name(), false, "user.gdsfs.stats"); errno != syscall.ENODATA {
+	if _, errno := e.srv.Xattr(ctx, c, pathTarget(f.Name(), false), "user.gdsfs.stats"); errno != syscall.ENODATA {
 		t.Errorf("stats off the root: %v, want ENODATA", errno)
 	}
-	if _, errno := e.srv.Xattr(ctx, c, f.Name(), false, "user.gdsfs.nope"); errno != syscall.ENODATA {
+	if _, errno := e.srv.Xattr(ctx, c, pathTarget(f.Name(), false), "user.gdsfs.nope"); errno != syscall.ENODATA {
 		t.Errorf("unknown name: %v, want ENODATA", errno)
 	}
-	if _, errno := e.srv.Xattr(ctx, c, f.Name(), false, "user.gdsfs.index"); errno != syscall.ENODATA {
+	if _, errno := e.srv.Xattr(ctx, c, pathTarget(f.Name(), false), "user.gdsfs.index"); errno != syscall.ENODATA {
 		t.Errorf("index of unindexed file: %v, want ENODATA", errno)
 	}
 
@@ -589,7 +589,7 @@ func TestXattrsAndStatus(t *testing.T) {
 	if st.Sessions != 1 || st.Leases != 1 || st.Counters.Reads != 1 || st.Counters.ReadBytes != 100 || st.Pool.Backend != "host" {
 		t.Errorf("status %s", doc)
 	}
-	root, errno := e.srv.Xattr(ctx, c, e.dir, true, "user.gdsfs.stats")
+	root, errno := e.srv.Xattr(ctx, c, pathTarget(e.dir, true), "user.gdsfs.stats")
 	if errno != 0 || !json.Valid(root) {
 		t.Errorf("root stats %s, %v", root, errno)
 	}

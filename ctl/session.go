@@ -301,7 +301,7 @@ func (ss *session) statusPage(off uint64, out []byte) syscall.Errno {
 	ss.mu.Unlock()
 	if off == 0 || doc == nil {
 		var errno syscall.Errno
-		if doc, errno = ss.srv.statsJSON(); errno != 0 {
+		if doc, errno = ss.srv.statsJSON(ss.uid); errno != 0 {
 			return errno
 		}
 		ss.mu.Lock()

@@ -309,7 +309,7 @@ func (e *Engines) ForRange(f *os.File, path string, off, n int64) (Engine, strin
 		defer own.Close()
 		f = own
 	}
-	k, err := keyOf(f, false)
+	k, err := keyOf(f)
 	if err != nil {
 		return e.posix, fmt.Sprintf("posix: %v", err)
 	}

@@ -14,20 +14,27 @@ import (
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
-// fileKey identifies a backing file independently of the descriptor that
-// names it: a cuFile handle registered for one open serves every open of the
-// same file.
+// fileKey identifies a backing file and an access mode independently of
+// the descriptor that names it: a cuFile handle registered for one open
+// serves every open of the same file with the same access mode (and no
+// other: a handle never reads or writes for a descriptor without that
+// right).
 type fileKey struct {
 	dev, ino uint64
-	writable bool
+	mode     int // O_RDONLY, O_WRONLY or O_RDWR
 }
 
-func keyOf(f *os.File, writable bool) (fileKey, error) {
+// keyOf returns f's key, with f's own access mode.
+func keyOf(f *os.File) (fileKey, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return fileKey{}, fmt.Errorf("stat %q: %w", f.Name(), err)
 	}
-	return fileKey{dev: st.Dev, ino: st.Ino, writable: writable}, nil
+	mode, err := accessMode(f)
+	if err != nil {
+		return fileKey{}, err
+	}
+	return fileKey{dev: st.Dev, ino: st.Ino, mode: mode}, nil
 }
 
 // isWritable reports whether f was opened for writing: the kernel checked the
@@ -78,8 +85,9 @@ func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int, compat boo
 func (e *gdsEngine) Name() string { return e.name }
 
 // acquire returns the registered handle for f, registering it on first use.
-func (e *gdsEngine) acquire(f *os.File, writable bool) (*fileHandle, func(), error) {
-	k, err := keyOf(f, writable)
+// The handle's descriptor is a reopen of f with f's own access mode.
+func (e *gdsEngine) acquire(f *os.File) (*fileHandle, func(), error) {
+	k, err := keyOf(f)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -91,11 +99,7 @@ func (e *gdsEngine) acquire(f *os.File, writable bool) (*fileHandle, func(), err
 		return fh, func() { e.unref(fh) }, nil
 	}
 	e.mu.Unlock()
-	flags := os.O_RDONLY
-	if writable {
-		flags = os.O_RDWR
-	}
-	own, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), flags|syscall.O_CLOEXEC, 0)
+	own, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), k.mode|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reopen %q for cuFile: %w", f.Name(), err)
 	}
@@ -141,7 +145,7 @@ func (e *gdsEngine) evictLocked() {
 
 // probe registers f (the per-file step of the auto chooser).
 func (e *gdsEngine) probe(f *os.File) error {
-	_, done, err := e.acquire(f, false)
+	_, done, err := e.acquire(f)
 	if err != nil {
 		return err
 	}
@@ -190,6 +194,11 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 		// space, 5016) is no reason to fail the transfer.
 		_ = cm.register(e.lib)
 	}
+	if mode, err := accessMode(f); err != nil {
+		return 0, fmt.Errorf("%s: %w", op, err)
+	} else if (mode == unix.O_WRONLY && !write) || (mode == unix.O_RDONLY && write) {
+		return 0, fmt.Errorf("%s %q: descriptor not open for it: %w", op, f.Name(), syscall.EBADF)
+	}
 	if !write {
 		if n, err = clampToEOF(f, fileOff, n); err != nil {
 			return 0, fmt.Errorf("%s: %w", op, err)
@@ -198,7 +207,7 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 			return 0, nil
 		}
 	}
-	fh, done, err := e.acquire(f, write)
+	fh, done, err := e.acquire(f)
 	if err != nil {
 		return 0, fmt.Errorf("%s %q: %w", op, f.Name(), err)
 	}

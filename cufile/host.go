@@ -47,7 +47,7 @@ func (e *hostEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, 
 	}
 	var direct *os.File
 	if e.opts.useDirect(f, fileOff, n) && (fileOff-dstOff)%gpubuf.Align == 0 {
-		direct = openDirect(f, os.O_RDONLY)
+		direct = openDirect(f)
 	}
 	if direct != nil {
 		defer direct.Close()

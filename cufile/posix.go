@@ -224,13 +224,30 @@ func cachedBytes(f *os.File, off, n int64) (int64, bool) {
 	return int64(cs.cache) * int64(os.Getpagesize()), true
 }
 
-// openDirect reopens f with O_DIRECT; nil when the filesystem refuses.
-func openDirect(f *os.File, flags int) *os.File {
-	d, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), flags|syscall.O_DIRECT|syscall.O_CLOEXEC, 0)
+// openDirect reopens f with O_DIRECT for reading; nil when f is not open
+// for reading or the filesystem refuses. The reopen keeps f's own access
+// mode (O_RDONLY or O_RDWR): the daemon, root, must never hold a file with
+// more rights than the caller's descriptor grants, and a write-only
+// descriptor gets no readable twin.
+func openDirect(f *os.File) *os.File {
+	mode, err := accessMode(f)
+	if err != nil || mode == unix.O_WRONLY {
+		return nil
+	}
+	d, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), mode|syscall.O_DIRECT|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil
 	}
 	return d
+}
+
+// accessMode returns f's O_ACCMODE bits (O_RDONLY, O_WRONLY or O_RDWR).
+func accessMode(f *os.File) (int, error) {
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		return 0, fmt.Errorf("fcntl %q: %w", f.Name(), err)
+	}
+	return fl & unix.O_ACCMODE, nil
 }
 
 func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
@@ -243,7 +260,7 @@ func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory,
 	}
 	var direct *os.File
 	if e.opts.useDirect(f, fileOff, n) {
-		direct = openDirect(f, os.O_RDONLY)
+		direct = openDirect(f)
 	}
 	if direct != nil {
 		defer direct.Close()

@@ -2,8 +2,11 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Caller identifies the process behind a FUSE request, as the kernel
@@ -30,15 +33,34 @@ type Control interface {
 	FileIoctl(ctx context.Context, c Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno)
 
 	// Xattr returns the value of the virtual extended attribute name
-	// (user.gdsfs.*) of the backing path (isRoot is true at the mount root).
-	// It returns ENODATA for names it does not serve; fs then falls back to
-	// the backing file's real attributes.
-	Xattr(ctx context.Context, c Caller, path string, isRoot bool, name string) ([]byte, syscall.Errno)
+	// (user.gdsfs.*) of the node t. The kernel has checked that c may
+	// read the node. Control reaches the backing file only through
+	// t.Open, never by t.Path. It returns ENODATA for names it does not
+	// serve; fs then falls back to the backing file's real attributes.
+	Xattr(ctx context.Context, c Caller, t XattrTarget, name string) ([]byte, syscall.Errno)
 
 	// Changed reports that the backing file at path was written, truncated,
 	// renamed, unlinked or replaced through the mount, so cached state about
 	// it (indexes, handles) must not be served again.
 	Changed(path string)
+}
+
+// XattrTarget is the node a virtual extended attribute is asked of.
+type XattrTarget struct {
+	// Path is the node's backing path as the daemon names it: reported to
+	// clients (user.gdsfs.backing) and the key of cached state, never
+	// opened by Control.
+	Path string
+	// IsRoot is true at the mount root.
+	IsRoot bool
+	// Open opens the node's backing file as the kernel knows it: never
+	// following a symlink at its name, never blocking (FIFOs, devices and
+	// sockets are not opened for I/O: their descriptor only stats), and
+	// failing with ESTALE when the name now holds another file than the
+	// node's inode. Regular files and directories are opened read-only
+	// (the kernel checked read permission for user.* attributes). The
+	// caller closes the file.
+	Open func() (*os.File, error)
 }
 
 // Session is one open of the control file.
@@ -53,3 +75,70 @@ type Session interface {
 // controlName is the control file's name at the mount root. It is virtual:
 // not in the backing directory and not listed by readdir.
 const controlName = ".gdsfs"
+
+// xattrTarget describes node n for Control.Xattr.
+func (n *node) xattrTarget() XattrTarget {
+	return XattrTarget{Path: n.backingPath(), IsRoot: n.IsRoot(), Open: n.openBacking}
+}
+
+// openBacking opens n's backing file for a virtual xattr (see XattrTarget
+// Open). The name is opened O_PATH|O_NOFOLLOW first (no I/O, no side
+// effects on devices, no blocking on FIFOs), checked against the inode the
+// kernel resolved, and only a regular file or directory is then reopened
+// read-only (O_NONBLOCK: a lease on the file cannot stall the daemon)
+// through its own descriptor, so nothing swapped in meanwhile is opened.
+// TODO(#12): resolve from a directory fd, one component at a time
+// (openat2 RESOLVE_NO_SYMLINKS), once fs has the resolver.
+func (n *node) openBacking() (*os.File, error) {
+	p := n.backingPath()
+	flags := unix.O_PATH | unix.O_CLOEXEC
+	if !n.IsRoot() {
+		// The root is the mount's source (an overmount names it through
+		// the magic link /proc/self/fd/N, which O_NOFOLLOW refuses).
+		flags |= unix.O_NOFOLLOW
+	}
+	fd, err := unix.Open(p, flags, 0)
+	if err != nil {
+		return nil, fmt.Errorf("fs: open %q: %w", p, err)
+	}
+	pf := os.NewFile(uintptr(fd), p)
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BTIME, &st); err != nil {
+		pf.Close()
+		return nil, fmt.Errorf("fs: stat %q: %w", p, err)
+	}
+	if !n.IsRoot() && !n.isNode(&st) {
+		pf.Close()
+		return nil, fmt.Errorf("fs: %q is no longer the file the kernel resolved: %w", p, syscall.ESTALE)
+	}
+	switch uint32(st.Mode) & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFDIR:
+	default:
+		return pf, nil // stat only
+	}
+	defer pf.Close()
+	rfd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("fs: reopen %q: %w", p, err)
+	}
+	return os.NewFile(uintptr(rfd), p), nil
+}
+
+// isNode reports whether the backing file of statx st is n's inode: the
+// inode number go-fuse's loopback derives from (dev, ino)
+// (LoopbackRoot.idFromStat: the backing inode, with the device mixed in for
+// files on another filesystem than the root's) and, where the node has one,
+// the generation it derives from the birth time (an inode number reused by a
+// new file is another file).
+func (n *node) isNode(st *unix.Statx_t) bool {
+	swap := func(d uint64) uint64 { return d<<32 | d>>32 }
+	dev := unix.Mkdev(st.Dev_major, st.Dev_minor)
+	sa := n.StableAttr()
+	if swap(dev)^swap(n.RootData.Dev)^st.Ino != sa.Ino {
+		return false
+	}
+	if sa.Gen <= 1 || st.Mask&unix.STATX_BTIME == 0 {
+		return true // no birth time: go-fuse's generation is 1
+	}
+	return uint64(st.Btime.Sec)*1e9+uint64(st.Btime.Nsec) == sa.Gen
+}

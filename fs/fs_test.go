@@ -67,10 +67,10 @@ func (c *fakeControl) FileIoctl(ctx context.Context, caller Caller, f *os.File, 
 	return 42, 0
 }
 
-func (c *fakeControl) Xattr(ctx context.Context, caller Caller, path string, isRoot bool, name string) ([]byte, syscall.Errno) {
+func (c *fakeControl) Xattr(ctx context.Context, caller Caller, t XattrTarget, name string) ([]byte, syscall.Errno) {
 	if name == "user.gdsfs.test" {
-		v := "path=" + path
-		if isRoot {
+		v := "path=" + t.Path
+		if t.IsRoot {
 			v += " root"
 		}
 		return []byte(v), 0

@@ -162,7 +162,7 @@ func isWriteOpen(flags uint32) bool {
 // Getxattr asks the control path about user.gdsfs.* names first.
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	if n.m.ctl != nil && strings.HasPrefix(attr, virtualXattrPrefix) {
-		val, errno := n.m.ctl.Xattr(ctx, callerOf(ctx), n.backingPath(), n.IsRoot(), attr)
+		val, errno := n.m.ctl.Xattr(ctx, callerOf(ctx), n.xattrTarget(), attr)
 		switch {
 		case errno == 0:
 			if len(dest) == 0 {

@@ -41,6 +41,9 @@ func (h hostEngines) For(*os.File, string) (ctl.Engine, string) {
 type controlOpts struct {
 	ReadOnly               bool
 	SlabBytes, BudgetBytes int64
+	// EntryTimeout and AttrTimeout are the kernel's name and attribute
+	// cache timeouts (0: the defaults).
+	EntryTimeout, AttrTimeout time.Duration
 }
 
 // controlMount is a mount with a control path over the host engine.
@@ -83,7 +86,7 @@ func mountControl(t testing.TB, o controlOpts) *controlMount {
 		be.Close()
 		ix.Close()
 	})
-	mnt, backing := mountGdsfs(t, mountOpts{Control: srv, ReadOnly: o.ReadOnly, AllowOther: true})
+	mnt, backing := mountGdsfs(t, mountOpts{Control: srv, ReadOnly: o.ReadOnly, AllowOther: true, EntryTimeout: o.EntryTimeout, AttrTimeout: o.AttrTimeout})
 	// Let other uids reach the mount (t.TempDir makes 0700 directories).
 	for d := filepath.Dir(mnt); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 		if err := os.Chmod(d, 0o755); err != nil {

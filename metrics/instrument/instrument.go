@@ -84,9 +84,9 @@ func (c *control) FileIoctl(ctx context.Context, who fs.Caller, f *os.File, path
 	return n, errno
 }
 
-func (c *control) Xattr(ctx context.Context, who fs.Caller, path string, isRoot bool, name string) ([]byte, syscall.Errno) {
+func (c *control) Xattr(ctx context.Context, who fs.Caller, t fs.XattrTarget, name string) ([]byte, syscall.Errno) {
 	start := time.Now()
-	v, errno := c.Control.Xattr(ctx, who, path, isRoot, name)
+	v, errno := c.Control.Xattr(ctx, who, t, name)
 	c.r.ObserveControl("xattr:"+strings.TrimPrefix(name, "user.gdsfs."), time.Since(start), errno)
 	return v, errno
 }

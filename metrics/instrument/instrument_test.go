@@ -95,7 +95,7 @@ func TestControlAndEngineRecording(t *testing.T) {
 	if _, errno := c.FileIoctl(ctx, who, f, p, tcgets, nil, nil); errno != syscall.ENOTTY {
 		t.Fatalf("TCGETS: %v, want ENOTTY", errno)
 	}
-	if _, errno := c.Xattr(ctx, who, p, false, "user.gdsfs.backing"); errno != 0 {
+	if _, errno := c.Xattr(ctx, who, fs.XattrTarget{Path: p}, "user.gdsfs.backing"); errno != 0 {
 		t.Fatalf("xattr backing: %v", errno)
 	}
 	if err := sess.Close(); err != nil {
