@@ -95,7 +95,7 @@ func (m *mountState) ino(st *syscall.Stat_t) uint64 {
 func (n *node) dirFd() (int, syscall.Errno) {
 	fd, err := n.m.openRel(n.Path(nil), unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
-		return -1, gofs.ToErrno(err)
+		return -1, staleErrno(err)
 	}
 	if errno := n.verify(fd); errno != 0 {
 		unix.Close(fd)
@@ -114,7 +114,7 @@ func (n *node) parentFd() (int, string, syscall.Errno) {
 	}
 	fd, err := n.m.openRel(parent.Path(nil), unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
-		return -1, "", gofs.ToErrno(err)
+		return -1, "", staleErrno(err)
 	}
 	return fd, name, 0
 }
@@ -133,13 +133,26 @@ func (n *node) open(flags int) (int, syscall.Errno) {
 	defer unix.Close(pfd)
 	fd, err := unix.Openat(pfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, gofs.ToErrno(err)
+		return -1, staleErrno(err)
 	}
 	if errno := n.verify(fd); errno != 0 {
 		unix.Close(fd)
 		return -1, errno
 	}
 	return fd, 0
+}
+
+// staleErrno maps the failure to reach a node by its path. ELOOP (a
+// symlink where the kernel knows a directory or the node itself) and
+// ENOTDIR (a non-directory where it knows a directory) mean the backing
+// tree was changed behind the mount's back: ESTALE makes the kernel look
+// the path up again and retry once.
+func staleErrno(err error) syscall.Errno {
+	errno := gofs.ToErrno(err)
+	if errno == syscall.ELOOP || errno == syscall.ENOTDIR {
+		return syscall.ESTALE
+	}
+	return errno
 }
 
 // verify checks that fd is the node's backing file.
