@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/ctl"
 )
 
 // The conformance suite runs the same operation through a gdsfs mount and
@@ -529,6 +532,13 @@ func TestConformanceChild(t *testing.T) {
 		t.Skip("helper process for TestConformance")
 	}
 	syscall.Umask(0o022)
+	if names := os.Getenv("GDSFS_CONF_CTLWRITE"); names != "" {
+		if err := childCtlWrite(twin, mnt, strings.Split(names, ",")); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	uid := os.Getuid()
 	w := bufio.NewWriter(os.Stdout)
 	for i, c := range confCases() {
@@ -713,4 +723,115 @@ func short(rel string) string {
 		return rel
 	}
 	return fmt.Sprintf("(%d bytes)...%s", len(rel), rel[len(rel)-20:])
+}
+
+// childCtlWrite writes 4 bytes into each named file: on the twin with
+// pwrite, through the mount with the control path's WRITE.
+func childCtlWrite(twin, mnt string, names []string) error {
+	ctx := context.Background()
+	cl, err := ctl.OpenSession(mnt)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	l, err := cl.Alloc(ctx, ctl.HostDevice, 4)
+	if err != nil {
+		return err
+	}
+	buf, err := cl.Bytes(ctx, l)
+	if err != nil {
+		return err
+	}
+	copy(buf, "ctlw")
+	for _, name := range names {
+		f, err := os.OpenFile(filepath.Join(twin, name), os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteAt([]byte("ctlw"), 1)
+		if err := errors.Join(err, f.Close()); err != nil {
+			return fmt.Errorf("pwrite %s: %w", name, err)
+		}
+		f, err = os.OpenFile(filepath.Join(mnt, name), os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		err = cl.Write(ctx, f, l, 0, 1, 4, false)
+		if err := errors.Join(err, f.Close()); err != nil {
+			return fmt.Errorf("control-path WRITE %s: %w", name, err)
+		}
+	}
+	return cl.Release(ctx, l.ID)
+}
+
+// TestControlWriteClearsSetID: a control-path WRITE (done by the daemon,
+// as root, which holds CAP_FSETID) clears setuid and setgid bits exactly
+// as a write by the caller does on the backing filesystem, for a caller
+// owning the file and one who does not, and keeps them for root.
+func TestControlWriteClearsSetID(t *testing.T) {
+	m := mountControl(t, controlOpts{})
+	twin := t.TempDir()
+	for d := twin; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := []struct {
+		name     string
+		mode     uint32
+		uid, gid int // -1: the caller's
+	}{
+		{"u4777-other", 0o4777, confOther, confOther},
+		{"u4755-own", 0o4755, -1, -1},
+		{"g2775-group", 0o2775, confOther, -1},
+		{"g2765-group-no-x", 0o2765, confOther, -1},
+		{"ug6777-other", 0o6777, confOther, confOther},
+	}
+	bin := worldExecutable(t, os.Args[0])
+	for _, uid := range []int{0, 10001} {
+		var names []string
+		for _, f := range files {
+			name := fmt.Sprintf("%s-%d", f.name, uid)
+			names = append(names, name)
+			u, g := f.uid, f.gid
+			if u < 0 {
+				u = uid
+			}
+			if g < 0 {
+				g = uid
+			}
+			for _, root := range []string{twin, m.backing} {
+				p := filepath.Join(root, name)
+				writeFile(t, p, []byte("0123456789"))
+				if err := os.Chown(p, u, g); err != nil {
+					t.Fatal(err)
+				}
+				if err := syscall.Chmod(p, f.mode); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		cmd := exec.Command(bin, "-test.run=^TestConformanceChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "GDSFS_CONF_TWIN="+twin, "GDSFS_CONF_MNT="+m.mnt, "GDSFS_CONF_CTLWRITE="+strings.Join(names, ","))
+		cmd.Dir = "/"
+		if uid != 0 {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("child as uid %d: %v\n%s", uid, err, out)
+		}
+		for _, name := range names {
+			var want, got syscall.Stat_t
+			if err := syscall.Stat(filepath.Join(twin, name), &want); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Stat(filepath.Join(m.backing, name), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Mode != want.Mode || got.Size != want.Size {
+				t.Errorf("uid %d wrote %s: through the control path mode %o size %d; a write on the backing filesystem leaves mode %o size %d",
+					uid, name, got.Mode&0o7777, got.Size, want.Mode&0o7777, want.Size)
+			}
+		}
+	}
 }
