@@ -37,6 +37,14 @@ type node struct {
 		sync.Mutex
 		fds []int
 	}
+
+	// files holds the backing descriptors of this file's open handles,
+	// so that a file in no directory (O_TMPFILE) can still be linked;
+	// its lock is only ever taken alone.
+	files struct {
+		sync.Mutex
+		fds []int
+	}
 }
 
 var (
@@ -91,6 +99,15 @@ func (n *node) isControlName(name string) bool {
 func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, gen uint64) *gofs.Inode {
 	ch := &node{LoopbackNode: &gofs.LoopbackNode{RootData: n.RootData}, m: n.m}
 	return n.NewInode(ctx, ch, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Gen: gen, Ino: n.m.ino(st)})
+}
+
+// nodeOf returns the *node of an inode of this mount (def if it is not
+// one, which never happens for inodes newChild made).
+func nodeOf(ch *gofs.Inode, def *node) *node {
+	if cn, ok := ch.Operations().(*node); ok {
+		return cn
+	}
+	return def
 }
 
 // lookupAt stats name in dir (not following it) and returns its inode.
@@ -189,7 +206,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	// A new file is a change even when opened read-only (it replaced
 	// nothing, but negative lookups cached by Control are now wrong).
 	n.m.changed(p)
-	return ch, n.wrapFile(gofs.NewLoopbackFile(fd), flags|syscall.O_CREAT, p), 0, 0
+	return ch, nodeOf(ch, n).wrapFile(gofs.NewLoopbackFile(fd), flags|syscall.O_CREAT, p), 0, 0
 }
 
 // fixOwnerFd is fixOwner for an open new file.
@@ -235,7 +252,8 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 		return nil, nil, 0, gofs.ToErrno(err)
 	}
 	out.Attr.FromStat(&st)
-	return n.newChild(ctx, &st, gen), n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath()), 0, 0
+	ch := n.newChild(ctx, &st, gen)
+	return ch, nodeOf(ch, n).wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath()), 0, 0
 }
 
 // Ioctl sends ioctls on data files to the control path. Nothing is ever
@@ -263,7 +281,13 @@ func (n *node) wrapFile(fh gofs.FileHandle, flags uint32, p string) gofs.FileHan
 	if !ok {
 		return fh
 	}
-	h := &fileHandle{LoopbackFile: lf, m: n.m, path: p, writable: isWriteOpen(flags)}
+	h := &fileHandle{LoopbackFile: lf, m: n.m, n: n, fd: -1, path: p, writable: isWriteOpen(flags)}
+	if fd, ok := lf.PassthroughFd(); ok {
+		h.fd = fd
+		n.files.Lock()
+		n.files.fds = append(n.files.fds, fd)
+		n.files.Unlock()
+	}
 	if h.writable {
 		n.m.changed(p)
 	}
@@ -598,23 +622,13 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	if !ok || t.m != n.m {
 		return nil, syscall.EXDEV
 	}
-	// A file created with O_TMPFILE is in no directory, and LINK does
-	// not carry its descriptor.
-	if _, parent := t.Parent(); parent == nil {
-		return nil, syscall.EXDEV
-	}
-	tfd, errno := t.open(unix.O_PATH)
-	if errno != 0 {
-		return nil, errno
-	}
-	defer unix.Close(tfd)
 	dir, errno := n.dirFd()
 	if errno != 0 {
 		return nil, errno
 	}
 	defer unix.Close(dir)
-	if err := unix.Linkat(tfd, "", dir, name, unix.AT_EMPTY_PATH); err != nil {
-		return nil, gofs.ToErrno(err)
+	if errno := t.linkInto(dir, name); errno != 0 {
+		return nil, errno
 	}
 	ch, errno := n.lookupAt(ctx, dir, name, out)
 	if errno == 0 {
@@ -622,6 +636,27 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 		n.m.changed(t.backingPath())
 	}
 	return ch, errno
+}
+
+// linkInto links the node's backing file as name in dir: through a
+// descriptor of it by its path, or, for a file in no directory (created
+// with O_TMPFILE; LINK does not carry a handle), through the descriptor
+// of one of its open handles.
+func (n *node) linkInto(dir int, name string) syscall.Errno {
+	if _, parent := n.Parent(); parent == nil {
+		n.files.Lock()
+		defer n.files.Unlock()
+		if len(n.files.fds) == 0 {
+			return syscall.ENOENT
+		}
+		return gofs.ToErrno(unix.Linkat(n.files.fds[0], "", dir, name, unix.AT_EMPTY_PATH))
+	}
+	fd, errno := n.open(unix.O_PATH)
+	if errno != 0 {
+		return errno
+	}
+	defer unix.Close(fd)
+	return gofs.ToErrno(unix.Linkat(fd, "", dir, name, unix.AT_EMPTY_PATH))
 }
 
 // mknodAt creates an inode under name with mk as the caller (see

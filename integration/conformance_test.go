@@ -352,6 +352,42 @@ func confCases() []confCase {
 		confCase{name: "sticky-rmdir-other", setup: sticky, op: func(c *confCtx) (string, error) { return ok(syscall.Rmdir(c.p("t/sd"))) }, check: stickyCheck},
 		confCase{name: "sticky-unlink-own", setup: sticky, op: func(c *confCtx) (string, error) { return ok(syscall.Unlink(c.p("t/mine"))) }, check: stickyCheck},
 		confCase{name: "sticky-link-other", setup: sticky, op: func(c *confCtx) (string, error) { return ok(syscall.Link(c.p("t/f"), c.p("t/g"))) }, check: stickyCheck},
+		confCase{name: "sticky-ocreat-other", setup: sticky, op: func(c *confCtx) (string, error) {
+			// fs.protected_regular: O_CREAT of another user's file in a
+			// world-writable sticky directory.
+			fd, err := syscall.Open(c.p("t/f"), syscall.O_CREAT|syscall.O_WRONLY, 0o644)
+			if err != nil {
+				return "", err
+			}
+			return ok(syscall.Close(fd))
+		}, check: stickyCheck},
+	)
+
+	// O_TMPFILE: the mode as given, and linking it into the tree.
+	add(
+		confCase{name: "tmpfile-0000", op: func(c *confCtx) (string, error) {
+			fd, err := syscall.Open(c.dir, unix.O_TMPFILE|syscall.O_WRONLY, 0)
+			if err != nil {
+				return "", err
+			}
+			defer syscall.Close(fd)
+			var st syscall.Stat_t
+			if err := syscall.Fstat(fd, &st); err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("mode=%o uid=%d gid=%d", st.Mode&0o7777, st.Uid, st.Gid), nil
+		}},
+		confCase{name: "tmpfile-link", op: func(c *confCtx) (string, error) {
+			fd, err := syscall.Open(c.dir, unix.O_TMPFILE|syscall.O_WRONLY, 0o640)
+			if err != nil {
+				return "", err
+			}
+			defer syscall.Close(fd)
+			if _, err := syscall.Write(fd, []byte("tmp")); err != nil {
+				return "", err
+			}
+			return ok(unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, c.p("t"), unix.AT_SYMLINK_FOLLOW))
+		}, check: []string{"t"}},
 	)
 
 	// Every syscall class on ordinary names.
