@@ -313,6 +313,36 @@ func confCases() []confCase {
 				return ok(syscall.Close(fd))
 			},
 			check: []string{"s"}},
+		confCase{name: "fallocate-4777-other",
+			setup: func(f *fixture) { f.file("s", 0o4777, confOther, confOther, "xyz") },
+			op: func(c *confCtx) (string, error) {
+				fd, err := syscall.Open(c.p("s"), syscall.O_WRONLY, 0)
+				if err != nil {
+					return "", err
+				}
+				err = unix.Fallocate(fd, 0, 0, 8192)
+				return ok(errors.Join(err, syscall.Close(fd)))
+			},
+			check: []string{"s"}},
+		confCase{name: "copy-file-range-4777-other",
+			setup: func(f *fixture) {
+				f.file("s", 0o4777, confOther, confOther, "xyz")
+				f.file("src", 0o644, f.uid, f.uid, "copied")
+			},
+			op: func(c *confCtx) (string, error) {
+				in, err := syscall.Open(c.p("src"), syscall.O_RDONLY, 0)
+				if err != nil {
+					return "", err
+				}
+				defer syscall.Close(in)
+				out, err := syscall.Open(c.p("s"), syscall.O_WRONLY, 0)
+				if err != nil {
+					return "", err
+				}
+				_, err = unix.CopyFileRange(in, nil, out, nil, 6, 0)
+				return ok(errors.Join(err, syscall.Close(out)))
+			},
+			check: []string{"s"}},
 		confCase{name: "chown-own-4755",
 			setup: func(f *fixture) { f.file("s", 0o4755, f.uid, f.uid, "x") },
 			op:    func(c *confCtx) (string, error) { return ok(syscall.Chown(c.p("s"), -1, c.uid)) },
