@@ -111,3 +111,74 @@ func TestOpenRel(t *testing.T) {
 		}
 	}
 }
+
+// TestCreators: inodes made on the creator threads belong to the caller
+// (the directory's group in a setgid directory), have exactly the mode
+// given (no umask), and the process's own umask and credentials are left
+// alone.
+func TestCreators(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("switching filesystem credentials needs root")
+	}
+	before := syscall.Umask(0o027)
+	syscall.Umask(before)
+	c, err := newCreators()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.asCaller {
+		t.Fatal("root could not switch credentials (SECBIT_NO_SETUID_FIXUP)")
+	}
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil { // writable by root only: caps must be kept
+		t.Fatal(err)
+	}
+	sg := filepath.Join(dir, "sg")
+	if err := os.Mkdir(sg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(sg, 0, 4321); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Chmod(sg, 0o2755); err != nil {
+		t.Fatal(err)
+	}
+	caller := Caller{UID: 10001, GID: 10001}
+	for _, x := range []struct {
+		path     string
+		mode     uint32
+		wantMode uint32
+		wantGID  uint32
+	}{
+		{filepath.Join(dir, "f"), 0o4777, 0o4777, 10001},
+		{filepath.Join(dir, "z"), 0, 0, 10001},
+		{filepath.Join(sg, "f"), 0o666, 0o666, 4321},
+	} {
+		if _, err := c.do(caller, func() error {
+			fd, err := unix.Open(x.path, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, x.mode)
+			if err == nil {
+				unix.Close(fd)
+			}
+			return err
+		}); err != nil {
+			t.Fatalf("create %s: %v", x.path, err)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(x.path, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != caller.UID || st.Gid != x.wantGID || st.Mode&0o7777 != x.wantMode {
+			t.Errorf("%s: uid %d gid %d mode %o; want uid %d gid %d mode %o", x.path, st.Uid, st.Gid, st.Mode&0o7777, caller.UID, x.wantGID, x.wantMode)
+		}
+	}
+	// The test process (other threads) keeps its umask and identity.
+	after := syscall.Umask(0o027)
+	syscall.Umask(after)
+	if after != before || os.Geteuid() != 0 {
+		t.Errorf("process umask %o (was %o), euid %d after creations: the creator threads leaked their state", after, before, os.Geteuid())
+	}
+	c.close()
+	if _, err := c.do(caller, func() error { return nil }); !errors.Is(err, syscall.EIO) {
+		t.Errorf("do after close: %v, want EIO", err)
+	}
+}

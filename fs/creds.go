@@ -29,6 +29,9 @@ import (
 // through the parent's descriptor (see fixOwner).
 type creators struct {
 	reqs chan creatorReq
+	// quit is closed by close; reqs is never closed (a request may
+	// still come from a FUSE handler when the mount ends).
+	quit chan struct{}
 	// asCaller is set when the threads switch credentials.
 	asCaller bool
 	euid     int
@@ -51,7 +54,7 @@ const secbitNoSetuidFixup = 1 << 2
 const nCreators = 4
 
 func newCreators() (*creators, error) {
-	c := &creators{reqs: make(chan creatorReq), euid: os.Geteuid(), egid: os.Getegid()}
+	c := &creators{reqs: make(chan creatorReq), quit: make(chan struct{}), euid: os.Geteuid(), egid: os.Getegid()}
 	ready := make(chan error, nCreators)
 	asCaller := make(chan bool, nCreators)
 	for range nCreators {
@@ -91,8 +94,13 @@ func (c *creators) run(ready chan<- error, asCaller chan<- bool) {
 	}
 	ready <- nil
 	asCaller <- can
-	for r := range c.reqs {
-		r.done <- c.serve(r, can)
+	for {
+		select {
+		case r := <-c.reqs:
+			r.done <- c.serve(r, can)
+		case <-c.quit:
+			return
+		}
 	}
 }
 
@@ -120,14 +128,18 @@ func (c *creators) serve(r creatorReq, can bool) error {
 // caller (otherwise as the daemon, and the new inode needs fixOwner).
 func (c *creators) do(caller Caller, f func() error) (bool, error) {
 	r := creatorReq{c: caller, f: f, done: make(chan error, 1)}
-	c.reqs <- r
-	return c.asCaller, <-r.done
+	select {
+	case c.reqs <- r:
+		return c.asCaller, <-r.done
+	case <-c.quit:
+		return c.asCaller, fmt.Errorf("fs: create after the mount ended: %w", unix.EIO)
+	}
 }
 
 // close ends the threads.
 func (c *creators) close() {
 	c.once.Do(func() {
-		close(c.reqs)
+		close(c.quit)
 		c.wg.Wait()
 	})
 }
