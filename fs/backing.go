@@ -93,6 +93,9 @@ func (m *mountState) ino(st *syscall.Stat_t) uint64 {
 // dirFd opens the node, a directory, O_PATH, and checks that it is still
 // the node's directory.
 func (n *node) dirFd() (int, syscall.Errno) {
+	if fd := n.keptDirFd(); fd >= 0 {
+		return fd, 0
+	}
 	fd, err := n.m.openRel(n.Path(nil), unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
 		return -1, staleErrno(err)
@@ -104,6 +107,25 @@ func (n *node) dirFd() (int, syscall.Errno) {
 	return fd, 0
 }
 
+// keptDirFd returns a duplicate of a descriptor of one of the node's open
+// directory handles (see dirHandle), or -1 if it has none. Such a
+// descriptor is the node's directory by construction (checked when it was
+// opened, and it follows the directory wherever it is renamed), and
+// duplicating it is much cheaper than resolving the path again (a listing
+// looks up every entry in the open directory).
+func (n *node) keptDirFd() int {
+	n.dirs.Lock()
+	defer n.dirs.Unlock()
+	if len(n.dirs.fds) == 0 {
+		return -1
+	}
+	fd, err := dupCloexec(n.dirs.fds[0])
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
 // parentFd opens the directory holding the node's name, O_PATH, and
 // returns it with the name. A node without a name (removed, or created
 // with O_TMPFILE) has no path: ENOENT.
@@ -111,6 +133,11 @@ func (n *node) parentFd() (int, string, syscall.Errno) {
 	name, parent := n.Parent()
 	if parent == nil {
 		return -1, "", syscall.ENOENT
+	}
+	if pn, ok := parent.Operations().(*node); ok {
+		if fd := pn.keptDirFd(); fd >= 0 {
+			return fd, name, 0
+		}
 	}
 	fd, err := n.m.openRel(parent.Path(nil), unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
