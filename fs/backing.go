@@ -73,12 +73,57 @@ func openat2(dir int, p string, flags int) (int, error) {
 	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Resolve: resolveFlags}
 	for range 16 {
 		fd, err := unix.Openat2(dir, p, &how)
+		if err == unix.ENOSYS {
+			// Linux < 5.6, or a seccomp filter that does not know
+			// openat2.
+			return openWalk(dir, p, flags)
+		}
 		// EAGAIN: a concurrent rename during a RESOLVE_BENEATH walk.
 		if err != unix.EAGAIN && err != unix.EINTR {
 			return fd, err
 		}
 	}
 	return -1, syscall.EAGAIN
+}
+
+// openWalk resolves p below dir one component at a time with O_NOFOLLOW,
+// as openat2 with resolveFlags does in one call: no symlink is followed
+// (ELOOP), and ".." and absolute paths are refused (EXDEV) since they could
+// leave dir (names from the kernel never contain them).
+func openWalk(dir int, p string, flags int) (int, error) {
+	if strings.HasPrefix(p, "/") {
+		return -1, syscall.EXDEV
+	}
+	comps := strings.Split(p, "/")
+	cur, owned := dir, false
+	for i, c := range comps {
+		if c == ".." {
+			if owned {
+				unix.Close(cur)
+			}
+			return -1, syscall.EXDEV
+		}
+		fl := unix.O_PATH | unix.O_DIRECTORY
+		if i == len(comps)-1 {
+			fl = flags
+		}
+		fd, err := unix.Openat(cur, c, fl|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == unix.ENOTDIR {
+			// O_DIRECTORY|O_NOFOLLOW on a symlink: openat2 says ELOOP.
+			var st unix.Stat_t
+			if unix.Fstatat(cur, c, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				err = syscall.ELOOP
+			}
+		}
+		if owned {
+			unix.Close(cur)
+		}
+		if err != nil {
+			return -1, err
+		}
+		cur, owned = fd, true
+	}
+	return cur, nil
 }
 
 // ino is the inode number gdsfs gives a backing file (as go-fuse's

@@ -109,6 +109,19 @@ func TestOpenRel(t *testing.T) {
 		if !errors.Is(err, c.want) && (err != nil || c.want != nil) {
 			t.Errorf("openRel(%.30q... %d bytes): %v, want %v", c.rel, len(c.rel), err, c.want)
 		}
+		// The fallback for kernels without openat2 agrees (it takes
+		// paths of any length).
+		rel := c.rel
+		if rel == "" {
+			rel = "."
+		}
+		fd, err = openWalk(rfd, rel, unix.O_PATH|unix.O_DIRECTORY)
+		if err == nil {
+			unix.Close(fd)
+		}
+		if !errors.Is(err, c.want) && (err != nil || c.want != nil) {
+			t.Errorf("openWalk(%.30q... %d bytes): %v, want %v", c.rel, len(c.rel), err, c.want)
+		}
 	}
 }
 
