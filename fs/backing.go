@@ -229,19 +229,23 @@ func staleErrno(err error) syscall.Errno {
 
 // verify checks that fd is the node's backing file.
 func (n *node) verify(fd int) syscall.Errno {
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
+	st, gen, err := statAt(fd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
 		return gofs.ToErrno(err)
 	}
-	return n.verifyStat(&st)
+	return n.verifyStat(&st, gen)
 }
 
-func (n *node) verifyStat(st *syscall.Stat_t) syscall.Errno {
+// verifyStat checks that st (with generation gen, from its birth time) is
+// the node's backing file: same inode number, type and generation. The
+// generation tells apart a new file that reuses a removed file's inode
+// number (and that another user may have moved under the old name).
+func (n *node) verifyStat(st *syscall.Stat_t, gen uint64) syscall.Errno {
 	if n.IsRoot() {
 		return 0
 	}
 	sa := n.StableAttr()
-	if n.m.ino(st) != sa.Ino || st.Mode&syscall.S_IFMT != sa.Mode&syscall.S_IFMT {
+	if n.m.ino(st) != sa.Ino || st.Mode&syscall.S_IFMT != sa.Mode&syscall.S_IFMT || gen != sa.Gen {
 		return syscall.ESTALE
 	}
 	return 0
@@ -285,11 +289,16 @@ func statAt(dir int, name string, flags int) (syscall.Stat_t, uint64, error) {
 	st.Atim = syscall.NsecToTimespec(x.Atime.Sec*1e9 + int64(x.Atime.Nsec))
 	st.Mtim = syscall.NsecToTimespec(x.Mtime.Sec*1e9 + int64(x.Mtime.Nsec))
 	st.Ctim = syscall.NsecToTimespec(x.Ctime.Sec*1e9 + int64(x.Ctime.Nsec))
-	gen := uint64(1)
+	return st, genOf(&x), nil
+}
+
+// genOf is go-fuse's generation number for a file: its birth time, or 1
+// where the filesystem has none.
+func genOf(x *unix.Statx_t) uint64 {
 	if x.Mask&unix.STATX_BTIME != 0 && (x.Btime.Sec != 0 || x.Btime.Nsec != 0) {
-		gen = uint64(x.Btime.Sec)*1e9 + uint64(x.Btime.Nsec)
+		return uint64(x.Btime.Sec)*1e9 + uint64(x.Btime.Nsec)
 	}
-	return st, gen, nil
+	return 1
 }
 
 // setNum assigns v to *dst whatever the field's width on this

@@ -145,11 +145,11 @@ func (n *node) statByName(out *fuse.AttrOut) syscall.Errno {
 	if name == "" {
 		fl = unix.AT_EMPTY_PATH
 	}
-	st, _, err := statAt(dir, name, fl)
+	st, gen, err := statAt(dir, name, fl)
 	if err != nil {
 		return gofs.ToErrno(err)
 	}
-	if errno := n.verifyStat(&st); errno != 0 {
+	if errno := n.verifyStat(&st, gen); errno != 0 {
 		return errno
 	}
 	out.FromStat(&st)

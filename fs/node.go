@@ -494,11 +494,11 @@ func (n *node) Statx(ctx context.Context, f gofs.FileHandle, flags, mask uint32,
 		fl |= unix.AT_EMPTY_PATH
 	}
 	var x unix.Statx_t
-	if err := unix.Statx(dir, name, fl, int(mask), &x); err != nil {
+	if err := unix.Statx(dir, name, fl, int(mask)|unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BTIME, &x); err != nil {
 		return gofs.ToErrno(err)
 	}
 	st := syscall.Stat_t{Ino: x.Ino, Dev: unix.Mkdev(x.Dev_major, x.Dev_minor), Mode: uint32(x.Mode)}
-	if errno := n.verifyStat(&st); errno != 0 {
+	if errno := n.verifyStat(&st, genOf(&x)); errno != 0 {
 		return errno
 	}
 	out.FromStatx(&x)
