@@ -136,3 +136,45 @@ echo "listxattr f: $(getfattr -d $M/f 2>&1)"
 		t.Errorf("readlink through the mount: %q, %v; want %q", got, err, secret)
 	}
 }
+
+// TestBackingReplacedBehindMount: files and directories replaced directly
+// in the backing directory, while the kernel still caches the old nodes
+// (long timeouts), read back as the new ones through the mount: the daemon
+// answers ESTALE for the old node and the kernel looks the name up again,
+// so no caller sees the error.
+func TestBackingReplacedBehindMount(t *testing.T) {
+	backing := t.TempDir()
+	writeFile(t, filepath.Join(backing, "f"), []byte("old"))
+	writeFile(t, filepath.Join(backing, "d", "old"), []byte("x"))
+	mnt, _ := mountGdsfs(t, mountOpts{Backing: backing, AttrTimeout: time.Hour, EntryTimeout: time.Hour})
+	if got, err := os.ReadFile(filepath.Join(mnt, "f")); err != nil || string(got) != "old" {
+		t.Fatalf("read f: %q, %v", got, err)
+	}
+	if es, err := os.ReadDir(filepath.Join(mnt, "d")); err != nil || len(es) != 1 {
+		t.Fatalf("list d: %v, %v", es, err)
+	}
+	writeFile(t, filepath.Join(backing, "f.new"), []byte("new contents"))
+	if err := os.Rename(filepath.Join(backing, "f.new"), filepath.Join(backing, "f")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(backing, "d.new", "new"), []byte("y"))
+	if err := os.RemoveAll(filepath.Join(backing, "d")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(backing, "d.new"), filepath.Join(backing, "d")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "f")); err != nil || string(got) != "new contents" {
+		t.Errorf("read f after it was replaced in the backing directory: %q, %v", got, err)
+	}
+	if st, err := os.Stat(filepath.Join(mnt, "f")); err != nil || st.Size() != int64(len("new contents")) {
+		t.Errorf("stat f after it was replaced: %v, %v", st, err)
+	}
+	es, err := os.ReadDir(filepath.Join(mnt, "d"))
+	if err != nil || len(es) != 1 || es[0].Name() != "new" {
+		t.Errorf("list d after it was replaced: %v, %v", es, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "d", "new")); err != nil || string(got) != "y" {
+		t.Errorf("read d/new: %q, %v", got, err)
+	}
+}
