@@ -24,9 +24,10 @@ import (
 // the caller's umask to the mode it sends, and the daemon's must not apply
 // a second time.
 //
-// When the credentials cannot be switched (the daemon is not root or lacks
-// CAP_SETPCAP), inodes are created as the daemon and chowned afterwards
-// through the parent's descriptor (see fixOwner).
+// When a root daemon cannot switch credentials (no CAP_SETPCAP), inodes are
+// created as root and chowned afterwards through the parent's descriptor
+// (see fixOwner). An unprivileged daemon (a user mount, which only its
+// user can use) creates its files as itself.
 type creators struct {
 	reqs chan creatorReq
 	// quit is closed by close; reqs is never closed (a request may
@@ -124,15 +125,17 @@ func (c *creators) serve(r creatorReq, can bool) error {
 	return r.f()
 }
 
-// do runs f on a creator thread as c. It reports whether f ran as the
-// caller (otherwise as the daemon, and the new inode needs fixOwner).
+// do runs f on a creator thread as c. It reports whether the new inode
+// still needs fixOwner: f ran as the daemon, and the daemon is root (an
+// unprivileged daemon's files are its own, as the loopback leaves them).
 func (c *creators) do(caller Caller, f func() error) (bool, error) {
+	fix := !c.asCaller && c.euid == 0
 	r := creatorReq{c: caller, f: f, done: make(chan error, 1)}
 	select {
 	case c.reqs <- r:
-		return c.asCaller, <-r.done
+		return fix, <-r.done
 	case <-c.quit:
-		return c.asCaller, fmt.Errorf("fs: create after the mount ended: %w", unix.EIO)
+		return fix, fmt.Errorf("fs: create after the mount ended: %w", unix.EIO)
 	}
 }
 

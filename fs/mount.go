@@ -168,8 +168,8 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 	if m.mk, err = newCreators(); err != nil {
 		return fail(fmt.Errorf("mount %q: %w", o.Mountpoint, err))
 	}
-	if !m.mk.asCaller {
-		m.log.Warn().Msg("cannot create files with the callers' credentials (the daemon is not root or lacks CAP_SETPCAP): new files are created by the daemon and chowned to their callers, and a setuid bit asked for at creation is lost")
+	if !m.mk.asCaller && m.mk.euid == 0 {
+		m.log.Warn().Msg("cannot create files with the callers' credentials (the daemon lacks CAP_SETPCAP): new files are created by root and chowned to their callers, and a setuid bit asked for at creation is lost")
 	}
 	lbRoot, ok := lb.(*gofs.LoopbackNode)
 	if !ok {

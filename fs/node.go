@@ -178,7 +178,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	// and the permission checks that come with it, on ESTALE.
 	fl := int(flags)&^syscall.O_APPEND | syscall.O_CREAT | syscall.O_EXCL | syscall.O_NOFOLLOW | syscall.O_CLOEXEC
 	fd := -1
-	asCaller, err := n.m.mk.do(c, func() error {
+	fix, err := n.m.mk.do(c, func() error {
 		var err error
 		fd, err = unix.Openat(dir, name, fl, mode&0o7777)
 		return err
@@ -189,7 +189,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		}
 		return nil, nil, 0, gofs.ToErrno(err)
 	}
-	if !asCaller {
+	if fix {
 		if errno := fixOwnerFd(fd, dir, c); errno != 0 {
 			unix.Close(fd)
 			return nil, nil, 0, errno
@@ -232,7 +232,7 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 	defer unix.Close(dir)
 	c := callerOf(ctx)
 	fd := -1
-	asCaller, err := n.m.mk.do(c, func() error {
+	fix, err := n.m.mk.do(c, func() error {
 		var err error
 		fd, err = unix.Openat(dir, ".", int(flags)&^syscall.O_APPEND|unix.O_TMPFILE|syscall.O_CLOEXEC, mode&0o7777)
 		return err
@@ -240,7 +240,7 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 	if err != nil {
 		return nil, nil, 0, gofs.ToErrno(err)
 	}
-	if !asCaller {
+	if fix {
 		if errno := fixOwnerFd(fd, dir, c); errno != 0 {
 			unix.Close(fd)
 			return nil, nil, 0, errno
@@ -671,11 +671,11 @@ func (n *node) mknodAt(ctx context.Context, name string, out *fuse.EntryOut, mk 
 	}
 	defer unix.Close(dir)
 	c := callerOf(ctx)
-	asCaller, err := n.m.mk.do(c, func() error { return mk(dir) })
+	fix, err := n.m.mk.do(c, func() error { return mk(dir) })
 	if err != nil {
 		return nil, gofs.ToErrno(err)
 	}
-	if !asCaller {
+	if fix {
 		if err := fixOwner(dir, name, c); err != nil {
 			return nil, gofs.ToErrno(err)
 		}
