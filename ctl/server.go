@@ -509,6 +509,11 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if errno != 0 {
 		return errno
 	}
+	// The daemon writes as root (CAP_FSETID): clear setuid/setgid as
+	// the kernel does before a write by the caller.
+	if err := fs.ClearSetID(f, c); err != nil {
+		return s.ioErrno(err, "write", path)
+	}
 	srcOff := li.slabOff + int64(req.LeaseOffset)
 	n, err := eng.WriteAt(ctx, f, l.Slab.Memory, srcOff, int64(req.FileOffset), int64(req.Length))
 	s.Changed(path)

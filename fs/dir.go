@@ -40,11 +40,12 @@ var (
 	_ = (gofs.FileGetattrer)((*dirHandle)(nil))
 )
 
-// OpendirHandle opens the backing directory for a directory stream.
+// OpendirHandle opens the backing directory (checked to be the node's)
+// for a directory stream.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	fd, err := unix.Open(n.backingPath(), unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, 0, gofs.ToErrno(err)
+	fd, errno := n.open(unix.O_DIRECTORY | unix.O_RDONLY)
+	if errno != 0 {
+		return nil, 0, errno
 	}
 	keep, err := dupCloexec(fd)
 	if err != nil {
@@ -97,12 +98,26 @@ func (d *dirHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errn
 	return 0
 }
 
-// Getattr stats by path like the loopback, and falls back to an open
-// descriptor of the node when the path is gone (removed or replaced
-// directory still open somewhere).
+// Readdir lists the backing directory (go-fuse uses OpendirHandle; this
+// serves any caller of the plain interface the same way).
+func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	fd, errno := n.open(unix.O_DIRECTORY | unix.O_RDONLY)
+	if errno != 0 {
+		return nil, errno
+	}
+	return gofs.NewLoopbackDirStreamFd(fd)
+}
+
+// Getattr stats through the client's handle when the kernel gives one,
+// else by name in the parent's descriptor (checked to be the node), and
+// falls back to an open descriptor of the node when the name is gone
+// (removed or replaced directory still open somewhere).
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	errno := n.LoopbackNode.Getattr(ctx, f, out)
-	if errno != syscall.ENOENT || f != nil {
+	if fga, ok := f.(gofs.FileGetattrer); ok && fga != nil {
+		return fga.Getattr(ctx, out)
+	}
+	errno := n.statByName(out)
+	if errno != syscall.ENOENT && errno != syscall.ESTALE {
 		return errno
 	}
 	n.dirs.Lock()
@@ -113,6 +128,29 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 	var st syscall.Stat_t
 	if err := syscall.Fstat(n.dirs.fds[0], &st); err != nil {
 		return gofs.ToErrno(err)
+	}
+	out.FromStat(&st)
+	return 0
+}
+
+func (n *node) statByName(out *fuse.AttrOut) syscall.Errno {
+	dir, name, owned, errno := n.statTarget()
+	if errno != 0 {
+		return errno
+	}
+	if owned {
+		defer unix.Close(dir)
+	}
+	fl := 0
+	if name == "" {
+		fl = unix.AT_EMPTY_PATH
+	}
+	st, gen, err := statAt(dir, name, fl)
+	if err != nil {
+		return gofs.ToErrno(err)
+	}
+	if errno := n.verifyStat(&st, gen); errno != 0 {
+		return errno
 	}
 	out.FromStat(&st)
 	return 0

@@ -4,9 +4,24 @@
 //
 // # Node tree
 //
-// Every node embeds go-fuse's *LoopbackNode and adds behaviour by
-// overriding single methods (wrapping, not rewriting). Children are wrapped
-// through NodeWrapChilder, so every node of the tree is a *node.
+// Every node embeds go-fuse's *LoopbackNode for its Inode, and overrides
+// every operation that touches the backing tree: go-fuse's loopback builds
+// absolute paths, which fail beyond PATH_MAX and follow symlinks planted in
+// the backing tree. gdsfs resolves each node's path relative to a
+// descriptor of the backing root with openat2 (RESOLVE_BENEATH,
+// RESOLVE_NO_SYMLINKS, RESOLVE_NO_MAGICLINKS), acts on the last component
+// with an *at call that does not follow it, and checks that the object
+// reached is the node's (inode number and type; ESTALE otherwise, on which
+// the kernel looks the path up again). Operations on an open file use its
+// descriptor. See backing.go.
+//
+// Inodes are created (create, mkdir, mknod, symlink, O_TMPFILE) on
+// dedicated threads with the caller's filesystem uid and gid and umask 0,
+// keeping root's capabilities (creds.go): the backing filesystem gives the
+// new inode the caller's owner, the directory's group in a setgid
+// directory, and exactly the mode the kernel sent (already masked with the
+// caller's umask), setuid bits included. Modes are reported as they are
+// (go-fuse's NullPermissions), 0000 included.
 //
 // # Passthrough
 //

@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -15,6 +16,8 @@ import (
 type fileHandle struct {
 	*gofs.LoopbackFile
 	m        *mountState
+	n        *node
+	fd       int    // the loopback file's descriptor, registered on n
 	path     string // backing path
 	writable bool   // opened for writing or with O_TRUNC
 
@@ -103,6 +106,9 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		h.os.f = nil
 	}
 	h.os.Unlock()
+	h.n.files.Lock()
+	h.n.files.fds = slices.DeleteFunc(h.n.files.fds, func(fd int) bool { return fd == h.fd })
+	h.n.files.Unlock()
 	errno := h.LoopbackFile.Release(ctx)
 	if h.writable {
 		h.m.changed(h.path)

@@ -15,6 +15,7 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 // Default kernel cache timeouts. Datasets and checkpoints are read far more
@@ -110,6 +111,13 @@ type mountState struct {
 	root     string // backing root path, valid in this process
 	pt       *passthrough
 	readOnly bool
+
+	// rootFd is an O_PATH descriptor of the backing root; every backing
+	// path is resolved from it (backing.go). dev is the root's device.
+	rootFd int
+	dev    uint64
+	// mk creates inodes as their callers (creds.go).
+	mk *creators
 }
 
 // Mount mounts o.Source (or, with no Source, the directory under
@@ -150,15 +158,26 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		log:      o.Logger,
 		root:     root,
 		readOnly: o.ReadOnly,
+		rootFd:   -1,
 	}
 	m.pt = newPassthrough(m.log)
 	s.m = m
+	if m.rootFd, err = unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return fail(fmt.Errorf("open backing directory %q: %w", root, err))
+	}
+	if m.mk, err = newCreators(); err != nil {
+		return fail(fmt.Errorf("mount %q: %w", o.Mountpoint, err))
+	}
+	if !m.mk.asCaller && m.mk.euid == 0 {
+		m.log.Warn().Msg("cannot create files with the callers' credentials (the daemon lacks CAP_SETPCAP): new files are created by root and chowned to their callers, and a setuid bit asked for at creation is lost")
+	}
 	lbRoot, ok := lb.(*gofs.LoopbackNode)
 	if !ok {
 		return fail(fmt.Errorf("BUG: go-fuse's loopback root is a %T, not a *LoopbackNode", lb))
 	}
 	rootNode := &node{LoopbackNode: lbRoot, m: m}
 	rootNode.RootData.RootNode = rootNode
+	m.dev = lbRoot.RootData.Dev
 
 	attr := timeout(o.AttrTimeout, DefaultAttrTimeout)
 	entry := timeout(o.EntryTimeout, DefaultEntryTimeout)
@@ -200,6 +219,10 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		AttrTimeout:  &attr,
 		EntryTimeout: &entry,
 		Logger:       goLog,
+		// Report modes as they are: go-fuse otherwise turns a mode
+		// 0000 into 0644 (0755 for directories), and the kernel checks
+		// access against the mode the daemon reports.
+		NullPermissions: true,
 		OnAdd: func(ctx context.Context) {
 			if m.ctl != nil {
 				rootNode.addControl(ctx)
@@ -287,6 +310,14 @@ func (s *Server) Stats() PassthroughStats { return s.m.pt.stats() }
 
 func (s *Server) closeSource() {
 	s.closeOnce.Do(func() {
+		if s.m != nil {
+			if s.m.mk != nil {
+				s.m.mk.close()
+			}
+			if s.m.rootFd >= 0 {
+				unix.Close(s.m.rootFd)
+			}
+		}
 		if s.sourceDir != nil {
 			s.sourceDir.Close()
 		}

@@ -77,6 +77,9 @@ type differ struct {
 var diffNames = []string{"a", "b", "c", "d", "e", "d1/a", "d1/b", "d1/c", "d2/a", "d2/b", "d1/d3/a", "d1/d3/b"}
 var diffDirs = []string{"d1", "d2", "d1/d3", "d4"}
 
+// diffModes are modes go-fuse or a root daemon can get wrong.
+var diffModes = []uint32{0, 0o4755, 0o2775, 0o6777, 0o1777, 0o2765}
+
 func (d *differ) name() string { return diffNames[d.rng.IntN(len(diffNames))] }
 func (d *differ) dir() string  { return diffDirs[d.rng.IntN(len(diffDirs))] }
 
@@ -157,9 +160,12 @@ func (d *differ) step() {
 	case 8: // hard link
 		from, to := d.name(), d.name()
 		d.both("link "+from+" "+to, func(r string, _ int) error { return os.Link(filepath.Join(r, from), filepath.Join(r, to)) })
-	case 9: // chmod
-		p, mode := d.name(), os.FileMode(0o600+d.rng.IntN(0o200))
-		d.both(fmt.Sprintf("chmod %s %o", p, mode), func(r string, _ int) error { return os.Chmod(filepath.Join(r, p), mode) })
+	case 9: // chmod, sometimes to 0000 or with setuid/setgid/sticky bits
+		p, mode := d.name(), uint32(0o600+d.rng.IntN(0o200))
+		if d.rng.IntN(3) == 0 {
+			mode = diffModes[d.rng.IntN(len(diffModes))]
+		}
+		d.both(fmt.Sprintf("chmod %s %o", p, mode), func(r string, _ int) error { return syscall.Chmod(filepath.Join(r, p), mode) })
 	case 10: // open and keep (read-write), for later writes/fsync after renames and unlinks
 		if len(d.open) >= 8 {
 			d.closeOne()
