@@ -78,67 +78,36 @@ const controlName = ".gdsfs"
 
 // xattrTarget describes node n for Control.Xattr.
 func (n *node) xattrTarget() XattrTarget {
-	return XattrTarget{Path: n.backingPath(), IsRoot: n.IsRoot(), Open: n.openBacking}
+	return XattrTarget{Path: n.backingPath(), IsRoot: n.IsRoot(), Open: n.openForXattr}
 }
 
-// openBacking opens n's backing file for a virtual xattr (see XattrTarget
-// Open). The name is opened O_PATH|O_NOFOLLOW first (no I/O, no side
-// effects on devices, no blocking on FIFOs), checked against the inode the
-// kernel resolved, and only a regular file or directory is then reopened
-// read-only (O_NONBLOCK: a lease on the file cannot stall the daemon)
-// through its own descriptor, so nothing swapped in meanwhile is opened.
-// TODO(#12): resolve from a directory fd, one component at a time
-// (openat2 RESOLVE_NO_SYMLINKS), once fs has the resolver.
-func (n *node) openBacking() (*os.File, error) {
-	p := n.backingPath()
-	flags := unix.O_PATH | unix.O_CLOEXEC
-	if !n.IsRoot() {
-		// The root is the mount's source (an overmount names it through
-		// the magic link /proc/self/fd/N, which O_NOFOLLOW refuses).
-		flags |= unix.O_NOFOLLOW
+// openForXattr opens n's backing file for a virtual xattr (see XattrTarget
+// Open). The node is reached from the root's descriptor without following
+// symlinks and opened O_PATH (no I/O, no side effects on devices, no
+// blocking on FIFOs), checked to be the inode the kernel resolved (n.open),
+// and only a regular file or directory is then reopened read-only
+// (O_NONBLOCK: a lease on the file cannot stall the daemon) through its own
+// descriptor, so nothing swapped in meanwhile is opened.
+func (n *node) openForXattr() (*os.File, error) {
+	fd, errno := n.open(unix.O_PATH)
+	if errno != 0 {
+		return nil, fmt.Errorf("fs: open backing file of %q: %w", n.backingPath(), errno)
 	}
-	fd, err := unix.Open(p, flags, 0)
-	if err != nil {
-		return nil, fmt.Errorf("fs: open %q: %w", p, err)
-	}
-	pf := os.NewFile(uintptr(fd), p)
-	var st unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BTIME, &st); err != nil {
+	pf := os.NewFile(uintptr(fd), n.backingPath())
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		pf.Close()
-		return nil, fmt.Errorf("fs: stat %q: %w", p, err)
+		return nil, fmt.Errorf("fs: stat backing file of %q: %w", n.backingPath(), err)
 	}
-	if !n.IsRoot() && !n.isNode(&st) {
-		pf.Close()
-		return nil, fmt.Errorf("fs: %q is no longer the file the kernel resolved: %w", p, syscall.ESTALE)
-	}
-	switch uint32(st.Mode) & unix.S_IFMT {
+	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG, unix.S_IFDIR:
 	default:
 		return pf, nil // stat only
 	}
 	defer pf.Close()
-	rfd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	rfd, err := unix.Open(procPath(fd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("fs: reopen %q: %w", p, err)
+		return nil, fmt.Errorf("fs: reopen %q: %w", n.backingPath(), err)
 	}
-	return os.NewFile(uintptr(rfd), p), nil
-}
-
-// isNode reports whether the backing file of statx st is n's inode: the
-// inode number go-fuse's loopback derives from (dev, ino)
-// (LoopbackRoot.idFromStat: the backing inode, with the device mixed in for
-// files on another filesystem than the root's) and, where the node has one,
-// the generation it derives from the birth time (an inode number reused by a
-// new file is another file).
-func (n *node) isNode(st *unix.Statx_t) bool {
-	swap := func(d uint64) uint64 { return d<<32 | d>>32 }
-	dev := unix.Mkdev(st.Dev_major, st.Dev_minor)
-	sa := n.StableAttr()
-	if swap(dev)^swap(n.RootData.Dev)^st.Ino != sa.Ino {
-		return false
-	}
-	if sa.Gen <= 1 || st.Mask&unix.STATX_BTIME == 0 {
-		return true // no birth time: go-fuse's generation is 1
-	}
-	return uint64(st.Btime.Sec)*1e9+uint64(st.Btime.Nsec) == sa.Gen
+	return os.NewFile(uintptr(rfd), n.backingPath()), nil
 }
