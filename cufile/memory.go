@@ -236,7 +236,7 @@ func (m *vmmMemory) ExportFD() (*os.File, int64, error) {
 
 // Close deregisters the memory from cuFile, unmaps it and releases the
 // daemon's handle. Clients' imports keep the physical memory until they
-// unmap it (counted in docs/security-cudavmm.md).
+// unmap it (counted in docs/security.md, "CUDA slab memory").
 func (m *vmmMemory) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
