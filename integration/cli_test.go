@@ -449,3 +449,33 @@ func TestMountSaysHowItServes(t *testing.T) {
 		})
 	}
 }
+
+// TestUnmountReleasesBacking: once `gdsfs unmount` returns, the daemon has
+// let go of the backing directory, so the disk under it can be unmounted at
+// once (the daemon holds the backing root open while it runs).
+func TestUnmountReleasesBacking(t *testing.T) {
+	requireRoot(t)
+	for i := 0; i < 5; i++ {
+		disk := t.TempDir()
+		if err := syscall.Mount("gdsfs-test", disk, "tmpfs", 0, "size=8m"); err != nil {
+			t.Fatalf("mount tmpfs: %v", err)
+		}
+		mp := t.TempDir()
+		cleanupMount(t, mp)
+		writeFile(t, filepath.Join(disk, "f"), []byte("data"))
+		if out, code := runGdsfs(t, "mount", "--background", "--log-file", filepath.Join(t.TempDir(), "log"), "--source", disk, mp); code != 0 {
+			syscall.Unmount(disk, syscall.MNT_DETACH)
+			t.Fatalf("mount: exit %d: %s", code, out)
+		}
+		if got, err := os.ReadFile(filepath.Join(mp, "f")); string(got) != "data" || err != nil {
+			t.Errorf("read through the mount: %q, %v", got, err)
+		}
+		if out, code := runGdsfs(t, "unmount", mp); code != 0 {
+			t.Fatalf("unmount: exit %d: %s", code, out)
+		}
+		if err := syscall.Unmount(disk, 0); err != nil {
+			syscall.Unmount(disk, syscall.MNT_DETACH)
+			t.Fatalf("run %d: umount of the backing disk right after gdsfs unmount: %v", i, err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -8,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 )
 
 func newUnmountCmd() *cobra.Command {
@@ -18,7 +21,9 @@ func newUnmountCmd() *cobra.Command {
 		Use:   "unmount [--force] MOUNTPOINT",
 		Short: "Unmount a gdsfs mount (the daemon then exits 0)",
 		Long: `Unmount the gdsfs filesystem at MOUNTPOINT. The daemon serving it exits
-cleanly. While files on the mount are open the unmount fails with "busy";
+cleanly, and unmount returns once it has (at most 10 s), so the backing
+filesystem can be unmounted right after. While files on the mount are open
+the unmount fails with "busy";
 --force detaches the mount at once (lazy unmount), and it goes away when the
 last file is closed.`,
 		Example: `  gdsfs unmount /data
@@ -51,6 +56,12 @@ func unmount(path string, force bool) error {
 	if force {
 		flags = syscall.MNT_DETACH
 	}
+	// Hold the daemon by a pidfd from before the unmount, so that the wait
+	// below is for this mount's daemon even if its pid is reused.
+	daemon := daemonPidfd(mp)
+	if daemon >= 0 {
+		defer unix.Close(daemon)
+	}
 	err = syscall.Unmount(mp, flags)
 	if errors.Is(err, syscall.EPERM) && os.Geteuid() != 0 {
 		args := []string{"-u", mp}
@@ -69,5 +80,54 @@ func unmount(path string, force bool) error {
 	if err != nil {
 		return fmt.Errorf("unmount %s: %w", mp, err)
 	}
+	if !force && daemon >= 0 {
+		// The daemon holds the backing directory open until it exits:
+		// return once it has, so the backing filesystem can be unmounted
+		// right after (a lazy unmount may still serve open files: no wait).
+		waitExit(daemon, daemonExitWait)
+	}
 	return nil
+}
+
+// daemonExitWait bounds how long unmount waits for the daemon to exit.
+const daemonExitWait = 10 * time.Second
+
+// daemonPidfd returns a pidfd of the daemon serving mountpoint mp (from
+// the user.gdsfs.stats of its root), or -1 when that cannot be known.
+func daemonPidfd(mp string) int {
+	buf := make([]byte, 64<<10)
+	n, err := unix.Getxattr(mp, "user.gdsfs.stats", buf)
+	if err != nil {
+		return -1
+	}
+	var st struct {
+		DaemonPID int `json:"daemon_pid"`
+	}
+	if json.Unmarshal(buf[:n], &st) != nil || st.DaemonPID <= 0 || st.DaemonPID == os.Getpid() {
+		return -1 // unknown, or served by this very process (nothing to wait for)
+	}
+	fd, err := unix.PidfdOpen(st.DaemonPID, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+// waitExit waits until the process of pidfd exits, at most d.
+func waitExit(pidfd int, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n > 0 {
+			return
+		}
+	}
 }
