@@ -33,7 +33,7 @@ import (
 // hostEngines serves every file with the host engine.
 type hostEngines struct{ e cufile.Engine }
 
-func (h hostEngines) For(*os.File, string) (ctl.Engine, string) {
+func (h hostEngines) Choose(*os.File, string, int64, int64) (cufile.Engine, string) {
 	return h.e, "host: integration test"
 }
 

@@ -26,16 +26,16 @@ import (
 // faultyEngines serves every file with the host engine, except that
 // transfers of files whose name contains "bad" fail with EIO after moving
 // part of the bytes, as a disk with a bad sector does.
-type faultyEngines struct{ e ctl.Engine }
+type faultyEngines struct{ e cufile.Engine }
 
-func (f faultyEngines) For(file *os.File, path string) (ctl.Engine, string) {
+func (f faultyEngines) Choose(file *os.File, path string, _, _ int64) (cufile.Engine, string) {
 	if strings.Contains(filepath.Base(path), "bad") {
 		return faultyEngine{f.e}, "test: fails with EIO"
 	}
 	return f.e, "test: host"
 }
 
-type faultyEngine struct{ ctl.Engine }
+type faultyEngine struct{ cufile.Engine }
 
 func (e faultyEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
 	half, err := e.Engine.ReadAt(ctx, f, dst, dstOff, fileOff, n/2)

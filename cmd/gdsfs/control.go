@@ -72,7 +72,7 @@ func (cf *controlFlags) newControl(cmd *cobra.Command, log zerolog.Logger) (fs.C
 		engines.Close()
 		return nil, nil, err
 	}
-	var chooser ctl.EngineChooser = ctlEngines{engines}
+	var chooser ctl.EngineChooser = engines
 	if cf.wrapEngines != nil {
 		chooser = cf.wrapEngines(chooser)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
-	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
@@ -208,20 +206,4 @@ func (s engineSettings) budget(eng *cufile.Engines) (int64, error) {
 		b = s.slabBytes
 	}
 	return b, nil
-}
-
-// ctlEngines adapts *cufile.Engines to ctl.EngineChooser.
-type ctlEngines struct{ e *cufile.Engines }
-
-var _ ctl.RangeChooser = ctlEngines{}
-
-func (c ctlEngines) For(f *os.File, path string) (ctl.Engine, string) {
-	eng, why := c.e.For(f, path)
-	return eng, why
-}
-
-// ForRange lets ctl ask about the range a READ transfers.
-func (c ctlEngines) ForRange(f *os.File, path string, off, n int64) (ctl.Engine, string) {
-	eng, why := c.e.ForRange(f, path, off, n)
-	return eng, why
 }
