@@ -17,11 +17,8 @@ import (
 // Config.Version is empty.
 const Version = "0.1.0"
 
-// Defaults of the Config fields whose zero value means "the default".
-const (
-	DefaultSlabBytes      = 64 << 20
-	DefaultMetaCacheBytes = 256 << 20
-)
+// DefaultMetaCacheBytes is Config.MetaCacheBytes' default.
+const DefaultMetaCacheBytes = 256 << 20
 
 // Config is everything one daemon is asked to do. The zero value of every
 // field but Mountpoint is usable. cmd/gdsfs fills it from `gdsfs mount`'s
@@ -56,7 +53,7 @@ type Config struct {
 	// directory. Its Log is replaced by Log.
 	Engine cufile.Config
 	// SlabBytes is the size of one slab, a multiple of gpubuf.Align.
-	// Default DefaultSlabBytes.
+	// Default gpubuf.DefaultSlabBytes.
 	SlabBytes int64
 	// GPUPoolBytes and HostPoolBytes are the pool's budget per device for
 	// CUDA and host slabs. Zero: the smaller of gpubuf.DefaultBudgetBytes
@@ -138,7 +135,7 @@ func (c Config) UIDShare(budget int64) int64 {
 
 func (c Config) slabBytes() int64 {
 	if c.SlabBytes == 0 {
-		return DefaultSlabBytes
+		return gpubuf.DefaultSlabBytes
 	}
 	return c.SlabBytes
 }

@@ -9,7 +9,9 @@
 // Helpers for other packages' integration tests:
 //
 //   - mountGdsfs(t, mountOpts{...}) mounts a fresh backing directory
-//     in-process and unmounts it when the test ends.
+//     in-process (package fs alone) and unmounts it when the test ends.
+//   - startDaemon(t, set) and mountControl(t, controlOpts{...}) start a
+//     whole in-process daemon (daemon.Start, as gdsfs mount does).
 //   - gdsfsBin(t) is the path of the binary to run.
 //   - runGdsfs(t, args...) runs it and returns output and exit code.
 //   - waitMounted(t, dir, want) waits until dir is (or is no longer) a
@@ -69,12 +71,12 @@ func requireRoot(t testing.TB) {
 }
 
 // mountOpts configures mountGdsfs; the zero value is a read-write mount
-// without a control path and with default timeouts.
+// with default timeouts. mountGdsfs mounts fs alone, without a control
+// path; startDaemon (control_test.go) starts a whole daemon.
 type mountOpts struct {
 	ReadOnly      bool
 	AllowOther    bool
 	NoPassthrough bool
-	Control       fs.Control
 	AttrTimeout   time.Duration
 	EntryTimeout  time.Duration
 	// Backing, when set, is served instead of a fresh empty directory.
@@ -110,7 +112,6 @@ func mountGdsfs(t testing.TB, o mountOpts) (mnt, backing string) {
 		ReadOnly:      o.ReadOnly,
 		AllowOther:    o.AllowOther,
 		NoPassthrough: o.NoPassthrough,
-		Control:       o.Control,
 		AttrTimeout:   o.AttrTimeout,
 		EntryTimeout:  o.EntryTimeout,
 		Logger:        log,
