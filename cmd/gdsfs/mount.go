@@ -27,7 +27,8 @@ import (
 // value is the descriptor number of the pipe back to the parent.
 const backgroundEnv = "GDSFS_BACKGROUND_FD"
 
-// mountConfig is everything `gdsfs mount` was asked to do.
+// mountConfig is what `gdsfs mount` was asked to do but for the control
+// path, whose flags are controlFlags (control.go).
 type mountConfig struct {
 	mountpoint   string
 	source       string
