@@ -76,7 +76,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.mountFS,
 	} {
 		if err := build(ctx); err != nil {
-			d.Close()
+			if cerr := d.Close(); cerr != nil {
+				err = fmt.Errorf("%w (undoing the start: %v)", err, cerr)
+			}
 			return nil, err
 		}
 	}
