@@ -38,9 +38,7 @@
 // Lock order: sessionShard.mu, then session.pin, then session.mu, then the
 // pool's locks. session.pin is held (shared) across WRITE's engine call and
 // (exclusive) across RELEASE; no other Server lock is held across an engine
-// call. The engine chooser's answer per file is cached for choiceTTL
-// (choice.go): a choice's mutex is held across the chooser call, with no
-// other lock, so concurrent first requests for a file ask once. A
-// RangeChooser is asked per READ about the READ's span instead, uncached
-// and with no lock held.
+// call. The engine chooser (EngineChooser.Choose) is asked per request, with
+// no lock held but WRITE's shared session.pin, and its answer is not
+// cached: it bounds its own cost.
 package ctl

@@ -14,36 +14,22 @@ import (
 	"time"
 
 	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/rs/zerolog"
 )
 
-// Engine moves bytes between a backing file and slab memory (cufile.Engine
-// satisfies it). ReadAt is short only at end of file. All methods may be
-// called concurrently.
-type Engine interface {
-	// Name is the engine's protocol name ("host", "posix", "gds", ...).
-	Name() string
-	ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error)
-	WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error)
-}
-
-// EngineChooser picks the engine for one backing file and says why. ctl
-// always passes a descriptor of the file (the caller's, or for xattrs one
-// fs opened without following symlinks or blocking); path is for reports.
+// EngineChooser picks the engine that moves [off, off+n) of one backing
+// file (n < 0: to end of file) and says why (*cufile.Engines satisfies it;
+// metrics/instrument wraps it). ctl always passes a descriptor of the file
+// (the caller's, or for xattrs one fs opened without following symlinks or
+// blocking); path is for reports. ctl asks once per READ about the span of
+// its widened ranges, and once per WRITE and per user.gdsfs.info about the
+// whole file, with no lock held and without caching the answer: the
+// chooser bounds its own cost. Called concurrently.
 type EngineChooser interface {
-	For(f *os.File, path string) (e Engine, reason string)
-}
-
-// RangeChooser is an EngineChooser whose answer depends on the range
-// transferred (cufile's auto chooser measures the page-cache residency of
-// the range). ctl asks it per READ, over the span of the READ's ranges,
-// without caching: the answer for one range says nothing about another, and
-// the chooser bounds its own cost.
-type RangeChooser interface {
-	EngineChooser
-	ForRange(f *os.File, path string, off, n int64) (e Engine, reason string)
+	Choose(f *os.File, path string, off, n int64) (e cufile.Engine, reason string)
 }
 
 // Indexer returns parsed shard indexes (*cache.Indexes satisfies it). Get
@@ -131,7 +117,6 @@ type Server struct {
 	nextSession atomic.Uint64
 	shards      [sessionShards]sessionShard
 	counters    counters
-	choices     *choices // the chooser's answers per file, for choiceTTL
 	mount       atomic.Pointer[fs.Server]
 }
 
@@ -152,7 +137,6 @@ func NewServer(opts Options) (*Server, error) {
 		host:    opts.Pool.Backend().Name() == "host",
 		devices: opts.Pool.Backend().Devices(),
 		pid:     uint32(os.Getpid()),
-		choices: newChoices(opts.Engines, choiceTTL),
 	}
 	s.maxLease = opts.Pool.MaxLeaseBytes()
 	for i := range s.shards {
@@ -253,7 +237,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if len(in) != SizeRead || len(out) != SizeRead {
 		return syscall.EINVAL
 	}
-	size, id, errno := statFile(f)
+	size, errno := statFile(f)
 	if errno != 0 {
 		return errno
 	}
@@ -304,7 +288,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	eng, errno := s.readEngine(f, id, path, plan)
+	eng, errno := s.readEngine(f, path, plan)
 	if errno != 0 {
 		return errno
 	}
@@ -316,11 +300,10 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	return 0
 }
 
-// engine returns the engine for f (file id), from the per-file cache of the
-// chooser's answers; a chooser that has none is a bug, logged and answered
-// with EIO rather than a crash.
-func (s *Server) engine(f *os.File, id fileID, path string) (Engine, syscall.Errno) {
-	eng, why := s.choices.forFile(f, id, path)
+// engine returns the engine for [off, off+n) of f; a chooser that has
+// none is a bug, logged and answered with EIO rather than a crash.
+func (s *Server) engine(f *os.File, path string, off, n int64) (cufile.Engine, syscall.Errno) {
+	eng, why := s.opts.Engines.Choose(f, path, off, n)
 	if eng == nil {
 		s.opts.Log.Error().Str("path", path).Str("why", why).Msg("BUG: ctl: no engine for file")
 		return nil, syscall.EIO
@@ -328,14 +311,9 @@ func (s *Server) engine(f *os.File, id fileID, path string) (Engine, syscall.Err
 	return eng, 0
 }
 
-// readEngine returns the engine for a READ of plan: a RangeChooser is asked
-// about the span of the READ's widened ranges; any other chooser's answer
-// per file comes from the cache (engine).
-func (s *Server) readEngine(f *os.File, id fileID, path string, plan []span) (Engine, syscall.Errno) {
-	rc, ok := s.opts.Engines.(RangeChooser)
-	if !ok {
-		return s.engine(f, id, path)
-	}
+// readEngine returns the engine for a READ of plan: the chooser is asked
+// about the span of the READ's widened ranges.
+func (s *Server) readEngine(f *os.File, path string, plan []span) (cufile.Engine, syscall.Errno) {
 	lo, hi := int64(-1), int64(0)
 	for _, sp := range plan {
 		if sp.valid == 0 {
@@ -349,12 +327,7 @@ func (s *Server) readEngine(f *os.File, id fileID, path string, plan []span) (En
 	if lo < 0 {
 		lo = 0 // nothing to read: any answer serves
 	}
-	eng, why := rc.ForRange(f, path, lo, hi-lo)
-	if eng == nil {
-		s.opts.Log.Error().Str("path", path).Str("why", why).Msg("BUG: ctl: no engine for file")
-		return nil, syscall.EIO
-	}
-	return eng, 0
+	return s.engine(f, path, lo, hi-lo)
 }
 
 // span is one validated range: the requested bytes and the 4 KiB-widened
@@ -467,7 +440,7 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if len(in) != SizeWrite || len(out) != SizeWrite {
 		return syscall.EINVAL
 	}
-	_, id, errno := statFile(f)
+	_, errno := statFile(f)
 	if errno != 0 {
 		return errno
 	}
@@ -505,7 +478,7 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if req.LeaseOffset+req.Length > uint64(li.valid) {
 		return syscall.EINVAL
 	}
-	eng, errno := s.engine(f, id, path)
+	eng, errno := s.engine(f, path, 0, -1) // about the whole file, as WRITE always asked
 	if errno != 0 {
 		return errno
 	}
@@ -533,6 +506,22 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	s.counters.writeBytes.Add(req.Length)
 	(&WriteReply{Written: req.Length, Engine: EngineCodeOf(eng.Name())}).Encode(out)
 	return 0
+}
+
+// statFile returns the size of the regular file f; anything else is ENOTTY
+// (a data-file command on something that is not a data file).
+func statFile(f *os.File) (int64, syscall.Errno) {
+	if f == nil {
+		return 0, syscall.ENOTTY
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	if !st.Mode().IsRegular() {
+		return 0, syscall.ENOTTY
+	}
+	return st.Size(), 0
 }
 
 // writable reports whether f was opened for writing.
@@ -568,7 +557,7 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	if len(in) != SizePage || len(out) != SizePage {
 		return syscall.EINVAL
 	}
-	if _, _, errno := statFile(f); errno != 0 {
+	if _, errno := statFile(f); errno != 0 {
 		return errno
 	}
 	if !readable(f) {
@@ -822,8 +811,8 @@ func (s *Server) info(ctx context.Context, c fs.Caller, t fs.XattrTarget) ([]byt
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		fi.Type = "file"
-		var eng Engine
-		if eng, fi.Reason = s.opts.Engines.For(f, path); eng != nil {
+		var eng cufile.Engine
+		if eng, fi.Reason = s.opts.Engines.Choose(f, path, 0, -1); eng != nil {
 			fi.Engine = eng.Name()
 		}
 		if s.opts.Indexes != nil {

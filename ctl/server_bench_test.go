@@ -63,7 +63,7 @@ func BenchmarkServerRead4x8MiB(b *testing.B) {
 func BenchmarkEngine4x8MiB(b *testing.B) {
 	e := newEnv(b, envOptions{slabBytes: 64 << 20, budgetBytes: 256 << 20, noIndexes: true})
 	f, _ := e.file("a.bin", 32<<20, os.O_RDONLY)
-	eng, _ := e.srv.opts.Engines.For(f, f.Name())
+	eng, _ := e.srv.opts.Engines.Choose(f, f.Name(), 0, -1)
 	ctx := context.Background()
 	owner := gpubuf.Owner{Session: 99, UID: 1000}
 	b.SetBytes(32 << 20)

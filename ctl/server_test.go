@@ -23,9 +23,11 @@ import (
 )
 
 // fixedEngine answers every file with one engine.
-type fixedEngine struct{ e Engine }
+type fixedEngine struct{ e cufile.Engine }
 
-func (c fixedEngine) For(*os.File, string) (Engine, string) { return c.e, "test: fixed engine" }
+func (c fixedEngine) Choose(*os.File, string, int64, int64) (cufile.Engine, string) {
+	return c.e, "test: fixed engine"
+}
 
 // testEnv is a Server over a host pool and a directory of files, driven
 // in process (no FUSE): what fs would do, minus the kernel.
@@ -696,7 +698,7 @@ func FuzzServer(f *testing.F) {
 
 // blockingEngine blocks every ReadAt until release is closed.
 type blockingEngine struct {
-	Engine
+	cufile.Engine
 	entered chan struct{}
 	release chan struct{}
 }
@@ -713,7 +715,6 @@ func TestCloseWaitsForReads(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20})
 	be := &blockingEngine{Engine: cufile.NewHostEngine(cufile.Options{}), entered: make(chan struct{}, 1), release: make(chan struct{})}
 	e.srv.opts.Engines = fixedEngine{be}
-	e.srv.choices = newChoices(e.srv.opts.Engines, choiceTTL)
 	ctx := context.Background()
 	owner := fs.Caller{UID: 1000}
 	sess, _ := e.srv.OpenSession(ctx, owner)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"golang.org/x/sys/unix"
@@ -315,7 +316,7 @@ func (ss *session) statusPage(off uint64, out []byte) syscall.Errno {
 // nothing (S3): on error every lease of the request is released. The
 // leases become visible to the client (RELEASE, WRITE) only once their
 // bytes are in place. The caller is an operation in flight (S5).
-func (ss *session) readRanges(ctx context.Context, f *os.File, eng Engine, code EngineCode, dev int, plan []span) ([]Lease, syscall.Errno) {
+func (ss *session) readRanges(ctx context.Context, f *os.File, eng cufile.Engine, code EngineCode, dev int, plan []span) ([]Lease, syscall.Errno) {
 	p := ss.srv.opts.Pool
 	out := make([]Lease, len(plan))
 	held := make([]*gpubuf.Lease, len(plan))

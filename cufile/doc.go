@@ -24,11 +24,12 @@
 // # Choosing
 //
 // Open probes once (libcuda, devices, libcufile, cuFileDriverOpen,
-// /dev/nvidia-fs*, /run/udev) and picks a default; For decides per file and
-// says why. With auto, GDS is used only with nvidia-fs present (true P2P):
-// cuFile without it is compat mode, which on the machines measured is not
-// faster than the posix pipeline, so it runs only when asked for with
-// --engine gds. A file cuFile refuses, or fails on, is served by posix from
+// /dev/nvidia-fs*, /run/udev) and picks a default; Engines.Choose, the one
+// engine chooser, decides per file and range and says why. With auto, GDS
+// P2P is used with nvidia-fs present; without it, cuFile compat mode serves
+// ranges mostly in the page cache and the posix pipeline the others (each
+// where it measured faster; residency sampled, so no answer is cached).
+// A file cuFile refuses, or fails on, is served by posix from
 // then on, logged once; clients never see the cuFile error.
 //
 // # Slab memory

@@ -88,7 +88,7 @@ type Engines struct {
 	lib  *Lib // non-nil when cuFileDriverOpen succeeded
 	nvfs bool // /dev/nvidia-fs* present: GDS can be true P2P
 	// compatWarm: auto without nvidia-fs serves files in the page cache with
-	// cuFile compat mode and the others with posix (see For).
+	// cuFile compat mode and the others with posix (see Choose).
 	compatWarm bool
 	report     Report
 	host       Engine
@@ -274,26 +274,25 @@ func (e *Engines) Engine(name string) (Engine, bool) {
 	return nil, false
 }
 
-// For returns the engine that serves backing file f (at path) and why. f may
-// be nil when only the path is known (xattrs): For then opens path itself.
+// Choose returns the engine that serves [off, off+n) of backing file f (at
+// path; n < 0: to end of file) and why. It is the one engine chooser: ctl
+// asks it per READ about the READ's span, per WRITE and per
+// user.gdsfs.info about the whole file, and gdsfs read and doctor ask it
+// too. f may be nil when only the path is known: Choose then opens path
+// itself.
+//
 // With GDS it registers the file with cuFile once; a file cuFile refuses is
-// served by the posix engine, and that is logged once per file. The returned
-// engine also falls back to posix, for that file, if cuFile fails
+// served by the posix engine, and that is logged once per file. The
+// returned engine also falls back to posix, for that file, if cuFile fails
 // mid-transfer: clients never see a cuFile error. In auto mode without
-// nvidia-fs the answer depends on the call: cuFile compat mode while most
-// of the file is in the page cache, posix otherwise, measured on a bounded
-// sample of the file (residencySample), so the call costs the same for any
-// file size. ForRange answers for one range.
-func (e *Engines) For(f *os.File, path string) (Engine, string) {
-	return e.ForRange(f, path, 0, -1)
-}
-
-// ForRange is For for a transfer of [off, off+n) of the file (n < 0: to end
-// of file): in auto mode without nvidia-fs, the page-cache residency that
-// picks cuFile compat mode or posix is measured over a bounded sample of
-// that range only, not of the whole file (a cachestat walk costs about
-// 20 ms per cached GiB). Call it per transfer.
-func (e *Engines) ForRange(f *os.File, path string, off, n int64) (Engine, string) {
+// nvidia-fs the answer depends on the range: cuFile compat mode while most
+// of it is in the page cache, posix otherwise, measured over a bounded
+// sample of the range only (residencySample: at most 8 MiB walked, about
+// 60 us on a cached file on a 2-core test machine, BenchmarkResidency), so
+// a call costs the same for any size and needs no cache of its
+// answers. Any other configuration answers without a system call, or (gds
+// with nvidia-fs) with one fstat and a map lookup. Safe for concurrent use.
+func (e *Engines) Choose(f *os.File, path string, off, n int64) (Engine, string) {
 	r := e.report
 	if r.Engine != EngineGDS && !e.compatWarm {
 		if r.Engine == EngineHost {

@@ -80,12 +80,12 @@ func TestOpenWithoutGPU(t *testing.T) {
 			}
 			defer pool.Close()
 			f, data := writeRandomFile(t, 10*gpubuf.Align)
-			eng, why := e.For(f, f.Name())
+			eng, why := e.Choose(f, f.Name(), 0, -1)
 			if eng.Name() != EngineHost || why == "" {
-				t.Fatalf("For = %s (%q)", eng.Name(), why)
+				t.Fatalf("Choose = %s (%q)", eng.Name(), why)
 			}
-			if eng2, why2 := e.For(nil, f.Name()); eng2 != eng || why2 != why {
-				t.Errorf("For(nil, path) = %s (%q), want the same answer as with the file", eng2.Name(), why2)
+			if eng2, why2 := e.Choose(nil, f.Name(), 0, -1); eng2 != eng || why2 != why {
+				t.Errorf("Choose(nil, path) = %s (%q), want the same answer as with the file", eng2.Name(), why2)
 			}
 			l, err := pool.Alloc(context.Background(), gpubuf.Owner{Session: 1, UID: uint32(os.Getuid())}, 0, 10*gpubuf.Align)
 			if err != nil {

@@ -24,22 +24,16 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
-// hostEngines serves every file with the host engine.
-type hostEngines struct{ e cufile.Engine }
-
-func (h hostEngines) For(*os.File, string) (ctl.Engine, string) {
-	return h.e, "host: integration test"
-}
-
 // controlOpts configures mountControl.
 type controlOpts struct {
-	ReadOnly               bool
+	ReadOnly bool
+	// SlabBytes and BudgetBytes size the pool (0: gpubuf's defaults).
 	SlabBytes, BudgetBytes int64
 	// EntryTimeout and AttrTimeout are the kernel's name and attribute
 	// cache timeouts (0: the defaults).
@@ -49,8 +43,54 @@ type controlOpts struct {
 // controlMount is a mount with a control path over the host engine.
 type controlMount struct {
 	mnt, backing string
-	srv          *ctl.Server
-	pool         *gpubuf.Pool
+	d            *daemon.Daemon
+}
+
+// startDaemon starts an in-process daemon the way gdsfs mount does
+// (daemon.Start) over a fresh backing directory at a fresh mountpoint: the
+// host engine, its slabs under /dev/shm (readable by other uids' clients),
+// a 64 MiB index cache; set adjusts the configuration. When the test ends
+// it unmounts, failing the test if files were left open, and closes the
+// daemon. Its log goes to the test log under -v.
+func startDaemon(t testing.TB, set func(*daemon.Config)) (d *daemon.Daemon, mnt, backing string) {
+	t.Helper()
+	requireRoot(t)
+	dir := t.TempDir()
+	backing, mnt = filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
+	for _, p := range []string{backing, mnt} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := daemon.Config{
+		Mountpoint: mnt,
+		Source:     backing,
+		Engine: cufile.Config{Engine: cufile.EngineHost,
+			HostDir: filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-itest-%d-%s", os.Getpid(), randHex(4)))},
+		SlabBytes:      gpubuf.DefaultSlabBytes,
+		HostPoolBytes:  gpubuf.DefaultBudgetBytes,
+		MetaCacheBytes: 64 << 20,
+		Version:        "itest",
+	}
+	if testing.Verbose() {
+		c.Log = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	}
+	if set != nil {
+		set(&c)
+	}
+	d, err := daemon.Start(context.Background(), c)
+	if err != nil {
+		t.Fatalf("start a daemon serving %s on %s: %v", backing, mnt, err)
+	}
+	t.Cleanup(func() {
+		if err := d.Unmount(); err != nil {
+			t.Errorf("unmount %s (files left open?): %v", mnt, err)
+		}
+		if err := d.Close(); err != nil {
+			t.Errorf("close the daemon: %v", err)
+		}
+	})
+	return d, mnt, backing
 }
 
 // mountControl mounts a fresh backing directory with a control path (host
@@ -58,42 +98,23 @@ type controlMount struct {
 // so that child processes of other uids can use it.
 func mountControl(t testing.TB, o controlOpts) *controlMount {
 	t.Helper()
-	requireRoot(t)
-	shm := filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-itest-%d-%s", os.Getpid(), randHex(4)))
-	be, err := gpubuf.NewHostBackend(gpubuf.HostBackendOptions{Dir: shm})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: be, SlabBytes: o.SlabBytes, BudgetBytes: o.BudgetBytes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ix, err := cache.NewIndexes(64<<20, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := ctl.NewServer(ctl.Options{
-		Pool: pool, Engines: hostEngines{cufile.NewHostEngine(cufile.Options{})}, Indexes: ix,
-		Engine: "host", ReadOnly: o.ReadOnly, Version: "itest",
+	d, mnt, backing := startDaemon(t, func(c *daemon.Config) {
+		if o.SlabBytes != 0 {
+			c.SlabBytes = o.SlabBytes
+		}
+		if o.BudgetBytes != 0 {
+			c.HostPoolBytes = o.BudgetBytes
+		}
+		c.ReadOnly, c.AllowOther = o.ReadOnly, true
+		c.EntryTimeout, c.AttrTimeout = o.EntryTimeout, o.AttrTimeout
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered first, so it runs after the unmount.
-	t.Cleanup(func() {
-		srv.Close()
-		pool.Close()
-		be.Close()
-		ix.Close()
-	})
-	mnt, backing := mountGdsfs(t, mountOpts{Control: srv, ReadOnly: o.ReadOnly, AllowOther: true, EntryTimeout: o.EntryTimeout, AttrTimeout: o.AttrTimeout})
 	// Let other uids reach the mount (t.TempDir makes 0700 directories).
 	for d := filepath.Dir(mnt); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return &controlMount{mnt: mnt, backing: backing, srv: srv, pool: pool}
+	return &controlMount{mnt: mnt, backing: backing, d: d}
 }
 
 func randHex(n int) string {
@@ -106,7 +127,7 @@ func randHex(n int) string {
 func (m *controlMount) leased() (int, int64) {
 	var n int
 	var b int64
-	for _, d := range m.pool.Stats().Devices {
+	for _, d := range m.d.Pool().Stats().Devices {
 		n += d.Leases
 		b += d.LeasedBytes
 	}

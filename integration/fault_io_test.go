@@ -13,29 +13,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
-	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/gpubuf"
-	"github.com/gdsfs/gdsfs/metrics"
-	"github.com/gdsfs/gdsfs/metrics/instrument"
 )
 
-// faultyEngines serves every file with the host engine, except that
-// transfers of files whose name contains "bad" fail with EIO after moving
-// part of the bytes, as a disk with a bad sector does.
-type faultyEngines struct{ e ctl.Engine }
+// faultyEngines serves every file with the engine the daemon chose, except
+// that transfers of files whose name contains "bad" fail with EIO after
+// moving part of the bytes, as a disk with a bad sector does.
+type faultyEngines struct{ ch ctl.EngineChooser }
 
-func (f faultyEngines) For(file *os.File, path string) (ctl.Engine, string) {
+func (f faultyEngines) Choose(file *os.File, path string, off, n int64) (cufile.Engine, string) {
+	e, why := f.ch.Choose(file, path, off, n)
 	if strings.Contains(filepath.Base(path), "bad") {
-		return faultyEngine{f.e}, "test: fails with EIO"
+		return faultyEngine{e}, "test: fails with EIO"
 	}
-	return f.e, "test: host"
+	return e, why
 }
 
-type faultyEngine struct{ ctl.Engine }
+type faultyEngine struct{ cufile.Engine }
 
 func (e faultyEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
 	half, err := e.Engine.ReadAt(ctx, f, dst, dstOff, fileOff, n/2)
@@ -55,34 +52,12 @@ func (e faultyEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory
 // are counted by errno.
 func TestFaultBackingIOError(t *testing.T) {
 	requireRoot(t)
-	m := metrics.New()
-	shm := filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-itest-%d-%s", os.Getpid(), randHex(4)))
-	be, err := gpubuf.NewHostBackend(gpubuf.HostBackendOptions{Dir: shm})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: be, SlabBytes: 8 << 20, BudgetBytes: 128 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ix, err := cache.NewIndexes(16<<20, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := ctl.NewServer(ctl.Options{
-		Pool: pool, Engines: instrument.Engines(faultyEngines{cufile.NewHostEngine(cufile.Options{})}, m), Indexes: ix,
-		Engine: "host", Version: "itest",
+	d, mnt, backing := startDaemon(t, func(c *daemon.Config) {
+		c.SlabBytes, c.HostPoolBytes, c.MetaCacheBytes = 8<<20, 128<<20, 16<<20
+		c.MetricsAddr = "127.0.0.1:0" // the metrics the errors are counted in
+		c.WrapEngines = func(ch ctl.EngineChooser) ctl.EngineChooser { return faultyEngines{ch} }
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		srv.Close()
-		pool.Close()
-		be.Close()
-		ix.Close()
-	})
-	mnt, backing := mountGdsfs(t, mountOpts{Control: instrument.Control(srv, m)})
+	m, pool := d.Metrics(), d.Pool()
 	good := genBytes(7, 0, 3<<20+5)
 	writeFile(t, filepath.Join(backing, "good.bin"), good)
 	writeFile(t, filepath.Join(backing, "bad.bin"), genBytes(8, 0, 3<<20))

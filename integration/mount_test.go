@@ -9,7 +9,9 @@
 // Helpers for other packages' integration tests:
 //
 //   - mountGdsfs(t, mountOpts{...}) mounts a fresh backing directory
-//     in-process and unmounts it when the test ends.
+//     in-process (package fs alone) and unmounts it when the test ends.
+//   - startDaemon(t, set) and mountControl(t, controlOpts{...}) start a
+//     whole in-process daemon (daemon.Start, as gdsfs mount does).
 //   - gdsfsBin(t) is the path of the binary to run.
 //   - runGdsfs(t, args...) runs it and returns output and exit code.
 //   - waitMounted(t, dir, want) waits until dir is (or is no longer) a
@@ -69,12 +71,12 @@ func requireRoot(t testing.TB) {
 }
 
 // mountOpts configures mountGdsfs; the zero value is a read-write mount
-// without a control path and with default timeouts.
+// with default timeouts. mountGdsfs mounts fs alone, without a control
+// path; startDaemon (control_test.go) starts a whole daemon.
 type mountOpts struct {
 	ReadOnly      bool
 	AllowOther    bool
 	NoPassthrough bool
-	Control       fs.Control
 	AttrTimeout   time.Duration
 	EntryTimeout  time.Duration
 	// Backing, when set, is served instead of a fresh empty directory.
@@ -110,7 +112,6 @@ func mountGdsfs(t testing.TB, o mountOpts) (mnt, backing string) {
 		ReadOnly:      o.ReadOnly,
 		AllowOther:    o.AllowOther,
 		NoPassthrough: o.NoPassthrough,
-		Control:       o.Control,
 		AttrTimeout:   o.AttrTimeout,
 		EntryTimeout:  o.EntryTimeout,
 		Logger:        log,
@@ -181,6 +182,31 @@ func mountType(t testing.TB, dir string) string {
 		}
 	}
 	return typ
+}
+
+// waitExited waits (up to 20s) until process pid (0: none) has exited: it
+// is gone or a zombie (its descriptors are closed then).
+func waitExited(t testing.TB, pid int) {
+	t.Helper()
+	if pid <= 0 {
+		return
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		// pid (comm) STATE ...: comm may hold spaces and parentheses.
+		if f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:])); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("daemon pid %d still runs 20s after its unmount", pid)
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // polling /proc; the daemon is not our child
+	}
 }
 
 // waitMounted waits (up to 20s) until dir is a gdsfs mount (want) or is
@@ -272,8 +298,13 @@ func mountCLI(t testing.TB, backing string, extra ...string) string {
 	}
 	logFile := filepath.Join(dir, "gdsfs.log")
 	args := append([]string{"mount", "--background", "--log-file", logFile, "--source", backing}, extra...)
-	if out, code := runGdsfs(t, append(args, mnt)...); code != 0 {
+	out, code := runGdsfs(t, append(args, mnt)...)
+	if code != 0 {
 		t.Fatalf("gdsfs %v: exit %d: %s", args, code, out)
+	}
+	pid := 0
+	if i := strings.Index(out, "(daemon pid "); i >= 0 {
+		fmt.Sscanf(out[i:], "(daemon pid %d)", &pid)
 	}
 	t.Cleanup(func() {
 		if out, code := runGdsfs(t, "unmount", mnt); code != 0 {
@@ -281,6 +312,10 @@ func mountCLI(t testing.TB, backing string, extra ...string) string {
 			runGdsfs(t, "unmount", "--force", mnt)
 		}
 		waitMounted(t, mnt, false)
+		// The daemon holds the backing directory until it exits, shortly
+		// after the unmount: a test that unmounts the backing filesystem
+		// next (tmpfsDir) must not race it.
+		waitExited(t, pid)
 		if t.Failed() {
 			if b, err := os.ReadFile(logFile); err == nil {
 				t.Logf("daemon log:\n%s", b)

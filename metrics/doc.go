@@ -10,7 +10,7 @@
 // ObserveFUSE), which *Metrics satisfies; state that already lives in a
 // producer (pool occupancy, sessions, index cache counters, passthrough) is
 // read at scrape time through callbacks registered with SetPool,
-// SetIndex and SetPassthrough. cmd/gdsfs wires the two together.
+// SetIndex and SetPassthrough. Package daemon wires the two together.
 //
 // # Label cardinality
 //

@@ -13,7 +13,7 @@ import (
 const MaxUIDLabels = 32
 
 // PoolStats is the buffer pool's state at one instant, in the shape the
-// metrics need (cmd/gdsfs converts gpubuf.Stats to it).
+// metrics need (package daemon converts gpubuf.Stats to it).
 type PoolStats struct {
 	// Backend names the slab memory ("host", "cuda").
 	Backend string

@@ -115,7 +115,7 @@ func runDoctor(path string) doctorReport {
 			}
 			f, err := os.Open(path)
 			if err == nil {
-				e, why := eng.For(f, path)
+				e, why := eng.Choose(f, path, 0, -1)
 				f.Close()
 				r.Engine, r.PathWhy = e.Name(), why
 			}

@@ -1,23 +1,20 @@
 package main
 
 import (
-	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
 	"github.com/dustin/go-humanize"
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 
-	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 // engineFlags are the transfer engine and buffer pool flags shared by
-// `gdsfs mount` (through the control path) and `gdsfs bench engines`.
+// `gdsfs mount` (into its daemon.Config) and `gdsfs bench engines`.
 type engineFlags struct {
 	engine   string
 	gpuPool  string
@@ -91,14 +88,6 @@ func parseShare(v string) (frac float64, bytes int64, err error) {
 	return 0, n, nil
 }
 
-// share is the per-uid share in bytes for a pool of budget bytes.
-func (s engineSettings) share(budget int64) int64 {
-	if s.shareBytes != 0 {
-		return s.shareBytes
-	}
-	return max(int64(float64(budget)*s.shareFrac), 1)
-}
-
 func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 	var s engineSettings
 	switch f.engine {
@@ -147,81 +136,10 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 	return s, nil
 }
 
-// open probes the engines and builds the pool on the backend they chose.
-// The caller closes the pool, then the engines.
-func (f *engineFlags) open(log zerolog.Logger) (*cufile.Engines, *gpubuf.Pool, error) {
-	s, err := f.parse(log)
-	if err != nil {
-		return nil, nil, err
-	}
-	eng, err := cufile.Open(s.cfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w; run gdsfs doctor to see why", err)
-	}
-	budget, err := s.budget(eng)
-	if err != nil {
-		eng.Close()
-		return nil, nil, err
-	}
-	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: eng.Backend(), SlabBytes: s.slabBytes, BudgetBytes: budget,
-		UIDShareBytes: s.share(budget), Log: log})
-	if err != nil {
-		eng.Close()
-		return nil, nil, err
-	}
-	log.Info().Str("backend", eng.Backend().Name()).Str("budget", humanize.IBytes(uint64(budget))).
-		Str("slab", humanize.IBytes(uint64(s.slabBytes))).Str("uid_share", humanize.IBytes(uint64(pool.MaxLeaseBytes()))).
-		Msg("buffer pool")
-	return eng, pool, nil
-}
-
-// budget is the per-device pool budget: the flag, or min(2 GiB, a quarter
-// of the free memory), at least one slab.
-func (s engineSettings) budget(eng *cufile.Engines) (int64, error) {
-	var free int64
-	if eng.Backend().Name() == "host" {
-		if s.hostPool != 0 {
-			return s.hostPool, nil
-		}
-		var st unix.Statfs_t
-		if err := unix.Statfs("/dev/shm", &st); err != nil {
-			return 0, fmt.Errorf("statfs /dev/shm: %w; give --host-pool", err)
-		}
-		free = int64(st.Bavail) * int64(st.Bsize)
-	} else {
-		if s.gpuPool != 0 {
-			return s.gpuPool, nil
-		}
-		f, _, err := eng.Driver().MemInfo(0)
-		if err != nil {
-			return 0, fmt.Errorf("read free GPU memory: %w; give --gpu-pool", err)
-		}
-		free = f
-	}
-	b := min(int64(gpubuf.DefaultBudgetBytes), free/4)
-	b -= b % s.slabBytes
-	if b < s.slabBytes {
-		if free < s.slabBytes {
-			return 0, fmt.Errorf("only %s of %s memory is free, less than one %s slab; free memory or lower --slab-size",
-				humanize.IBytes(uint64(free)), eng.Backend().Name(), humanize.IBytes(uint64(s.slabBytes)))
-		}
-		b = s.slabBytes
-	}
-	return b, nil
-}
-
-// ctlEngines adapts *cufile.Engines to ctl.EngineChooser.
-type ctlEngines struct{ e *cufile.Engines }
-
-var _ ctl.RangeChooser = ctlEngines{}
-
-func (c ctlEngines) For(f *os.File, path string) (ctl.Engine, string) {
-	eng, why := c.e.For(f, path)
-	return eng, why
-}
-
-// ForRange lets ctl ask about the range a READ transfers.
-func (c ctlEngines) ForRange(f *os.File, path string, off, n int64) (ctl.Engine, string) {
-	eng, why := c.e.ForRange(f, path, off, n)
-	return eng, why
+// apply sets the engine and pool fields of the daemon's configuration.
+func (s engineSettings) apply(c *daemon.Config) {
+	c.Engine = s.cfg
+	c.SlabBytes = s.slabBytes
+	c.GPUPoolBytes, c.HostPoolBytes = s.gpuPool, s.hostPool
+	c.UIDShareBytes, c.UIDShareFraction = s.shareBytes, s.shareFrac
 }

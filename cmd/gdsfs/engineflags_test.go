@@ -6,6 +6,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
+
+	"github.com/gdsfs/gdsfs/daemon"
 )
 
 func TestEngineFlags(t *testing.T) {
@@ -27,23 +29,23 @@ func TestEngineFlags(t *testing.T) {
 				}
 			}},
 		{"uid share default", nil, true, func(t *testing.T, s engineSettings) {
-			if s.shareFrac != 0.5 || s.shareBytes != 0 || s.share(8<<30) != 4<<30 {
-				t.Errorf("share %v %d -> %d", s.shareFrac, s.shareBytes, s.share(8<<30))
+			if s.shareFrac != 0.5 || s.shareBytes != 0 || shareOf(s, 8<<30) != 4<<30 {
+				t.Errorf("share %v %d -> %d", s.shareFrac, s.shareBytes, shareOf(s, 8<<30))
 			}
 		}},
 		{"uid share percent", []string{"--uid-share", "25%"}, true, func(t *testing.T, s engineSettings) {
-			if s.share(8<<30) != 2<<30 {
-				t.Errorf("share %d", s.share(8<<30))
+			if shareOf(s, 8<<30) != 2<<30 {
+				t.Errorf("share %d", shareOf(s, 8<<30))
 			}
 		}},
 		{"uid share fraction", []string{"--uid-share", "1"}, true, func(t *testing.T, s engineSettings) {
-			if s.share(8<<30) != 8<<30 {
-				t.Errorf("share %d", s.share(8<<30))
+			if shareOf(s, 8<<30) != 8<<30 {
+				t.Errorf("share %d", shareOf(s, 8<<30))
 			}
 		}},
 		{"uid share size", []string{"--uid-share", "1GiB"}, true, func(t *testing.T, s engineSettings) {
-			if s.share(8<<30) != 1<<30 {
-				t.Errorf("share %d", s.share(8<<30))
+			if shareOf(s, 8<<30) != 1<<30 {
+				t.Errorf("share %d", shareOf(s, 8<<30))
 			}
 		}},
 		{"uid share zero", []string{"--uid-share", "0"}, false, nil},
@@ -76,4 +78,12 @@ func TestEngineFlags(t *testing.T) {
 			}
 		})
 	}
+}
+
+// shareOf is the per-uid share the daemon grants for s's flags in a pool
+// of budget bytes.
+func shareOf(s engineSettings, budget int64) int64 {
+	var c daemon.Config
+	s.apply(&c)
+	return c.UIDShare(budget)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/fs"
 )
 
@@ -26,7 +27,8 @@ import (
 // value is the descriptor number of the pipe back to the parent.
 const backgroundEnv = "GDSFS_BACKGROUND_FD"
 
-// mountConfig is everything `gdsfs mount` was asked to do.
+// mountConfig is what `gdsfs mount` was asked to do but for the control
+// path, whose flags are controlFlags (control.go).
 type mountConfig struct {
 	mountpoint   string
 	source       string
@@ -41,40 +43,20 @@ type mountConfig struct {
 	logFile      string
 }
 
-// controlFactory builds the control path for a mount from the command's
-// flags; the io.Closer (may be nil) is closed after unmount.
-//
-// Seam for the control-path issue: cmd/gdsfs/control.go provides
-// `func newControl(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error)`
-// (and registers its flags on the mount command); newMountCmd passes it
-// instead of nil. With nil the mount has no control path.
-type controlFactory func(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error)
-
-// mountedHook is implemented by a Control or its closer that wants the
-// running mount (for Server.Passthrough and Server.Stats); Mounted is
-// called once, after the mount is ready and before it serves the caller.
-type mountedHook interface {
-	Mounted(srv *fs.Server)
-}
-
 func newMountCmd() *cobra.Command {
-	// The control path's flags are registered on the command its factory
-	// reads them from (cmd/gdsfs/control.go).
-	// --metrics-addr wraps the control path (cmd/gdsfs/metricsflags.go).
+	// The control path's flags (engines, pool, index cache, slab socket,
+	// metrics) are registered on the same command: cmd/gdsfs/control.go.
 	var cf *controlFlags
-	var mf *metricsFlags
-	cmd := newMountCmdWith(func(cmd *cobra.Command, log zerolog.Logger) (fs.Control, io.Closer, error) {
-		return mf.instrument(cf.newControl)(cmd, log)
-	}, runMount)
+	cmd := newMountCmdWith(func(cmd *cobra.Command, c *mountConfig) error {
+		return runMount(cmd, c, cf)
+	})
 	cf = addControlFlags(cmd)
-	mf = addMetricsFlags(cmd)
-	cf.wrapEngines = mf.wrapEngines
 	return cmd
 }
 
 // newMountCmdWith builds the command with its action as a parameter, so
 // tests can check flag parsing and validation without mounting.
-func newMountCmdWith(newCtl controlFactory, action func(cmd *cobra.Command, c *mountConfig, newCtl controlFactory) error) *cobra.Command {
+func newMountCmdWith(action func(cmd *cobra.Command, c *mountConfig) error) *cobra.Command {
 	c := &mountConfig{}
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
@@ -96,7 +78,7 @@ The mount runs in the foreground until SIGINT/SIGTERM or 'gdsfs unmount'.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c.mountpoint = args[0]
-			return action(cmd, c, newCtl)
+			return action(cmd, c)
 		},
 	}
 	f := cmd.Flags()
@@ -115,7 +97,7 @@ The mount runs in the foreground until SIGINT/SIGTERM or 'gdsfs unmount'.`,
 
 // runMount validates, then mounts in this process or in a background
 // daemon.
-func runMount(cmd *cobra.Command, c *mountConfig, newCtl controlFactory) error {
+func runMount(cmd *cobra.Command, c *mountConfig, cf *controlFlags) error {
 	child := os.Getenv(backgroundEnv)
 	var report *os.File
 	if child != "" {
@@ -126,7 +108,7 @@ func runMount(cmd *cobra.Command, c *mountConfig, newCtl controlFactory) error {
 		report = os.NewFile(uintptr(fd), "background-report")
 		os.Unsetenv(backgroundEnv)
 	}
-	err := mountForeground(cmd, c, newCtl, report)
+	err := mountForeground(cmd, c, cf, report)
 	if report != nil && err != nil {
 		reportFailure(report, err)
 	}
@@ -253,7 +235,7 @@ func hasConfLine(conf, word string) bool {
 // mountForeground mounts in this process and serves until unmounted. With
 // report (the --background daemon), it tells the parent once the mount is
 // ready.
-func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, report *os.File) error {
+func mountForeground(cmd *cobra.Command, c *mountConfig, cf *controlFlags, report *os.File) error {
 	logOut := io.Writer(os.Stderr)
 	perm := os.FileMode(0o644)
 	if c.background && c.logFile == "" {
@@ -276,10 +258,6 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 		}
 		defer f.Close()
 		c.logFile, logOut = abs, f
-		// The control path reports the log file in STATUS (gdsfs status).
-		if fl := cmd.Flags().Lookup("log-file"); fl != nil {
-			fl.Value.Set(abs)
-		}
 	}
 	log, err := newLogger(logOut, c.logLevel)
 	if err != nil {
@@ -292,45 +270,19 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 		return startBackground(c)
 	}
 
-	var ctl fs.Control
-	var ctlCloser io.Closer
-	if newCtl != nil {
-		ctl, ctlCloser, err = newCtl(cmd, log)
-		if err != nil {
-			return err
-		}
+	cfg, err := cf.config(cmd, c, log)
+	if err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	srv, err := fs.Mount(ctx, fs.Options{
-		Source:        c.source,
-		Mountpoint:    c.mountpoint,
-		ReadOnly:      c.readOnly,
-		AllowOther:    c.allowOther,
-		Debug:         c.debug,
-		NoPassthrough: c.noPass,
-		AttrTimeout:   flagTimeout(c.attrTimeout),
-		EntryTimeout:  flagTimeout(c.entryTimeout),
-		Control:       ctl,
-		Observer:      fuseObserver(ctlCloser), // metrics, with --metrics-addr
-		Logger:        log,
-	})
-	if err != nil {
-		if ctlCloser != nil {
-			ctlCloser.Close()
-		}
-		if os.Geteuid() != 0 {
-			return usagef("mount %s as uid %d: %v; run gdsfs as root, or make user mounts work (fuse3's setuid fusermount3 and /dev/fuse open to users)",
-				c.mountpoint, os.Geteuid(), strings.TrimSpace(err.Error()))
-		}
-		return fmt.Errorf("mount %s: %w", c.mountpoint, err)
+	d, err := daemon.Start(ctx, cfg)
+	var ce *daemon.ConfigError
+	if errors.As(err, &ce) {
+		return usageError{err}
 	}
-	// Components that report on the running mount (metrics, the control
-	// path's stats) get it once it is up.
-	for _, c := range []any{ctl, ctlCloser} {
-		if h, ok := c.(mountedHook); ok {
-			h.Mounted(srv)
-		}
+	if err != nil {
+		return err
 	}
 	if report != nil {
 		fmt.Fprintln(report, "ok")
@@ -341,30 +293,28 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, newCtl controlFactory, 
 		select {
 		case <-ctx.Done():
 			log.Info().Msg("signal received, unmounting")
-			unmountOnSignal(srv, log)
+			unmountOnSignal(d, log)
 		case <-done:
 		}
 	}()
-	srv.Wait()
+	d.Wait()
 	close(done)
 	log.Info().Str("mountpoint", c.mountpoint).Msg("unmounted")
-	if ctlCloser != nil {
-		if err := ctlCloser.Close(); err != nil {
-			return fmt.Errorf("close control path: %w", err)
-		}
+	if err := d.Close(); err != nil {
+		return fmt.Errorf("close control path: %w", err)
 	}
 	return nil
 }
 
 // unmountOnSignal unmounts; if files are still open it detaches lazily,
 // so a signal always ends the daemon.
-func unmountOnSignal(srv *fs.Server, log zerolog.Logger) {
-	err := srv.Unmount()
+func unmountOnSignal(d *daemon.Daemon, log zerolog.Logger) {
+	err := d.Unmount()
 	if err == nil {
 		return
 	}
 	log.Warn().Err(err).Msg("unmount failed, detaching lazily")
-	if err := srv.UnmountLazy(); err != nil {
+	if err := d.UnmountLazy(); err != nil {
 		log.Error().Err(err).Msg("lazy unmount failed")
 	}
 }

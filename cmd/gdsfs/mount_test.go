@@ -91,7 +91,7 @@ func TestMountFlags(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var got *mountConfig
-			cmd := newMountCmdWith(nil, func(_ *cobra.Command, mc *mountConfig, _ controlFactory) error {
+			cmd := newMountCmdWith(func(_ *cobra.Command, mc *mountConfig) error {
 				got = mc
 				return nil
 			})

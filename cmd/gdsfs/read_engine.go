@@ -58,7 +58,7 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, 
 		}
 		dev = 0
 	}
-	eng, why := engines.For(f, string(backing))
+	eng, why := engines.Choose(f, string(backing), 0, -1)
 	owner := gpubuf.Owner{Session: 1, UID: uint32(os.Getuid())}
 	// One batch as the daemon serves one READ (ctl's readRanges): lease
 	// every chunk, read them with up to min(chunks, GOMAXPROCS, 8)

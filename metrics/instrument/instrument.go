@@ -1,7 +1,7 @@
 // Package instrument wraps the daemon's components with metrics
 // recording: decorators over fs.Control (control-path requests, sessions)
-// and ctl.EngineChooser (bytes moved per engine). cmd/gdsfs composes them
-// when it builds the mount, so neither fs nor ctl knows metrics exist.
+// and ctl.EngineChooser (bytes moved per engine). Package daemon composes
+// them when it builds the mount, so neither fs nor ctl knows metrics exist.
 //
 // It is separate from package metrics so that metrics stays a leaf every
 // package may use, while this package depends on fs and ctl.
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
@@ -91,15 +92,6 @@ func (c *control) Xattr(ctx context.Context, who fs.Caller, t fs.XattrTarget, na
 	return v, errno
 }
 
-// Mounted passes the running mount on to the wrapped Control when it
-// wants it (cmd/gdsfs calls Mounted on the Control it mounted with), so
-// wrapping hides no optional ability.
-func (c *control) Mounted(srv *fs.Server) {
-	if h, ok := c.Control.(interface{ Mounted(*fs.Server) }); ok {
-		h.Mounted(srv)
-	}
-}
-
 type session struct {
 	fs.Session
 	r Recorder
@@ -121,36 +113,19 @@ func (s *session) Close() error {
 	return err
 }
 
-// Engines returns ch with the bytes every chosen engine moves recorded in
-// r under the engine's name. A ctl.RangeChooser stays one, so wrapping
-// hides no optional ability.
+// Engines returns ch with the bytes every engine it chooses moves recorded
+// in r under the engine's name. The answer and its reason are ch's.
 func Engines(ch ctl.EngineChooser, r Recorder) ctl.EngineChooser {
-	c := &chooser{EngineChooser: ch, r: r}
-	if rc, ok := ch.(ctl.RangeChooser); ok {
-		return &rangeChooser{chooser: c, rc: rc}
-	}
-	return c
-}
-
-type rangeChooser struct {
-	*chooser
-	rc ctl.RangeChooser
-}
-
-func (c *rangeChooser) ForRange(f *os.File, path string, off, n int64) (ctl.Engine, string) {
-	return c.wrap(c.rc.ForRange(f, path, off, n))
+	return &chooser{ch: ch, r: r}
 }
 
 type chooser struct {
-	ctl.EngineChooser
-	r Recorder
+	ch ctl.EngineChooser
+	r  Recorder
 }
 
-func (c *chooser) For(f *os.File, path string) (ctl.Engine, string) {
-	return c.wrap(c.EngineChooser.For(f, path))
-}
-
-func (c *chooser) wrap(e ctl.Engine, why string) (ctl.Engine, string) {
+func (c *chooser) Choose(f *os.File, path string, off, n int64) (cufile.Engine, string) {
+	e, why := c.ch.Choose(f, path, off, n)
 	if e == nil {
 		return e, why
 	}
@@ -158,7 +133,7 @@ func (c *chooser) wrap(e ctl.Engine, why string) (ctl.Engine, string) {
 }
 
 type engine struct {
-	ctl.Engine
+	cufile.Engine
 	r Recorder
 }
 

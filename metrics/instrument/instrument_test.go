@@ -14,12 +14,14 @@ import (
 	"github.com/gdsfs/gdsfs/metrics"
 )
 
-type fixedEngine struct{ e ctl.Engine }
+type fixedEngine struct{ e cufile.Engine }
 
-func (c fixedEngine) For(*os.File, string) (ctl.Engine, string) { return c.e, "test" }
+func (c fixedEngine) Choose(*os.File, string, int64, int64) (cufile.Engine, string) {
+	return c.e, "test"
+}
 
-// newServer is a ctl.Server over a small host pool, wrapped as cmd/gdsfs
-// wraps it.
+// newServer is a ctl.Server over a small host pool, wrapped as package
+// daemon wraps it.
 func newServer(t *testing.T, m *metrics.Metrics) fs.Control {
 	t.Helper()
 	be, err := gpubuf.NewHostBackend(gpubuf.HostBackendOptions{Dir: filepath.Join(t.TempDir(), "slabs")})
@@ -134,25 +136,27 @@ type rangeEngine struct {
 	asked *[2]int64
 }
 
-func (c rangeEngine) ForRange(_ *os.File, _ string, off, n int64) (ctl.Engine, string) {
+func (c rangeEngine) Choose(_ *os.File, _ string, off, n int64) (cufile.Engine, string) {
 	*c.asked = [2]int64{off, n}
 	return c.e, "range"
 }
 
-// TestEnginesKeepsRangeChooser: wrapping a chooser that answers by range
-// must not hide ForRange (READs would fall back to a per-file answer).
-func TestEnginesKeepsRangeChooser(t *testing.T) {
+// TestEnginesPassesRange: the wrapper asks the wrapped chooser about the
+// very range it was asked about (READs are chosen by their span), keeps its
+// reason, and records the chosen engine's bytes.
+func TestEnginesPassesRange(t *testing.T) {
 	var asked [2]int64
-	w := Engines(rangeEngine{fixedEngine{cufile.NewHostEngine(cufile.Options{})}, &asked}, metrics.New())
-	rc, ok := w.(ctl.RangeChooser)
-	if !ok {
-		t.Fatal("Engines hid ForRange of a ctl.RangeChooser")
+	m := metrics.New()
+	w := Engines(rangeEngine{fixedEngine{cufile.NewHostEngine(cufile.Options{})}, &asked}, m)
+	e, why := w.Choose(nil, "p", 4096, 8192)
+	if e == nil || why != "range" || asked != [2]int64{4096, 8192} {
+		t.Fatalf("Choose = %v, %q, asked %v", e, why, asked)
 	}
-	if e, why := rc.ForRange(nil, "p", 4096, 8192); e == nil || why != "range" || asked != [2]int64{4096, 8192} {
-		t.Fatalf("ForRange = %v, %q, asked %v", e, why, asked)
+	if _, ok := e.(*engine); !ok {
+		t.Fatalf("Choose returned %T, want the recording engine", e)
 	}
-	if _, ok := Engines(fixedEngine{}, metrics.New()).(ctl.RangeChooser); ok {
-		t.Fatal("a plain chooser became a RangeChooser")
+	if e, _ := Engines(fixedEngine{}, m).Choose(nil, "p", 0, -1); e != nil {
+		t.Fatalf("a chooser without an engine answered %v through the wrapper, want nil", e)
 	}
 }
 
