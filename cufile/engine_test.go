@@ -403,7 +403,7 @@ func TestMostlyCached(t *testing.T) {
 	if _, ok := cachedBytes(f, 0, 1); !ok {
 		t.Skip("kernel without cachestat(2)")
 	}
-	if !mostlyCached(f) {
+	if !rangeMostlyCached(f, 0, -1) {
 		t.Fatal("a file just written is reported not cached")
 	}
 	if err := f.Sync(); err != nil {
@@ -412,7 +412,7 @@ func TestMostlyCached(t *testing.T) {
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 		t.Fatal(err)
 	}
-	if mostlyCached(f) {
+	if rangeMostlyCached(f, 0, -1) {
 		t.Error("a file dropped from the page cache is reported cached")
 	}
 	empty, err := os.Create(filepath.Join(t.TempDir(), "empty"))
@@ -420,7 +420,7 @@ func TestMostlyCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer empty.Close()
-	if mostlyCached(empty) {
+	if rangeMostlyCached(empty, 0, -1) {
 		t.Error("an empty file is reported cached")
 	}
 }

@@ -354,10 +354,6 @@ func residencySample(off, n int64) [][2]int64 {
 	return w
 }
 
-// mostlyCached reports whether at least half of (a sample of) f is in the
-// page cache.
-func mostlyCached(f *os.File) bool { return rangeMostlyCached(f, 0, -1) }
-
 // rangeMostlyCached reports whether at least half of a bounded sample of
 // [off, off+n) of f (n < 0: to end of file; clipped to the file) is in the
 // page cache.

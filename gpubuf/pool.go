@@ -235,9 +235,6 @@ func NewPool(cfg Config) (*Pool, error) {
 // Backend is the pool's memory backend.
 func (p *Pool) Backend() Backend { return p.backend }
 
-// SlabBytes is the size of a regular slab.
-func (p *Pool) SlabBytes() int64 { return p.slabBytes }
-
 // MaxLeaseBytes is the largest lease one uid can ever be granted on a
 // device: its share (at most the budget). Longer requests can never
 // succeed, however long the caller waits.
