@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
 // fakeDevMem is "device memory" for the fake stager: a byte slice reachable
@@ -386,21 +387,9 @@ func TestHostEngineNeedsHostMemory(t *testing.T) {
 	}
 }
 
-func TestCachedBytes(t *testing.T) {
-	f, _ := writeRandomFile(t, 16*gpubuf.Align)
-	n, ok := cachedBytes(f, 0, 16*gpubuf.Align)
-	if !ok {
-		t.Skip("kernel without cachestat(2)")
-	}
-	// Just written: in the page cache (t.TempDir is not O_DIRECT-only).
-	if n <= 0 || n > 16*gpubuf.Align {
-		t.Errorf("cachedBytes = %d for a freshly written 64 KiB file", n)
-	}
-}
-
 func TestMostlyCached(t *testing.T) {
 	f, _ := writeRandomFile(t, 256*gpubuf.Align)
-	if _, ok := cachedBytes(f, 0, 1); !ok {
+	if _, ok := pagecache.Cached(f, 0, 1); !ok {
 		t.Skip("kernel without cachestat(2)")
 	}
 	if !rangeMostlyCached(f, 0, -1) {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
 // Engine choices for Config.Engine.
@@ -367,7 +368,7 @@ func rangeMostlyCached(f *os.File, off, n int64) bool {
 	}
 	var measured, cached int64
 	for _, w := range residencySample(off, n) {
-		c, ok := cachedBytes(f, w[0], w[1])
+		c, ok := pagecache.Cached(f, w[0], w[1])
 		if !ok {
 			return false
 		}
