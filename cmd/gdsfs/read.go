@@ -410,7 +410,7 @@ func readError(path string, err error) error {
 	case errors.Is(err, syscall.EAGAIN):
 		return fmt.Errorf("%w (the daemon's buffer pool is full: retry later, or mount with a larger --host-pool/--gpu-pool)", err)
 	case errors.Is(err, syscall.ENODEV):
-		return usageError{fmt.Errorf("%w (the daemon has no slabs on that --device; gdsfs status shows what it serves)", err)}
+		return usagef("%w (the daemon has no slabs on that --device; gdsfs status shows what it serves)", err)
 	}
 	return fmt.Errorf("read %s: %w", path, err)
 }

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -11,14 +11,14 @@ import (
 	"github.com/schollz/progressbar/v3"
 )
 
-// withBenchProgress runs a suite's measure with its report going to out.
+// WithProgress runs a suite's measure with its report going to out.
 // When errw is a terminal, a spinner with the suite's name and elapsed time
 // runs on it meanwhile (suites run for minutes and print nothing between
 // their first line and their table); measure then writes through a
 // clearingWriter, which clears the spinner line before each line of output,
 // so the two never mix even when out is the same terminal. Off a terminal
 // nothing is added.
-func withBenchProgress(errw io.Writer, name string, out io.Writer, measure func(out io.Writer) error) error {
+func WithProgress(errw io.Writer, name string, out io.Writer, measure func(out io.Writer) error) error {
 	f, ok := errw.(*os.File)
 	if !ok || !isatty.IsTerminal(f.Fd()) {
 		return measure(out)
