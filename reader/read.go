@@ -51,9 +51,10 @@ func FindMount(path string) (string, error) {
 // memory where it offers host slabs, else GPU 0.
 const DaemonDevice = -2
 
-// Options say what Read reads and how (`gdsfs read`'s flags). Read expects
-// them checked: Offset >= 0, Length >= -1, Parallel and Passes >= 1, and
-// Parallel > 1, EngineOnly and Passes > 1 only with Discard.
+// Options say what Read reads and how (`gdsfs read`'s flags, which the
+// command checks with messages naming them). Read refuses Offset < 0,
+// Length < -1, Parallel or Passes < 1, and Parallel > 1 or EngineOnly
+// without Discard.
 type Options struct {
 	Offset int64 // first byte
 	Length int64 // bytes to read; -1: to the end of the file
@@ -79,6 +80,9 @@ type Options struct {
 func Read(ctx context.Context, w, stderr io.Writer, path string, o Options) error {
 	if ctx == nil {
 		ctx = context.Background()
+	}
+	if err := o.check(); err != nil {
+		return err
 	}
 	mp, err := FindMount(path)
 	if err != nil {
@@ -142,6 +146,19 @@ func Read(ctx context.Context, w, stderr io.Writer, path string, o Options) erro
 	}
 	defer sink.close()
 	return r.stream(ctx, w, sink, o.Offset, end)
+}
+
+// check reports the first option Read cannot run with.
+func (o Options) check() error {
+	switch {
+	case o.Offset < 0 || o.Length < -1:
+		return fmt.Errorf("reader: range at %d of length %d: give an offset >= 0 and a length >= -1", o.Offset, o.Length)
+	case o.Parallel < 1 || o.Passes < 1:
+		return fmt.Errorf("reader: %d requests in flight, %d passes: give at least 1 of each", o.Parallel, o.Passes)
+	case (o.Parallel > 1 || o.EngineOnly) && !o.Discard:
+		return errors.New("reader: Parallel > 1 and EngineOnly measure: they need Discard")
+	}
+	return nil
 }
 
 // reader reads a file range through the control path in batches.
