@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
 )
 
 // Suite is one suite of `gdsfs bench`.
@@ -108,16 +107,15 @@ func PrintResults(out io.Writer, rows []Result) {
 			return fmt.Sprintf("%.2f", v)
 		}
 	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "suite\tmeasurement\tgdsfs\tbaseline\tunit\tratio\tnote")
+	table := [][]string{{"suite", "measurement", "gdsfs", "baseline", "unit", "ratio", "note"}}
 	for _, r := range rows {
 		ratio := "-"
 		if q := r.Ratio(); q > 0 {
 			ratio = fmt.Sprintf("%.2f", q)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Suite, r.Measurement, figure(r.GDSFS), figure(r.Baseline), orDash(r.Unit), ratio, orDash(r.Note))
+		table = append(table, []string{r.Suite, r.Measurement, figure(r.GDSFS), figure(r.Baseline), orDash(r.Unit), ratio, orDash(r.Note)})
 	}
-	tw.Flush()
+	printTable(out, false, table)
 }
 
 // goalWord says whether a goal was met, for the notes of the combined table.

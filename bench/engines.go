@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -285,8 +284,7 @@ func judgeEngines(rows []engineRow, gpu bool, minWarm, minCold float64) engineJu
 // returns a failure message for ratios under the minimums.
 func printEngineTable(out io.Writer, rows []engineRow, judge engineJudge) string {
 	var failed string
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "read\tmode\tGB/s\tratio\t\tnote\t")
+	table := [][]string{{"read", "mode", "GB/s", "ratio", "", "note"}}
 	for _, r := range rows {
 		ratio, against := "", ""
 		if b := judge(r); b.against != "" {
@@ -302,9 +300,9 @@ func printEngineTable(out io.Writer, rows []engineRow, judge engineJudge) string
 		if r.gbps > 0 {
 			gb = fmt.Sprintf("%.2f", r.gbps)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.mode, gb, ratio, against, r.note)
+		table = append(table, []string{r.name, r.mode, gb, ratio, against, r.note})
 	}
-	tw.Flush()
+	printTable(out, true, table)
 	return failed
 }
 

@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"sort"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -184,16 +183,15 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) ([]Result, error) {
 	rows = append(rows, row)
 
 	fmt.Fprintf(out, "passthrough: %v (%s)\n", pt, why)
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "measurement\tunit\tdirect\tgdsfs\tratio\t")
+	table := [][]string{{"measurement", "unit", "direct", "gdsfs", "ratio"}}
 	for _, r := range rows {
 		if r.skippedBecause != "" {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\tskipped: %s\t\n", r.name, r.unit, r.skippedBecause)
+			table = append(table, []string{r.name, r.unit, "-", "-", "skipped: " + r.skippedBecause})
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.2f\t\n", r.name, r.unit, r.direct, r.viaFS, r.viaFS/r.direct)
+		table = append(table, []string{r.name, r.unit, fmt.Sprintf("%.0f", r.direct), fmt.Sprintf("%.0f", r.viaFS), fmt.Sprintf("%.2f", r.viaFS/r.direct)})
 	}
-	tw.Flush()
+	printTable(out, true, table)
 
 	results := make([]Result, 0, len(rows))
 	for _, r := range rows {
