@@ -427,47 +427,36 @@ func (e *benchEnv) preadParallel(ctx context.Context, direct bool) (int64, error
 		defer d.Close()
 		f = d
 	}
-	var next, total atomic.Int64
-	var wg sync.WaitGroup
-	errs := make([]error, len(e.bufs))
-	for i, buf := range e.bufs {
-		wg.Go(func() {
-			b := buf[:e.chunk]
-			for ctx.Err() == nil {
-				off := next.Add(e.chunk) - e.chunk
-				if off >= e.b.sizeBytes {
-					return
-				}
-				n, err := f.ReadAt(b, off)
-				total.Add(int64(n))
-				if err != nil && !errors.Is(err, io.EOF) {
-					errs[i] = err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
-		return 0, err
-	}
-	return total.Load(), nil
+	return e.parallel(ctx, len(e.bufs), func(i int, off int64) (int, error) {
+		return f.ReadAt(e.bufs[i][:e.chunk], off)
+	})
 }
 
 // preadInto reads the whole file with e.b.Threads threads straight into dst
 // (one file-sized buffer): what the host engine does, without the engine.
 func (e *benchEnv) preadInto(ctx context.Context, dst []byte) (int64, error) {
+	return e.parallel(ctx, e.b.Threads, func(_ int, off int64) (int, error) {
+		return e.f.ReadAt(dst[off:min(off+e.chunk, e.b.sizeBytes)], off)
+	})
+}
+
+// parallel runs read over the file's chunks (offsets e.chunk apart, up to
+// the bench size) on threads goroutines, each taking the next chunk until
+// none is left, and returns the bytes read: the baselines' common loop.
+// read gets its goroutine's index (for per-thread buffers); io.EOF is not
+// an error, any other stops that goroutine.
+func (e *benchEnv) parallel(ctx context.Context, threads int, read func(i int, off int64) (int, error)) (int64, error) {
 	var next, total atomic.Int64
 	var wg sync.WaitGroup
-	errs := make([]error, e.b.Threads)
-	for i := range e.b.Threads {
+	errs := make([]error, threads)
+	for i := range threads {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				off := next.Add(e.chunk) - e.chunk
 				if off >= e.b.sizeBytes {
 					return
 				}
-				n, err := e.f.ReadAt(dst[off:min(off+e.chunk, e.b.sizeBytes)], off)
+				n, err := read(i, off)
 				total.Add(int64(n))
 				if err != nil && !errors.Is(err, io.EOF) {
 					errs[i] = err
