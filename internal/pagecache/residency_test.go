@@ -10,7 +10,7 @@ import (
 )
 
 // writeFile writes size bytes to a new file and returns it open for reading.
-func writeFile(t *testing.T, size int) *os.File {
+func writeFile(t testing.TB, size int) *os.File {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "data")
 	b := make([]byte, size)
