@@ -23,15 +23,7 @@ func WithProgress(errw io.Writer, name string, out io.Writer, measure func(out i
 	if !ok || !isatty.IsTerminal(f.Fd()) {
 		return measure(out)
 	}
-	bar := progressbar.NewOptions(-1,
-		progressbar.OptionSetWriter(f),
-		progressbar.OptionSetDescription("bench "+name),
-		progressbar.OptionSpinnerType(14),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionClearOnFinish(),
-		progressbar.OptionThrottle(100*time.Millisecond),
-	)
-	cw := &clearingWriter{bar: bar, w: out}
+	cw := &clearingWriter{bar: newSpinner(f, "bench "+name), w: out}
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -49,9 +41,25 @@ func WithProgress(errw io.Writer, name string, out io.Writer, measure func(out i
 	err := measure(cw)
 	close(stop)
 	<-done
-	_ = bar.Finish()
+	_ = cw.bar.Finish()
 	cw.flush()
 	return err
+}
+
+// newSpinner is the spinner of WithProgress on w. It redraws only when
+// clearingWriter.tick advances it: the library's own redraw timer (on by
+// default for a spinner) draws without the lock clearingWriter holds
+// around Clear, and raced with it.
+func newSpinner(w io.Writer, description string) *progressbar.ProgressBar {
+	return progressbar.NewOptions(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(description),
+		progressbar.OptionSpinnerType(14),
+		progressbar.OptionSetSpinnerChangeInterval(0),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+	)
 }
 
 // clearingWriter passes the suite's output on in whole lines, each
