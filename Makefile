@@ -9,6 +9,8 @@ endif
 BIN       := bin/gdsfs
 PYTHON    ?= /usr/bin/python3
 FUZZTIME  ?= 10s
+# staticcheck runs from the Go module proxy at this version (no install step).
+STATICCHECK ?= v0.8.2
 export GDSFS_BIN := $(abspath $(BIN))
 
 .PHONY: all build test unit integration pytest fuzz lint demo bench gpu-build install install-check wheel clean
@@ -24,6 +26,7 @@ test: build lint unit integration pytest fuzz install-check
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
 
 # Unit tests with the race detector; integration/ mounts real filesystems and runs separately.
 unit:

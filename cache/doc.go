@@ -1,10 +1,8 @@
 // Package cache parses shard metadata (WebDataset tar, MosaicML MDS,
 // safetensors, torch.save zip archives and .npy headers) into indexes that
 // say where every sample, tensor or record lives in the backing file, and
-// keeps parsed indexes and open backing handles in ristretto caches keyed by
-// file identity. The daemon uses Indexes; Handles has no user today (see
-// docs/architecture.md: ctl gets every transfer's backing *os.File from the
-// kernel's open, and cufile keeps its cuFile registrations itself).
+// keeps parsed indexes in a ristretto cache keyed by file identity
+// (Indexes).
 //
 // # Parsers
 //
@@ -44,11 +42,9 @@
 //     path, and parses at most DefaultParses files at once, at most
 //     DefaultParsesPerUID of them for one requesting uid (WithRequester); a
 //     miss waits at most DefaultParseWait for a slot (ErrBusy, not cached).
-//   - I4: a cached backing handle is closed, and OnEvict runs, only after it
-//     has left the cache and its last user has released it.
 //
-// Lock order: ristretto's internal locks, then Indexes.paths.mu or
-// Handles.mu (eviction callbacks run under ristretto's locks and take ours);
+// Lock order: ristretto's internal locks, then Indexes.paths.mu (eviction
+// callbacks run under ristretto's locks and take ours);
 // nothing calls into a ristretto cache while holding ours, and no lock is
 // held while parsing or doing I/O. Indexes.uids.mu (the per-uid parse
 // slots) and Indexes.flights.mu are only ever taken alone.

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
 // fakeDevMem is "device memory" for the fake stager: a byte slice reachable
@@ -386,24 +387,12 @@ func TestHostEngineNeedsHostMemory(t *testing.T) {
 	}
 }
 
-func TestCachedBytes(t *testing.T) {
-	f, _ := writeRandomFile(t, 16*gpubuf.Align)
-	n, ok := cachedBytes(f, 0, 16*gpubuf.Align)
-	if !ok {
-		t.Skip("kernel without cachestat(2)")
-	}
-	// Just written: in the page cache (t.TempDir is not O_DIRECT-only).
-	if n <= 0 || n > 16*gpubuf.Align {
-		t.Errorf("cachedBytes = %d for a freshly written 64 KiB file", n)
-	}
-}
-
 func TestMostlyCached(t *testing.T) {
 	f, _ := writeRandomFile(t, 256*gpubuf.Align)
-	if _, ok := cachedBytes(f, 0, 1); !ok {
+	if _, ok := pagecache.Cached(f, 0, 1); !ok {
 		t.Skip("kernel without cachestat(2)")
 	}
-	if !mostlyCached(f) {
+	if !rangeMostlyCached(f, 0, -1) {
 		t.Fatal("a file just written is reported not cached")
 	}
 	if err := f.Sync(); err != nil {
@@ -412,7 +401,7 @@ func TestMostlyCached(t *testing.T) {
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 		t.Fatal(err)
 	}
-	if mostlyCached(f) {
+	if rangeMostlyCached(f, 0, -1) {
 		t.Error("a file dropped from the page cache is reported cached")
 	}
 	empty, err := os.Create(filepath.Join(t.TempDir(), "empty"))
@@ -420,7 +409,7 @@ func TestMostlyCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer empty.Close()
-	if mostlyCached(empty) {
+	if rangeMostlyCached(empty, 0, -1) {
 		t.Error("an empty file is reported cached")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
 // Engine choices for Config.Engine.
@@ -353,10 +354,6 @@ func residencySample(off, n int64) [][2]int64 {
 	return w
 }
 
-// mostlyCached reports whether at least half of (a sample of) f is in the
-// page cache.
-func mostlyCached(f *os.File) bool { return rangeMostlyCached(f, 0, -1) }
-
 // rangeMostlyCached reports whether at least half of a bounded sample of
 // [off, off+n) of f (n < 0: to end of file; clipped to the file) is in the
 // page cache.
@@ -370,7 +367,7 @@ func rangeMostlyCached(f *os.File, off, n int64) bool {
 	}
 	var measured, cached int64
 	for _, w := range residencySample(off, n) {
-		c, ok := cachedBytes(f, w[0], w[1])
+		c, ok := pagecache.Cached(f, w[0], w[1])
 		if !ok {
 			return false
 		}

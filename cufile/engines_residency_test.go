@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
 func TestResidencySample(t *testing.T) {
@@ -60,7 +62,7 @@ func TestRangeMostlyCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, ok := cachedBytes(f, 0, 1); !ok {
+	if _, ok := pagecache.Cached(f, 0, 1); !ok {
 		t.Skip("kernel without cachestat(2)")
 	}
 	if err := f.Sync(); err != nil {
@@ -69,7 +71,7 @@ func TestRangeMostlyCached(t *testing.T) {
 	if err := unix.Fadvise(int(f.Fd()), 0, half, unix.FADV_DONTNEED); err != nil {
 		t.Fatal(err)
 	}
-	if c, _ := cachedBytes(f, 0, half); c > half/4 {
+	if c, _ := pagecache.Cached(f, 0, half); c > half/4 {
 		t.Skipf("the page cache kept %d of %d dropped bytes (filesystem ignores FADV_DONTNEED)", c, half)
 	}
 	for _, tc := range []struct {
@@ -105,7 +107,7 @@ func BenchmarkResidency(b *testing.B) {
 	defer f.Close()
 	b.Run("whole", func(b *testing.B) {
 		for b.Loop() {
-			cachedBytes(f, 0, size)
+			pagecache.Cached(f, 0, size)
 		}
 	})
 	b.Run("sampled", func(b *testing.B) {

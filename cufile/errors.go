@@ -47,14 +47,10 @@ type FileError struct {
 
 // cuFile error codes gdsfs tells apart (cufile.h CUfileOpError).
 const (
-	fileSuccess              = 0
-	fileDriverNotInitialized = 5001
-	fileCUDADriverError      = 5011
-	fileInvalidMappingSize   = 5016
-	fileMemoryAlreadyReg     = 5023
-	fileHandleNotRegistered  = 5027
-	fileInternalError        = 5030
-	fileNVFSSetupError       = 5033
+	fileSuccess             = 0
+	fileCUDADriverError     = 5011
+	fileMemoryAlreadyReg    = 5023
+	fileHandleNotRegistered = 5027
 )
 
 var fileErrorNames = map[int]string{

@@ -14,9 +14,9 @@ import (
 type Lib struct {
 	lib *library
 	fn  struct {
-		driverOpen, driverClose, getVersion, driverGetProperties uintptr
-		handleRegister, handleDeregister                         uintptr
-		bufRegister, bufDeregister, read, write                  uintptr
+		driverOpen, getVersion, driverGetProperties uintptr
+		handleRegister, handleDeregister            uintptr
+		bufRegister, bufDeregister, read, write     uintptr
 	}
 }
 
@@ -30,7 +30,7 @@ func LoadLib() (*Lib, error) {
 	l := &Lib{lib: lib}
 	f := &l.fn
 	if err := lib.bind(map[string]*uintptr{
-		"cuFileDriverOpen": &f.driverOpen, "cuFileDriverClose_v2|cuFileDriverClose": &f.driverClose,
+		"cuFileDriverOpen": &f.driverOpen,
 		"cuFileGetVersion": &f.getVersion, "cuFileDriverGetProperties": &f.driverGetProperties,
 		"cuFileHandleRegister": &f.handleRegister, "cuFileHandleDeregister": &f.handleDeregister,
 		"cuFileBufRegister": &f.bufRegister, "cuFileBufDeregister": &f.bufDeregister,
@@ -56,12 +56,6 @@ func fileStatus(op string, r uintptr) error {
 func (l *Lib) DriverOpen() error {
 	r, _, _ := purego.SyscallN(l.fn.driverOpen)
 	return fileStatus("cuFileDriverOpen", r)
-}
-
-// DriverClose closes the driver; registered handles and buffers become invalid.
-func (l *Lib) DriverClose() error {
-	r, _, _ := purego.SyscallN(l.fn.driverClose)
-	return fileStatus("cuFileDriverClose", r)
 }
 
 // Version is cuFileGetVersion's 1000*major + 10*minor, or 0 when the

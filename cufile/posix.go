@@ -8,11 +8,11 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
 // stager is the CUDA side of the posix pipeline, behind an interface so the
@@ -199,29 +199,8 @@ func (opts Options) useDirect(f *os.File, off, n int64) bool {
 	if n < 4*opts.ChunkBytes {
 		return false
 	}
-	cached, ok := cachedBytes(f, off, n)
+	cached, ok := pagecache.Cached(f, off, n)
 	return ok && cached < n/2
-}
-
-// cachestat(2) (Linux 6.5+): how much of a file range is in the page cache.
-const sysCachestat = 451
-
-type cachestatRange struct{ off, len uint64 }
-
-type cachestatResult struct {
-	cache, dirty, writeback, evicted, recentlyEvicted uint64
-}
-
-// cachedBytes reports the bytes of [off, off+n) of f in the page cache, or
-// false when the kernel cannot tell.
-func cachedBytes(f *os.File, off, n int64) (int64, bool) {
-	r := cachestatRange{uint64(off), uint64(n)}
-	var cs cachestatResult
-	_, _, errno := unix.Syscall6(sysCachestat, f.Fd(), uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
-	if errno != 0 {
-		return 0, false
-	}
-	return int64(cs.cache) * int64(os.Getpagesize()), true
 }
 
 // openDirect reopens f with O_DIRECT for reading; nil when f is not open

@@ -251,23 +251,6 @@ func (n *node) verifyStat(st *syscall.Stat_t, gen uint64) syscall.Errno {
 	return 0
 }
 
-// openBacking opens the node's backing file, which must be a regular
-// file, with flags (an access mode; O_NOFOLLOW, O_NONBLOCK and O_CLOEXEC
-// are added), through the root's descriptor and checked to be the node's
-// file. It is for the control path, which must never open by path.
-func (n *node) openBacking(flags int) (*os.File, error) {
-	fd, errno := n.open(flags | unix.O_NONBLOCK)
-	if errno != 0 {
-		return nil, fmt.Errorf("open backing file of %q: %w", n.Path(nil), errno)
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		unix.Close(fd)
-		return nil, fmt.Errorf("open backing file of %q: not a regular file: %w", n.Path(nil), syscall.EINVAL)
-	}
-	return os.NewFile(uintptr(fd), n.backingPath()), nil
-}
-
 // statAt stats name in dir without following it, with the birth time go-fuse
 // uses as the generation number.
 func statAt(dir int, name string, flags int) (syscall.Stat_t, uint64, error) {

@@ -280,12 +280,6 @@ func (s *Server) UnmountLazy() error {
 	return nil
 }
 
-// Mountpoint returns the directory the filesystem is mounted on.
-func (s *Server) Mountpoint() string { return s.mountpoint }
-
-// Backing returns the backing root as a path valid in this process.
-func (s *Server) Backing() string { return s.m.root }
-
 // Passthrough reports whether reads and writes go through kernel FUSE
 // passthrough, and why (or why not). It is fixed at mount time; files the
 // kernel refuses later are served by the daemon one by one, and the reason

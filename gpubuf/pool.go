@@ -235,9 +235,6 @@ func NewPool(cfg Config) (*Pool, error) {
 // Backend is the pool's memory backend.
 func (p *Pool) Backend() Backend { return p.backend }
 
-// SlabBytes is the size of a regular slab.
-func (p *Pool) SlabBytes() int64 { return p.slabBytes }
-
 // MaxLeaseBytes is the largest lease one uid can ever be granted on a
 // device: its share (at most the budget). Longer requests can never
 // succeed, however long the caller waits.
@@ -248,7 +245,9 @@ func (p *Pool) MaxLeaseBytes() int64 {
 	return p.devices[0].share
 }
 
-func alignUp(n int64) int64 { return (n + Align - 1) &^ (Align - 1) }
+// AlignUp rounds n up to a multiple of Align: the size a lease of n bytes
+// takes in its slab.
+func AlignUp(n int64) int64 { return (n + Align - 1) &^ (Align - 1) }
 
 func (p *Pool) shard(session uint64) *sessionShard {
 	return &p.shards[session%sessionShards]
@@ -275,7 +274,7 @@ func (p *Pool) Alloc(ctx context.Context, owner Owner, device int, n int64) (*Le
 		dev.mu.Unlock()
 		return nil, err
 	}
-	size := alignUp(n)
+	size := AlignUp(n)
 	var (
 		slab *Slab
 		off  int64

@@ -600,6 +600,9 @@ func TestStats(t *testing.T) {
 func TestStatsListsAreNeverNull(t *testing.T) {
 	p, _ := newTestPool(t, 1)
 	b, err := json.Marshal(p.Stats())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(string(b), `"uids":[]`) {
 		t.Errorf("empty pool's stats JSON %s lacks \"uids\":[]", b)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,51 +25,6 @@ func tableRows(s string) [][]string {
 		rows = append(rows, sep.Split(strings.TrimSpace(l), -1))
 	}
 	return rows
-}
-
-// fakeSuite prints its own table and returns rows, or fails.
-func fakeSuite(name string, rows []benchResult, err error) benchSuite {
-	return benchSuite{
-		cmd: &cobra.Command{Use: name},
-		measure: func(_ context.Context, out io.Writer) ([]benchResult, error) {
-			fmt.Fprintf(out, "own table of %s\n", name)
-			return rows, err
-		},
-	}
-}
-
-// A failing suite does not stop the others; its failure is a row of the
-// one table, and the command fails after printing it.
-func TestRunBenchSuitesOneTable(t *testing.T) {
-	broken := errors.New("no /dev/shm")
-	suites := []benchSuite{
-		fakeSuite("a", []benchResult{
-			{Suite: "a", Measurement: "reads", GDSFS: 900, Baseline: 1000, Unit: "MB/s", Note: "vs direct"},
-			{Suite: "a", Measurement: "cold", Unit: "MB/s", Note: "skipped: not root"},
-		}, nil),
-		fakeSuite("b", nil, broken),
-		fakeSuite("c", []benchResult{{Suite: "c", Measurement: "host engine, warm", GDSFS: 3.5, Baseline: 2.5, Unit: "GB/s"}}, nil),
-	}
-	var out, errw bytes.Buffer
-	err := runBenchSuites(context.Background(), &out, &errw, suites)
-	if !errors.Is(err, broken) {
-		t.Errorf("error %v, want the failed suite's", err)
-	}
-	want := [][]string{
-		{"suite", "measurement", "gdsfs", "baseline", "unit", "ratio", "note"},
-		{"a", "reads", "900", "1000", "MB/s", "0.90", "vs direct"},
-		{"a", "cold", "-", "-", "MB/s", "-", "skipped: not root"},
-		{"b", "-", "-", "-", "-", "-", "failed: no /dev/shm"},
-		{"c", "host engine, warm", "3.50", "2.50", "GB/s", "1.40", "-"},
-	}
-	if got := tableRows(out.String()); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("table:\n%s\nwant rows %q", out.String(), want)
-	}
-	for _, s := range []string{"== bench a", "own table of a", "== bench b", "own table of c"} {
-		if !strings.Contains(errw.String(), s) {
-			t.Errorf("stderr lacks %q:\n%s", s, errw.String())
-		}
-	}
 }
 
 // fastBench is `gdsfs bench` with every suite configured to take a

@@ -4,19 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/cache"
-	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/reader"
 )
 
 func newIndexCmd() *cobra.Command {
@@ -47,9 +44,9 @@ are not on a mount (and to see why a file has no index).`,
 			var doc []byte
 			var err error
 			if local {
-				doc, err = localIndex(args[0])
+				doc, err = reader.LocalIndex(args[0])
 			} else {
-				doc, err = mountIndex(ctx, args[0])
+				doc, err = reader.Index(ctx, args[0])
 			}
 			if err != nil {
 				return err
@@ -65,98 +62,6 @@ are not on a mount (and to see why a file has no index).`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the index JSON as it is")
 	cmd.Flags().BoolVar(&local, "local", false, "parse FILE here instead of asking the daemon")
 	return cmd
-}
-
-// mountIndex reads the index of path from the daemon: the user.gdsfs.index
-// attribute, or, for an index over the 64 KiB an attribute holds (E2BIG),
-// the paged INDEX call of the control path (docs/protocol.md).
-func mountIndex(ctx context.Context, path string) ([]byte, error) {
-	mp, err := findMount(path)
-	if err != nil {
-		return nil, err
-	}
-	doc, err := getxattr(path, "user.gdsfs.index")
-	switch {
-	case err == nil:
-		return doc, nil
-	case errors.Is(err, syscall.ENOENT):
-		return nil, usagef("%s: no such file", path)
-	case errors.Is(err, syscall.ENODATA):
-		return nil, noIndexError(path)
-	case !errors.Is(err, syscall.E2BIG):
-		return nil, fmt.Errorf("read user.gdsfs.index of %s: %w", path, err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, usagef("open %s: %v", path, err)
-	}
-	defer f.Close()
-	cl, err := ctl.OpenSession(mp)
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	doc, err = cl.Index(ctx, f)
-	if errors.Is(err, syscall.ENODATA) {
-		return nil, noIndexError(path)
-	}
-	return doc, err
-}
-
-// noIndexError explains why the daemon has no index for path: the reason
-// user.gdsfs.info gives for a corrupt shard (index_error), else parsing the
-// file here (the reason of a daemon that predates index_error, or "not a
-// format gdsfs indexes").
-func noIndexError(path string) error {
-	info, err := getxattr(path, "user.gdsfs.info")
-	if err == nil {
-		if why := indexErrorOf(info); why != "" {
-			return usagef("%s: %s", path, why)
-		}
-	}
-	_, err = localIndex(path)
-	if err == nil {
-		return fmt.Errorf("%s: the daemon serves no index for it, though it parses here (was it just written? try again)", path)
-	}
-	return err
-}
-
-// indexErrorOf returns the index_error of a user.gdsfs.info document ("" when
-// none, or when the document is not the expected JSON).
-func indexErrorOf(info []byte) string {
-	var fi struct {
-		IndexError string `json:"index_error"`
-	}
-	if json.Unmarshal(info, &fi) != nil {
-		return ""
-	}
-	return fi.IndexError
-}
-
-// localIndex parses path in this process.
-func localIndex(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, usagef("open %s: %v", path, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("stat %s: %w", path, err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, usagef("%s is not a regular file; gdsfs index reads shard files", path)
-	}
-	x, err := cache.Parse(f, st.Size(), path)
-	switch {
-	case errors.Is(err, cache.ErrNoIndex):
-		return nil, usagef("%s has no index: it is not a tar, MDS shard or index.json, safetensors, torch.save zip or .npy file", path)
-	case errors.Is(err, cache.ErrInvalid):
-		return nil, usagef("%s: %v", path, err)
-	case err != nil:
-		return nil, fmt.Errorf("index %s: %w", path, err)
-	}
-	return x.JSON()
 }
 
 // indexDoc is the index JSON (docs/index-format.md) as printIndex reads it.

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/gdsfs/gdsfs/internal/usage"
 )
 
 // Exit codes shared by every subcommand.
@@ -22,15 +24,11 @@ const (
 
 // usageError marks an error the user caused (bad flag, bad path, ...): it
 // exits with exitUsage. Its message must say what is wrong and what to do.
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
+// The packages behind the subcommands return the same type.
+type usageError = usage.Error
 
 // usagef returns a usageError with a formatted message.
-func usagef(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
-}
+func usagef(format string, args ...any) error { return usage.Errorf(format, args...) }
 
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
@@ -40,7 +38,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return usageError{fmt.Errorf("%w (see %s --help)", err, c.CommandPath())}
+		return usagef("%w (see %s --help)", err, c.CommandPath())
 	})
 	root.AddCommand(
 		// subcommands, one file each
@@ -72,7 +70,7 @@ func run(args []string) int {
 	var ue usageError
 	if !errors.As(err, &ue) && isCobraUsageError(err) {
 		// Cobra's own argument errors say what is wrong, not what to do.
-		err = usageError{fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())}
+		err = usagef("%w (see %s --help)", err, cmd.CommandPath())
 	}
 	fmt.Fprintf(os.Stderr, "gdsfs: %v\n", err)
 	if errors.As(err, &ue) {

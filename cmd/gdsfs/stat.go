@@ -9,7 +9,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/internal/xattr"
 )
 
 func newStatCmd() *cobra.Command {
@@ -32,24 +33,8 @@ recognised in it, if any.`,
 	return cmd
 }
 
-// getxattr reads a whole extended attribute value.
-func getxattr(path, name string) ([]byte, error) {
-	buf := make([]byte, 4096)
-	for {
-		n, err := unix.Getxattr(path, name, buf)
-		if errors.Is(err, syscall.ERANGE) && len(buf) < 1<<20 {
-			buf = make([]byte, 2*len(buf))
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return buf[:n], nil
-	}
-}
-
 func runStat(w io.Writer, path string, asJSON bool) error {
-	v, err := getxattr(path, "user.gdsfs.info")
+	v, err := xattr.Get(path, "user.gdsfs.info")
 	switch {
 	case errors.Is(err, syscall.ENOENT):
 		return usagef("%s: no such file or directory", path)

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
 // evict drops p's pages from the page cache (ext4 honours DONTNEED for
@@ -36,11 +38,7 @@ func residentOf(t *testing.T, p string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := residentBytes([]warmFile{{path: p, size: st.Size()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return (&pagecache.Plan{Files: []pagecache.File{{Path: p, Size: st.Size()}}}).Resident()
 }
 
 // runWarmCmd runs `gdsfs warm args...` in process and returns its stdout.

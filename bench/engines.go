@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -10,80 +10,59 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"github.com/rs/zerolog"
-	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/usage"
 )
 
-// enginesBench is the configuration of `gdsfs bench engines`.
-type enginesBench struct {
-	file      string
-	size      string
-	sizeBytes int64
-	threads   int
-	runs      int
-	noCold    bool
-	keep      bool
-	minWarm   float64
-	minCold   float64
-	flags     *engineFlags
+// EnginesConfig is the configuration of the engines suite (`gdsfs bench
+// engines`); each field is the flag its comment names.
+type EnginesConfig struct {
+	File    string  // --file: file to read (created with Size if missing; "": a temporary file)
+	Size    string  // --size: file size, such as 1GiB
+	Threads int     // --threads: threads of the parallel baselines
+	Runs    int     // --runs: warm runs per measurement (the best counts)
+	NoCold  bool    // --no-cold: skip the cold (dropped page cache) measurements
+	Keep    bool    // --keep: keep the generated file
+	MinWarm float64 // --min-warm-ratio: fail if an engine's warm ratio is below this
+	MinCold float64 // --min-cold-ratio: fail if an engine's cold ratio is below this
+	// Engine returns the engines' configuration (the --engine, --chunk-size,
+	// --io-workers and --direct-io flags), read when the suite runs.
+	Engine func() (cufile.Config, error)
 }
 
-func newBenchEnginesSuite() benchSuite {
-	b := &enginesBench{}
-	cmd := &cobra.Command{
-		Use:   "engines",
-		Short: "Read throughput of each transfer engine against plain pread and copy baselines",
-		Long: `Reads one large file into slab memory with every engine that can run here
-(gds, posix, host), warm (page cache) and cold (after dropping caches, as
-root), and measures the baselines the engines must be judged against:
-
-  pread16-pinned   16 threads of page-cache pread into pinned host memory (warm)
-  h2d-pinned       pinned host to GPU copy (cuMemcpyHtoD)
-  pread1+copy      1 thread: pread into pinned memory, then copy to the GPU
-  odirect16        16 threads of O_DIRECT pread: the disk's parallel rate (cold)
-
-Without a GPU the baselines read into ordinary memory. The table gives each
-engine's GB/s (best of --runs warm, one run cold) and its ratio to the bound
-that applies: warm, the slower of pread16 and h2d; cold, odirect16.
---min-warm-ratio / --min-cold-ratio make the command fail below a ratio.`,
-		Example: `  gdsfs bench engines
-  gdsfs bench engines --size 4GiB --file /nvme/bench.dat --io-workers 16
-  gdsfs bench engines --engine gds --min-warm-ratio 0.8 --min-cold-ratio 0.9`,
-		Args: cobra.NoArgs,
+// Engines is the engines suite: read throughput of each transfer engine
+// into slab memory against plain pread and copy baselines.
+func Engines(c *EnginesConfig) Suite {
+	return Suite{
+		Name:        "engines",
+		Description: "Read throughput of each transfer engine against plain pread and copy baselines",
+		Run: func(ctx context.Context, out io.Writer) ([]Result, error) {
+			n, err := humanize.ParseBytes(c.Size)
+			if err != nil || n < 1<<20 || n > 1<<40 {
+				return nil, usage.Errorf("--size %q: give a size from 1MiB to 1TiB, such as 4GiB", c.Size)
+			}
+			if c.Threads < 1 || c.Threads > 256 {
+				return nil, usage.Errorf("--threads %d: give 1 to 256", c.Threads)
+			}
+			if c.Runs < 1 || c.Runs > 100 {
+				return nil, usage.Errorf("--runs %d: give 1 to 100", c.Runs)
+			}
+			b := &enginesBench{EnginesConfig: *c, sizeBytes: int64(n) &^ (gpubuf.Align - 1)}
+			return b.run(ctx, out)
+		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&b.file, "file", "", "file to read (created with that size if missing; default: a temporary file under $TMPDIR)")
-	f.StringVar(&b.size, "size", "1GiB", "file size")
-	f.IntVar(&b.threads, "threads", 16, "threads of the parallel baselines")
-	f.IntVar(&b.runs, "runs", 3, "warm runs per measurement (the best counts)")
-	f.BoolVar(&b.noCold, "no-cold", false, "skip the cold (dropped page cache) measurements")
-	f.BoolVar(&b.keep, "keep", false, "keep the generated file")
-	f.Float64Var(&b.minWarm, "min-warm-ratio", 0, "fail if an engine's warm ratio is below this")
-	f.Float64Var(&b.minCold, "min-cold-ratio", 0, "fail if an engine's cold ratio is below this")
-	b.flags = addEngineFlags(f)
-	measure := func(ctx context.Context, out io.Writer) ([]benchResult, error) {
-		n, err := humanize.ParseBytes(b.size)
-		if err != nil || n < 1<<20 || n > 1<<40 {
-			return nil, usagef("--size %q: give a size from 1MiB to 1TiB, such as 4GiB", b.size)
-		}
-		b.sizeBytes = int64(n) &^ (gpubuf.Align - 1)
-		if b.threads < 1 || b.threads > 256 {
-			return nil, usagef("--threads %d: give 1 to 256", b.threads)
-		}
-		if b.runs < 1 || b.runs > 100 {
-			return nil, usagef("--runs %d: give 1 to 100", b.runs)
-		}
-		return b.run(ctx, out)
-	}
-	return benchSuite{cmd: cmd, measure: measure}
+}
+
+// enginesBench is one run of the engines suite.
+type enginesBench struct {
+	EnginesConfig
+	sizeBytes int64
 }
 
 // engineRow is one line of the table.
@@ -93,15 +72,18 @@ type engineRow struct {
 	note       string
 }
 
-func (b *enginesBench) run(ctx context.Context, out io.Writer) ([]benchResult, error) {
+func (b *enginesBench) run(ctx context.Context, out io.Writer) ([]Result, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	s, err := b.flags.parse(zerolog.Nop())
-	if err != nil {
-		return nil, err
+	cfg := cufile.Config{}
+	if b.Engine != nil {
+		var err error
+		if cfg, err = b.Engine(); err != nil {
+			return nil, err
+		}
 	}
-	eng, err := cufile.Open(s.cfg)
+	eng, err := cufile.Open(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +101,7 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) ([]benchResult, e
 	rep := eng.Probe()
 	fmt.Fprintf(out, "file %s (%s), engine %s: %s\n", path, humanize.IBytes(uint64(b.sizeBytes)), rep.Engine, rep.Why)
 
-	env := &benchEnv{b: b, f: f, drv: eng.Driver(), chunk: s.cfg.ChunkBytes}
+	env := &benchEnv{b: b, f: f, drv: eng.Driver(), chunk: cfg.ChunkBytes}
 	if env.chunk == 0 {
 		env.chunk = cufile.DefaultChunkBytes
 	}
@@ -149,11 +131,11 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) ([]benchResult, e
 			engines = append(engines, engCase{name, e, env.dev})
 		}
 	}
-	engines = append(engines, engCase{cufile.EngineHost, cufile.NewHostEngine(cufile.Options{ChunkBytes: s.cfg.ChunkBytes, Workers: s.cfg.Workers, Direct: s.cfg.Direct}), env.host})
+	engines = append(engines, engCase{cufile.EngineHost, cufile.NewHostEngine(cufile.Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct}), env.host})
 
 	measure := func(cold bool) {
 		mode := "warm"
-		runs := b.runs
+		runs := b.Runs
 		if cold {
 			mode, runs = "cold", 1
 		}
@@ -180,16 +162,16 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) ([]benchResult, e
 		}
 		if !cold {
 			n, d, err := best(func() (int64, error) { return env.preadParallel(ctx, false) })
-			add(fmt.Sprintf("pread%d-%s", b.threads, env.hostKind()), mode, n, d, "baseline", err)
+			add(fmt.Sprintf("pread%d-%s", b.Threads, env.hostKind()), mode, n, d, "baseline", err)
 			n, d, err = best(func() (int64, error) { return env.preadInto(ctx, env.host.(gpubuf.HostMemory).HostBytes()) })
-			add(fmt.Sprintf("pread%d-slab", b.threads), mode, n, d, "baseline: into the host slab", err)
+			add(fmt.Sprintf("pread%d-slab", b.Threads), mode, n, d, "baseline: into the host slab", err)
 			if env.drv != nil {
 				n, d, err := best(env.h2d)
 				add("h2d-pinned", mode, n, d, "baseline", err)
 			}
 		} else {
 			n, d, err := best(func() (int64, error) { return env.preadParallel(ctx, true) })
-			add(fmt.Sprintf("odirect%d", b.threads), mode, n, d, "baseline: disk parallel rate", err)
+			add(fmt.Sprintf("odirect%d", b.Threads), mode, n, d, "baseline: disk parallel rate", err)
 		}
 		if env.drv != nil {
 			n, d, err := best(env.pread1Copy)
@@ -212,21 +194,21 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) ([]benchResult, e
 	}
 	measure(false)
 	coldNote := ""
-	if !b.noCold {
+	if !b.NoCold {
 		if err := dropFileCache(f); err != nil {
 			coldNote = fmt.Sprintf("cold runs skipped: %v", err)
 		} else {
 			measure(true)
 		}
 	}
-	j := judgeEngines(rows, env.drv != nil, b.minWarm, b.minCold)
+	j := judgeEngines(rows, env.drv != nil, b.MinWarm, b.MinCold)
 	failed := printEngineTable(out, rows, j)
 	if coldNote != "" {
 		fmt.Fprintln(out, coldNote)
 	}
 	results := engineResults(rows, j)
 	if coldNote != "" {
-		results = append(results, benchResult{Suite: "engines", Measurement: "cold runs", Note: coldNote})
+		results = append(results, Result{Suite: "engines", Measurement: "cold runs", Note: coldNote})
 	}
 	if failed != "" {
 		return results, errors.New(failed)
@@ -302,8 +284,7 @@ func judgeEngines(rows []engineRow, gpu bool, minWarm, minCold float64) engineJu
 // returns a failure message for ratios under the minimums.
 func printEngineTable(out io.Writer, rows []engineRow, judge engineJudge) string {
 	var failed string
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "read\tmode\tGB/s\tratio\t\tnote\t")
+	table := [][]string{{"read", "mode", "GB/s", "ratio", "", "note"}}
 	for _, r := range rows {
 		ratio, against := "", ""
 		if b := judge(r); b.against != "" {
@@ -319,22 +300,22 @@ func printEngineTable(out io.Writer, rows []engineRow, judge engineJudge) string
 		if r.gbps > 0 {
 			gb = fmt.Sprintf("%.2f", r.gbps)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.mode, gb, ratio, against, r.note)
+		table = append(table, []string{r.name, r.mode, gb, ratio, against, r.note})
 	}
-	tw.Flush()
+	printTable(out, true, table)
 	return failed
 }
 
 // engineResults are the engine rows for the combined table of `gdsfs
 // bench`, each with its bound as the baseline; the baseline rows appear
 // only through them.
-func engineResults(rows []engineRow, judge engineJudge) []benchResult {
-	var out []benchResult
+func engineResults(rows []engineRow, judge engineJudge) []Result {
+	var out []Result
 	for _, r := range rows {
 		if r.note != "engine" && r.gbps > 0 {
 			continue
 		}
-		res := benchResult{Suite: "engines", Measurement: r.name + " engine, " + r.mode, GDSFS: r.gbps, Unit: "GB/s", Note: r.note}
+		res := Result{Suite: "engines", Measurement: r.name + " engine, " + r.mode, GDSFS: r.gbps, Unit: "GB/s", Note: r.note}
 		if r.note != "engine" {
 			res.Measurement = r.name + ", " + r.mode // a baseline that failed
 		}
@@ -398,7 +379,7 @@ func (e *benchEnv) setup(ctx context.Context, eng *cufile.Engines) error {
 	}
 	e.host = hm
 	e.free = append(e.free, func() { hm.Close() })
-	for range e.b.threads {
+	for range e.b.Threads {
 		b, free, err := e.alloc(e.chunk + gpubuf.Align)
 		if err != nil {
 			return err
@@ -434,7 +415,7 @@ func (e *benchEnv) close() {
 	}
 }
 
-// preadParallel reads the whole file with e.b.threads threads in chunks into
+// preadParallel reads the whole file with e.b.Threads threads in chunks into
 // per-thread buffers (the rate of the reads alone); direct uses O_DIRECT.
 func (e *benchEnv) preadParallel(ctx context.Context, direct bool) (int64, error) {
 	f := e.f
@@ -446,47 +427,36 @@ func (e *benchEnv) preadParallel(ctx context.Context, direct bool) (int64, error
 		defer d.Close()
 		f = d
 	}
-	var next, total atomic.Int64
-	var wg sync.WaitGroup
-	errs := make([]error, len(e.bufs))
-	for i, buf := range e.bufs {
-		wg.Go(func() {
-			b := buf[:e.chunk]
-			for ctx.Err() == nil {
-				off := next.Add(e.chunk) - e.chunk
-				if off >= e.b.sizeBytes {
-					return
-				}
-				n, err := f.ReadAt(b, off)
-				total.Add(int64(n))
-				if err != nil && !errors.Is(err, io.EOF) {
-					errs[i] = err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
-		return 0, err
-	}
-	return total.Load(), nil
+	return e.parallel(ctx, len(e.bufs), func(i int, off int64) (int, error) {
+		return f.ReadAt(e.bufs[i][:e.chunk], off)
+	})
 }
 
-// preadInto reads the whole file with e.b.threads threads straight into dst
+// preadInto reads the whole file with e.b.Threads threads straight into dst
 // (one file-sized buffer): what the host engine does, without the engine.
 func (e *benchEnv) preadInto(ctx context.Context, dst []byte) (int64, error) {
+	return e.parallel(ctx, e.b.Threads, func(_ int, off int64) (int, error) {
+		return e.f.ReadAt(dst[off:min(off+e.chunk, e.b.sizeBytes)], off)
+	})
+}
+
+// parallel runs read over the file's chunks (offsets e.chunk apart, up to
+// the bench size) on threads goroutines, each taking the next chunk until
+// none is left, and returns the bytes read: the baselines' common loop.
+// read gets its goroutine's index (for per-thread buffers); io.EOF is not
+// an error, any other stops that goroutine.
+func (e *benchEnv) parallel(ctx context.Context, threads int, read func(i int, off int64) (int, error)) (int64, error) {
 	var next, total atomic.Int64
 	var wg sync.WaitGroup
-	errs := make([]error, e.b.threads)
-	for i := range e.b.threads {
+	errs := make([]error, threads)
+	for i := range threads {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				off := next.Add(e.chunk) - e.chunk
 				if off >= e.b.sizeBytes {
 					return
 				}
-				n, err := e.f.ReadAt(dst[off:min(off+e.chunk, e.b.sizeBytes)], off)
+				n, err := read(i, off)
 				total.Add(int64(n))
 				if err != nil && !errors.Is(err, io.EOF) {
 					errs[i] = err
@@ -549,13 +519,13 @@ func dropFileCache(f *os.File) error {
 // prepareFile returns the bench file, creating it with pseudo-random
 // content (not zeroes: some storage compresses or skips them).
 func (b *enginesBench) prepareFile() (string, func(), error) {
-	path := b.file
+	path := b.File
 	temp := path == ""
 	if temp {
 		path = filepath.Join(os.TempDir(), fmt.Sprintf("gdsfs-bench-engines-%d.dat", os.Getpid()))
 	}
 	cleanup := func() {
-		if temp && !b.keep {
+		if temp && !b.Keep {
 			os.Remove(path)
 		}
 	}
@@ -564,7 +534,7 @@ func (b *enginesBench) prepareFile() (string, func(), error) {
 	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return "", nil, usagef("--file %q: %v", path, err)
+		return "", nil, usage.Errorf("--file %q: %v", path, err)
 	}
 	defer f.Close()
 	const block = 8 << 20

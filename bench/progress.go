@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -11,27 +11,19 @@ import (
 	"github.com/schollz/progressbar/v3"
 )
 
-// withBenchProgress runs a suite's measure with its report going to out.
+// WithProgress runs a suite's measure with its report going to out.
 // When errw is a terminal, a spinner with the suite's name and elapsed time
 // runs on it meanwhile (suites run for minutes and print nothing between
 // their first line and their table); measure then writes through a
 // clearingWriter, which clears the spinner line before each line of output,
 // so the two never mix even when out is the same terminal. Off a terminal
 // nothing is added.
-func withBenchProgress(errw io.Writer, name string, out io.Writer, measure func(out io.Writer) error) error {
+func WithProgress(errw io.Writer, name string, out io.Writer, measure func(out io.Writer) error) error {
 	f, ok := errw.(*os.File)
 	if !ok || !isatty.IsTerminal(f.Fd()) {
 		return measure(out)
 	}
-	bar := progressbar.NewOptions(-1,
-		progressbar.OptionSetWriter(f),
-		progressbar.OptionSetDescription("bench "+name),
-		progressbar.OptionSpinnerType(14),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionClearOnFinish(),
-		progressbar.OptionThrottle(100*time.Millisecond),
-	)
-	cw := &clearingWriter{bar: bar, w: out}
+	cw := &clearingWriter{bar: newSpinner(f, "bench "+name), w: out}
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -49,9 +41,25 @@ func withBenchProgress(errw io.Writer, name string, out io.Writer, measure func(
 	err := measure(cw)
 	close(stop)
 	<-done
-	_ = bar.Finish()
+	_ = cw.bar.Finish()
 	cw.flush()
 	return err
+}
+
+// newSpinner is the spinner of WithProgress on w. It redraws only when
+// clearingWriter.tick advances it: the library's own redraw timer (on by
+// default for a spinner) draws without the lock clearingWriter holds
+// around Clear, and raced with it.
+func newSpinner(w io.Writer, description string) *progressbar.ProgressBar {
+	return progressbar.NewOptions(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(description),
+		progressbar.OptionSpinnerType(14),
+		progressbar.OptionSetSpinnerChangeInterval(0),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+	)
 }
 
 // clearingWriter passes the suite's output on in whole lines, each

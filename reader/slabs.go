@@ -1,4 +1,4 @@
-package main
+package reader
 
 import (
 	"context"
@@ -8,9 +8,10 @@ import (
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/handoff"
+	"github.com/gdsfs/gdsfs/internal/usage"
 )
 
-// slabReader gives gdsfs read the bytes of a lease.
+// slabReader gives Read the bytes of a lease.
 type slabReader interface {
 	// bytes returns l's valid bytes; buf is scratch space it may grow.
 	bytes(ctx context.Context, l ctl.Lease, buf *[]byte) ([]byte, error)
@@ -29,7 +30,7 @@ func newSlabReader(ctx context.Context, cl *ctl.Client, device int32) (slabReade
 		return nil, fmt.Errorf("--device %d: copying GPU slabs back needs CUDA here: %w", device, err)
 	}
 	if int(device) >= drv.Devices() {
-		return nil, usagef("--device %d: this process sees %d CUDA devices (is CUDA_VISIBLE_DEVICES the daemon's?)", device, drv.Devices())
+		return nil, usage.Errorf("--device %d: this process sees %d CUDA devices (is CUDA_VISIBLE_DEVICES the daemon's?)", device, drv.Devices())
 	}
 	return newCUDASlabs(cl, drv, drv, int(device)), nil
 }

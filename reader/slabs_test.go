@@ -1,4 +1,4 @@
-package main
+package reader
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -157,5 +158,22 @@ func TestCUDASlabsRefusals(t *testing.T) {
 				t.Errorf("got %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// Read refuses options it cannot run with before it touches the file
+// (Parallel 0 would divide by zero when sizing the chunks).
+func TestReadRefusesBadOptions(t *testing.T) {
+	for _, o := range []Options{
+		{Offset: -1, Length: -1, Parallel: 1, Passes: 1},
+		{Length: -2, Parallel: 1, Passes: 1},
+		{Length: -1, Parallel: 0, Passes: 1, Discard: true},
+		{Length: -1, Parallel: 1, Passes: 0, Discard: true},
+		{Length: -1, Parallel: 2, Passes: 1},
+		{Length: -1, Parallel: 1, Passes: 1, EngineOnly: true},
+	} {
+		if err := Read(context.Background(), io.Discard, io.Discard, "/nonexistent/gdsfs/file", o); err == nil || !strings.HasPrefix(err.Error(), "reader: ") {
+			t.Errorf("Read with %+v: %v, want the options refused", o, err)
+		}
 	}
 }

@@ -1,19 +1,17 @@
-package main
+package bench
 
 import (
 	"bytes"
 	"io"
+	"runtime"
 	"testing"
-
-	"github.com/schollz/progressbar/v3"
 )
 
 // The writer under the spinner passes output on in whole lines only
 // (tabwriter writes a table cell by cell), and flush writes the rest.
 func TestClearingWriterWholeLines(t *testing.T) {
 	var out bytes.Buffer
-	bar := progressbar.NewOptions(-1, progressbar.OptionSetWriter(io.Discard))
-	cw := &clearingWriter{bar: bar, w: &out}
+	cw := &clearingWriter{bar: newSpinner(io.Discard, "test"), w: &out}
 	steps := []struct {
 		write, want string
 	}{
@@ -35,5 +33,20 @@ func TestClearingWriterWholeLines(t *testing.T) {
 	cw.flush()
 	if want := "measurement\tunit\na\tb\nc\td\ne"; out.String() != want {
 		t.Errorf("after flush: %q, want %q", out.String(), want)
+	}
+}
+
+// The spinner draws only when the suite's ticker advances it, under the
+// clearingWriter's lock: the library's own redraw goroutine drew without
+// it and raced with Clear (seen under -race).
+func TestSpinnerHasNoRedrawGoroutine(t *testing.T) {
+	before := runtime.NumGoroutine()
+	bar := newSpinner(io.Discard, "test")
+	defer bar.Finish()
+	if err := bar.Add(1); err != nil {
+		t.Fatal(err)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines after making the spinner, %d before: it redraws on its own", n, before)
 	}
 }

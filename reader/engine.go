@@ -1,4 +1,4 @@
-package main
+package reader
 
 import (
 	"cmp"
@@ -16,21 +16,23 @@ import (
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/usage"
+	"github.com/gdsfs/gdsfs/internal/xattr"
 )
 
-// engineOnly is gdsfs read --discard --engine-only: the requests the
+// engineOnly is Read with Discard and EngineOnly: the requests the
 // control path would make (batches of readBatch chunks, parallel in
 // flight), served by the engine in this process on the backing file, with
 // leases from a pool of its own. It is the baseline the control path's
 // throughput is judged against.
-func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, chunk, end int64) error {
-	backing, err := getxattr(path, "user.gdsfs.backing")
+func engineOnly(ctx context.Context, stderr io.Writer, path string, o Options, chunk, end int64) error {
+	backing, err := xattr.Get(path, "user.gdsfs.backing")
 	if err != nil {
 		return fmt.Errorf("read user.gdsfs.backing of %s: %w", path, err)
 	}
 	f, err := os.Open(string(backing))
 	if err != nil {
-		return usagef("open the backing file %s: %v (is the mount an overmount? it shadows its own backing path)", backing, err)
+		return usage.Errorf("open the backing file %s: %v (is the mount an overmount? it shadows its own backing path)", backing, err)
 	}
 	defer f.Close()
 	engines, err := cufile.Open(cufile.Config{Log: zerolog.Nop()})
@@ -42,7 +44,7 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, 
 	// of it, plus one (a chunk that does not divide the slab size leaves
 	// slab tails unused).
 	const slab = 64 << 20
-	need := int64(o.parallel) * readBatch * alignUp(chunk)
+	need := int64(o.Parallel) * readBatch * gpubuf.AlignUp(chunk)
 	// One process, one uid: it may use its whole pool.
 	budget := ((need+slab-1)/slab + 1) * slab
 	pool, err := gpubuf.NewPool(gpubuf.Config{Backend: engines.Backend(), SlabBytes: slab,
@@ -51,10 +53,10 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, 
 		return err
 	}
 	defer pool.Close()
-	dev := int(o.device)
+	dev := int(o.Device)
 	if engines.Backend().Name() == "host" {
-		if o.device != ctl.HostDevice {
-			return usagef("--device %d: no GPU here; leave --device out", o.device)
+		if o.Device != ctl.HostDevice {
+			return usage.Errorf("--device %d: no GPU here; leave --device out", o.Device)
 		}
 		dev = 0
 	}
@@ -77,7 +79,7 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, 
 		var jobs []job
 		for c := from; c < to; c += chunk {
 			n := min(chunk, to-c)
-			l, err := pool.Alloc(ctx, owner, dev, alignUp(n))
+			l, err := pool.Alloc(ctx, owner, dev, gpubuf.AlignUp(n))
 			if err != nil {
 				return 0, err
 			}
@@ -120,8 +122,6 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o readOpts, 
 		return err
 	}
 	fmt.Fprintf(stderr, "engine-only read: %d bytes in %.3fs: %.2f GB/s (engine %s: %s; %d requests of %d x %s in flight, %d passes, %d EAGAIN retries)\n",
-		m.bytes, m.d.Seconds(), float64(m.bytes)/m.d.Seconds()/1e9, eng.Name(), why, o.parallel, readBatch, humanize.IBytes(uint64(chunk)), o.passes, m.retries)
+		m.bytes, m.d.Seconds(), float64(m.bytes)/m.d.Seconds()/1e9, eng.Name(), why, o.Parallel, readBatch, humanize.IBytes(uint64(chunk)), o.Passes, m.retries)
 	return nil
 }
-
-func alignUp(n int64) int64 { return (n + gpubuf.Align - 1) &^ (gpubuf.Align - 1) }
