@@ -279,7 +279,7 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, cf *controlFlags, repor
 	d, err := daemon.Start(ctx, cfg)
 	var ce *daemon.ConfigError
 	if errors.As(err, &ce) {
-		return usageError{err}
+		return usageError{Err: err}
 	}
 	if err != nil {
 		return err
