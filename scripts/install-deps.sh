@@ -3,7 +3,7 @@
 # Idempotent: skips what is already there. Needs root (or sudo) for apt-get.
 set -euo pipefail
 
-pkgs=(fuse3 attr python3-torch python3-numpy python3-pytest tar coreutils)
+pkgs=(fuse3 attr python3-torch python3-numpy python3-pytest python3-hypothesis tar coreutils)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -81,8 +81,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence, Union
 
+from . import _leases
 from . import _protocol as proto
-from ._errors import GDSUnavailableError, warn_fallback
+from ._errors import GDSLeaseError, GDSUnavailableError, warn_fallback
 
 __all__ = [
     "Capabilities",
@@ -480,7 +481,8 @@ class Session:
         except BaseException:
             os.close(self._cfd)
             raise
-        self._closed = False
+        self._closed = False  # no new reads
+        self._ended = False  # control descriptor closed: the session is over here
         self._finalizer = weakref.finalize(self, os.close, self._cfd)
         _open_sessions[(root, self.token.session)] = self
 
@@ -524,6 +526,7 @@ class Session:
         self._owner_pid = -1
         self._lock = threading.Lock()
         self._closed = False
+        self._ended = False
         self._finalizer = None
 
     @property
@@ -551,13 +554,29 @@ class Session:
         return f"Session(mount={self.mount!r}, session={self.token.session}, device={self.device}, engine={self.engine!r})"
 
     def close(self) -> None:
-        """End the session (in the process that opened it): every lease it
-        holds returns to the pool. Idempotent. In other processes it only
-        drops this process's control descriptor."""
+        """Close the session: no new reads from now on. In the process that
+        opened it, the session ends (every lease it holds returns to the
+        pool) once nothing in this process holds one of its leases any
+        more (TensorRefs, batches, zero-copy views: see docs/pytorch.md,
+        "Lease ownership"); at once when nothing does. Idempotent. In other
+        processes it only drops this process's control descriptor."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        if self._owner_pid == os.getpid():
+            _leases.close_when_free(self)
+        else:
+            self._end()
+
+    def _end(self) -> None:
+        """Close the control descriptor (ends the session in the process
+        that opened it, unless a forked child still holds a copy)."""
+        with self._lock:
+            self._closed = True
+            if self._ended:
+                return
+            self._ended = True
             if self._finalizer is not None:
                 self._finalizer()
             elif self._cfd is not None:
@@ -566,13 +585,19 @@ class Session:
 
     @property
     def closed(self) -> bool:
+        """True once close() was called (the session may live on while
+        leases of it are held in this process)."""
         return self._closed
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise GDSUnavailableError("gdsfs: the session is closed: open a new Session")
 
     def _control_fd(self) -> tuple[int, proto.Token | None]:
         """A control descriptor and the token to name on it: our own open
         (token 0,0) where we have it, else a private open naming our token."""
-        if self._closed:
-            raise GDSUnavailableError("gdsfs: the session is closed: open a new Session")
+        if self._ended:
+            raise GDSUnavailableError("gdsfs: the session has ended: open a new Session")
         with self._lock:
             if self._cfd is None:
                 self._cfd = os.open(os.path.join(self.mount, CONTROL_NAME), os.O_RDONLY)
@@ -631,6 +656,8 @@ class Session:
             GDSUnavailableError: the daemon refused (errno and a hint in the
                 message), or the pool stayed full for timeout seconds.
         """
+        _leases.drain()
+        self._refuse_if_closed()
         dev = self.device if device is None else device
         fdn = _fileno(fd)
         for off, length in ranges:
@@ -659,6 +686,8 @@ class Session:
     def read_names(self, fd: Any, names: Sequence[str], *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> list[Ref]:
         """Read index entries by name (tar member path, MDS "sample/field",
         safetensors tensor, zip record, "data" of an .npy) into slabs."""
+        _leases.drain()
+        self._refuse_if_closed()
         dev = self.device if device is None else device
         fdn = _fileno(fd)
         out: list[Ref] = []
@@ -682,6 +711,8 @@ class Session:
 
     def alloc(self, nbytes: int, *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> Ref:
         """A writable lease of nbytes (for writes to files on the mount)."""
+        _leases.drain()
+        self._refuse_if_closed()
         dev = self.device if device is None else device
         fd, tok = self._control_fd()
         buf = proto.encode_alloc(tok, dev, nbytes)
@@ -718,21 +749,52 @@ class Session:
         written, _engine = proto.decode_write(buf)
         return written
 
-    def release(self, refs: Iterable[Ref | int]) -> None:
-        """Return leases to the pool. Unknown or already released ids are
-        ignored (the daemon answers ENOENT for them)."""
+    def release(self, refs: Iterable[Ref | int], *, check: bool = False) -> None:
+        """Return leases to the pool; whoever in this process held them
+        (TensorRefs, views) is done with them.
+
+        Args:
+            refs: Refs or lease ids of this session.
+            check: raise GDSLeaseError when the daemon did not hold one of
+                them (never held, already released, or the session ended):
+                what was copied out of it before cannot be trusted. Without
+                check such ids are ignored.
+        """
+        _leases.drain()
+        refs = list(refs)
+        _leases.mark_released([r for r in refs if isinstance(r, Ref)])
         ids = [r if isinstance(r, int) else r.lease for r in refs]
         ids = [i for i in ids if i]
-        if not ids or self._closed:
+        if not ids:
             return
+        if self._ended:
+            if check:
+                raise GDSLeaseError(ids[0], "its session has ended")
+            return
+        try:
+            status = self._release_ids(ids)
+        finally:
+            _leases.end_free_sessions()
+        if check:
+            for i, st in zip(ids, status):
+                if st != 0:
+                    raise GDSLeaseError(i, "the daemon did not hold it at release (released twice, or its session ended)")
+
+    def _release_ids(self, ids: Sequence[int]) -> list[int]:
+        """RELEASE ids; the daemon's status per id (0, or ENOENT when the
+        session did not hold it). Raises GDSUnavailableError when the
+        request fails as a whole (EPERM: the session ended)."""
         fd, tok = self._control_fd()
+        out: list[int] = []
         for i in range(0, len(ids), proto.MAX_RELEASE):
-            chunk = ids[i : i + proto.MAX_RELEASE]
+            chunk = list(ids[i : i + proto.MAX_RELEASE])
             buf = proto.encode_release(tok, chunk)
             try:
                 _ioctl_eintr(fd, proto.RELEASE, buf)
             except OSError as e:
                 raise _daemon_error("RELEASE", e, f"of {len(chunk)} leases") from e
+            out.extend(proto.decode_release(buf, len(chunk))[1])
+        return out
 
     def slab_info(self, slab: int) -> proto.SlabDesc:
         """How to map a slab (cached per process)."""
@@ -785,7 +847,7 @@ def session_for(ref: Ref) -> Session:
     """The session of this process that a Ref belongs to: the open one when
     this process opened it, else a token-only session for its mount."""
     s = _open_sessions.get((ref.mount, ref.session))
-    if s is not None and not s.closed:
+    if s is not None and not s._ended and s.hello.daemon_pid == ref.daemon_pid:
         return s
     s = _token_sessions.get((ref.mount, ref.session))
     if s is not None:

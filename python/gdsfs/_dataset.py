@@ -607,7 +607,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                         cursor[shard] += 1
                         if r.valid < nb:
                             raise ValueError(f"gdsfs: {st.path!r}: field {fp.name!r} of sample {key!r} is truncated ({r.valid} of {nb} bytes)")
-                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran)
+                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran, field=fp.name, sample=key, path=st.path)
                     elif fp.gpu:
                         sample[fp.name] = self._plain_tensor(st, fp)
                     else:
@@ -619,11 +619,13 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             for sample in out:
                 with self._lock:
                     self._consumed[slot] = sample.progress[1]  # type: ignore[index]
-                yield sample
-                # Handed out: its leases are the consumer's now.
+                # Handed out: its leases are the consumer's from the yield
+                # on, also when the consumer closes (or drops) this
+                # generator while it waits at the yield.
                 for v in sample.values():
                     if isinstance(v, TensorRef):
                         held.pop(v.ref.lease, None)
+                yield sample
         finally:
             # Samples read but never handed out (an error, or the consumer
             # stopped early): give their leases back now.
