@@ -359,6 +359,8 @@ def release(holds: Iterable[Optional[Hold]], *, check_held: bool = True) -> None
             b.forget(e)
             todo.append(e)
     bad = _release_entries(todo) if todo else []
+    for e in todo:
+        e.session = None  # a spent holder keeps no session alive
     end_free_sessions()
     if bad and check_held:
         e, why = bad[0]
@@ -375,6 +377,7 @@ def mark_released(refs: Iterable["Ref"]) -> None:
             if e is not None and e.state in (HELD, VIEWED):
                 e.state = RELEASED
                 b.forget(e)
+                e.session = None
 
 
 def close_when_free(session: "Session") -> None:
@@ -435,6 +438,8 @@ def drain() -> None:
                         todo.append(e)
         if todo:
             _release_entries(todo)  # nobody to tell: the session's end frees them anyway
+            for e in todo:
+                e.session = None
         end_free_sessions()
     finally:
         b.io.release()

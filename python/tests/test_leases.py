@@ -13,6 +13,7 @@ import itertools
 import os
 import pickle
 import tarfile
+import time
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,17 @@ def _idle(shards: Shards) -> None:
     assert shards.mount.wait_leases(0) == 0, shards.mount.stats()
 
 
+def _wait_sessions(m: Any, most: int, timeout_s: float = 10.0) -> int:
+    """Poll until the daemon counts at most `most` sessions (a session ends
+    when the kernel's FUSE RELEASE arrives, shortly after the last close)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = int(m.stats()["sessions"])
+        if n <= most or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
+
+
 def _take(ds: Any, how: str, n: int) -> list[Any]:
     if how == "islice":
         return list(itertools.islice(ds, n))
@@ -117,4 +129,139 @@ def test_dataset_dropped_before_materialize(shards: Shards) -> None:
     for s in samples:
         shards.check(s["__key__"], s["npy"].materialize())
     del samples
+    _idle(shards)
+
+
+def test_materialize_twice_raises_naming_the_sample(shards: Shards) -> None:
+    with gt.GDSShardDataset(shards.paths[0], gpu_keys=NPY) as ds:
+        a, b = list(itertools.islice(ds, 2))
+        shards.check(a["__key__"], a["npy"].materialize())
+        with pytest.raises(gdsfs.GDSLeaseError, match=r"lease \d+ of field 'npy' of sample 'l0/0000' from '.*l-0.tar'") as ei:
+            a["npy"].materialize()
+        assert ei.value.key == "l0/0000" and ei.value.field == "npy" and ei.value.path == shards.paths[0]
+        batch = gt.collate([b])
+        batch.materialize()
+        with pytest.raises(gdsfs.GDSLeaseError, match="l0/0001"):
+            batch.materialize()
+        # A zero-copy view owns its lease: the TensorRef is spent.
+        c = next(iter(ds))
+        view = c["npy"].materialize(copy=False)
+        with pytest.raises(gdsfs.GDSLeaseError, match="zero-copy view"):
+            c["npy"].materialize()
+        del view
+    _idle(shards)
+
+
+def _child_reads(path: str, conn: Any) -> None:
+    # A process that reads samples into its own session, hands them over
+    # pickled, and exits: its session ends with it.
+    ds = gt.GDSShardDataset(path, gpu_keys=NPY)
+    conn.send_bytes(pickle.dumps(list(itertools.islice(ds, 4))))
+    conn.close()
+
+
+def test_lease_of_an_ended_session_raises_never_returns_bytes(shards: Shards) -> None:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    mine = gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY)
+    warm = next(iter(mine))  # maps this uid's slabs here first
+    shards.check(warm["__key__"], warm["npy"].materialize())
+    r, w = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child_reads, args=(shards.paths[0], w))
+    p.start()
+    w.close()
+    theirs = pickle.loads(r.recv_bytes())
+    p.join()
+    assert p.exitcode == 0
+    # The child is gone, and its session with it; our reads may now land
+    # in the memory its leases had.
+    refill = list(itertools.islice(mine, 8))
+    for s in theirs:
+        with pytest.raises(gdsfs.GDSLeaseError, match=f"sample '{s['__key__']}'"):
+            s["npy"].materialize()
+    with pytest.raises(gdsfs.GDSLeaseError):
+        gt.collate(theirs).materialize()
+    for s in refill:
+        shards.check(s["__key__"], s["npy"].materialize())
+    mine.close()
+    del theirs, refill, warm, mine
+    _idle(shards)
+
+
+def test_close_stops_reads_and_ends_the_session_with_its_last_holder(shards: Shards) -> None:
+    m = shards.mount
+    _idle(shards)
+    sessions0 = int(m.stats()["sessions"])
+    ds = gt.GDSShardDataset(shards.paths[2], gpu_keys=NPY)
+    s = ds.session
+    samples = list(itertools.islice(ds, 3))
+    ds.close()
+    assert s.closed
+    with pytest.raises(gdsfs.GDSUnavailableError, match="session is closed"):
+        with open(shards.paths[2], "rb") as f:
+            s.read(f, [(0, 512)])
+    copy = pickle.loads(pickle.dumps(samples[2]))  # an unpickled copy holds the lease too
+    other = list(itertools.islice(gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY), 6))
+    assert int(m.stats()["sessions"]) >= sessions0 + 1
+    shards.check(samples[0]["__key__"], samples[0]["npy"].materialize())
+    del samples
+    gc.collect()
+    _leases.drain()
+    assert m.stats()["leases"] >= 1  # the copy still holds sample 2
+    shards.check(copy["__key__"], copy["npy"].materialize())
+    for o in other:
+        shards.check(o["__key__"], o["npy"].materialize())
+    del copy, other
+    _idle(shards)
+    del ds
+    gc.collect()
+    assert _wait_sessions(m, sessions0) <= sessions0
+
+
+def test_zero_copy_view_outlives_dataset_and_tensorref(shards: Shards) -> None:
+    ds = gt.GDSShardDataset(shards.paths[0], gpu_keys=NPY)
+    smp = next(iter(ds))
+    key = smp["__key__"]
+    view = smp["npy"].materialize(copy=False)[10:]
+    del smp
+    ds.close()
+    del ds
+    gc.collect()
+    _leases.drain()
+    other = list(itertools.islice(gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY), 8))
+    assert view.numpy().tobytes() == shards.truth[key].tobytes()[10:]
+    assert shards.mount.stats()["leases"] >= 1
+    for o in other:
+        o["npy"].release()
+    del view, other
+    _idle(shards)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("loader", ["stock", "gdsfs"])
+def test_abandoned_dataloader_iterator_keeps_delivered_batches(shards: Shards, loader: str) -> None:
+    ds = gt.GDSShardDataset(shards.paths, gpu_keys=NPY, read_ahead=4)
+    if loader == "stock":
+        dl: Any = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=gt.collate)
+        it = iter(dl)
+        batches = [next(it), next(it)]
+    else:
+        # gdsfs.torch.DataLoader materializes; keep zero-copy-free batches
+        # of the stock loader's kind by stopping after the first.
+        dl = gt.DataLoader(ds, batch_size=4, num_workers=2)
+        it = iter(dl)
+        batches = [next(it)]
+    del it
+    gc.collect()
+    ds.close()
+    other = list(itertools.islice(gt.GDSShardDataset(shards.paths[2], gpu_keys=NPY), 8))
+    for b in batches:
+        if not b.materialized:
+            b = b.materialize()
+        for i, key in enumerate(b["__key__"]):
+            shards.check(key, b["npy"][i])
+    for o in other:
+        shards.check(o["__key__"], o["npy"].materialize())
+    del batches, other, dl, ds
     _idle(shards)
