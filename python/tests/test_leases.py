@@ -265,3 +265,58 @@ def test_abandoned_dataloader_iterator_keeps_delivered_batches(shards: Shards, l
         shards.check(o["__key__"], o["npy"].materialize())
     del batches, other, dl, ds
     _idle(shards)
+
+
+def test_checkpoint_loads_check_their_releases(shards: Shards, monkeypatch) -> None:
+    """A load copies out of each lease, then releases it and checks the
+    daemon's answer: a lease lost meanwhile (its session ended, here:
+    released behind the loader's back) fails the load, never returns it."""
+    import gdsfs.checkpoint as gck
+    import gdsfs.safetensors as gst
+    from gdsfs._ckpt import tensorio
+
+    tensors = {"a": torch.arange(3000, dtype=torch.float32), "b": torch.ones(5, 7, dtype=torch.int16)}
+    p = os.path.join(shards.mount.mnt, "leases", "ck.safetensors")
+    gst.save_file(tensors, p)
+    got = gst.load_file(p, device="cpu")
+    assert all(torch.equal(got[k], v) for k, v in tensors.items())
+    q = os.path.join(shards.mount.mnt, "leases", "ck.pt")
+    gck.save(tensors, q)
+
+    real = tensorio.DaemonMover.lease_view
+
+    def lose_it(self: Any, ref: Any, n: int) -> torch.Tensor:
+        v = real(self, ref, n)
+        self._s._release_ids([ref.lease])  # as a session that ended under the load would
+        return v
+
+    monkeypatch.setattr(tensorio.DaemonMover, "lease_view", lose_it)
+    with pytest.raises(gdsfs.GDSLeaseError, match="not held any more"):
+        gst.load_file(p, device="cpu")
+    with pytest.raises(gdsfs.GDSLeaseError, match="not held any more"):
+        gck.load(q, map_location="cpu")
+    monkeypatch.undo()
+    _idle(shards)
+
+
+def test_lease_views_keep_their_session(shards: Shards) -> None:
+    """A zero-copy view the checkpoint code makes (DaemonMover.lease_view)
+    keeps its session from ending while it lives."""
+    from gdsfs._ckpt import tensorio
+
+    s = gdsfs.Session(shards.mount.mnt)
+    with open(shards.paths[0], "rb") as f:
+        [ref] = s.read(f, [(512, 6000)])
+        want = os.pread(f.fileno(), 6000, 512)
+    view = tensorio.DaemonMover(s).lease_view(ref, 6000)
+    s.close()
+    assert s.closed and not s._ended
+    other = list(itertools.islice(gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY), 8))
+    assert view.numpy().tobytes() == want
+    s.release([ref], check=True)
+    del view
+    for o in other:
+        o["npy"].release()
+    del other
+    _idle(shards)
+    assert s._ended
