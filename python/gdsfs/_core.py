@@ -12,8 +12,11 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         one-time GDSFallbackWarning) when path is not on a gdsfs mount or the
         daemon cannot serve it; strict=True raises GDSUnavailableError instead.
         device=None targets the daemon's default device (host mode: host
-        memory). Sessions are context managers; close() is idempotent and
-        returns every lease to the pool. A Session pickles as a small token:
+        memory). Sessions are context managers; close() is idempotent, stops
+        new reads at once and ends the session (every lease back to the
+        pool) when nothing in this process holds one of its leases any more
+        (gdsfs._leases; docs/pytorch.md, "Lease ownership"). A Session
+        pickles as a small token:
         the unpickled copy (e.g. in a DataLoader worker) can read() but not
         map slabs or release (those stay with the process that opened it).
 
@@ -41,9 +44,10 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         Have the daemon write ref's bytes (or the first nbytes) to the open
         file fd (opened writable on the mount) at offset. Returns bytes written.
 
-    session.release(refs) -> None
-        Return leases to the pool (only in the process that opened the
-        session). Releasing twice is an error from the daemon, ignored here.
+    session.release(refs, *, check=False) -> None
+        Return leases to the pool; their holders here are done with them.
+        Releasing twice is an error from the daemon, ignored here unless
+        check=True (GDSLeaseError).
 
     session.slab_info(slab_id) -> SlabInfo
         (kind, size, handle): handle is the shm path (host) or the 64-byte
@@ -58,8 +62,10 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         Materialize a Ref as a tensor: CPU tensor from the host slab in host
         mode; a CUDA tensor (D2D copy, or a zero-copy view with copy=False)
         from the IPC-mapped slab otherwise. release defaults to True with
-        copy=True (lease released after the copy) and False with copy=False
-        (the caller releases; release=True releases when the view dies).
+        copy=True (lease released after the copy, the daemon's answer
+        checked: GDSLeaseError) and False with copy=False (the caller
+        releases; the view keeps the session alive; release=True: the view
+        owns the lease, released when it dies).
     gdsfs.torch.writable_view(session, ref, dtype, shape) -> torch.Tensor
         A tensor view of an allocated lease to fill (host or CUDA).
 
@@ -453,8 +459,9 @@ class Session:
 
     Open it in the main process; it pickles as a small token, so DataLoader
     workers (forked or spawned) can read() into the same session, while the
-    main process maps slabs and releases leases. Closing the session (or the
-    exit of the process that opened it) returns every lease to the pool.
+    main process maps slabs and releases leases. Closing the session stops
+    new reads; it ends (every lease back to the pool) once nothing in this
+    process holds one of its leases, or at the exit of the process.
 
     Args:
         mount: the gdsfs mount root (see find_mount) or any path on it.

@@ -320,3 +320,20 @@ def test_lease_views_keep_their_session(shards: Shards) -> None:
     del other
     _idle(shards)
     assert s._ended
+
+
+def test_docs_lease_ownership_example_runs(shards: Shards) -> None:
+    """docs/pytorch.md's "Lease ownership" example runs as written."""
+    import re
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    text = open(os.path.join(here, "..", "..", "docs", "pytorch.md")).read()
+    section = text.split("## Lease ownership", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```python\n(.*?)```", section, re.S)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here), PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, "-c", block, shards.mount.mnt], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "as expected: gdsfs: lease" in r.stdout and "lease ownership ok" in r.stdout, r.stdout
+    assert shards.mount.wait_leases(0) == 0
