@@ -13,8 +13,9 @@ import itertools
 import os
 import pickle
 import tarfile
+import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -23,6 +24,8 @@ import torch
 import gdsfs
 import gdsfs.torch as gt
 from gdsfs import _leases
+
+import conftest
 
 NPY = ["npy"]
 
@@ -69,8 +72,17 @@ class Shards:
 
 
 @pytest.fixture(scope="module")
-def shards(gdsfs_mount) -> Shards:
-    return Shards(gdsfs_mount)
+def shards(gdsfs_bin: str) -> Iterator[Shards]:
+    # A mount of its own: lease counts are then about this module only.
+    base = tempfile.mkdtemp(prefix="gdsfs-leases-")
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.mkdir(src)
+    os.mkdir(mnt)
+    m = conftest.mount(gdsfs_bin, src, mnt, os.path.join(base, "daemon.log"))
+    try:
+        yield Shards(m)
+    finally:
+        conftest.unmount(gdsfs_bin, mnt)
 
 
 def _idle(shards: Shards) -> None:
@@ -108,16 +120,22 @@ def _take(ds: Any, how: str, n: int) -> list[Any]:
 def test_last_yielded_sample_keeps_its_bytes(shards: Shards, how: str) -> None:
     """The issue's reproduction: the generator is closed at the yield of the
     last sample taken; another dataset then reads into the freed memory."""
+    before = int(shards.mount.stats()["leases"])
     ds = gt.GDSShardDataset(shards.paths[0], gpu_keys=NPY)
     samples = _take(ds, how, 16)
     gc.collect()
+    _leases.drain()
+    # Every sample we hold is still leased (the rest of the read-ahead
+    # group, read but never yielded, went back to the pool).
+    assert shards.mount.stats()["leases"] == before + len(samples)
     other_ds = gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY)
     other = iter(other_ds)
-    [next(other) for _ in range(8)]
+    [next(other) for _ in range(8)]  # the issue's 8; then the rest, to reach every freed byte
+    more = list(other)
     batch = gt.collate(samples).materialize()
     for i, key in enumerate(batch["__key__"]):
         shards.check(key, batch["npy"][i])
-    del other, other_ds, samples, batch, ds
+    del other, other_ds, samples, batch, ds, more
     _idle(shards)
 
 
