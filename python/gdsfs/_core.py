@@ -450,8 +450,19 @@ _slabs = _ProcessSlabs()
 _open_sessions: "weakref.WeakValueDictionary[tuple[str, int], Session]" = weakref.WeakValueDictionary()
 # Token-only sessions this process made for Refs it was handed.
 _token_sessions: dict[tuple[str, int], Session] = {}
+
+
+def _reset_session_locks() -> None:
+    # After fork: a Session lock another thread of the parent held (a
+    # pin-memory thread releasing, the lease drain) would stay held in the
+    # child forever; the child's copies start unlocked.
+    for s in list(_open_sessions.values()) + list(_token_sessions.values()):
+        s._lock = threading.Lock()
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_slabs.reset)
+    os.register_at_fork(after_in_child=_reset_session_locks)
 
 
 class Session:
