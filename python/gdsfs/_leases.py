@@ -277,10 +277,9 @@ def view(h: Hold, base: Any) -> None:
         if e.state != HELD:
             raise e.error(_REASONS[e.state])
         e.state = VIEWED
-        gen = e.gen
     # The finalizer's arguments keep the Hold (so the session) alive as
-    # long as base lives.
-    f = weakref.finalize(base, _view_gone, b.pid, e, gen, h)
+    # long as base lives. An entry is viewed once: its event needs no gen.
+    f = weakref.finalize(base, _view_gone, b.pid, e, -1, h)
     f.atexit = False
     if e.session is not None:
         _start_thread(b)
@@ -334,7 +333,8 @@ def _release_entries(entries: Sequence[_Entry]) -> list[tuple[_Entry, str]]:
 
 
 def release(holds: Iterable[Optional[Hold]], *, check_held: bool = True) -> None:
-    """Release the leases of holds now (after a copy out of them).
+    """Release the leases of holds now (after a copy out of them). Leases a
+    zero-copy view owns, or already released, are left alone.
 
     With check_held, raise GDSLeaseError (naming lease, field, sample and
     shard) when a lease was not held here any more, or the daemon says it
@@ -352,8 +352,8 @@ def release(holds: Iterable[Optional[Hold]], *, check_held: bool = True) -> None
                     raise h.entry.error(_REASONS[h.entry.state])
         for h in hs:
             e = h.entry
-            if id(e) in seen or e.state not in (HELD, VIEWED):
-                continue
+            if id(e) in seen or e.state != HELD:
+                continue  # spent, or a zero-copy view owns it
             seen.add(id(e))
             e.state = RELEASED
             b.forget(e)
@@ -429,7 +429,7 @@ def drain() -> None:
                     else:
                         b.live.pop(e, None)
                     continue
-                if e.gen != gen:
+                if why == "hold" and e.gen != gen:
                     continue  # a newer Hold took the entry over
                 if (why == "hold" and e.state == HELD) or (why == "view" and e.state == VIEWED):
                     e.state = GONE

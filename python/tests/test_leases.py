@@ -355,3 +355,26 @@ def test_docs_lease_ownership_example_runs(shards: Shards) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "as expected: gdsfs: lease" in r.stdout and "lease ownership ok" in r.stdout, r.stdout
     assert shards.mount.wait_leases(0) == 0
+
+
+def test_view_of_a_repickled_sample_still_releases(shards: Shards) -> None:
+    """A lease whose TensorRef died while its view lives, then came back
+    (unpickled again), is still released when the view dies; releasing
+    the TensorRef does not pull the memory from under the view."""
+    with gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY) as ds:
+        smp = next(iter(ds))
+        key = smp["__key__"]
+        blob = pickle.dumps(smp)
+        view = smp["npy"].materialize(copy=False)
+        del smp
+        gc.collect()
+        again = pickle.loads(blob)
+        again["npy"].release()  # the view owns it: a no-op
+        other = list(itertools.islice(gt.GDSShardDataset(shards.paths[2], gpu_keys=NPY), 8))
+        assert view.numpy().tobytes() == shards.truth[key].tobytes()
+        with pytest.raises(gdsfs.GDSLeaseError, match="zero-copy view"):
+            again["npy"].materialize()
+        for o in other:
+            o["npy"].release()
+        del view, again, other
+    _idle(shards)
