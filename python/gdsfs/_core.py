@@ -114,6 +114,15 @@ STATS_XATTR = "user.gdsfs.stats"
 EAGAIN_TIMEOUT_S = 120.0
 
 
+def _close_quietly(fd: int) -> None:
+    """close(fd); the descriptor is gone even when close reports an error
+    (ENOTCONN: the daemon died), and there is nothing left to do about it."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def _fileno(f: Any) -> int:
     return f if isinstance(f, int) else f.fileno()
 
@@ -501,7 +510,7 @@ class Session:
             raise
         self._closed = False  # no new reads
         self._ended = False  # control descriptor closed: the session is over here
-        self._finalizer = weakref.finalize(self, os.close, self._cfd)
+        self._finalizer = weakref.finalize(self, _close_quietly, self._cfd)
         _open_sessions[(root, self.token.session)] = self
 
     @classmethod
@@ -598,7 +607,7 @@ class Session:
             if self._finalizer is not None:
                 self._finalizer()
             elif self._cfd is not None:
-                os.close(self._cfd)
+                _close_quietly(self._cfd)
             self._cfd = None
 
     @property
@@ -619,7 +628,7 @@ class Session:
         with self._lock:
             if self._cfd is None:
                 self._cfd = os.open(os.path.join(self.mount, CONTROL_NAME), os.O_RDONLY)
-                self._finalizer = weakref.finalize(self, os.close, self._cfd)
+                self._finalizer = weakref.finalize(self, _close_quietly, self._cfd)
                 return self._cfd, self.token
             if self._owner_pid == os.getpid():
                 return self._cfd, None

@@ -378,3 +378,79 @@ def test_view_of_a_repickled_sample_still_releases(shards: Shards) -> None:
             o["npy"].release()
         del view, again, other
     _idle(shards)
+
+
+def test_forked_child_never_releases_its_parents_leases(shards: Shards) -> None:
+    """A forked child's copies of the parent's samples are the parent's:
+    collecting them there (and the child's gdsfs calls) releases nothing."""
+    ds = gt.GDSShardDataset(shards.paths[0], gpu_keys=NPY)
+    samples = list(itertools.islice(ds, 6))
+    before = int(shards.mount.stats()["leases"])
+    pid = os.fork()
+    if pid == 0:  # the child: drop everything, make gdsfs calls, exit
+        code = 1
+        try:
+            del samples[:]
+            gc.collect()
+            _leases.drain()
+            list(itertools.islice(gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY), 2))
+            gc.collect()
+            _leases.drain()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert int(shards.mount.stats()["leases"]) == before
+    for s in samples:
+        shards.check(s["__key__"], s["npy"].materialize())
+    del samples, ds
+    _idle(shards)
+
+
+def test_exit_with_live_samples_is_quiet(shards: Shards) -> None:
+    """Nothing is released at interpreter shutdown: a process that exits
+    holding samples (and views) exits cleanly; its sessions end with it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import itertools, sys, gdsfs.torch as gt\n"
+        "ds = gt.GDSShardDataset(sys.argv[1], gpu_keys=['npy'])\n"
+        "KEEP = list(itertools.islice(ds, 5))\n"
+        "VIEW = KEEP[0]['npy'].materialize(copy=False)\n"
+        "ds.close()\n"
+        "print('exiting')\n"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
+    r = subprocess.run([sys.executable, "-c", code, shards.paths[2]], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "exiting" in r.stdout, r.stdout + r.stderr
+    assert "Exception" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    _idle(shards)
+
+
+def test_daemon_gone_raises_never_returns_bytes(gdsfs_bin: str, tmp_path: Any) -> None:
+    """The daemon dies (a restart): samples read from it, whose slabs are
+    still mapped here, raise GDSLeaseError instead of returning bytes."""
+    import signal
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    m = conftest.mount(gdsfs_bin, str(src), str(mnt), str(tmp_path / "daemon.log"))
+    try:
+        write_shard(str(src / "d.tar"), "d/", 6, seed=5)
+        ds = gt.GDSShardDataset(m.path("d.tar"), gpu_keys=NPY)
+        samples = list(itertools.islice(ds, 4))
+        samples[0]["npy"].materialize()  # maps the slab here
+        os.kill(int(m.stats()["daemon_pid"]), signal.SIGKILL)
+        for s in samples[1:]:
+            with pytest.raises(gdsfs.GDSLeaseError, match=f"sample '{s['__key__']}'"):
+                s["npy"].materialize()
+        with pytest.raises(gdsfs.GDSLeaseError):
+            gt.collate(samples[1:]).materialize()
+        del samples, ds, s
+        gc.collect()
+    finally:
+        conftest.unmount(gdsfs_bin, str(mnt))
