@@ -289,18 +289,21 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         self._open_pid = os.getpid()
 
     def close(self) -> None:
-        """Close shard descriptors and end the session: every lease of the
-        dataset (also those of batches never delivered, e.g. by a killed
-        worker) returns to the pool. Idempotent; the dataset cannot read
-        through gdsfs afterwards."""
+        """Close shard descriptors and the session: no new reads through
+        gdsfs from now on. The session ends, and every lease of the dataset
+        (also those of batches never delivered, e.g. by a killed worker)
+        returns to the pool, once no sample, batch or view of it is held in
+        this process any more (docs/pytorch.md, "Lease ownership").
+        Idempotent."""
         self._close_shards()
         if self._session is not None and self._session._owner_pid == os.getpid():
             self._session.close()
 
     def reclaim(self) -> None:
-        """Return every lease of this dataset to the pool and continue with a
-        fresh session: call it after a failed or abandoned iteration, when
-        its workers are gone and none of its batches is still in use."""
+        """Continue with a fresh session and close the old one: its leases
+        return to the pool once nothing here holds them (samples and
+        batches still in use stay valid). Call it after a failed or
+        abandoned iteration, when its workers are gone."""
         s = self._session
         if s is None or s._owner_pid != os.getpid():
             return
