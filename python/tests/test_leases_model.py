@@ -342,15 +342,22 @@ class LeaseModel(RuleBasedStateMachine):
             return list(itertools.islice(it, n))  # then abandoned mid-epoch
 
         got = _iterate(take)
+        del take, dl
         gc.collect()
         keep = []
-        for b in got:
+        while got:
+            b = got.pop(0)
             if b.materialized:
                 for i, key in enumerate(b["__key__"]):
                     self._check_bytes(key, b["npy"][i])
             else:
                 keep.append(b)
-        return self._boxes(keep)
+            del b
+        # This frame can outlive the call (seen with spawned workers: a
+        # traceback kept somewhere names it): it must not hold batches.
+        boxes = self._boxes(keep)
+        keep.clear()
+        return boxes
 
     # -- invariants and the end ---------------------------------------------
 
