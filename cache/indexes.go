@@ -52,6 +52,9 @@ type Indexes struct {
 		mu sync.Mutex
 		m  map[string]*flight // GUARDED_BY(mu)
 	}
+	// running counts the flights' goroutines: Close waits for them, since a
+	// flight outlives the caller that started it and writes to the cache.
+	running sync.WaitGroup
 
 	// slots holds one token per parse in flight (at most DefaultParses),
 	// uids one per parse of each requesting uid; a miss waits up to
@@ -197,7 +200,9 @@ func (x *Indexes) fly(ctx context.Context, key, path string, f *os.File, id Iden
 	x.flights.mu.Unlock()
 	g, err := dupFile(f)
 	uid := requester(ctx)
+	x.running.Add(1)
 	go func() {
+		defer x.running.Done()
 		switch e, ok := x.cache.Get(key); {
 		case err != nil:
 			fl.e = &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, err), key: key, path: path}
@@ -396,8 +401,11 @@ func (x *Indexes) Stats() IndexStats {
 	}
 }
 
-// Close releases the cache. Get must not be called after Close.
+// Close waits for the parses in flight (they outlive callers that gave up
+// and write to the cache), then releases the cache. Get must not be called
+// after Close.
 func (x *Indexes) Close() {
+	x.running.Wait()
 	x.cache.Close()
 }
 

@@ -18,6 +18,12 @@ import (
 // ControlName is the control file's name at the mount root.
 const ControlName = ".gdsfs"
 
+// ErrLeaseNotHeld is returned (wrapped) by Client.Bytes for a lease this
+// client does not hold: never read or allocated by it (nor adopted),
+// released, or the client is closed. The daemon may already have handed
+// that memory to another read.
+var ErrLeaseNotHeld = errors.New("gdsfs: lease not held by this client")
+
 // transport carries one ioctl to the daemon: the kernel in production, a
 // Server in process in tests.
 type transport interface {
@@ -40,6 +46,7 @@ type Client struct {
 
 	mu     sync.Mutex
 	maps   map[uint64]mapping // GUARDED_BY(mu): host slab mappings
+	held   map[uint64]Lease   // GUARDED_BY(mu): leases this client holds, by id
 	closed bool               // GUARDED_BY(mu)
 
 	// readBufs recycles READ/READ_NAMES buffers (12 KiB each, every
@@ -106,7 +113,7 @@ func newClient(ctx context.Context, t transport, attach Token) (*Client, error) 
 		t.close()
 		return nil, fmt.Errorf("gdsfs: daemon speaks protocol %d, this client %d: %w", h.Version, Version, syscall.EPROTO)
 	}
-	c := &Client{t: t, hello: h, tok: h.Token, maps: map[uint64]mapping{}}
+	c := &Client{t: t, hello: h, tok: h.Token, maps: map[uint64]mapping{}, held: map[uint64]Lease{}}
 	if !attach.IsZero() {
 		c.tok = attach
 	}
@@ -138,6 +145,7 @@ func (c *Client) Read(ctx context.Context, f *os.File, device int32, ranges []Ra
 			c.releaseQuietly(out)
 			return nil, fmt.Errorf("gdsfs: READ %s: %w", f.Name(), err)
 		}
+		c.hold(ls)
 		out = append(out, ls...)
 	}
 	return out, nil
@@ -171,6 +179,7 @@ func (c *Client) ReadNames(ctx context.Context, f *os.File, device int32, names 
 			c.releaseQuietly(out)
 			return nil, fmt.Errorf("gdsfs: READ_NAMES %s: %w", f.Name(), err)
 		}
+		c.hold(ls)
 		out = append(out, ls...)
 	}
 	return out, nil
@@ -185,6 +194,29 @@ func (c *Client) readCall(ctx context.Context, f *os.File, cmd uint32, buf []byt
 		return nil, err
 	}
 	return r.Leases, nil
+}
+
+// hold records ls as held by this client.
+func (c *Client) hold(ls []Lease) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for _, l := range ls {
+		if l.ID != 0 {
+			c.held[l.ID] = l
+		}
+	}
+}
+
+// Adopt records leases that another process read or allocated into this
+// client's session (a worker handed the session's token, see Attach), so
+// that Bytes serves them. The caller vouches that they are the session's
+// and still held: the daemon is not asked. Leases of another session stay
+// unusable (the daemon refuses their RELEASE and WRITE).
+func (c *Client) Adopt(ls ...Lease) {
+	c.hold(ls)
 }
 
 func (c *Client) releaseQuietly(ls []Lease) {
@@ -208,7 +240,12 @@ func (c *Client) Alloc(ctx context.Context, device int32, n int64) (Lease, error
 	if err := c.t.control(ctx, CmdAlloc, buf); err != nil {
 		return Lease{}, fmt.Errorf("gdsfs: ALLOC %d bytes on device %d: %w", n, device, err)
 	}
-	return DecodeAllocReply(buf)
+	l, err := DecodeAllocReply(buf)
+	if err != nil {
+		return Lease{}, err
+	}
+	c.hold([]Lease{l})
+	return l, nil
 }
 
 // Write writes n bytes of lease l, starting leaseOff bytes after its first
@@ -237,8 +274,14 @@ func (c *Client) Write(ctx context.Context, f *os.File, l Lease, leaseOff, fileO
 }
 
 // Release gives leases back. It returns an error naming the ids the session
-// did not hold (all the others are released).
+// did not hold (all the others are released). From the call on, Bytes
+// refuses every id named, whatever the daemon answers.
 func (c *Client) Release(ctx context.Context, ids ...uint64) error {
+	c.mu.Lock()
+	for _, id := range ids {
+		delete(c.held, id)
+	}
+	c.mu.Unlock()
 	buf := make([]byte, SizeRelease)
 	var errs []error
 	for len(ids) > 0 {
@@ -297,9 +340,10 @@ func (c *Client) SlabFD(ctx context.Context, id uint64) (*os.File, handoff.Reply
 	return handoff.Fetch(ctx, c.hello.SlabSocket, int(c.hello.DaemonPID), handoff.Request{Session: tok.Session, Secret: tok.Secret, Slab: id})
 }
 
-// Map returns the bytes of host slab id, mapping it on first use. The
-// mapping stays valid until Close.
-func (c *Client) Map(ctx context.Context, id uint64) ([]byte, error) {
+// mapSlab returns the bytes of host slab id, mapping it on first use. The
+// mapping stays valid until Close. Unexported: a slab holds the bytes of
+// other leases too; callers reach lease bytes only through Bytes.
+func (c *Client) mapSlab(ctx context.Context, id uint64) ([]byte, error) {
 	c.mu.Lock()
 	m, ok := c.maps[id]
 	c.mu.Unlock()
@@ -339,12 +383,31 @@ func (c *Client) Map(ctx context.Context, id uint64) ([]byte, error) {
 }
 
 // Bytes returns the valid bytes of host lease l (mapping its slab on first
-// use). They alias the slab: valid until l is released or the client closes.
+// use). They alias the slab: valid until l is released or the client
+// closes, after which the daemon may reuse the memory for other reads. A
+// lease this client does not hold (never read or allocated by it nor
+// adopted, released, or the client closed), or a Lease value that differs
+// from the one the daemon handed out, is refused with ErrLeaseNotHeld.
 func (c *Client) Bytes(ctx context.Context, l Lease) ([]byte, error) {
+	if l.Valid == 0 && l.ID == 0 {
+		return nil, nil
+	}
+	c.mu.Lock()
+	h, ok := c.held[l.ID]
+	closed := c.closed
+	c.mu.Unlock()
+	switch {
+	case closed:
+		return nil, fmt.Errorf("gdsfs: lease %d: the client is closed: %w", l.ID, ErrLeaseNotHeld)
+	case !ok:
+		return nil, fmt.Errorf("gdsfs: lease %d: never read or allocated by this client, or released (Adopt leases read by another process): %w", l.ID, ErrLeaseNotHeld)
+	case h != l:
+		return nil, fmt.Errorf("gdsfs: lease %d: %+v is not the lease the daemon handed out (%+v): %w", l.ID, l, h, ErrLeaseNotHeld)
+	}
 	if l.Valid == 0 {
 		return nil, nil
 	}
-	m, err := c.Map(ctx, l.Slab)
+	m, err := c.mapSlab(ctx, l.Slab)
 	if err != nil {
 		return nil, err
 	}
@@ -420,6 +483,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	maps := c.maps
 	c.maps = map[uint64]mapping{}
+	c.held = map[uint64]Lease{}
 	c.mu.Unlock()
 	var errs []error
 	for id, m := range maps {

@@ -31,7 +31,7 @@ func ExampleOpenSession() {
 		log.Fatal(err) // errors.Is(err, syscall.EAGAIN): pool full, release and retry
 	}
 	for _, l := range leases {
-		b, err := cl.Bytes(ctx, l) // maps the slab once, then slices it
+		b, err := cl.Bytes(ctx, l) // maps the slab once, then slices it; refused once l is released
 		if err != nil {
 			log.Fatal(err)
 		}

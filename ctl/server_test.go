@@ -450,6 +450,7 @@ func TestSessionLifetime(t *testing.T) {
 		t.Fatal(err)
 	}
 	worker.Close() // the worker exits; its lease lives on in owner's session
+	owner.Adopt(ls...)
 	checkLeases(t, owner, []Range{{10, 40000}}, ls, data)
 
 	if _, err := (e.client(1001, owner.Token())).Read(ctx, f, HostDevice, []Range{{0, 1}}); !errors.Is(err, syscall.EPERM) {

@@ -471,6 +471,7 @@ func TestControlCrossProcess(t *testing.T) {
 	}
 	// Both workers have exited; their leases are the session's and hold the data.
 	for _, wl := range leases {
+		cl.Adopt(wl.Lease)
 		got, err := cl.Bytes(ctx, wl.Lease)
 		if err != nil {
 			t.Fatal(err)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gdsfs/gdsfs/ctl"
 )
 
@@ -132,11 +134,6 @@ func (c *poolChild) attacker() error {
 			continue
 		}
 		seen[l.Slab] = true
-		whole, err := cl.Map(ctx, l.Slab)
-		if err != nil {
-			return err
-		}
-		maps = append(maps, whole)
 		r, err := cl.Slab(ctx, l.Slab)
 		if err != nil {
 			return err
@@ -147,6 +144,17 @@ func (c *poolChild) attacker() error {
 		}
 		defer f.Close()
 		files = append(files, f)
+		// The attacker's own mapping of the whole slab, as any program
+		// would make it (the client keeps slab mappings to itself).
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		whole, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			return fmt.Errorf("map own slab file %s: %w", r.Handle, err)
+		}
+		maps = append(maps, whole)
 		fmt.Println("handle", l.Slab, string(r.Handle))
 	}
 	if len(ids) == 0 {

@@ -16,13 +16,14 @@ import importlib
 from typing import Any
 
 from ._core import Capabilities, Ref, Session, capabilities, find_mount, is_gdsfs_path, layout, status
-from ._errors import GDSFallbackWarning, GDSUnavailableError
+from ._errors import GDSFallbackWarning, GDSLeaseError, GDSUnavailableError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Capabilities",
     "GDSFallbackWarning",
+    "GDSLeaseError",
     "GDSUnavailableError",
     "Ref",
     "Session",

@@ -12,8 +12,11 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         one-time GDSFallbackWarning) when path is not on a gdsfs mount or the
         daemon cannot serve it; strict=True raises GDSUnavailableError instead.
         device=None targets the daemon's default device (host mode: host
-        memory). Sessions are context managers; close() is idempotent and
-        returns every lease to the pool. A Session pickles as a small token:
+        memory). Sessions are context managers; close() is idempotent, stops
+        new reads at once and ends the session (every lease back to the
+        pool) when nothing in this process holds one of its leases any more
+        (gdsfs._leases; docs/pytorch.md, "Lease ownership"). A Session
+        pickles as a small token:
         the unpickled copy (e.g. in a DataLoader worker) can read() but not
         map slabs or release (those stay with the process that opened it).
 
@@ -41,9 +44,10 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         Have the daemon write ref's bytes (or the first nbytes) to the open
         file fd (opened writable on the mount) at offset. Returns bytes written.
 
-    session.release(refs) -> None
-        Return leases to the pool (only in the process that opened the
-        session). Releasing twice is an error from the daemon, ignored here.
+    session.release(refs, *, check=False) -> None
+        Return leases to the pool; their holders here are done with them.
+        Releasing twice is an error from the daemon, ignored here unless
+        check=True (GDSLeaseError).
 
     session.slab_info(slab_id) -> SlabInfo
         (kind, size, handle): handle is the shm path (host), empty for CUDA
@@ -63,8 +67,10 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         Materialize a Ref as a tensor: CPU tensor from the host slab in host
         mode; a CUDA tensor (D2D copy, or a zero-copy view with copy=False)
         from the IPC-mapped slab otherwise. release defaults to True with
-        copy=True (lease released after the copy) and False with copy=False
-        (the caller releases; release=True releases when the view dies).
+        copy=True (lease released after the copy, the daemon's answer
+        checked: GDSLeaseError) and False with copy=False (the caller
+        releases; the view keeps the session alive; release=True: the view
+        owns the lease, released when it dies).
     gdsfs.torch.writable_view(session, ref, dtype, shape) -> torch.Tensor
         A tensor view of an allocated lease to fill (host or CUDA).
 
@@ -86,8 +92,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence, Union
 
+from . import _leases
 from . import _protocol as proto
-from ._errors import GDSUnavailableError, warn_fallback
+from ._errors import GDSLeaseError, GDSUnavailableError, warn_fallback
 
 __all__ = [
     "Capabilities",
@@ -110,6 +117,15 @@ STATS_XATTR = "user.gdsfs.stats"
 # DataLoader the main process releases leases as it consumes batches, so a
 # worker that finds the pool full waits for it to drain.
 EAGAIN_TIMEOUT_S = 120.0
+
+
+def _close_quietly(fd: int) -> None:
+    """close(fd); the descriptor is gone even when close reports an error
+    (ENOTCONN: the daemon died), and there is nothing left to do about it."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _fileno(f: Any) -> int:
@@ -461,8 +477,19 @@ _slabs = _ProcessSlabs()
 _open_sessions: "weakref.WeakValueDictionary[tuple[str, int], Session]" = weakref.WeakValueDictionary()
 # Token-only sessions this process made for Refs it was handed.
 _token_sessions: dict[tuple[str, int], Session] = {}
+
+
+def _reset_session_locks() -> None:
+    # After fork: a Session lock another thread of the parent held (a
+    # pin-memory thread releasing, the lease drain) would stay held in the
+    # child forever; the child's copies start unlocked.
+    for s in list(_open_sessions.values()) + list(_token_sessions.values()):
+        s._lock = threading.Lock()
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_slabs.reset)
+    os.register_at_fork(after_in_child=_reset_session_locks)
 
 
 class Session:
@@ -470,8 +497,9 @@ class Session:
 
     Open it in the main process; it pickles as a small token, so DataLoader
     workers (forked or spawned) can read() into the same session, while the
-    main process maps slabs and releases leases. Closing the session (or the
-    exit of the process that opened it) returns every lease to the pool.
+    main process maps slabs and releases leases. Closing the session stops
+    new reads; it ends (every lease back to the pool) once nothing in this
+    process holds one of its leases, or at the exit of the process.
 
     Args:
         mount: the gdsfs mount root (see find_mount) or any path on it.
@@ -498,8 +526,9 @@ class Session:
         except BaseException:
             os.close(self._cfd)
             raise
-        self._closed = False
-        self._finalizer = weakref.finalize(self, os.close, self._cfd)
+        self._closed = False  # no new reads
+        self._ended = False  # control descriptor closed: the session is over here
+        self._finalizer = weakref.finalize(self, _close_quietly, self._cfd)
         _open_sessions[(root, self.token.session)] = self
 
     @classmethod
@@ -542,6 +571,7 @@ class Session:
         self._owner_pid = -1
         self._lock = threading.Lock()
         self._closed = False
+        self._ended = False
         self._finalizer = None
 
     @property
@@ -569,33 +599,55 @@ class Session:
         return f"Session(mount={self.mount!r}, session={self.token.session}, device={self.device}, engine={self.engine!r})"
 
     def close(self) -> None:
-        """End the session (in the process that opened it): every lease it
-        holds returns to the pool. Idempotent. In other processes it only
-        drops this process's control descriptor."""
+        """Close the session: no new reads from now on. In the process that
+        opened it, the session ends (every lease it holds returns to the
+        pool) once nothing in this process holds one of its leases any
+        more (TensorRefs, batches, zero-copy views: see docs/pytorch.md,
+        "Lease ownership"); at once when nothing does. Idempotent. In other
+        processes it only drops this process's control descriptor."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        if self._owner_pid == os.getpid():
+            _leases.close_when_free(self)
+        else:
+            self._end()
+
+    def _end(self) -> None:
+        """Close the control descriptor (ends the session in the process
+        that opened it, unless a forked child still holds a copy)."""
+        with self._lock:
+            self._closed = True
+            if self._ended:
+                return
+            self._ended = True
             if self._finalizer is not None:
                 self._finalizer()
             elif self._cfd is not None:
-                os.close(self._cfd)
+                _close_quietly(self._cfd)
             self._cfd = None
         _slabs.drop_vmm(self.mount)
 
     @property
     def closed(self) -> bool:
+        """True once close() was called (the session may live on while
+        leases of it are held in this process)."""
         return self._closed
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise GDSUnavailableError("gdsfs: the session is closed: open a new Session")
 
     def _control_fd(self) -> tuple[int, proto.Token | None]:
         """A control descriptor and the token to name on it: our own open
         (token 0,0) where we have it, else a private open naming our token."""
-        if self._closed:
-            raise GDSUnavailableError("gdsfs: the session is closed: open a new Session")
+        if self._ended:
+            raise GDSUnavailableError("gdsfs: the session has ended: open a new Session")
         with self._lock:
             if self._cfd is None:
                 self._cfd = os.open(os.path.join(self.mount, CONTROL_NAME), os.O_RDONLY)
-                self._finalizer = weakref.finalize(self, os.close, self._cfd)
+                self._finalizer = weakref.finalize(self, _close_quietly, self._cfd)
                 return self._cfd, self.token
             if self._owner_pid == os.getpid():
                 return self._cfd, None
@@ -650,6 +702,8 @@ class Session:
             GDSUnavailableError: the daemon refused (errno and a hint in the
                 message), or the pool stayed full for timeout seconds.
         """
+        _leases.drain()
+        self._refuse_if_closed()
         dev = self.device if device is None else device
         fdn = _fileno(fd)
         for off, length in ranges:
@@ -678,6 +732,8 @@ class Session:
     def read_names(self, fd: Any, names: Sequence[str], *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> list[Ref]:
         """Read index entries by name (tar member path, MDS "sample/field",
         safetensors tensor, zip record, "data" of an .npy) into slabs."""
+        _leases.drain()
+        self._refuse_if_closed()
         dev = self.device if device is None else device
         fdn = _fileno(fd)
         out: list[Ref] = []
@@ -701,6 +757,8 @@ class Session:
 
     def alloc(self, nbytes: int, *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> Ref:
         """A writable lease of nbytes (for writes to files on the mount)."""
+        _leases.drain()
+        self._refuse_if_closed()
         dev = self.device if device is None else device
         fd, tok = self._control_fd()
         buf = proto.encode_alloc(tok, dev, nbytes)
@@ -737,21 +795,52 @@ class Session:
         written, _engine = proto.decode_write(buf)
         return written
 
-    def release(self, refs: Iterable[Ref | int]) -> None:
-        """Return leases to the pool. Unknown or already released ids are
-        ignored (the daemon answers ENOENT for them)."""
+    def release(self, refs: Iterable[Ref | int], *, check: bool = False) -> None:
+        """Return leases to the pool; whoever in this process held them
+        (TensorRefs, views) is done with them.
+
+        Args:
+            refs: Refs or lease ids of this session.
+            check: raise GDSLeaseError when the daemon did not hold one of
+                them (never held, already released, or the session ended):
+                what was copied out of it before cannot be trusted. Without
+                check such ids are ignored.
+        """
+        _leases.drain()
+        refs = list(refs)
+        _leases.mark_released([r for r in refs if isinstance(r, Ref)])
         ids = [r if isinstance(r, int) else r.lease for r in refs]
         ids = [i for i in ids if i]
-        if not ids or self._closed:
+        if not ids:
             return
+        if self._ended:
+            if check:
+                raise GDSLeaseError(ids[0], "its session has ended")
+            return
+        try:
+            status = self._release_ids(ids)
+        finally:
+            _leases.end_free_sessions()
+        if check:
+            for i, st in zip(ids, status):
+                if st != 0:
+                    raise GDSLeaseError(i, "the daemon did not hold it at release (released twice, or its session ended)")
+
+    def _release_ids(self, ids: Sequence[int]) -> list[int]:
+        """RELEASE ids; the daemon's status per id (0, or ENOENT when the
+        session did not hold it). Raises GDSUnavailableError when the
+        request fails as a whole (EPERM: the session ended)."""
         fd, tok = self._control_fd()
+        out: list[int] = []
         for i in range(0, len(ids), proto.MAX_RELEASE):
-            chunk = ids[i : i + proto.MAX_RELEASE]
+            chunk = list(ids[i : i + proto.MAX_RELEASE])
             buf = proto.encode_release(tok, chunk)
             try:
                 _ioctl_eintr(fd, proto.RELEASE, buf)
             except OSError as e:
                 raise _daemon_error("RELEASE", e, f"of {len(chunk)} leases") from e
+            out.extend(proto.decode_release(buf, len(chunk))[1])
+        return out
 
     def slab_info(self, slab: int) -> proto.SlabDesc:
         """How to map a slab (cached per process)."""
@@ -824,7 +913,7 @@ def session_for(ref: Ref) -> Session:
     """The session of this process that a Ref belongs to: the open one when
     this process opened it, else a token-only session for its mount."""
     s = _open_sessions.get((ref.mount, ref.session))
-    if s is not None and not s.closed:
+    if s is not None and not s._ended and s.hello.daemon_pid == ref.daemon_pid:
         return s
     s = _token_sessions.get((ref.mount, ref.session))
     if s is not None:

@@ -459,18 +459,21 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         self._open_pid = os.getpid()
 
     def close(self) -> None:
-        """Close shard descriptors and end the session: every lease of the
-        dataset (also those of batches never delivered, e.g. by a killed
-        worker) returns to the pool. Idempotent; the dataset cannot read
-        through gdsfs afterwards."""
+        """Close shard descriptors and the session: no new reads through
+        gdsfs from now on. The session ends, and every lease of the dataset
+        (also those of batches never delivered, e.g. by a killed worker)
+        returns to the pool, once no sample, batch or view of it is held in
+        this process any more (docs/pytorch.md, "Lease ownership").
+        Idempotent."""
         self._close_shards()
         if self._session is not None and self._session._owner_pid == os.getpid():
             self._session.close()
 
     def reclaim(self) -> None:
-        """Return every lease of this dataset to the pool and continue with a
-        fresh session: call it after a failed or abandoned iteration, when
-        its workers are gone and none of its batches is still in use."""
+        """Continue with a fresh session and close the old one: its leases
+        return to the pool once nothing here holds them (samples and
+        batches still in use stay valid). Call it after a failed or
+        abandoned iteration, when its workers are gone."""
         s = self._session
         if s is None or s._owner_pid != os.getpid():
             return
@@ -972,7 +975,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                         cursor[shard] += 1
                         if r.valid < nb:
                             raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({r.valid} of {nb} bytes): rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
-                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran)
+                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran, field=fp.name, sample=key, path=st.path)
                     elif fp.gpu:
                         sample[fp.name] = self._plain_tensor(st, fp, key)
                     else:
@@ -984,11 +987,13 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             for sample in out:
                 with self._lock:
                     self._consumed[slot] = sample.progress[1]  # type: ignore[index]
-                yield sample
-                # Handed out: its leases are the consumer's now.
+                # Handed out: its leases are the consumer's from the yield
+                # on, also when the consumer closes (or drops) this
+                # generator while it waits at the yield.
                 for v in sample.values():
                     if isinstance(v, TensorRef):
                         held.pop(v.ref.lease, None)
+                yield sample
         finally:
             # Samples read but never handed out (an error, or the consumer
             # stopped early): give their leases back now.

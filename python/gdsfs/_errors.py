@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import warnings
 
-__all__ = ["GDSUnavailableError", "GDSFallbackWarning", "GDSShardError", "GDSShardWarning", "warn_fallback"]
+__all__ = ["GDSFallbackWarning", "GDSLeaseError", "GDSShardError", "GDSShardWarning", "GDSUnavailableError", "warn_fallback"]
 
 
 class GDSUnavailableError(RuntimeError):
@@ -20,6 +20,29 @@ class GDSUnavailableError(RuntimeError):
     def __init__(self, message: str, *, errno: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+
+
+class GDSLeaseError(RuntimeError):
+    """The memory a TensorRef (or a zero-copy view) names is no longer this
+    session's: its lease was released (materialized twice, or released
+    explicitly), or its session ended (closed by another process, or the
+    daemon restarted). gdsfs never returns bytes it cannot prove were the
+    lease's: re-read the sample.
+
+    Attributes:
+        lease: the lease id.
+        field: the sample field ("" when unknown).
+        key: the sample key ("" when unknown).
+        path: the shard or file the bytes were read from ("" when unknown).
+        reason: what happened to the lease.
+    """
+
+    def __init__(self, lease: int, reason: str, *, field: str = "", key: str = "", path: str = "") -> None:
+        what = f" of field {field!r}" if field else ""
+        what += f" of sample {key!r}" if key else ""
+        what += f" from {path!r}" if path else ""
+        super().__init__(f"gdsfs: lease {lease}{what} is not held any more: {reason}; read the sample again (materialize each TensorRef once, before its session ends)")
+        self.lease, self.field, self.key, self.path, self.reason = lease, field, key, path, reason
 
 
 class GDSFallbackWarning(UserWarning):

@@ -3,24 +3,25 @@
 Re-exported by gdsfs.torch. Slabs are mapped once per process (host: mmap of
 the daemon's shared-memory file; CUDA: IPC handle opened through libcuda)
 and cached; materialization copies out of them (one gather per batched
-field) and releases the leases.
+field) and releases the leases, checking that each was still held (see
+gdsfs._leases and docs/pytorch.md, "Lease ownership").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
 
-from . import _core
+from . import _core, _leases
 from . import _protocol as proto
 from ._core import Ref, Session
-from ._errors import GDSUnavailableError
+from ._errors import GDSLeaseError, GDSUnavailableError
 
 __all__ = [
     "GDSBatch",
@@ -134,34 +135,26 @@ def _ref_bytes(ref: Ref, start: int, nbytes: int, session: Optional[Session] = N
     return slab[ref.offset + start : ref.offset + start + nbytes]
 
 
-def _sync_and_release(refs: Sequence[Ref]) -> None:
-    """Wait for copies out of CUDA slabs, then give the leases back."""
-    devs = {r.device for r in refs if r.device >= 0 and r.lease}
-    for d in devs:
+def _sync(refs: Sequence[Ref]) -> None:
+    """Wait for the copies out of the CUDA slabs of refs."""
+    for d in sorted({r.device for r in refs if r.device >= 0 and r.lease}):
         torch.cuda.current_stream(d).synchronize()
-    by_session: dict[tuple[str, int], list[Ref]] = {}
-    for r in refs:
-        if r.lease:
-            by_session.setdefault((r.mount, r.session), []).append(r)
-    for rs in by_session.values():
-        _core.session_for(rs[0]).release(rs)
 
 
-def _release_quietly(ref: Ref) -> None:
-    try:
-        _core.session_for(ref).release([ref])
-    except Exception:  # noqa: BLE001 - runs in finalizers; the session's end frees the lease anyway
-        pass
+def _sync_and_release(holds: Sequence[Optional[_leases.Hold]]) -> None:
+    """Wait for the copies out of the holds' leases, then release them,
+    checking that the daemon still held each (GDSLeaseError otherwise: the
+    bytes copied cannot be trusted)."""
+    hs = [h for h in holds if h is not None]
+    _sync([h.entry.ref for h in hs])
+    _leases.release(hs, check_held=True)
 
 
-class _ZeroCopyOwner:
-    """Releases a lease when the last tensor viewing it is freed."""
-
-    def __init__(self, ref: Ref) -> None:
-        self.ref = ref
-
-    def __del__(self) -> None:
-        _release_quietly(self.ref)
+def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:
+    reason = f"its memory cannot be mapped any more ({err}): its session ended"
+    if h is not None:
+        return h.entry.error(reason)
+    return GDSLeaseError(ref.lease, reason)
 
 
 def _view_as(b: torch.Tensor, dtype: torch.dtype, shape: Sequence[int], fortran: bool) -> torch.Tensor:
@@ -196,41 +189,81 @@ def tensor_from_ref(
         session: the session the lease belongs to (default: found from ref).
         start: first byte within the lease's valid bytes.
         nbytes: bytes to use (default: the rest of the valid bytes).
-        release: give the lease back: with copy=True right after the copy;
-            with copy=False when the last view of it is freed. Default: True
-            with copy=True, False with copy=False (the caller releases).
+        release: this call owns the lease: with copy=True it is released
+            right after the copy, and the daemon's answer checked
+            (GDSLeaseError when it no longer held it: the copy is not
+            returned); with copy=False the view owns it, released when the
+            last tensor over the view is collected. Default: True with
+            copy=True, False with copy=False: the caller releases the lease
+            (Session.release); the view then only keeps the session from
+            ending while it lives.
 
     Returns:
         The tensor.
+
+    Raises:
+        GDSLeaseError: release is on and the lease is not held any more
+            (materialized before, released, or its session ended).
     """
+    return _tensor_from_ref(ref, dtype, shape, device, copy=copy, session=session, start=start, nbytes=nbytes, release=release, hold=None)
+
+
+def _tensor_from_ref(
+    ref: Ref,
+    dtype: torch.dtype,
+    shape: Optional[Sequence[int]],
+    device: Device,
+    *,
+    copy: bool,
+    session: Optional[Session],
+    start: int,
+    nbytes: Optional[int],
+    release: Optional[bool],
+    hold: Optional[_leases.Hold],
+) -> torch.Tensor:
     n = ref.valid - start if nbytes is None else nbytes
     esize = torch.empty((), dtype=dtype).element_size()
     if shape is None:
         shape = (n // esize,)
-    b = _ref_bytes(ref, start, n, session)
+    owns = (copy if release is None else release) and ref.lease != 0
+    h = (hold or _leases.hold(ref)) if owns else None
+    if h is not None:
+        _leases.check([h])  # before touching memory that may be another's
+    try:
+        b = _ref_bytes(ref, start, n, session)
+    except GDSUnavailableError as e:
+        if owns:
+            raise _lease_error(h, ref, e) from e
+        raise
     target = _device(device) or b.device
     if not copy:
         if target != b.device:
             raise ValueError(f"gdsfs: a zero-copy view lives on {b.device}; ask for that device or copy=True")
         if (b.storage_offset() % esize) != 0:
             raise ValueError(f"gdsfs: bytes at slab offset {ref.offset + start} are not aligned for {dtype}: use copy=True")
-        if not release:
+        if n == 0:
+            if h is not None:
+                _leases.release([h], check_held=False)
             return _view_as(b, dtype, shape, False)
+        # A base object per view, whose life is the life of every tensor
+        # over it: torch keeps it alive as long as any view of b exists.
         if b.device.type == "cuda":
             from . import _cuda
 
-            arr = _cuda.CudaArray(b.data_ptr(), n, _ZeroCopyOwner(ref))
-            b = torch.as_tensor(arr, device=b.device)
+            base: Any = _cuda.CudaArray(b.data_ptr(), n)
+            b = torch.as_tensor(base, device=b.device)
         else:
             base = (session or _core.session_for(ref)).host_buffer(ref)[start : start + n]
-            b = torch.frombuffer(base, dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
-            # torch keeps base alive as long as any view of b exists.
-            weakref.finalize(base, _release_quietly, ref)
+            b = torch.frombuffer(base, dtype=torch.uint8)
+        if h is not None:
+            _leases.view(h, base)
+        else:
+            _leases.pin(ref, base)
         return _view_as(b, dtype, shape, False)
     out = torch.empty(n, dtype=torch.uint8, device=target)
     out.copy_(b)
-    if release if release is not None else True:
-        _sync_and_release([ref])
+    if h is not None:
+        _sync_and_release([h])
     return _view_as(out, dtype, shape, False)
 
 
@@ -261,6 +294,9 @@ class TensorRef:
     """A sample field in daemon memory, before materialization.
 
     Picklable and small: what DataLoader workers hand to the main process.
+    It holds its lease (docs/pytorch.md, "Lease ownership"): the lease
+    stays this process's until the TensorRef is materialized, released, or
+    it and every copy of it (unpickled copies, batches) are collected.
 
     Attributes:
         ref: the lease holding the bytes.
@@ -268,6 +304,9 @@ class TensorRef:
         shape: tensor shape.
         start: first byte of the tensor within the lease.
         fortran: the bytes are column-major (.npy fortran_order).
+        field: the sample field it is ("" when unknown), for errors.
+        sample: the sample key ("" when unknown), for errors.
+        path: the shard the bytes came from ("" when unknown), for errors.
     """
 
     ref: Ref
@@ -275,20 +314,52 @@ class TensorRef:
     shape: tuple[int, ...]
     start: int = 0
     fortran: bool = False
+    field: str = dataclasses.field(default="", compare=False)
+    sample: str = dataclasses.field(default="", compare=False)
+    path: str = dataclasses.field(default="", compare=False)
+    # This process's Hold of the lease (pickles as the lease: the unpickled
+    # copy holds it in the unpickling process).
+    _hold: Optional[_leases.Hold] = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self._hold is None and self.ref.lease:
+            object.__setattr__(self, "_hold", _leases.hold(self.ref, self.field, self.sample, self.path))
 
     @property
     def nbytes(self) -> int:
         return _numel(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
+    @property
+    def held(self) -> bool:
+        """True while this process holds the lease (not yet materialized,
+        released, or lost with its session)."""
+        return self._hold is None or self._hold.state == _leases.HELD
+
     def _bytes(self) -> torch.Tensor:
-        return _ref_bytes(self.ref, self.start, self.nbytes)
+        try:
+            return _ref_bytes(self.ref, self.start, self.nbytes)
+        except GDSUnavailableError as e:
+            raise _lease_error(self._hold, self.ref, e) from e
 
     def materialize(self, device: Device = None, copy: bool = True) -> torch.Tensor:
         """The field as a tensor (see tensor_from_ref). With copy=True the
-        lease is released: materialize each TensorRef once."""
+        bytes are copied and the lease released (the daemon's answer
+        checked); with copy=False the view holds the lease until it is
+        collected. Either way the TensorRef is spent: materialize it once.
+
+        Raises:
+            GDSLeaseError: the lease is not held any more (materialized
+                before, released, or its session ended); no bytes are
+                returned.
+        """
         shape = tuple(reversed(self.shape)) if self.fortran else self.shape
-        t = tensor_from_ref(self.ref, self.dtype, shape, device, copy=copy, start=self.start, nbytes=self.nbytes, release=True)
+        t = _tensor_from_ref(self.ref, self.dtype, shape, device, copy=copy, session=None, start=self.start, nbytes=self.nbytes, release=True, hold=self._hold)
         return t.permute(*reversed(range(len(self.shape)))) if self.fortran else t
+
+    def release(self) -> None:
+        """Give the lease back now, without materializing (idempotent)."""
+        if self._hold is not None:
+            _leases.release([self._hold], check_held=False)
 
     def pin_memory(self, device: Device = None) -> torch.Tensor:
         """Materialize (the DataLoader pin-memory thread calls this)."""
@@ -396,6 +467,13 @@ class GDSBatch:
     def _refs(self) -> list[Ref]:
         return [t.ref for v in self.data.values() if isinstance(v, _RefColumn) for t in v.refs]
 
+    def _holds(self) -> list[_leases.Hold]:
+        return [t._hold for v in self.data.values() if isinstance(v, _RefColumn) for t in v.refs if t._hold is not None]
+
+    def release(self) -> None:
+        """Give the batch's leases back without materializing (idempotent)."""
+        _leases.release(self._holds(), check_held=False)
+
     def materialize(self, device: Device = None, *, pin: bool = False) -> "GDSBatch":
         """Tensors for every field (gpu fields on device, default: where
         the daemon put them), then release the leases.
@@ -403,29 +481,36 @@ class GDSBatch:
         Args:
             device: target device for gpu fields.
             pin: also pin CPU tensors (what pin_memory does).
+
+        Raises:
+            GDSLeaseError: a lease of the batch is not held any more
+                (materialized before, released, or its session ended); no
+                batch is returned.
         """
+        holds = self._holds()
+        _leases.check(holds)
         out: dict[str, Any] = {}
         tgt = _device(device)
         if tgt is None and pin and torch.cuda.is_available():
             # The pin-memory thread: gpu fields go to the current GPU, also
             # from host-memory slabs and plain-read fallbacks.
             tgt = torch.device("cuda", torch.cuda.current_device())
-        try:
-            for k, v in self.data.items():
-                if isinstance(v, _RefColumn):
-                    out[k] = _gather(v, tgt, pin=pin)
-                elif k in self.gpu_fields and isinstance(v, torch.Tensor):
-                    if tgt is not None and tgt != v.device:
-                        src = v.pin_memory() if pin and tgt.type == "cuda" else v
-                        out[k] = src.to(tgt, non_blocking=pin)
-                    else:
-                        out[k] = v
-                elif pin and isinstance(v, torch.Tensor) and torch.cuda.is_available():
-                    out[k] = v.pin_memory()
+        for k, v in self.data.items():
+            if isinstance(v, _RefColumn):
+                out[k] = _gather(v, tgt, pin=pin)
+            elif k in self.gpu_fields and isinstance(v, torch.Tensor):
+                if tgt is not None and tgt != v.device:
+                    src = v.pin_memory() if pin and tgt.type == "cuda" else v
+                    out[k] = src.to(tgt, non_blocking=pin)
                 else:
                     out[k] = v
-        finally:
-            _sync_and_release(self._refs())
+            elif pin and isinstance(v, torch.Tensor) and torch.cuda.is_available():
+                out[k] = v.pin_memory()
+            else:
+                out[k] = v
+        # The copies are done (waited for): release, and trust them only if
+        # the daemon still held every lease.
+        _sync_and_release(holds)
         return GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
 
     def pin_memory(self, device: Device = None) -> "GDSBatch":

@@ -335,9 +335,15 @@ class GDSFileSystemWriter(FileSystemWriter):
         return staged
 
     def _release_staged(self) -> None:
+        # The snapshot has been written (or given up): release its leases explicitly, then close
+        # the session. The staged views, if anyone still holds them, keep the session from ending
+        # (gdsfs._leases.pin) but not their leases: a snapshot lives until the save writing it ends.
+        staged = [ref for _, ref in self._staged.values()]
         self._staged.clear()
         if self._stage_session is not None:
-            self._stage_session.close()  # returns every lease of the session
+            if staged:
+                self._stage_session.release(staged)
+            self._stage_session.close()
             self._stage_session = None
 
 

@@ -22,7 +22,9 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from gdsfs import _leases
 from gdsfs import _protocol as proto
+from gdsfs._core import Ref, Session
 from gdsfs._errors import GDSUnavailableError
 
 # Largest piece one lease carries; longer ranges are split. The daemon's slab size and a quarter
@@ -163,13 +165,20 @@ class DaemonMover:
         self.engine = "gdsfs"
 
     def lease_view(self, ref: Any, n: int) -> torch.Tensor:
-        """A uint8 tensor over the first ``n`` bytes of a lease, without copying."""
+        """A uint8 tensor over the first ``n`` bytes of a lease, without copying.
+
+        The caller releases the lease; the view keeps its session from ending while it lives
+        (gdsfs._leases.pin), so closing the session cannot free memory it names.
+        """
         if ref.device == -1:
             # Host slab: the core maps it once per process; wrap the bytes in place.
-            return torch.frombuffer(self._s.host_buffer(ref), dtype=torch.uint8)[:n]
-        import gdsfs.torch as gtorch  # CUDA slabs: IPC mapping lives in gdsfs.torch (issue 6)
+            base = self._s.host_buffer(ref)
+            if isinstance(ref, Ref):
+                _leases.pin(ref, base)
+            return torch.frombuffer(base, dtype=torch.uint8)[:n]
+        from gdsfs import _tensors  # CUDA slabs: IPC mapping lives there
 
-        return gtorch.tensor_from_ref(ref, torch.uint8, (ref.valid,), copy=False, session=self._s)[:n]
+        return _tensors.tensor_from_ref(ref, torch.uint8, (ref.valid,), copy=False, session=self._s)[:n]
 
     def device_for(self, t: torch.Tensor) -> int | None:
         """The daemon device whose slabs should hold bytes for ``t`` (None: the session's default).
@@ -247,14 +256,19 @@ class DaemonMover:
             self._finish(pending)
 
     def _finish(self, refs: list[Any]) -> None:
-        """Wait for the copies out of ``refs`` (on every GPU they landed on), then release them."""
+        """Wait for the copies out of ``refs`` (on every GPU they landed on), then release them,
+        checking the daemon's answer: a lease it no longer held (its session ended meanwhile)
+        raises GDSLeaseError, since the bytes copied out of it cannot be trusted."""
         if not refs:
             return
         for d in sorted({int(r.device) for r in refs if int(getattr(r, "device", -1)) >= 0}):
             torch.cuda.synchronize(d)
         live = [r for r in refs if int(getattr(r, "lease", 1) or 0) != 0]
         if live:
-            self._s.release(live)
+            if isinstance(self._s, Session):
+                self._s.release(live, check=True)
+            else:
+                self._s.release(live)
 
     def write_from(self, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, flush_every: int = 0) -> None:
         pieces = [p for p in self._pieces(items, self._write_lease) if p[1].numel() > 0]
