@@ -16,7 +16,8 @@ path). The script writes WebDataset tars of float32 .npy tensors (100 KiB and
 2. no CUDA in workers: nvidia-smi lists the main process, and none of the
    DataLoader worker pids, as a compute process;
 3. benchmark, warm and cold (page cache dropped), samples/s and GB/s of
-   tensor payload for: gdsfs; gdsfs+features (shuffle, shuffle_buffer,
+   tensor payload (warm: steady state of one loader with persistent workers,
+   best of --epochs epochs after a warm-up epoch; cold: one fresh loader) for: gdsfs; gdsfs+features (shuffle, shuffle_buffer,
    interleave=2, a per-sample map, keys=; their cost is the ratio printed
    at the end); (a) a plain IterableDataset reading the same
    tars through the mount with pin_memory=True and .cuda(non_blocking=True);
@@ -165,6 +166,7 @@ def drop_caches() -> bool:
 class Opts:
     workers = 8
     cuda = True
+    epochs = 2
 
 
 def _same_sample(sample: Any) -> Any:
@@ -183,8 +185,8 @@ def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool 
     return dl, ds
 
 
-def plain_loader(shards: list[str], batch: int) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(PlainTarDataset(shards), batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda, timeout=300)
+def plain_loader(shards: list[str], batch: int, **kw: Any) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(PlainTarDataset(shards), batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda, timeout=300, **kw)
 
 
 def timed(dl: torch.utils.data.DataLoader, plain: bool) -> tuple[float, int, int]:
@@ -267,8 +269,9 @@ def main() -> int:
     ap.add_argument("--json", help="also write the results as JSON here")
     ap.add_argument("--cpu", action="store_true", help="no GPU: host-mode mount, CPU tensors")
     ap.add_argument("--workers", type=int, default=8, help="DataLoader workers (default 8)")
+    ap.add_argument("--epochs", type=int, default=2, help="warm: timed epochs after the warm-up epoch, best counts (default 2)")
     a = ap.parse_args()
-    Opts.workers, Opts.cuda = a.workers, not a.cpu
+    Opts.workers, Opts.cuda, Opts.epochs = a.workers, not a.cpu, max(1, a.epochs)
     if Opts.cuda and not torch.cuda.is_available():
         print("dataset_check: torch sees no CUDA device: run this on the GPU machine, or pass --cpu", file=sys.stderr)
         return 2
@@ -304,18 +307,26 @@ def main() -> int:
         log(f"{name} correctness: {'ok' if not errs else '; '.join(errs)}")
         for cache in ("warm", "cold"):
             for label, make, plain in (
-                ("gdsfs", lambda: gds_loader(shards_m, batch, sb)[0], False),
-                ("gdsfs+features", lambda: gds_loader(shards_m, batch, sb, features=True)[0], False),
-                ("(a) plain via mount", lambda: plain_loader(shards_m, batch), True),
-                ("(b) plain backing dir", lambda: plain_loader(shards_b, batch), True),
+                ("gdsfs", lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False),
+                ("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False),
+                ("(a) plain via mount", lambda **kw: plain_loader(shards_m, batch, **kw), True),
+                ("(b) plain backing dir", lambda **kw: plain_loader(shards_b, batch, **kw), True),
             ):
                 try:
                     if cache == "warm":
-                        timed(make(), plain)  # fill the page cache (and the index cache)
+                        # Steady state, as in multi-epoch training: one loader with
+                        # persistent workers; the first epoch fills the page cache
+                        # (and the index cache) and starts the workers, then the
+                        # best of Opts.epochs epochs counts.
+                        dl = make(persistent_workers=True)
+                        timed(dl, plain)
+                        secs, n, nb = min(timed(dl, plain) for _ in range(Opts.epochs))
+                        del dl
                     elif not (can_drop and drop_caches()):
                         can_drop = False
                         continue
-                    secs, n, nb = timed(make(), plain)
+                    else:
+                        secs, n, nb = timed(make(), plain)
                 except Exception as e:  # noqa: BLE001 - one failed run must not hide the others
                     errors.append(f"{name} {cache} {label}: {type(e).__name__}: {e}")
                     log(errors[-1])
@@ -343,6 +354,10 @@ def main() -> int:
     if g and b:
         ratio = g["GBps"] / b["GBps"]
         print(f"target gdsfs >= 2x (b) for 4 MiB warm: {ratio:.2f}x -> {'met' if ratio >= 2 else 'NOT met'}")
+    pa = next((x for x in results if x["size"] == "4MiB" and x["cache"] == "warm" and x["loader"].startswith("(a)")), None)
+    if g and pa:
+        ratio = g["GBps"] / pa["GBps"]
+        print(f"target gdsfs >= 8x (a) plain IterableDataset for 4 MiB warm (issue 11): {ratio:.2f}x -> {'met' if ratio >= 8 else 'NOT met'}")
     f = next((x for x in results if x["size"] == "4MiB" and x["cache"] == "warm" and x["loader"] == "gdsfs+features"), None)
     if f and g:
         print(f"gdsfs+features (shuffle_buffer, interleave=2, map, keys=) vs gdsfs, 4 MiB warm: {f['GBps'] / g['GBps']:.2f}x")
