@@ -10,10 +10,10 @@ out=${WHEEL_DIR:-dist}
 arches=${WHEEL_ARCHES:-amd64 arm64}
 
 pyver=$(sed -n 's/^version = "\(.*\)"/\1/p' python/pyproject.toml)
-goversion=$(sed -n 's/^const daemonVersion = "\(.*\)"/\1/p' cmd/gdsfs/control.go)
+goversion=$(sed -n 's/^const Version = "\(.*\)"/\1/p' daemon/config.go)
 initver=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' python/gdsfs/__init__.py)
 if [ "$pyver" != "$goversion" ] || [ "$pyver" != "$initver" ]; then
-	echo "build-wheel: versions differ: python/pyproject.toml $pyver, gdsfs/__init__.py $initver, cmd/gdsfs daemonVersion $goversion; make them equal" >&2
+	echo "build-wheel: versions differ: python/pyproject.toml $pyver, gdsfs/__init__.py $initver, daemon.Version (daemon/config.go) $goversion; make them equal" >&2
 	exit 1
 fi
 "$py" -c 'import setuptools, wheel' 2>/dev/null || { echo "build-wheel: $py lacks setuptools or wheel; run ./scripts/install-deps.sh" >&2; exit 1; }
