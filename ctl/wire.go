@@ -278,8 +278,8 @@ func checkBuf(b []byte, size int) error {
 	return nil
 }
 
-// putHeader writes a request header with token t.
-func putHeader(b []byte, t Token) {
+// PutHeader writes a request header with token t.
+func PutHeader(b []byte, t Token) {
 	le.PutUint32(b[0:], Magic)
 	le.PutUint16(b[4:], Version)
 	le.PutUint16(b[6:], 0)
@@ -342,7 +342,7 @@ func getString(b []byte) string {
 // EncodeHello writes a HELLO request into b (SizeHello bytes).
 func EncodeHello(b []byte) {
 	clear(b)
-	putHeader(b, Token{})
+	PutHeader(b, Token{})
 }
 
 // DecodeHello checks a HELLO request.
@@ -406,7 +406,7 @@ func DecodeHelloReply(b []byte) (HelloReply, error) {
 // Encode writes the SLAB request into b (SizeSlab bytes).
 func (r *SlabRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	le.PutUint64(b[32:], r.Slab)
 }
 
@@ -464,7 +464,7 @@ func DecodeSlabReply(b []byte) (SlabReply, error) {
 // Encode writes the ALLOC request into b (SizeAlloc bytes).
 func (r *AllocRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	le.PutUint32(b[32:], uint32(r.Device))
 	le.PutUint64(b[40:], r.Length)
 }
@@ -525,7 +525,7 @@ func DecodeAllocReply(b []byte) (Lease, error) {
 // MaxReleaseIDs ids are encoded; the caller splits longer lists.
 func (r *ReleaseRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	ids := r.IDs
 	if len(ids) > MaxReleaseIDs {
 		ids = ids[:MaxReleaseIDs]
@@ -592,7 +592,7 @@ func DecodeReleaseReply(b []byte, n int) (ReleaseReply, error) {
 // Encode writes the STATUS/INDEX request into b (SizePage bytes).
 func (r *PageRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	le.PutUint64(b[32:], r.Offset)
 }
 
@@ -659,7 +659,7 @@ func fnv64a(b []byte) uint64 {
 // ranges are encoded; the caller splits longer lists.
 func (r *ReadRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	rs := r.Ranges
 	if len(rs) > MaxRanges {
 		rs = rs[:MaxRanges]
@@ -707,7 +707,7 @@ func (r *ReadNamesRequest) Encode(b []byte) error {
 		return syscall.E2BIG
 	}
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	area := b[64 : 64+NamesBytes]
 	n := 0
 	for _, name := range r.Names {
@@ -806,7 +806,7 @@ func DecodeReadReply(b []byte) (ReadReply, error) {
 // Encode writes the WRITE request into b (SizeWrite bytes).
 func (r *WriteRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	le.PutUint64(b[32:], r.Lease)
 	le.PutUint64(b[40:], r.LeaseOffset)
 	le.PutUint64(b[48:], r.FileOffset)
@@ -852,7 +852,7 @@ func DecodeWriteReply(b []byte) (WriteReply, error) {
 	return WriteReply{Written: le.Uint64(b[32:]), Engine: EngineCode(le.Uint32(b[40:]))}, nil
 }
 
-// addOverflows reports whether off+n overflows int64 (or either is >= 2^63).
-func addOverflows(off, n uint64) bool {
+// AddOverflows reports whether off+n overflows int64 (or either is >= 2^63).
+func AddOverflows(off, n uint64) bool {
 	return off > math.MaxInt64 || n > math.MaxInt64 || off > math.MaxInt64-n
 }

@@ -15,7 +15,7 @@ type Caller struct {
 	UID, GID, PID uint32
 }
 
-// Control is the daemon's control path (implemented by ctl.Server). The FUSE
+// Control is the daemon's control path (implemented by ctlserver.Server). The FUSE
 // layer decodes a request, calls one Control method and encodes the reply;
 // Control never sees FUSE types. All methods may be called concurrently.
 type Control interface {

@@ -1,6 +1,6 @@
 // Package instrument wraps the daemon's components with metrics
 // recording: decorators over fs.Control (control-path requests, sessions)
-// and ctl.EngineChooser (bytes moved per engine). Package daemon composes
+// and ctlserver.EngineChooser (bytes moved per engine). Package daemon composes
 // them when it builds the mount, so neither fs nor ctl knows metrics exist.
 //
 // It is separate from package metrics so that metrics stays a leaf every
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
@@ -115,12 +116,12 @@ func (s *session) Close() error {
 
 // Engines returns ch with the bytes every engine it chooses moves recorded
 // in r under the engine's name. The answer and its reason are ch's.
-func Engines(ch ctl.EngineChooser, r Recorder) ctl.EngineChooser {
+func Engines(ch ctlserver.EngineChooser, r Recorder) ctlserver.EngineChooser {
 	return &chooser{ch: ch, r: r}
 }
 
 type chooser struct {
-	ch ctl.EngineChooser
+	ch ctlserver.EngineChooser
 	r  Recorder
 }
 

@@ -1,4 +1,4 @@
-package ctl
+package ctlserver
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
@@ -87,8 +88,8 @@ func (o Options) Validate() error {
 	if o.Engines == nil {
 		errs = append(errs, errors.New("ctl: Options.Engines is nil"))
 	}
-	if len(o.SlabSocket) >= SlabSocketBytes {
-		errs = append(errs, fmt.Errorf("ctl: Options.SlabSocket %q is %d bytes, HELLO has room for %d", o.SlabSocket, len(o.SlabSocket), SlabSocketBytes-1))
+	if len(o.SlabSocket) >= ctl.SlabSocketBytes {
+		errs = append(errs, fmt.Errorf("ctl: Options.SlabSocket %q is %d bytes, HELLO has room for %d", o.SlabSocket, len(o.SlabSocket), ctl.SlabSocketBytes-1))
 	}
 	return errors.Join(errs...)
 }
@@ -170,7 +171,7 @@ func (s *Server) OpenSession(ctx context.Context, c fs.Caller) (fs.Session, sysc
 }
 
 // session returns the live session of token t if caller may use it (S1).
-func (s *Server) session(t Token, c fs.Caller) (*session, syscall.Errno) {
+func (s *Server) session(t ctl.Token, c fs.Caller) (*session, syscall.Errno) {
 	sh := s.shard(t.Session)
 	sh.mu.Lock()
 	ss := sh.sessions[t.Session]
@@ -184,7 +185,7 @@ func (s *Server) session(t Token, c fs.Caller) (*session, syscall.Errno) {
 // device maps a wire device number to the pool's.
 func (s *Server) device(d int32) (int, syscall.Errno) {
 	switch {
-	case s.host && d == HostDevice:
+	case s.host && d == ctl.HostDevice:
 		return 0, 0
 	case !s.host && d >= 0 && int(d) < s.devices:
 		return int(d), 0
@@ -195,7 +196,7 @@ func (s *Server) device(d int32) (int, syscall.Errno) {
 // wireDevice maps a pool device number to the wire's.
 func (s *Server) wireDevice(d int) int32 {
 	if s.host {
-		return HostDevice
+		return ctl.HostDevice
 	}
 	return int32(d)
 }
@@ -205,16 +206,16 @@ func (s *Server) wireDevice(d int) int32 {
 func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno) {
 	var errno syscall.Errno
 	switch cmd {
-	case CmdRead:
+	case ctl.CmdRead:
 		errno = s.read(ctx, c, f, path, in, out, false)
-	case CmdReadNames:
+	case ctl.CmdReadNames:
 		errno = s.read(ctx, c, f, path, in, out, true)
-	case CmdWrite:
+	case ctl.CmdWrite:
 		errno = s.write(ctx, c, f, path, in, out)
-	case CmdIndex:
+	case ctl.CmdIndex:
 		errno = s.index(ctx, c, f, path, in, out)
 	default:
-		if !OurCmd(cmd) {
+		if !ctl.OurCmd(cmd) {
 			// Not a control-path command at all (Python's open() asks
 			// isatty with TCGETS): not a refusal worth counting.
 			s.counters.foreign.Add(1)
@@ -234,7 +235,7 @@ func u32bytes(v uint32) []byte { return []byte{byte(v >> 24), byte(v >> 16), byt
 
 // read serves READ and READ_NAMES.
 func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte, byName bool) syscall.Errno {
-	if len(in) != SizeRead || len(out) != SizeRead {
+	if len(in) != ctl.SizeRead || len(out) != ctl.SizeRead {
 		return syscall.EINVAL
 	}
 	size, errno := statFile(f)
@@ -247,12 +248,12 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 		return syscall.EBADF
 	}
 	var (
-		tok    Token
+		tok    ctl.Token
 		dev    int32
-		ranges []Range
+		ranges []ctl.Range
 	)
 	if byName {
-		req, err := DecodeReadNamesRequest(in)
+		req, err := ctl.DecodeReadNamesRequest(in)
 		if err != nil {
 			return errnoOf(err)
 		}
@@ -266,7 +267,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 			return errno
 		}
 	} else {
-		req, err := DecodeReadRequest(in)
+		req, err := ctl.DecodeReadRequest(in)
 		if err != nil {
 			return errnoOf(err)
 		}
@@ -292,11 +293,11 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	leases, errno := ss.readRanges(ctx, f, eng, EngineCodeOf(eng.Name()), pdev, plan)
+	leases, errno := ss.readRanges(ctx, f, eng, ctl.EngineCodeOf(eng.Name()), pdev, plan)
 	if errno != 0 {
 		return errno
 	}
-	(&ReadReply{Leases: leases}).Encode(out)
+	(&ctl.ReadReply{Leases: leases}).Encode(out)
 	return 0
 }
 
@@ -338,11 +339,11 @@ type span struct {
 }
 
 // plan validates ranges against a file of size bytes (S4) and widens them.
-func (s *Server) plan(ranges []Range, size int64) ([]span, syscall.Errno) {
+func (s *Server) plan(ranges []ctl.Range, size int64) ([]span, syscall.Errno) {
 	plan := make([]span, len(ranges))
 	var total int64
 	for i, r := range ranges {
-		if addOverflows(r.Offset, r.Length) {
+		if ctl.AddOverflows(r.Offset, r.Length) {
 			return nil, syscall.ERANGE
 		}
 		off, n := int64(r.Offset), int64(r.Length)
@@ -355,7 +356,7 @@ func (s *Server) plan(ranges []Range, size int64) ([]span, syscall.Errno) {
 		}
 		sp := span{off: off, length: n, valid: valid}
 		if valid > 0 {
-			sp.start = off &^ (AlignBytes - 1)
+			sp.start = off &^ (ctl.AlignBytes - 1)
 			sp.end = alignUp(off + valid)
 			total += sp.end - sp.start
 		}
@@ -367,15 +368,15 @@ func (s *Server) plan(ranges []Range, size int64) ([]span, syscall.Errno) {
 	return plan, 0
 }
 
-func alignUp(n int64) int64 { return (n + AlignBytes - 1) &^ (AlignBytes - 1) }
+func alignUp(n int64) int64 { return (n + ctl.AlignBytes - 1) &^ (ctl.AlignBytes - 1) }
 
 // resolve maps index names of f to ranges.
-func (s *Server) resolve(ctx context.Context, c fs.Caller, f *os.File, path string, names []string) ([]Range, syscall.Errno) {
+func (s *Server) resolve(ctx context.Context, c fs.Caller, f *os.File, path string, names []string) ([]ctl.Range, syscall.Errno) {
 	x, errno := s.lookup(ctx, c, path, f)
 	if errno != 0 {
 		return nil, errno
 	}
-	ranges := make([]Range, len(names))
+	ranges := make([]ctl.Range, len(names))
 	for i, name := range names {
 		off, n, err := x.Resolve(name)
 		switch {
@@ -389,7 +390,7 @@ func (s *Server) resolve(ctx context.Context, c fs.Caller, f *os.File, path stri
 			s.opts.Log.Error().Str("path", path).Str("name", name).Msg("BUG: ctl: index resolved to a negative range")
 			return nil, syscall.EIO
 		}
-		ranges[i] = Range{Offset: uint64(off), Length: uint64(n)}
+		ranges[i] = ctl.Range{Offset: uint64(off), Length: uint64(n)}
 	}
 	return ranges, 0
 }
@@ -437,14 +438,14 @@ func (s *Server) indexErrno(err error, path string) syscall.Errno {
 
 // write serves WRITE.
 func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte) syscall.Errno {
-	if len(in) != SizeWrite || len(out) != SizeWrite {
+	if len(in) != ctl.SizeWrite || len(out) != ctl.SizeWrite {
 		return syscall.EINVAL
 	}
 	_, errno := statFile(f)
 	if errno != 0 {
 		return errno
 	}
-	req, err := DecodeWriteRequest(in)
+	req, err := ctl.DecodeWriteRequest(in)
 	if err != nil {
 		return errnoOf(err)
 	}
@@ -462,7 +463,7 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	// The lease stays allocated until the write is done (RELEASE waits).
 	ss.pin.RLock()
 	defer ss.pin.RUnlock()
-	if addOverflows(req.FileOffset, req.Length) || addOverflows(req.LeaseOffset, req.Length) {
+	if ctl.AddOverflows(req.FileOffset, req.Length) || ctl.AddOverflows(req.LeaseOffset, req.Length) {
 		return syscall.ERANGE
 	}
 	if req.Length == 0 {
@@ -497,14 +498,14 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 		s.opts.Log.Error().Str("path", path).Int64("wrote", n).Uint64("want", req.Length).Msg("BUG: ctl: engine wrote short without an error")
 		return syscall.EIO
 	}
-	if req.Flags&WriteSync != 0 {
+	if req.Flags&ctl.WriteSync != 0 {
 		if err := fdatasync(f); err != nil {
 			return s.ioErrno(err, "fdatasync", path)
 		}
 	}
 	s.counters.writes.Add(1)
 	s.counters.writeBytes.Add(req.Length)
-	(&WriteReply{Written: req.Length, Engine: EngineCodeOf(eng.Name())}).Encode(out)
+	(&ctl.WriteReply{Written: req.Length, Engine: ctl.EngineCodeOf(eng.Name())}).Encode(out)
 	return 0
 }
 
@@ -554,7 +555,7 @@ func (s *Server) ioErrno(err error, op, path string) syscall.Errno {
 
 // index serves INDEX.
 func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte) syscall.Errno {
-	if len(in) != SizePage || len(out) != SizePage {
+	if len(in) != ctl.SizePage || len(out) != ctl.SizePage {
 		return syscall.EINVAL
 	}
 	if _, errno := statFile(f); errno != 0 {
@@ -563,7 +564,7 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	if !readable(f) {
 		return syscall.EBADF // an index is the file's contents
 	}
-	req, err := DecodePageRequest(in)
+	req, err := ctl.DecodePageRequest(in)
 	if err != nil {
 		return errnoOf(err)
 	}
@@ -575,7 +576,7 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	if err != nil {
 		return s.indexErrno(err, path)
 	}
-	return errnoOf(EncodePage(out, doc, req.Offset))
+	return errnoOf(ctl.EncodePage(out, doc, req.Offset))
 }
 
 // Changed implements fs.Control.
@@ -589,18 +590,18 @@ func (s *Server) Changed(path string) {
 func (s *Server) caps() uint64 {
 	var c uint64
 	if s.host {
-		c |= CapHostSlabs
+		c |= ctl.CapHostSlabs
 	} else {
-		c |= CapCUDASlabs
+		c |= ctl.CapCUDASlabs
 	}
 	if s.opts.Indexes != nil {
-		c |= CapReadNames | CapIndex
+		c |= ctl.CapReadNames | ctl.CapIndex
 	}
 	if !s.opts.ReadOnly {
-		c |= CapWrite
+		c |= ctl.CapWrite
 	}
 	if s.opts.SlabSocket != "" {
-		c |= CapSlabFD
+		c |= ctl.CapSlabFD
 	}
 	return c
 }
@@ -807,7 +808,7 @@ func (s *Server) info(ctx context.Context, c fs.Caller, t fs.XattrTarget) ([]byt
 		return nil, errnoOf(err)
 	}
 	path := t.Path
-	fi := fileInfo{Path: s.backingPath(path), Size: st.Size, Dev: st.Dev, Ino: st.Ino, MtimeNs: st.Mtim.Nano(), Align: AlignBytes}
+	fi := fileInfo{Path: s.backingPath(path), Size: st.Size, Dev: st.Dev, Ino: st.Ino, MtimeNs: st.Mtim.Nano(), Align: ctl.AlignBytes}
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		fi.Type = "file"
