@@ -2,7 +2,6 @@ package ctlserver
 
 import (
 	"context"
-	"errors"
 	"os"
 	"syscall"
 	"time"
@@ -24,7 +23,7 @@ const indexTimeout = 10 * time.Second
 func (s *Server) lookup(ctx context.Context, c fs.Caller, path string, f *os.File) (*cache.Index, syscall.Errno) {
 	x, err := s.lookupErr(ctx, c, path, f)
 	if err != nil {
-		return nil, s.indexErrno(err, path)
+		return nil, s.indexErrno(failIndex, err, path)
 	}
 	return x, 0
 }
@@ -36,27 +35,6 @@ func (s *Server) lookupErr(ctx context.Context, c fs.Caller, path string, f *os.
 	ctx, cancel := context.WithTimeout(cache.WithRequester(ctx, c.UID), indexTimeout)
 	defer cancel()
 	return s.opts.Indexes.Get(ctx, path, f)
-}
-
-// indexErrno maps an index lookup failure.
-func (s *Server) indexErrno(err error, path string) syscall.Errno {
-	switch {
-	case errors.Is(err, cache.ErrNoIndex), errors.Is(err, cache.ErrInvalid):
-		return syscall.ENODATA
-	case errors.Is(err, context.Canceled):
-		return syscall.EINTR
-	case errors.Is(err, cache.ErrBusy):
-		return syscall.EAGAIN // logged by cache
-	case errors.Is(err, context.DeadlineExceeded):
-		s.opts.Log.Warn().Err(err).Str("path", path).Dur("timeout", indexTimeout).Msg("ctl: index lookup ran out of time; answered EAGAIN")
-		return syscall.EAGAIN
-	}
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
-		return errno
-	}
-	s.opts.Log.Error().Err(err).Str("path", path).Msg("ctl: index")
-	return syscall.EIO
 }
 
 // index serves INDEX.
@@ -72,7 +50,7 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	}
 	req, err := ctl.DecodePageRequest(in)
 	if err != nil {
-		return errnoOf(err)
+		return plainErrno(err)
 	}
 	x, errno := s.lookup(ctx, c, path, f)
 	if errno != 0 {
@@ -80,9 +58,9 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	}
 	doc, err := x.JSON()
 	if err != nil {
-		return s.indexErrno(err, path)
+		return s.indexErrno(failIndex, err, path)
 	}
-	return errnoOf(ctl.EncodePage(out, doc, req.Offset))
+	return plainErrno(ctl.EncodePage(out, doc, req.Offset))
 }
 
 // Changed implements fs.Control.

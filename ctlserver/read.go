@@ -2,14 +2,13 @@ package ctlserver
 
 import (
 	"context"
-	"errors"
 	"os"
 	"syscall"
 
-	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 // read serves READ and READ_NAMES.
@@ -34,7 +33,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if byName {
 		req, err := ctl.DecodeReadNamesRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		tok, dev = req.Token, req.Device
 		// Check the caller before touching the index: a stranger learns
@@ -48,7 +47,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	} else {
 		req, err := ctl.DecodeReadRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		tok, dev, ranges = req.Token, req.Device, req.Ranges
 	}
@@ -136,7 +135,7 @@ func (s *Server) plan(ranges []ctl.Range, size int64) ([]span, syscall.Errno) {
 		sp := span{off: off, length: n, valid: valid}
 		if valid > 0 {
 			sp.start = off &^ (ctl.AlignBytes - 1)
-			sp.end = alignUp(off + valid)
+			sp.end = gpubuf.AlignUp(off + valid)
 			total += sp.end - sp.start
 		}
 		plan[i] = sp
@@ -147,7 +146,8 @@ func (s *Server) plan(ranges []ctl.Range, size int64) ([]span, syscall.Errno) {
 	return plan, 0
 }
 
-func alignUp(n int64) int64 { return (n + ctl.AlignBytes - 1) &^ (ctl.AlignBytes - 1) }
+// The wire's alignment is the pool's (a compile error otherwise).
+const _ = uint(ctl.AlignBytes-gpubuf.Align) + uint(gpubuf.Align-ctl.AlignBytes)
 
 // resolve maps index names of f to ranges.
 func (s *Server) resolve(ctx context.Context, c fs.Caller, f *os.File, path string, names []string) ([]ctl.Range, syscall.Errno) {
@@ -159,12 +159,8 @@ func (s *Server) resolve(ctx context.Context, c fs.Caller, f *os.File, path stri
 	for i, name := range names {
 		off, n, err := x.Resolve(name)
 		switch {
-		case errors.Is(err, cache.ErrNotFound):
-			return nil, syscall.ENOENT
-		case errors.Is(err, cache.ErrNotAddressable):
-			return nil, syscall.EOPNOTSUPP
 		case err != nil:
-			return nil, s.indexErrno(err, path)
+			return nil, s.indexErrno(failResolve, err, path)
 		case off < 0 || n < 0:
 			s.opts.Log.Error().Str("path", path).Str("name", name).Msg("BUG: ctl: index resolved to a negative range")
 			return nil, syscall.EIO

@@ -16,6 +16,7 @@ import (
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/errname"
 	"github.com/rs/zerolog"
 )
 
@@ -215,7 +216,7 @@ func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path st
 	s.counters.result(errno)
 	if errno != 0 {
 		s.opts.Log.Debug().Str("op", "ioctl").Hex("cmd", u32bytes(cmd)).Str("path", path).Uint32("uid", c.UID).
-			Str("errno", errnoName(errno)).Msg("ctl: refused")
+			Str("errno", errname.Of(errno)).Msg("ctl: refused")
 	}
 	return 0, errno
 }
@@ -230,7 +231,7 @@ func statFile(f *os.File) (int64, syscall.Errno) {
 	}
 	st, err := f.Stat()
 	if err != nil {
-		return 0, errnoOf(err)
+		return 0, plainErrno(err)
 	}
 	if !st.Mode().IsRegular() {
 		return 0, syscall.ENOTTY

@@ -2,7 +2,6 @@ package ctlserver
 
 import (
 	"context"
-	"errors"
 	"os"
 	"runtime"
 	"sync"
@@ -13,6 +12,8 @@ import (
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/errname"
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
 
@@ -76,7 +77,7 @@ func (ss *session) Ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 	ss.srv.counters.result(errno)
 	if errno != 0 {
 		ss.srv.opts.Log.Debug().Str("op", "ctl-ioctl").Hex("cmd", u32bytes(cmd)).Uint64("session", ss.id).
-			Uint32("uid", c.UID).Str("errno", errnoName(errno)).Msg("ctl: refused")
+			Uint32("uid", c.UID).Str("errno", errname.Of(errno)).Msg("ctl: refused")
 	}
 	return 0, errno
 }
@@ -94,26 +95,26 @@ func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 	switch cmd {
 	case ctl.CmdHello:
 		if err := ctl.DecodeHello(in); err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		ss.hello(out)
 		return 0
 	case ctl.CmdSlab:
 		req, err := ctl.DecodeSlabRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.slab(req.Slab, out) })
 	case ctl.CmdAlloc:
 		req, err := ctl.DecodeAllocRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.alloc(ctx, req, out) })
 	case ctl.CmdRelease:
 		req, err := ctl.DecodeReleaseRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		return ss.within(req.Token, c, func(t *session) syscall.Errno {
 			t.release(req.IDs, out)
@@ -122,7 +123,7 @@ func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 	case ctl.CmdStatus:
 		req, err := ctl.DecodePageRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		return ss.statusPage(req.Offset, out)
 	}
@@ -176,21 +177,9 @@ func (ss *session) hello(out []byte) {
 
 // slab serves SLAB for this session.
 func (ss *session) slab(id uint64, out []byte) syscall.Errno {
-	p := ss.srv.opts.Pool
-	if id == 0 || id > 1<<32-1 {
-		return syscall.ENOENT
-	}
-	sl, err := p.Slab(uint32(id))
-	if err != nil {
-		return syscall.ENOENT
-	}
-	h, err := p.Export(ss.owner(), uint32(id))
-	if errors.Is(err, gpubuf.ErrNotFound) {
-		return syscall.EPERM
-	}
-	if err != nil {
-		ss.srv.opts.Log.Error().Err(err).Uint64("slab", id).Msg("ctl: export slab")
-		return syscall.EIO
+	sl, h, errno := ss.export(id)
+	if errno != 0 {
+		return errno
 	}
 	if len(h) > ctl.HandleBytes {
 		ss.srv.opts.Log.Error().Int("bytes", len(h)).Uint64("slab", id).Msg("ctl: slab handle does not fit the SLAB reply")
@@ -200,6 +189,26 @@ func (ss *session) slab(id uint64, out []byte) syscall.Errno {
 	r.Kind = slabKind(sl.Memory)
 	r.Encode(out)
 	return 0
+}
+
+// export returns slab id and its handle bytes if the session holds a
+// lease in it (the pool's Export is that check): SLAB and the slab
+// socket's descriptors both go through it.
+func (ss *session) export(id uint64) (*gpubuf.Slab, []byte, syscall.Errno) {
+	p := ss.srv.opts.Pool
+	if id == 0 || id > 1<<32-1 {
+		return nil, nil, syscall.ENOENT
+	}
+	sl, err := p.Slab(uint32(id))
+	if err != nil {
+		errno, _ := errnoOf(failSlab, err)
+		return nil, nil, errno
+	}
+	h, err := p.Export(ss.owner(), uint32(id))
+	if err != nil {
+		return nil, nil, ss.srv.failed(failExport, err, "ctl: export slab", func(e *zerolog.Event) *zerolog.Event { return e.Uint64("slab", id) })
+	}
+	return sl, h, 0
 }
 
 // alloc serves ALLOC for this session.
@@ -233,14 +242,8 @@ func (ss *session) alloc(ctx context.Context, req ctl.AllocRequest, out []byte) 
 // by the client.
 func (ss *session) allocLease(ctx context.Context, dev int, n int64) (*gpubuf.Lease, syscall.Errno) {
 	l, err := ss.srv.opts.Pool.Alloc(ctx, ss.owner(), dev, n)
-	switch {
-	case errors.Is(err, gpubuf.ErrExhausted):
-		return nil, syscall.EAGAIN
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return nil, syscall.EINTR
-	case err != nil:
-		ss.srv.opts.Log.Error().Err(err).Uint64("session", ss.id).Msg("ctl: allocate lease")
-		return nil, syscall.EIO
+	if err != nil {
+		return nil, ss.srv.failed(failAlloc, err, "ctl: allocate lease", func(e *zerolog.Event) *zerolog.Event { return e.Uint64("session", ss.id) })
 	}
 	return l, 0
 }
@@ -310,7 +313,7 @@ func (ss *session) statusPage(off uint64, out []byte) syscall.Errno {
 		ss.status = doc
 		ss.mu.Unlock()
 	}
-	return errnoOf(ctl.EncodePage(out, doc, off))
+	return plainErrno(ctl.EncodePage(out, doc, off))
 }
 
 // readRanges leases memory for every span and reads it with eng. All or

@@ -2,7 +2,6 @@ package ctlserver
 
 import (
 	"context"
-	"errors"
 	"os"
 	"syscall"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/handoff"
 	"github.com/gdsfs/gdsfs/handoffserver"
+	"github.com/gdsfs/gdsfs/internal/errname"
 )
 
 // FDExporter is implemented by slab memory that can be handed to a client
@@ -47,7 +47,7 @@ func (s *Server) SlabFD(ctx context.Context, peer handoff.Peer, req handoff.Requ
 	s.counters.result(errno)
 	if errno != 0 {
 		s.opts.Log.Debug().Str("op", "slab-fd").Uint64("session", req.Session).Uint64("slab", req.Slab).
-			Uint32("uid", peer.UID).Int32("pid", peer.PID).Str("errno", errnoName(errno)).Msg("ctl: refused")
+			Uint32("uid", peer.UID).Int32("pid", peer.PID).Str("errno", errname.Of(errno)).Msg("ctl: refused")
 	}
 	return h, errno
 }
@@ -68,22 +68,11 @@ func (s *Server) slabFD(ctx context.Context, peer handoff.Peer, req handoff.Requ
 		return handoffserver.Handle{}, syscall.EPERM
 	}
 	defer ss.leave()
-	if req.Slab == 0 || req.Slab > 1<<32-1 {
-		return handoffserver.Handle{}, syscall.ENOENT
-	}
-	p := s.opts.Pool
-	sl, err := p.Slab(uint32(req.Slab))
-	if err != nil {
-		return handoffserver.Handle{}, syscall.ENOENT
-	}
-	// Export is the pool's "does this session hold a lease in the slab"
-	// check; its bytes (a path, or nothing) are not needed here.
-	if _, err := p.Export(ss.owner(), uint32(req.Slab)); err != nil {
-		if errors.Is(err, gpubuf.ErrNotFound) {
-			return handoffserver.Handle{}, syscall.EPERM
-		}
-		s.opts.Log.Error().Err(err).Uint64("slab", req.Slab).Msg("ctl: export slab")
-		return handoffserver.Handle{}, syscall.EIO
+	// The handle's bytes (a path, or nothing) are not needed here: only
+	// export's check that the session holds a lease in the slab.
+	sl, _, errno := ss.export(req.Slab)
+	if errno != 0 {
+		return handoffserver.Handle{}, errno
 	}
 	fe, ok := sl.Memory.(FDExporter)
 	if !ok {

@@ -20,7 +20,7 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	}
 	req, err := ctl.DecodeWriteRequest(in)
 	if err != nil {
-		return errnoOf(err)
+		return plainErrno(err)
 	}
 	if s.opts.ReadOnly {
 		return syscall.EROFS

@@ -64,7 +64,7 @@ func (s *Server) Xattr(ctx context.Context, c fs.Caller, t fs.XattrTarget, name 
 		}
 		doc, err := x.JSON()
 		if err != nil {
-			return nil, s.indexErrno(err, t.Path)
+			return nil, s.indexErrno(failIndex, err, t.Path)
 		}
 		if len(doc) > xattrMax {
 			return nil, syscall.E2BIG
@@ -81,7 +81,7 @@ func openTarget(t fs.XattrTarget) (*os.File, syscall.Errno) {
 	}
 	f, err := t.Open()
 	if err != nil {
-		return nil, errnoOf(err)
+		return nil, plainErrno(err)
 	}
 	return f, 0
 }
@@ -95,7 +95,7 @@ func (s *Server) info(ctx context.Context, c fs.Caller, t fs.XattrTarget) ([]byt
 	defer f.Close()
 	var st syscall.Stat_t
 	if err := fstat(f, &st); err != nil {
-		return nil, errnoOf(err)
+		return nil, plainErrno(err)
 	}
 	path := t.Path
 	fi := fileInfo{Path: s.backingPath(path), Size: st.Size, Dev: st.Dev, Ino: st.Ino, MtimeNs: st.Mtim.Nano(), Align: ctl.AlignBytes}

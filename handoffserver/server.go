@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gdsfs/gdsfs/handoff"
+	"github.com/gdsfs/gdsfs/internal/errname"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
@@ -288,7 +289,7 @@ func (s *Server) serveConn(c *net.UnixConn, peer handoff.Peer, src Source) {
 		if errno != 0 {
 			s.refused.Add(1)
 			s.opts.Log.Debug().Uint32("uid", peer.UID).Int32("pid", peer.PID).Uint64("session", req.Session).
-				Uint64("slab", req.Slab).Str("errno", errnoName(errno)).Msg("handoff: refused")
+				Uint64("slab", req.Slab).Str("errno", errname.Of(errno)).Msg("handoff: refused")
 			if !s.send(c, rep, nil) {
 				return
 			}
@@ -346,11 +347,4 @@ func (s *Server) Close() error {
 		return fmt.Errorf("handoff: close %s: %w", s.opts.Addr, err)
 	}
 	return nil
-}
-
-func errnoName(e syscall.Errno) string {
-	if n := unix.ErrnoName(e); n != "" {
-		return n
-	}
-	return fmt.Sprintf("errno %d", int(e))
 }
