@@ -60,6 +60,41 @@ const (
 	CmdIndex     uint32 = 3<<30 | SizePage<<16 | ioctlType<<8 | 0x13
 )
 
+// Command describes one command of the protocol.
+type Command struct {
+	Cmd  uint32 // the ioctl number
+	Name string // as docs/protocol.md spells it ("READ_NAMES")
+	Size int    // the request's and the reply's size (CmdSize(Cmd))
+	File bool   // issued on a data file; else on <mount>/.gdsfs
+}
+
+// Commands returns every command of the protocol, in docs/protocol.md's
+// order: the one table names, sizes and metric labels come from.
+func Commands() []Command {
+	return []Command{
+		{CmdHello, "HELLO", SizeHello, false},
+		{CmdSlab, "SLAB", SizeSlab, false},
+		{CmdAlloc, "ALLOC", SizeAlloc, false},
+		{CmdRelease, "RELEASE", SizeRelease, false},
+		{CmdStatus, "STATUS", SizePage, false},
+		{CmdRead, "READ", SizeRead, true},
+		{CmdReadNames, "READ_NAMES", SizeRead, true},
+		{CmdWrite, "WRITE", SizeWrite, true},
+		{CmdIndex, "INDEX", SizePage, true},
+	}
+}
+
+// CommandName returns cmd's name as docs/protocol.md spells it, or "" for
+// a number that is not a command of the protocol.
+func CommandName(cmd uint32) string {
+	for _, c := range Commands() {
+		if c.Cmd == cmd {
+			return c.Name
+		}
+	}
+	return ""
+}
+
 // OurCmd reports whether cmd is of gdsfs's ioctl type ('G'). Other types
 // (a tty's TCGETS, which Python's open() issues to ask isatty) are answered
 // ENOTTY without being counted as control-path refusals.

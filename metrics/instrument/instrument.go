@@ -31,27 +31,11 @@ type Recorder interface {
 }
 
 // CommandName names an ioctl command number as docs/protocol.md does
-// ("READ"), or "other" for a number the protocol does not define.
+// ("READ"; ctl.CommandName), or "other" for a number the protocol does not
+// define.
 func CommandName(cmd uint32) string {
-	switch cmd {
-	case ctl.CmdHello:
-		return "HELLO"
-	case ctl.CmdSlab:
-		return "SLAB"
-	case ctl.CmdAlloc:
-		return "ALLOC"
-	case ctl.CmdRelease:
-		return "RELEASE"
-	case ctl.CmdStatus:
-		return "STATUS"
-	case ctl.CmdRead:
-		return "READ"
-	case ctl.CmdReadNames:
-		return "READ_NAMES"
-	case ctl.CmdWrite:
-		return "WRITE"
-	case ctl.CmdIndex:
-		return "INDEX"
+	if n := ctl.CommandName(cmd); n != "" {
+		return n
 	}
 	return "other"
 }
