@@ -11,7 +11,10 @@
 //
 // Every command is one fixed-size little-endian buffer, _IOWR with the
 // same size each way, because FUSE forwards only "restricted" ioctls whose
-// size is encoded in the command number. wire.go encodes and decodes every
-// request and reply; decoders check every length and reserved byte and
-// return a syscall.Errno, never panic.
+// size is encoded in the command number. Commands() is the one table of
+// the commands (number, name, size, kind of file). wire.go gives each
+// message's layout once, as named field offsets that its encoder and
+// decoder both use (TestLayoutsMatchProtocolDoc checks them, and the
+// command table, against docs/protocol.md); decoders check every length
+// and reserved byte and return a syscall.Errno, never panic.
 package ctl
