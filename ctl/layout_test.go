@@ -17,7 +17,7 @@ type docField struct {
 }
 
 var (
-	docHeading = regexp.MustCompile("^#+ ([0-9]+(?:\\.[0-9]+)*)\\.? ")
+	docHeading = regexp.MustCompile(`^#+ ([0-9]+(?:\.[0-9]+)*)\.? `)
 	docRow     = regexp.MustCompile("^\\| ([0-9]+) \\| ([^|]*?) \\| `([a-z_]+)(?:\\[[a-z0-9]+\\])?`")
 	docInline  = regexp.MustCompile("`([0-9]+) ([ui][0-9]+) ([a-z_]+)")
 	docCommand = regexp.MustCompile("^\\| `([A-Z_]+)` \\| 0x[0-9a-f]+ \\| ([0-9]+) \\| `0x([0-9A-F]+)` \\| (control|data) file \\|")
