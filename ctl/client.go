@@ -24,14 +24,17 @@ const ControlName = ".gdsfs"
 // that memory to another read.
 var ErrLeaseNotHeld = errors.New("gdsfs: lease not held by this client")
 
-// transport carries one ioctl to the daemon: the kernel in production, a
-// Server in process in tests.
-type transport interface {
-	// control issues cmd on the control file.
-	control(ctx context.Context, cmd uint32, buf []byte) error
-	// file issues cmd on the data file f.
-	file(ctx context.Context, f *os.File, cmd uint32, buf []byte) error
-	close() error
+// Transport carries one ioctl to the daemon: the kernel in production
+// (NewClient, Attach), a server in process in its tests
+// (NewTransportClient).
+type Transport interface {
+	// Control issues cmd on the control file; buf is the request on entry
+	// and the reply on return.
+	Control(ctx context.Context, cmd uint32, buf []byte) error
+	// File issues cmd on the data file f, likewise.
+	File(ctx context.Context, f *os.File, cmd uint32, buf []byte) error
+	// Close ends the session the transport carries.
+	Close() error
 }
 
 // Client is a control-path session seen from a client process: the Go
@@ -40,7 +43,7 @@ type transport interface {
 // cannot be cancelled through ctx once in the kernel (the daemon honours
 // signals); ctx is checked before each one.
 type Client struct {
-	t     transport
+	t     Transport
 	hello HelloReply
 	tok   Token // the token requests carry (the attached session's, or this one's)
 
@@ -83,7 +86,7 @@ func OpenSession(mountpoint string) (*Client, error) {
 // NewClient says hello on an open control file (for example one inherited
 // from a parent process: the session is the parent's). The Client owns f.
 func NewClient(f *os.File) (*Client, error) {
-	return newClient(context.Background(), kernel{ctl: f}, Token{})
+	return NewTransportClient(context.Background(), kernel{ctl: f}, Token{})
 }
 
 // Attach opens <mountpoint>/.gdsfs and acts on the session of tok (handed
@@ -94,23 +97,27 @@ func Attach(mountpoint string, tok Token) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gdsfs: open control file (is %s a gdsfs mount?): %w", mountpoint, err)
 	}
-	return newClient(context.Background(), kernel{ctl: f}, tok)
+	return NewTransportClient(context.Background(), kernel{ctl: f}, tok)
 }
 
-func newClient(ctx context.Context, t transport, attach Token) (*Client, error) {
+// NewTransportClient says HELLO over t and returns the client of the
+// session it opened (attach != zero: of that session instead). NewClient
+// and Attach use the kernel; a server's tests pass a transport that calls
+// it in process.
+func NewTransportClient(ctx context.Context, t Transport, attach Token) (*Client, error) {
 	buf := make([]byte, SizeHello)
 	EncodeHello(buf)
-	if err := t.control(ctx, CmdHello, buf); err != nil {
-		t.close()
+	if err := t.Control(ctx, CmdHello, buf); err != nil {
+		t.Close()
 		return nil, fmt.Errorf("gdsfs: HELLO: %w", err)
 	}
 	h, err := DecodeHelloReply(buf)
 	if err != nil {
-		t.close()
+		t.Close()
 		return nil, fmt.Errorf("gdsfs: HELLO reply: %w", err)
 	}
 	if h.Version != uint32(Version) {
-		t.close()
+		t.Close()
 		return nil, fmt.Errorf("gdsfs: daemon speaks protocol %d, this client %d: %w", h.Version, Version, syscall.EPROTO)
 	}
 	c := &Client{t: t, hello: h, tok: h.Token, maps: map[uint64]mapping{}, held: map[uint64]Lease{}}
@@ -186,7 +193,7 @@ func (c *Client) ReadNames(ctx context.Context, f *os.File, device int32, names 
 }
 
 func (c *Client) readCall(ctx context.Context, f *os.File, cmd uint32, buf []byte) ([]Lease, error) {
-	if err := c.t.file(ctx, f, cmd, buf); err != nil {
+	if err := c.t.File(ctx, f, cmd, buf); err != nil {
 		return nil, err
 	}
 	r, err := DecodeReadReply(buf)
@@ -237,7 +244,7 @@ func (c *Client) Alloc(ctx context.Context, device int32, n int64) (Lease, error
 	buf := make([]byte, SizeAlloc)
 	req := AllocRequest{Token: c.ctlToken(), Device: device, Length: uint64(n)}
 	req.Encode(buf)
-	if err := c.t.control(ctx, CmdAlloc, buf); err != nil {
+	if err := c.t.Control(ctx, CmdAlloc, buf); err != nil {
 		return Lease{}, fmt.Errorf("gdsfs: ALLOC %d bytes on device %d: %w", n, device, err)
 	}
 	l, err := DecodeAllocReply(buf)
@@ -260,7 +267,7 @@ func (c *Client) Write(ctx context.Context, f *os.File, l Lease, leaseOff, fileO
 		req.Flags = WriteSync
 	}
 	req.Encode(buf)
-	if err := c.t.file(ctx, f, CmdWrite, buf); err != nil {
+	if err := c.t.File(ctx, f, CmdWrite, buf); err != nil {
 		return fmt.Errorf("gdsfs: WRITE %s: %w", f.Name(), err)
 	}
 	r, err := DecodeWriteReply(buf)
@@ -289,7 +296,7 @@ func (c *Client) Release(ctx context.Context, ids ...uint64) error {
 		ids = ids[len(batch):]
 		req := ReleaseRequest{Token: c.ctlToken(), IDs: batch}
 		req.Encode(buf)
-		if err := c.t.control(ctx, CmdRelease, buf); err != nil {
+		if err := c.t.Control(ctx, CmdRelease, buf); err != nil {
 			return fmt.Errorf("gdsfs: RELEASE: %w", err)
 		}
 		r, err := DecodeReleaseReply(buf, len(batch))
@@ -320,7 +327,7 @@ func (c *Client) Slab(ctx context.Context, id uint64) (SlabReply, error) {
 	buf := make([]byte, SizeSlab)
 	req := SlabRequest{Token: c.ctlToken(), Slab: id}
 	req.Encode(buf)
-	if err := c.t.control(ctx, CmdSlab, buf); err != nil {
+	if err := c.t.Control(ctx, CmdSlab, buf); err != nil {
 		return SlabReply{}, fmt.Errorf("gdsfs: SLAB %d: %w", id, err)
 	}
 	return DecodeSlabReply(buf)
@@ -419,7 +426,7 @@ func (c *Client) Bytes(ctx context.Context, l Lease) ([]byte, error) {
 
 // Status returns the daemon's STATUS document (JSON).
 func (c *Client) Status(ctx context.Context) ([]byte, error) {
-	doc, err := c.pages(ctx, func(buf []byte) error { return c.t.control(ctx, CmdStatus, buf) })
+	doc, err := c.pages(ctx, func(buf []byte) error { return c.t.Control(ctx, CmdStatus, buf) })
 	if err != nil {
 		return nil, fmt.Errorf("gdsfs: STATUS: %w", err)
 	}
@@ -428,7 +435,7 @@ func (c *Client) Status(ctx context.Context) ([]byte, error) {
 
 // Index returns f's shard index (JSON), however large.
 func (c *Client) Index(ctx context.Context, f *os.File) ([]byte, error) {
-	doc, err := c.pages(ctx, func(buf []byte) error { return c.t.file(ctx, f, CmdIndex, buf) })
+	doc, err := c.pages(ctx, func(buf []byte) error { return c.t.File(ctx, f, CmdIndex, buf) })
 	if err != nil {
 		return nil, fmt.Errorf("gdsfs: INDEX %s: %w", f.Name(), err)
 	}
@@ -491,7 +498,7 @@ func (c *Client) Close() error {
 			errs = append(errs, fmt.Errorf("gdsfs: unmap slab %d: %w", id, err))
 		}
 	}
-	if err := c.t.close(); err != nil {
+	if err := c.t.Close(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -502,15 +509,15 @@ type kernel struct {
 	ctl *os.File
 }
 
-func (k kernel) control(ctx context.Context, cmd uint32, buf []byte) error {
+func (k kernel) Control(ctx context.Context, cmd uint32, buf []byte) error {
 	return ioctl(ctx, k.ctl, cmd, buf)
 }
 
-func (k kernel) file(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
+func (k kernel) File(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
 	return ioctl(ctx, f, cmd, buf)
 }
 
-func (k kernel) close() error { return k.ctl.Close() }
+func (k kernel) Close() error { return k.ctl.Close() }
 
 // ioctl issues cmd on f with buf as its argument (len(buf) must be the size
 // encoded in cmd). EINTR is retried: the daemon undoes an interrupted

@@ -1,44 +1,20 @@
-// Package ctl is gdsfs's control path: the wire protocol of the ioctls on
-// <mount>/.gdsfs and on data files (normative text: docs/protocol.md), the
-// daemon side (Server, which implements fs.Control) and the Go client
-// (OpenSession, used by the CLI, tests and benchmarks).
+// Package ctl is gdsfs's control path as a client sees it: the wire protocol
+// of the ioctls on <mount>/.gdsfs and on data files (normative text:
+// docs/protocol.md) and the Go client (OpenSession, used by the CLI, tests
+// and benchmarks). The daemon side is package ctlserver.
+//
+// ctl imports only the standard library, golang.org/x/sys/unix and
+// handoff (TestClientStandsAlone): a program that reads through the control
+// path links no FUSE server, cache or engine.
 //
 // # Wire
 //
 // Every command is one fixed-size little-endian buffer, _IOWR with the
 // same size each way, because FUSE forwards only "restricted" ioctls whose
-// size is encoded in the command number. wire.go encodes and decodes every
-// request and reply; decoders check every length and reserved byte and
-// return a syscall.Errno, never panic.
-//
-// # Server invariants
-//
-//   - S1: a session belongs to the uid that opened .gdsfs; a token is usable
-//     only by that uid and only with the right secret.
-//   - S2: every lease the server hands out is recorded in exactly one
-//     session; Session.Close releases all of them.
-//   - S3: a READ or READ_NAMES is all or nothing: on error, no lease of the
-//     request remains.
-//   - S4: ranges are validated once, in the server, before any engine runs;
-//     engines see 4 KiB-widened ranges inside a lease.
-//   - S5: no engine touches memory that is not leased: a session's leases go
-//     back to the pool only after its operations in flight finished (Close
-//     waits), a READ's leases become releasable only once their bytes are in
-//     place, and RELEASE waits for WRITEs of the session in flight.
-//   - S6: a data-file request uses only the access the caller's descriptor
-//     grants: READ, READ_NAMES and INDEX need it open for reading, WRITE
-//     for writing (EBADF otherwise); the server never opens a backing
-//     file by path (xattrs reach it through fs's XattrTarget.Open), and
-//     index lookups wait at most indexTimeout (EAGAIN).
-//   - S7: user.gdsfs.stats and STATUS show a non-root uid only its own
-//     sessions and per-uid figures, plus node-wide totals (StatsFor).
-//
-// # Locking
-//
-// Lock order: sessionShard.mu, then session.pin, then session.mu, then the
-// pool's locks. session.pin is held (shared) across WRITE's engine call and
-// (exclusive) across RELEASE; no other Server lock is held across an engine
-// call. The engine chooser (EngineChooser.Choose) is asked per request, with
-// no lock held but WRITE's shared session.pin, and its answer is not
-// cached: it bounds its own cost.
+// size is encoded in the command number. Commands() is the one table of
+// the commands (number, name, size, kind of file). wire.go gives each
+// message's layout once, as named field offsets that its encoder and
+// decoder both use (TestLayoutsMatchProtocolDoc checks them, and the
+// command table, against docs/protocol.md); decoders check every length
+// and reserved byte and return a syscall.Errno, never panic.
 package ctl

@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"encoding/binary"
+	"hash/fnv"
 	"math"
 	"syscall"
 )
@@ -28,10 +29,7 @@ const (
 	// HostDevice is the device number of shared host memory.
 	HostDevice int32 = -1
 
-	headerBytes = 32
-	leaseBytes  = 48
-	rangeBytes  = 16
-	ioctlType   = 'G'
+	ioctlType = 'G'
 )
 
 // Request/reply buffer sizes, one per command (the size encoded in the
@@ -59,6 +57,41 @@ const (
 	CmdWrite     uint32 = 3<<30 | SizeWrite<<16 | ioctlType<<8 | 0x12
 	CmdIndex     uint32 = 3<<30 | SizePage<<16 | ioctlType<<8 | 0x13
 )
+
+// Command describes one command of the protocol.
+type Command struct {
+	Cmd  uint32 // the ioctl number
+	Name string // as docs/protocol.md spells it ("READ_NAMES")
+	Size int    // the request's and the reply's size (CmdSize(Cmd))
+	File bool   // issued on a data file; else on <mount>/.gdsfs
+}
+
+// Commands returns every command of the protocol, in docs/protocol.md's
+// order: the one table names, sizes and metric labels come from.
+func Commands() []Command {
+	return []Command{
+		{CmdHello, "HELLO", SizeHello, false},
+		{CmdSlab, "SLAB", SizeSlab, false},
+		{CmdAlloc, "ALLOC", SizeAlloc, false},
+		{CmdRelease, "RELEASE", SizeRelease, false},
+		{CmdStatus, "STATUS", SizePage, false},
+		{CmdRead, "READ", SizeRead, true},
+		{CmdReadNames, "READ_NAMES", SizeRead, true},
+		{CmdWrite, "WRITE", SizeWrite, true},
+		{CmdIndex, "INDEX", SizePage, true},
+	}
+}
+
+// CommandName returns cmd's name as docs/protocol.md spells it, or "" for
+// a number that is not a command of the protocol.
+func CommandName(cmd uint32) string {
+	for _, c := range Commands() {
+		if c.Cmd == cmd {
+			return c.Name
+		}
+	}
+	return ""
+}
 
 // OurCmd reports whether cmd is of gdsfs's ioctl type ('G'). Other types
 // (a tty's TCGETS, which Python's open() issues to ask isatty) are answered
@@ -260,6 +293,145 @@ type WriteReply struct {
 
 var le = binary.LittleEndian
 
+// Fields of a message: each layout below gives a field's offset once, and
+// its encoder and decoder both go through it (docs/protocol.md's tables;
+// TestLayoutsMatchProtocolDoc checks them against the document).
+type (
+	u16 int // offset of a little-endian uint16
+	u32 int // offset of a little-endian uint32 (or int32)
+	u64 int // offset of a little-endian uint64
+)
+
+func (o u16) get(b []byte) uint16    { return le.Uint16(b[o:]) }
+func (o u16) put(b []byte, v uint16) { le.PutUint16(b[o:], v) }
+func (o u32) get(b []byte) uint32    { return le.Uint32(b[o:]) }
+func (o u32) put(b []byte, v uint32) { le.PutUint32(b[o:], v) }
+func (o u64) get(b []byte) uint64    { return le.Uint64(b[o:]) }
+func (o u64) put(b []byte, v uint64) { le.PutUint64(b[o:], v) }
+
+// elem is element i of an array of uint32 starting at o.
+func (o u32) elem(i int) u32 { return o + u32(4*i) }
+
+// elem is element i of an array of uint64 starting at o.
+func (o u64) elem(i int) u64 { return o + u64(8*i) }
+
+// Common header (docs/protocol.md 1.3), first in every request and reply.
+const (
+	hdrMagic    u32 = 0
+	hdrVersion  u16 = 4
+	hdrFlags    u16 = 6
+	hdrSession  u64 = 8
+	hdrSecret   u64 = 16
+	hdrReserved u64 = 24
+	headerBytes     = 32
+)
+
+// Lease descriptor (section 2), at the start of its record.
+const (
+	leaseID       u64 = 0
+	leaseSlab     u64 = 8
+	leaseOffset   u64 = 16
+	leaseLength   u64 = 24
+	leaseValid    u64 = 32
+	leaseEngine   u32 = 40
+	leaseReserved u32 = 44
+	leaseBytes        = 48
+)
+
+// Range of a READ request, at the start of its record.
+const (
+	rangeOffset u64 = 0
+	rangeLength u64 = 8
+	rangeBytes      = 16
+)
+
+// HELLO reply (3.1). The request is a bare header.
+const (
+	helloVersion       u32 = 32
+	helloUID           u32 = 36
+	helloCaps          u64 = 40
+	helloSession       u64 = 48
+	helloSecret        u64 = 56
+	helloMaxRanges     u32 = 64
+	helloMaxNamesBytes u32 = 68
+	helloAlign         u32 = 72
+	helloDevices       u32 = 76
+	helloMaxLease      u64 = 80
+	helloPage          u64 = 88
+	helloDaemonPID     u32 = 96
+	// NUL-padded strings: [start, end).
+	helloEngine, helloEngineEnd               = 104, 136
+	helloDaemonVersion, helloDaemonVersionEnd = 136, 168
+	helloSlabSocket, helloSlabSocketEnd       = 168, 168 + SlabSocketBytes
+)
+
+// SLAB (3.2).
+const (
+	slabReqSlab   u64 = 32 // request; the rest of it is reserved
+	slabReqEnd        = 40
+	slabSlab      u64 = 32
+	slabSize      u64 = 40
+	slabMapOffset u64 = 48
+	slabKind      u32 = 56
+	slabDevice    u32 = 60
+	slabHandleLen u32 = 64
+	slabHandle        = 128 // HandleBytes
+)
+
+// ALLOC (3.3). The reply is a lease descriptor at allocLease.
+const (
+	allocDevice   u32 = 32
+	allocReserved u32 = 36
+	allocLength   u64 = 40
+	allocReqEnd       = 48 // reserved from here
+	allocLease        = 32
+)
+
+// RELEASE (3.4).
+const (
+	releaseCount    u32 = 32
+	releaseReserved     = 36 // to releaseIDs
+	releaseIDs      u64 = 64
+	releaseReleased u32 = 32 // reply
+	releaseStatus   u32 = 64 // reply: i32 per requested id
+)
+
+// STATUS and INDEX (3.5).
+const (
+	pageReqOffset  u64 = 32
+	pageReqEnd         = 40 // reserved from here
+	pageTotal      u64 = 32
+	pageGeneration u64 = 40
+	pageLen        u32 = 48
+	pageData           = 64 // PageBytes
+)
+
+// READ (3.6) and READ_NAMES (3.7) requests, and their common reply.
+const (
+	readDevice      u32 = 32
+	readFlags       u32 = 36
+	readCount       u32 = 40
+	readReserved        = 44 // READ: to readRanges
+	readRanges          = 64 // rangeBytes each
+	namesLen        u32 = 44
+	namesReserved       = 48 // READ_NAMES: to namesArea
+	namesArea           = 64 // NamesBytes
+	readReplyCount  u32 = 32
+	readReplyLeases     = 64 // leaseBytes each
+)
+
+// WRITE (3.8).
+const (
+	writeLease       u64 = 32
+	writeLeaseOffset u64 = 40
+	writeFileOffset  u64 = 48
+	writeLength      u64 = 56
+	writeFlags       u32 = 64
+	writeReqEnd          = 68 // reserved from here
+	writeWritten     u64 = 32
+	writeEngine      u32 = 40
+)
+
 // allZero reports whether b holds only zero bytes.
 func allZero(b []byte) bool {
 	for _, c := range b {
@@ -278,43 +450,43 @@ func checkBuf(b []byte, size int) error {
 	return nil
 }
 
-// putHeader writes a request header with token t.
-func putHeader(b []byte, t Token) {
-	le.PutUint32(b[0:], Magic)
-	le.PutUint16(b[4:], Version)
-	le.PutUint16(b[6:], 0)
-	le.PutUint64(b[8:], t.Session)
-	le.PutUint64(b[16:], t.Secret)
-	le.PutUint64(b[24:], 0)
+// PutHeader writes a request header with token t.
+func PutHeader(b []byte, t Token) {
+	hdrMagic.put(b, Magic)
+	hdrVersion.put(b, Version)
+	hdrFlags.put(b, 0)
+	hdrSession.put(b, t.Session)
+	hdrSecret.put(b, t.Secret)
+	hdrReserved.put(b, 0)
 }
 
 // putReplyHeader clears b and writes a reply header.
 func putReplyHeader(b []byte) {
 	clear(b)
-	le.PutUint32(b[0:], Magic)
-	le.PutUint16(b[4:], Version)
+	hdrMagic.put(b, Magic)
+	hdrVersion.put(b, Version)
 }
 
 // decodeHeader checks a request header and returns its token.
 func decodeHeader(b []byte) (Token, error) {
-	if len(b) < headerBytes || le.Uint32(b[0:]) != Magic {
+	if len(b) < headerBytes || hdrMagic.get(b) != Magic {
 		return Token{}, syscall.EINVAL
 	}
-	if le.Uint16(b[4:]) != Version {
+	if hdrVersion.get(b) != Version {
 		return Token{}, syscall.EPROTO
 	}
-	if le.Uint16(b[6:]) != 0 || !allZero(b[24:32]) {
+	if hdrFlags.get(b) != 0 || hdrReserved.get(b) != 0 {
 		return Token{}, syscall.EINVAL
 	}
-	return Token{Session: le.Uint64(b[8:]), Secret: le.Uint64(b[16:])}, nil
+	return Token{Session: hdrSession.get(b), Secret: hdrSecret.get(b)}, nil
 }
 
 // checkReplyHeader checks the header of a reply.
 func checkReplyHeader(b []byte, size int) error {
-	if len(b) != size || le.Uint32(b[0:]) != Magic {
+	if len(b) != size || hdrMagic.get(b) != Magic {
 		return syscall.EBADMSG
 	}
-	if le.Uint16(b[4:]) != Version {
+	if hdrVersion.get(b) != Version {
 		return syscall.EPROTO
 	}
 	return nil
@@ -342,7 +514,7 @@ func getString(b []byte) string {
 // EncodeHello writes a HELLO request into b (SizeHello bytes).
 func EncodeHello(b []byte) {
 	clear(b)
-	putHeader(b, Token{})
+	PutHeader(b, Token{})
 }
 
 // DecodeHello checks a HELLO request.
@@ -363,21 +535,21 @@ func DecodeHello(b []byte) error {
 // Encode writes the HELLO reply into b (SizeHello bytes).
 func (r *HelloReply) Encode(b []byte) {
 	putReplyHeader(b)
-	le.PutUint32(b[32:], r.Version)
-	le.PutUint32(b[36:], r.UID)
-	le.PutUint64(b[40:], r.Caps)
-	le.PutUint64(b[48:], r.Token.Session)
-	le.PutUint64(b[56:], r.Token.Secret)
-	le.PutUint32(b[64:], r.MaxRanges)
-	le.PutUint32(b[68:], r.MaxNamesBytes)
-	le.PutUint32(b[72:], r.Align)
-	le.PutUint32(b[76:], r.Devices)
-	le.PutUint64(b[80:], r.MaxLease)
-	le.PutUint64(b[88:], r.Page)
-	le.PutUint32(b[96:], r.DaemonPID)
-	putString(b[104:136], r.Engine)
-	putString(b[136:168], r.DaemonVersion)
-	putString(b[168:168+SlabSocketBytes], r.SlabSocket)
+	helloVersion.put(b, r.Version)
+	helloUID.put(b, r.UID)
+	helloCaps.put(b, r.Caps)
+	helloSession.put(b, r.Token.Session)
+	helloSecret.put(b, r.Token.Secret)
+	helloMaxRanges.put(b, r.MaxRanges)
+	helloMaxNamesBytes.put(b, r.MaxNamesBytes)
+	helloAlign.put(b, r.Align)
+	helloDevices.put(b, r.Devices)
+	helloMaxLease.put(b, r.MaxLease)
+	helloPage.put(b, r.Page)
+	helloDaemonPID.put(b, r.DaemonPID)
+	putString(b[helloEngine:helloEngineEnd], r.Engine)
+	putString(b[helloDaemonVersion:helloDaemonVersionEnd], r.DaemonVersion)
+	putString(b[helloSlabSocket:helloSlabSocketEnd], r.SlabSocket)
 }
 
 // DecodeHelloReply decodes a HELLO reply.
@@ -386,28 +558,28 @@ func DecodeHelloReply(b []byte) (HelloReply, error) {
 		return HelloReply{}, err
 	}
 	return HelloReply{
-		Version:       le.Uint32(b[32:]),
-		UID:           le.Uint32(b[36:]),
-		Caps:          le.Uint64(b[40:]),
-		Token:         Token{Session: le.Uint64(b[48:]), Secret: le.Uint64(b[56:])},
-		MaxRanges:     le.Uint32(b[64:]),
-		MaxNamesBytes: le.Uint32(b[68:]),
-		Align:         le.Uint32(b[72:]),
-		Devices:       le.Uint32(b[76:]),
-		MaxLease:      le.Uint64(b[80:]),
-		Page:          le.Uint64(b[88:]),
-		DaemonPID:     le.Uint32(b[96:]),
-		Engine:        getString(b[104:136]),
-		DaemonVersion: getString(b[136:168]),
-		SlabSocket:    getString(b[168 : 168+SlabSocketBytes]),
+		Version:       helloVersion.get(b),
+		UID:           helloUID.get(b),
+		Caps:          helloCaps.get(b),
+		Token:         Token{Session: helloSession.get(b), Secret: helloSecret.get(b)},
+		MaxRanges:     helloMaxRanges.get(b),
+		MaxNamesBytes: helloMaxNamesBytes.get(b),
+		Align:         helloAlign.get(b),
+		Devices:       helloDevices.get(b),
+		MaxLease:      helloMaxLease.get(b),
+		Page:          helloPage.get(b),
+		DaemonPID:     helloDaemonPID.get(b),
+		Engine:        getString(b[helloEngine:helloEngineEnd]),
+		DaemonVersion: getString(b[helloDaemonVersion:helloDaemonVersionEnd]),
+		SlabSocket:    getString(b[helloSlabSocket:helloSlabSocketEnd]),
 	}, nil
 }
 
 // Encode writes the SLAB request into b (SizeSlab bytes).
 func (r *SlabRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
-	le.PutUint64(b[32:], r.Slab)
+	PutHeader(b, r.Token)
+	slabReqSlab.put(b, r.Slab)
 }
 
 // DecodeSlabRequest decodes a SLAB request.
@@ -419,10 +591,10 @@ func DecodeSlabRequest(b []byte) (SlabRequest, error) {
 	if err != nil {
 		return SlabRequest{}, err
 	}
-	if !allZero(b[40:]) {
+	if !allZero(b[slabReqEnd:]) {
 		return SlabRequest{}, syscall.EINVAL
 	}
-	return SlabRequest{Token: t, Slab: le.Uint64(b[32:])}, nil
+	return SlabRequest{Token: t, Slab: slabReqSlab.get(b)}, nil
 }
 
 // Encode writes the SLAB reply into b (SizeSlab bytes). The handle is
@@ -433,13 +605,13 @@ func (r *SlabReply) Encode(b []byte) {
 	if len(h) > HandleBytes {
 		h = h[:HandleBytes]
 	}
-	le.PutUint64(b[32:], r.Slab)
-	le.PutUint64(b[40:], r.Size)
-	le.PutUint64(b[48:], r.MapOffset)
-	le.PutUint32(b[56:], r.Kind)
-	le.PutUint32(b[60:], uint32(r.Device))
-	le.PutUint32(b[64:], uint32(len(h)))
-	copy(b[128:], h)
+	slabSlab.put(b, r.Slab)
+	slabSize.put(b, r.Size)
+	slabMapOffset.put(b, r.MapOffset)
+	slabKind.put(b, r.Kind)
+	slabDevice.put(b, uint32(r.Device))
+	slabHandleLen.put(b, uint32(len(h)))
+	copy(b[slabHandle:], h)
 }
 
 // DecodeSlabReply decodes a SLAB reply.
@@ -447,26 +619,26 @@ func DecodeSlabReply(b []byte) (SlabReply, error) {
 	if err := checkReplyHeader(b, SizeSlab); err != nil {
 		return SlabReply{}, err
 	}
-	n := le.Uint32(b[64:])
+	n := slabHandleLen.get(b)
 	if n > HandleBytes {
 		return SlabReply{}, syscall.EBADMSG
 	}
 	return SlabReply{
-		Slab:      le.Uint64(b[32:]),
-		Size:      le.Uint64(b[40:]),
-		MapOffset: le.Uint64(b[48:]),
-		Kind:      le.Uint32(b[56:]),
-		Device:    int32(le.Uint32(b[60:])),
-		Handle:    append([]byte(nil), b[128:128+n]...),
+		Slab:      slabSlab.get(b),
+		Size:      slabSize.get(b),
+		MapOffset: slabMapOffset.get(b),
+		Kind:      slabKind.get(b),
+		Device:    int32(slabDevice.get(b)),
+		Handle:    append([]byte(nil), b[slabHandle:slabHandle+n]...),
 	}, nil
 }
 
 // Encode writes the ALLOC request into b (SizeAlloc bytes).
 func (r *AllocRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
-	le.PutUint32(b[32:], uint32(r.Device))
-	le.PutUint64(b[40:], r.Length)
+	PutHeader(b, r.Token)
+	allocDevice.put(b, uint32(r.Device))
+	allocLength.put(b, r.Length)
 }
 
 // DecodeAllocRequest decodes an ALLOC request.
@@ -478,39 +650,39 @@ func DecodeAllocRequest(b []byte) (AllocRequest, error) {
 	if err != nil {
 		return AllocRequest{}, err
 	}
-	if !allZero(b[36:40]) || !allZero(b[48:]) {
+	if allocReserved.get(b) != 0 || !allZero(b[allocReqEnd:]) {
 		return AllocRequest{}, syscall.EINVAL
 	}
-	return AllocRequest{Token: t, Device: int32(le.Uint32(b[32:])), Length: le.Uint64(b[40:])}, nil
+	return AllocRequest{Token: t, Device: int32(allocDevice.get(b)), Length: allocLength.get(b)}, nil
 }
 
-// putLease writes a lease descriptor at b[0:48].
+// putLease writes a lease descriptor at b[0:leaseBytes].
 func putLease(b []byte, l Lease) {
-	le.PutUint64(b[0:], l.ID)
-	le.PutUint64(b[8:], l.Slab)
-	le.PutUint64(b[16:], l.Offset)
-	le.PutUint64(b[24:], l.Length)
-	le.PutUint64(b[32:], l.Valid)
-	le.PutUint32(b[40:], uint32(l.Engine))
-	le.PutUint32(b[44:], 0)
+	leaseID.put(b, l.ID)
+	leaseSlab.put(b, l.Slab)
+	leaseOffset.put(b, l.Offset)
+	leaseLength.put(b, l.Length)
+	leaseValid.put(b, l.Valid)
+	leaseEngine.put(b, uint32(l.Engine))
+	leaseReserved.put(b, 0)
 }
 
-// getLease reads a lease descriptor at b[0:48].
+// getLease reads a lease descriptor at b[0:leaseBytes].
 func getLease(b []byte) Lease {
 	return Lease{
-		ID:     le.Uint64(b[0:]),
-		Slab:   le.Uint64(b[8:]),
-		Offset: le.Uint64(b[16:]),
-		Length: le.Uint64(b[24:]),
-		Valid:  le.Uint64(b[32:]),
-		Engine: EngineCode(le.Uint32(b[40:])),
+		ID:     leaseID.get(b),
+		Slab:   leaseSlab.get(b),
+		Offset: leaseOffset.get(b),
+		Length: leaseLength.get(b),
+		Valid:  leaseValid.get(b),
+		Engine: EngineCode(leaseEngine.get(b)),
 	}
 }
 
 // EncodeAllocReply writes the ALLOC reply into b (SizeAlloc bytes).
 func EncodeAllocReply(b []byte, l Lease) {
 	putReplyHeader(b)
-	putLease(b[32:], l)
+	putLease(b[allocLease:], l)
 }
 
 // DecodeAllocReply decodes an ALLOC reply.
@@ -518,21 +690,21 @@ func DecodeAllocReply(b []byte) (Lease, error) {
 	if err := checkReplyHeader(b, SizeAlloc); err != nil {
 		return Lease{}, err
 	}
-	return getLease(b[32:]), nil
+	return getLease(b[allocLease:]), nil
 }
 
 // Encode writes the RELEASE request into b (SizeRelease bytes). At most
 // MaxReleaseIDs ids are encoded; the caller splits longer lists.
 func (r *ReleaseRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	ids := r.IDs
 	if len(ids) > MaxReleaseIDs {
 		ids = ids[:MaxReleaseIDs]
 	}
-	le.PutUint32(b[32:], uint32(len(ids)))
+	releaseCount.put(b, uint32(len(ids)))
 	for i, id := range ids {
-		le.PutUint64(b[64+8*i:], id)
+		releaseIDs.elem(i).put(b, id)
 	}
 }
 
@@ -545,10 +717,10 @@ func DecodeReleaseRequest(b []byte) (ReleaseRequest, error) {
 	if err != nil {
 		return ReleaseRequest{}, err
 	}
-	if !allZero(b[36:64]) {
+	if !allZero(b[releaseReserved:releaseIDs]) {
 		return ReleaseRequest{}, syscall.EINVAL
 	}
-	n := le.Uint32(b[32:])
+	n := releaseCount.get(b)
 	switch {
 	case n == 0:
 		return ReleaseRequest{}, syscall.EINVAL
@@ -557,7 +729,7 @@ func DecodeReleaseRequest(b []byte) (ReleaseRequest, error) {
 	}
 	ids := make([]uint64, n)
 	for i := range ids {
-		ids[i] = le.Uint64(b[64+8*i:])
+		ids[i] = releaseIDs.elem(i).get(b)
 	}
 	return ReleaseRequest{Token: t, IDs: ids}, nil
 }
@@ -565,12 +737,12 @@ func DecodeReleaseRequest(b []byte) (ReleaseRequest, error) {
 // Encode writes the RELEASE reply into b (SizeRelease bytes).
 func (r *ReleaseReply) Encode(b []byte) {
 	putReplyHeader(b)
-	le.PutUint32(b[32:], r.Released)
+	releaseReleased.put(b, r.Released)
 	for i, e := range r.Status {
 		if i == MaxReleaseIDs {
 			break
 		}
-		le.PutUint32(b[64+4*i:], uint32(e))
+		releaseStatus.elem(i).put(b, uint32(e))
 	}
 }
 
@@ -582,9 +754,9 @@ func DecodeReleaseReply(b []byte, n int) (ReleaseReply, error) {
 	if n < 0 || n > MaxReleaseIDs {
 		return ReleaseReply{}, syscall.EINVAL
 	}
-	r := ReleaseReply{Released: le.Uint32(b[32:]), Status: make([]syscall.Errno, n)}
+	r := ReleaseReply{Released: releaseReleased.get(b), Status: make([]syscall.Errno, n)}
 	for i := range r.Status {
-		r.Status[i] = syscall.Errno(le.Uint32(b[64+4*i:]))
+		r.Status[i] = syscall.Errno(releaseStatus.elem(i).get(b))
 	}
 	return r, nil
 }
@@ -592,8 +764,8 @@ func DecodeReleaseReply(b []byte, n int) (ReleaseReply, error) {
 // Encode writes the STATUS/INDEX request into b (SizePage bytes).
 func (r *PageRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
-	le.PutUint64(b[32:], r.Offset)
+	PutHeader(b, r.Token)
+	pageReqOffset.put(b, r.Offset)
 }
 
 // DecodePageRequest decodes a STATUS or INDEX request.
@@ -605,10 +777,10 @@ func DecodePageRequest(b []byte) (PageRequest, error) {
 	if err != nil {
 		return PageRequest{}, err
 	}
-	if !allZero(b[40:]) {
+	if !allZero(b[pageReqEnd:]) {
 		return PageRequest{}, syscall.EINVAL
 	}
-	return PageRequest{Token: t, Offset: le.Uint64(b[32:])}, nil
+	return PageRequest{Token: t, Offset: pageReqOffset.get(b)}, nil
 }
 
 // EncodePage writes the page of doc at offset into b (SizePage bytes). It
@@ -622,10 +794,10 @@ func EncodePage(b []byte, doc []byte, offset uint64) error {
 	if len(chunk) > PageBytes {
 		chunk = chunk[:PageBytes]
 	}
-	le.PutUint64(b[32:], uint64(len(doc)))
-	le.PutUint64(b[40:], fnv64a(doc))
-	le.PutUint32(b[48:], uint32(len(chunk)))
-	copy(b[64:], chunk)
+	pageTotal.put(b, uint64(len(doc)))
+	pageGeneration.put(b, fnv64a(doc))
+	pageLen.put(b, uint32(len(chunk)))
+	copy(b[pageData:], chunk)
 	return nil
 }
 
@@ -634,41 +806,39 @@ func DecodePageReply(b []byte) (PageReply, error) {
 	if err := checkReplyHeader(b, SizePage); err != nil {
 		return PageReply{}, err
 	}
-	n := le.Uint32(b[48:])
+	n := pageLen.get(b)
 	if n > PageBytes {
 		return PageReply{}, syscall.EBADMSG
 	}
 	return PageReply{
-		Total:      le.Uint64(b[32:]),
-		Generation: le.Uint64(b[40:]),
-		Data:       append([]byte(nil), b[64:64+n]...),
+		Total:      pageTotal.get(b),
+		Generation: pageGeneration.get(b),
+		Data:       append([]byte(nil), b[pageData:pageData+n]...),
 	}, nil
 }
 
 // fnv64a is the FNV-1a 64-bit hash of b (the page generation).
 func fnv64a(b []byte) uint64 {
-	h := uint64(14695981039346656037)
-	for _, c := range b {
-		h ^= uint64(c)
-		h *= 1099511628211
-	}
-	return h
+	h := fnv.New64a()
+	h.Write(b) // never fails
+	return h.Sum64()
 }
 
 // Encode writes the READ request into b (SizeRead bytes). At most MaxRanges
 // ranges are encoded; the caller splits longer lists.
 func (r *ReadRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
+	PutHeader(b, r.Token)
 	rs := r.Ranges
 	if len(rs) > MaxRanges {
 		rs = rs[:MaxRanges]
 	}
-	le.PutUint32(b[32:], uint32(r.Device))
-	le.PutUint32(b[40:], uint32(len(rs)))
+	readDevice.put(b, uint32(r.Device))
+	readCount.put(b, uint32(len(rs)))
 	for i, rg := range rs {
-		le.PutUint64(b[64+rangeBytes*i:], rg.Offset)
-		le.PutUint64(b[64+rangeBytes*i+8:], rg.Length)
+		e := b[readRanges+rangeBytes*i:]
+		rangeOffset.put(e, rg.Offset)
+		rangeLength.put(e, rg.Length)
 	}
 }
 
@@ -682,10 +852,10 @@ func DecodeReadRequest(b []byte) (ReadRequest, error) {
 	if err != nil {
 		return ReadRequest{}, err
 	}
-	if le.Uint32(b[36:]) != 0 || !allZero(b[44:64]) {
+	if readFlags.get(b) != 0 || !allZero(b[readReserved:readRanges]) {
 		return ReadRequest{}, syscall.EINVAL
 	}
-	n := le.Uint32(b[40:])
+	n := readCount.get(b)
 	switch {
 	case n == 0:
 		return ReadRequest{}, syscall.EINVAL
@@ -694,9 +864,10 @@ func DecodeReadRequest(b []byte) (ReadRequest, error) {
 	}
 	rs := make([]Range, n)
 	for i := range rs {
-		rs[i] = Range{Offset: le.Uint64(b[64+rangeBytes*i:]), Length: le.Uint64(b[64+rangeBytes*i+8:])}
+		e := b[readRanges+rangeBytes*i:]
+		rs[i] = Range{Offset: rangeOffset.get(e), Length: rangeLength.get(e)}
 	}
-	return ReadRequest{Token: t, Device: int32(le.Uint32(b[32:])), Ranges: rs}, nil
+	return ReadRequest{Token: t, Device: int32(readDevice.get(b)), Ranges: rs}, nil
 }
 
 // Encode writes the READ_NAMES request into b (SizeRead bytes). It fails
@@ -707,8 +878,8 @@ func (r *ReadNamesRequest) Encode(b []byte) error {
 		return syscall.E2BIG
 	}
 	clear(b)
-	putHeader(b, r.Token)
-	area := b[64 : 64+NamesBytes]
+	PutHeader(b, r.Token)
+	area := b[namesArea : namesArea+NamesBytes]
 	n := 0
 	for _, name := range r.Names {
 		if name == "" {
@@ -726,9 +897,9 @@ func (r *ReadNamesRequest) Encode(b []byte) error {
 		area[n] = 0
 		n++
 	}
-	le.PutUint32(b[32:], uint32(r.Device))
-	le.PutUint32(b[40:], uint32(len(r.Names)))
-	le.PutUint32(b[44:], uint32(n))
+	readDevice.put(b, uint32(r.Device))
+	readCount.put(b, uint32(len(r.Names)))
+	namesLen.put(b, uint32(n))
 	return nil
 }
 
@@ -741,21 +912,21 @@ func DecodeReadNamesRequest(b []byte) (ReadNamesRequest, error) {
 	if err != nil {
 		return ReadNamesRequest{}, err
 	}
-	if le.Uint32(b[36:]) != 0 || !allZero(b[48:64]) {
+	if readFlags.get(b) != 0 || !allZero(b[namesReserved:namesArea]) {
 		return ReadNamesRequest{}, syscall.EINVAL
 	}
-	count := le.Uint32(b[40:])
+	count := readCount.get(b)
 	switch {
 	case count == 0:
 		return ReadNamesRequest{}, syscall.EINVAL
 	case count > MaxRanges:
 		return ReadNamesRequest{}, syscall.E2BIG
 	}
-	n := le.Uint32(b[44:])
+	n := namesLen.get(b)
 	if n > NamesBytes {
 		return ReadNamesRequest{}, syscall.EINVAL
 	}
-	area := b[64 : 64+n]
+	area := b[namesArea : namesArea+n]
 	names := make([]string, 0, count)
 	start := 0
 	for i, c := range area {
@@ -771,7 +942,7 @@ func DecodeReadNamesRequest(b []byte) (ReadNamesRequest, error) {
 	if start != len(area) || len(names) != int(count) {
 		return ReadNamesRequest{}, syscall.EINVAL
 	}
-	return ReadNamesRequest{Token: t, Device: int32(le.Uint32(b[32:])), Names: names}, nil
+	return ReadNamesRequest{Token: t, Device: int32(readDevice.get(b)), Names: names}, nil
 }
 
 // Encode writes the READ / READ_NAMES reply into b (SizeRead bytes).
@@ -781,9 +952,9 @@ func (r *ReadReply) Encode(b []byte) {
 	if len(ls) > MaxRanges {
 		ls = ls[:MaxRanges]
 	}
-	le.PutUint32(b[32:], uint32(len(ls)))
+	readReplyCount.put(b, uint32(len(ls)))
 	for i, l := range ls {
-		putLease(b[64+leaseBytes*i:], l)
+		putLease(b[readReplyLeases+leaseBytes*i:], l)
 	}
 }
 
@@ -792,13 +963,13 @@ func DecodeReadReply(b []byte) (ReadReply, error) {
 	if err := checkReplyHeader(b, SizeRead); err != nil {
 		return ReadReply{}, err
 	}
-	n := le.Uint32(b[32:])
+	n := readReplyCount.get(b)
 	if n > MaxRanges {
 		return ReadReply{}, syscall.EBADMSG
 	}
 	ls := make([]Lease, n)
 	for i := range ls {
-		ls[i] = getLease(b[64+leaseBytes*i:])
+		ls[i] = getLease(b[readReplyLeases+leaseBytes*i:])
 	}
 	return ReadReply{Leases: ls}, nil
 }
@@ -806,12 +977,12 @@ func DecodeReadReply(b []byte) (ReadReply, error) {
 // Encode writes the WRITE request into b (SizeWrite bytes).
 func (r *WriteRequest) Encode(b []byte) {
 	clear(b)
-	putHeader(b, r.Token)
-	le.PutUint64(b[32:], r.Lease)
-	le.PutUint64(b[40:], r.LeaseOffset)
-	le.PutUint64(b[48:], r.FileOffset)
-	le.PutUint64(b[56:], r.Length)
-	le.PutUint32(b[64:], r.Flags)
+	PutHeader(b, r.Token)
+	writeLease.put(b, r.Lease)
+	writeLeaseOffset.put(b, r.LeaseOffset)
+	writeFileOffset.put(b, r.FileOffset)
+	writeLength.put(b, r.Length)
+	writeFlags.put(b, r.Flags)
 }
 
 // DecodeWriteRequest decodes a WRITE request.
@@ -823,16 +994,16 @@ func DecodeWriteRequest(b []byte) (WriteRequest, error) {
 	if err != nil {
 		return WriteRequest{}, err
 	}
-	flags := le.Uint32(b[64:])
-	if flags&^WriteSync != 0 || !allZero(b[68:]) {
+	flags := writeFlags.get(b)
+	if flags&^WriteSync != 0 || !allZero(b[writeReqEnd:]) {
 		return WriteRequest{}, syscall.EINVAL
 	}
 	return WriteRequest{
 		Token:       t,
-		Lease:       le.Uint64(b[32:]),
-		LeaseOffset: le.Uint64(b[40:]),
-		FileOffset:  le.Uint64(b[48:]),
-		Length:      le.Uint64(b[56:]),
+		Lease:       writeLease.get(b),
+		LeaseOffset: writeLeaseOffset.get(b),
+		FileOffset:  writeFileOffset.get(b),
+		Length:      writeLength.get(b),
 		Flags:       flags,
 	}, nil
 }
@@ -840,8 +1011,8 @@ func DecodeWriteRequest(b []byte) (WriteRequest, error) {
 // Encode writes the WRITE reply into b (SizeWrite bytes).
 func (r *WriteReply) Encode(b []byte) {
 	putReplyHeader(b)
-	le.PutUint64(b[32:], r.Written)
-	le.PutUint32(b[40:], uint32(r.Engine))
+	writeWritten.put(b, r.Written)
+	writeEngine.put(b, uint32(r.Engine))
 }
 
 // DecodeWriteReply decodes a WRITE reply.
@@ -849,10 +1020,10 @@ func DecodeWriteReply(b []byte) (WriteReply, error) {
 	if err := checkReplyHeader(b, SizeWrite); err != nil {
 		return WriteReply{}, err
 	}
-	return WriteReply{Written: le.Uint64(b[32:]), Engine: EngineCode(le.Uint32(b[40:]))}, nil
+	return WriteReply{Written: writeWritten.get(b), Engine: EngineCode(writeEngine.get(b))}, nil
 }
 
-// addOverflows reports whether off+n overflows int64 (or either is >= 2^63).
-func addOverflows(off, n uint64) bool {
+// AddOverflows reports whether off+n overflows int64 (or either is >= 2^63).
+func AddOverflows(off, n uint64) bool {
 	return off > math.MaxInt64 || n > math.MaxInt64 || off > math.MaxInt64-n
 }

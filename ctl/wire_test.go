@@ -162,7 +162,7 @@ func TestDecodeRefusals(t *testing.T) {
 func TestDecodeNamesRefusals(t *testing.T) {
 	mk := func(count, n uint32, area string) []byte {
 		b := make([]byte, SizeRead)
-		putHeader(b, Token{1, 2})
+		PutHeader(b, Token{1, 2})
 		le.PutUint32(b[40:], count)
 		le.PutUint32(b[44:], n)
 		copy(b[64:], area)
@@ -219,8 +219,8 @@ func TestAddOverflows(t *testing.T) {
 		{1 << 62, 1<<62 - 1, false},
 		{1 << 62, 1 << 62, true},
 	} {
-		if got := addOverflows(tc.off, tc.n); got != tc.want {
-			t.Errorf("addOverflows(%d, %d) = %v, want %v", tc.off, tc.n, got, tc.want)
+		if got := AddOverflows(tc.off, tc.n); got != tc.want {
+			t.Errorf("AddOverflows(%d, %d) = %v, want %v", tc.off, tc.n, got, tc.want)
 		}
 	}
 }

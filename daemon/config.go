@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
@@ -86,7 +86,7 @@ type Config struct {
 
 	// WrapEngines, if set, decorates the engine chooser before metrics
 	// record what it chooses: tests inject faulty engines with it.
-	WrapEngines func(ctl.EngineChooser) ctl.EngineChooser
+	WrapEngines func(ctlserver.EngineChooser) ctlserver.EngineChooser
 }
 
 // Validate reports every problem of c at once, each naming the field, its

@@ -14,11 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/cache"
-	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
-	"github.com/gdsfs/gdsfs/handoff"
+	"github.com/gdsfs/gdsfs/handoffserver"
 	"github.com/gdsfs/gdsfs/metrics"
 	"github.com/gdsfs/gdsfs/metrics/instrument"
 )
@@ -34,8 +34,8 @@ type Daemon struct {
 	engines     *cufile.Engines
 	pool        *gpubuf.Pool
 	indexes     *cache.Indexes
-	slabs       *handoff.Server
-	ctl         *ctl.Server
+	slabs       *handoffserver.Server
+	ctl         *ctlserver.Server
 	mount       *fs.Server
 	served      chan struct{} // closed once the mount stops serving
 
@@ -199,14 +199,14 @@ func (d *Daemon) openIndexes(context.Context) error {
 // socket is bound first so that HELLO can name it; Close closes it before
 // ending the sessions.
 func (d *Daemon) startControl(context.Context) error {
-	slabs, err := handoff.Listen(handoff.Options{Addr: d.cfg.SlabSocket, Log: d.cfg.Log})
+	slabs, err := handoffserver.Listen(handoffserver.Options{Addr: d.cfg.SlabSocket, Log: d.cfg.Log})
 	if err != nil {
 		if d.cfg.SlabSocket != "" {
 			return configErrorf("--slab-socket %s: %v (create its directory, or leave the flag out for an abstract socket)", d.cfg.SlabSocket, err)
 		}
 		return err
 	}
-	var chooser ctl.EngineChooser = d.engines
+	var chooser ctlserver.EngineChooser = d.engines
 	if d.cfg.WrapEngines != nil {
 		chooser = d.cfg.WrapEngines(chooser)
 	}
@@ -214,7 +214,7 @@ func (d *Daemon) startControl(context.Context) error {
 		chooser = instrument.Engines(chooser, d.metrics)
 	}
 	probe := d.engines.Probe()
-	srv, err := ctl.NewServer(ctl.Options{
+	srv, err := ctlserver.NewServer(ctlserver.Options{
 		SlabSocket:  slabs.Addr(),
 		BackingPath: backingPaths(d.cfg.Source, d.cfg.Mountpoint),
 		Pool:        d.pool,
@@ -246,10 +246,10 @@ func (d *Daemon) startControl(context.Context) error {
 }
 
 // refusals reports the files cuFile refused, for STATUS.
-func (d *Daemon) refusals() []ctl.EngineRefusal {
-	var out []ctl.EngineRefusal
+func (d *Daemon) refusals() []ctlserver.EngineRefusal {
+	var out []ctlserver.EngineRefusal
 	for _, r := range d.engines.Refusals() {
-		out = append(out, ctl.EngineRefusal(r))
+		out = append(out, ctlserver.EngineRefusal(r))
 	}
 	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/metrics"
 )
@@ -106,7 +107,7 @@ func TestStartServesAndCloses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st ctl.Stats
+	var st ctlserver.Stats
 	if err := json.Unmarshal(doc, &st); err != nil || st.LogFile != c.LogFile || st.Version != Version {
 		t.Errorf("STATUS log file %q version %q (%v), want %q %q", st.LogFile, st.Version, err, c.LogFile, Version)
 	}

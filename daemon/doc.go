@@ -8,7 +8,7 @@
 //  3. the buffer pool (gpubuf) on that backend, its budget per device
 //     from the Config or the free memory;
 //  4. the shard-index cache (cache.Indexes);
-//  5. the slab socket (handoff) and the control server (ctl.Server) over
+//  5. the slab socket (handoffserver) and the control server (ctlserver.Server) over
 //     the pool, the engines' chooser (Engines.Choose, wrapped by
 //     Config.WrapEngines and the metrics) and the indexes;
 //  6. the metrics server, reading the pool, index and passthrough figures

@@ -6,6 +6,7 @@ import (
 	"os"
 	"syscall"
 
+	"github.com/gdsfs/gdsfs/ctl"
 	"golang.org/x/sys/unix"
 )
 
@@ -15,7 +16,7 @@ type Caller struct {
 	UID, GID, PID uint32
 }
 
-// Control is the daemon's control path (implemented by ctl.Server). The FUSE
+// Control is the daemon's control path (implemented by ctlserver.Server). The FUSE
 // layer decodes a request, calls one Control method and encodes the reply;
 // Control never sees FUSE types. All methods may be called concurrently.
 type Control interface {
@@ -73,8 +74,10 @@ type Session interface {
 }
 
 // controlName is the control file's name at the mount root. It is virtual:
-// not in the backing directory and not listed by readdir.
-const controlName = ".gdsfs"
+// not in the backing directory and not listed by readdir. The name is the
+// protocol's (ctl, the client and wire package, which imports nothing of
+// the daemon).
+const controlName = ctl.ControlName
 
 // xattrTarget describes node n for Control.Xattr.
 func (n *node) xattrTarget() XattrTarget {

@@ -31,7 +31,7 @@ func Dial(ctx context.Context, addr string, serverPID int) (*Conn, error) {
 	}
 	c := nc.(*net.UnixConn)
 	if serverPID != 0 {
-		p, err := peerOf(c)
+		p, err := PeerOf(c)
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("handoff: credentials of %s: %w", addr, err)

@@ -22,23 +22,10 @@
 // when the errno is 0, exactly one descriptor as SCM_RIGHTS ancillary data.
 // A connection may carry any number of requests, one at a time. The
 // connection is closed by the server on a malformed message, after
-// Options.IdleTimeout without a request, and when the server stops.
+// the server's idle timeout without a request, and when the server stops.
 // docs/protocol.md ("Slab descriptors") is normative.
 //
-// # Who gets what
-//
-// The server reads the peer's credentials once per connection and passes
-// them, with each request, to a Source (ctl's server is the daemon's): the
-// source checks that the token names a live session of the peer's uid that
-// holds a lease in the slab, and returns a new descriptor, which the server
-// sends and closes. A token of another uid, a forged token, a slab without
-// a lease of the session: an errno, no descriptor.
-//
-// # Limits
-//
-// At most Options.MaxConnsPerUID connections per uid and Options.MaxConns
-// in all are served at once; a connection beyond either is closed at once.
-// A client that dies mid-request leaves nothing behind: its connection
-// reads EOF (or the send fails), and the server's copy of the descriptor is
-// closed after every send, successful or not.
+// This package is the wire format and the client (Dial, Fetch); it imports
+// only the standard library and golang.org/x/sys/unix, so ctl's client
+// stays a leaf. The daemon's side is package handoffserver.
 package handoff

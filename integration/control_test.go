@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/gpubuf"
@@ -820,7 +821,7 @@ func TestControlCLI(t *testing.T) {
 		t.Errorf("gdsfs status: exit %d\n%s", code, out)
 	}
 	out, code = runGdsfs(t, "status", "--json", m.mnt)
-	var st ctl.Stats
+	var st ctlserver.Stats
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Counters.Reads == 0 {
 		t.Errorf("gdsfs status --json: exit %d\n%s", code, out)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/gpubuf"
@@ -22,7 +23,7 @@ import (
 // faultyEngines serves every file with the engine the daemon chose, except
 // that transfers of files whose name contains "bad" fail with EIO after
 // moving part of the bytes, as a disk with a bad sector does.
-type faultyEngines struct{ ch ctl.EngineChooser }
+type faultyEngines struct{ ch ctlserver.EngineChooser }
 
 func (f faultyEngines) Choose(file *os.File, path string, off, n int64) (cufile.Engine, string) {
 	e, why := f.ch.Choose(file, path, off, n)
@@ -55,7 +56,7 @@ func TestFaultBackingIOError(t *testing.T) {
 	d, mnt, backing := startDaemon(t, func(c *daemon.Config) {
 		c.SlabBytes, c.HostPoolBytes, c.MetaCacheBytes = 8<<20, 128<<20, 16<<20
 		c.MetricsAddr = "127.0.0.1:0" // the metrics the errors are counted in
-		c.WrapEngines = func(ch ctl.EngineChooser) ctl.EngineChooser { return faultyEngines{ch} }
+		c.WrapEngines = func(ch ctlserver.EngineChooser) ctlserver.EngineChooser { return faultyEngines{ch} }
 	})
 	m, pool := d.Metrics(), d.Pool()
 	good := genBytes(7, 0, 3<<20+5)

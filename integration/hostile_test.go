@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 )
 
 // Hostile local users (issue 12): each test runs the attack as a non-root
@@ -448,7 +449,7 @@ func TestHostileStatsIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st ctl.Stats
+	var st ctlserver.Stats
 	if err := json.Unmarshal(root, &st); err != nil {
 		t.Fatal(err)
 	}
@@ -472,7 +473,7 @@ func TestHostileStatsIsolation(t *testing.T) {
 // the pool's total (all users) the document must still report at least.
 func checkOwnStats(t *testing.T, doc string, uid uint32, minLeased int64) {
 	t.Helper()
-	var st ctl.Stats
+	var st ctlserver.Stats
 	if err := json.Unmarshal([]byte(doc), &st); err != nil {
 		t.Fatalf("stats of uid %d: %v: %s", uid, err, doc)
 	}
@@ -499,7 +500,7 @@ func checkOwnStats(t *testing.T, doc string, uid uint32, minLeased int64) {
 	}
 }
 
-func hasUID(st ctl.Stats, uid uint32) bool {
+func hasUID(st ctlserver.Stats, uid uint32) bool {
 	for _, s := range st.Pool.Sessions {
 		if s.UID == uid {
 			return true
@@ -607,7 +608,7 @@ func TestHostileParserMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st ctl.Stats
+	var st ctlserver.Stats
 	if err := json.Unmarshal(root, &st); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,9 @@ package metrics
 import (
 	"strconv"
 	"syscall"
+
+	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/internal/errname"
 )
 
 // other is the label value for anything outside a bounded table.
@@ -19,12 +22,15 @@ var fuseOps = setOf(
 	"SetLkw", "Statx",
 )
 
-// controlCommands are the control-path commands of docs/protocol.md plus
-// the virtual xattrs, recorded as themselves.
-var controlCommands = setOf(
-	"HELLO", "SLAB", "ALLOC", "RELEASE", "STATUS", "INDEX", "READ", "READ_NAMES", "WRITE",
-	"xattr:info", "xattr:backing", "xattr:index", "xattr:stats",
-)
+// controlCommands are the control-path commands of docs/protocol.md
+// (ctl.Commands) plus the virtual xattrs, recorded as themselves.
+var controlCommands = func() map[string]bool {
+	m := setOf("xattr:info", "xattr:backing", "xattr:index", "xattr:stats")
+	for _, c := range ctl.Commands() {
+		m[c.Name] = true
+	}
+	return m
+}()
 
 // engines are the engine names of docs/protocol.md section 5, plus "fuse"
 // for bytes the daemon serves through ordinary FUSE reads and writes (files
@@ -33,31 +39,30 @@ var engines = setOf("none", "host", "posix", "gds", "gds-compat", "fuse")
 
 var directions = setOf("read", "write")
 
-// errnoNames are the errnos a filesystem or the control path returns;
-// others are recorded as "other".
-var errnoNames = map[syscall.Errno]string{
-	syscall.EPERM: "EPERM", syscall.ENOENT: "ENOENT", syscall.EINTR: "EINTR",
-	syscall.EIO: "EIO", syscall.ENXIO: "ENXIO", syscall.E2BIG: "E2BIG",
-	syscall.EBADF: "EBADF", syscall.EAGAIN: "EAGAIN", syscall.ENOMEM: "ENOMEM",
-	syscall.EACCES: "EACCES", syscall.EFAULT: "EFAULT", syscall.EBUSY: "EBUSY",
-	syscall.EEXIST: "EEXIST", syscall.EXDEV: "EXDEV", syscall.ENODEV: "ENODEV",
-	syscall.ENOTDIR: "ENOTDIR", syscall.EISDIR: "EISDIR", syscall.EINVAL: "EINVAL",
-	syscall.ENFILE: "ENFILE", syscall.EMFILE: "EMFILE", syscall.ENOTTY: "ENOTTY",
-	syscall.EFBIG: "EFBIG", syscall.ENOSPC: "ENOSPC", syscall.ESPIPE: "ESPIPE",
-	syscall.EROFS: "EROFS", syscall.EMLINK: "EMLINK", syscall.ERANGE: "ERANGE",
-	syscall.ENAMETOOLONG: "ENAMETOOLONG", syscall.ENOSYS: "ENOSYS",
-	syscall.ENOTEMPTY: "ENOTEMPTY", syscall.ELOOP: "ELOOP", syscall.ENODATA: "ENODATA",
-	syscall.EPROTO: "EPROTO", syscall.EOVERFLOW: "EOVERFLOW",
-	syscall.EOPNOTSUPP: "EOPNOTSUPP", syscall.EDQUOT: "EDQUOT", syscall.ESTALE: "ESTALE",
-	syscall.ENOTCONN: "ENOTCONN", syscall.ETIMEDOUT: "ETIMEDOUT",
-	syscall.ECANCELED: "ECANCELED",
-}
+// errnoLabels are the errnos a filesystem or the control path returns,
+// recorded by name (internal/errname); others are recorded as "other".
+var errnoLabels = func() map[syscall.Errno]bool {
+	m := map[syscall.Errno]bool{}
+	for _, e := range []syscall.Errno{
+		syscall.EPERM, syscall.ENOENT, syscall.EINTR, syscall.EIO, syscall.ENXIO, syscall.E2BIG,
+		syscall.EBADF, syscall.EAGAIN, syscall.ENOMEM, syscall.EACCES, syscall.EFAULT, syscall.EBUSY,
+		syscall.EEXIST, syscall.EXDEV, syscall.ENODEV, syscall.ENOTDIR, syscall.EISDIR,
+		syscall.EINVAL, syscall.ENFILE, syscall.EMFILE, syscall.ENOTTY, syscall.EFBIG, syscall.ENOSPC,
+		syscall.ESPIPE, syscall.EROFS, syscall.EMLINK, syscall.ERANGE, syscall.ENAMETOOLONG,
+		syscall.ENOSYS, syscall.ENOTEMPTY, syscall.ELOOP, syscall.ENODATA, syscall.EPROTO,
+		syscall.EOVERFLOW, syscall.EOPNOTSUPP, syscall.EDQUOT, syscall.ESTALE, syscall.ENOTCONN,
+		syscall.ETIMEDOUT, syscall.ECANCELED,
+	} {
+		m[e] = true
+	}
+	return m
+}()
 
 // ErrnoName returns the errno's name as errno(3) spells it ("EIO"), or
 // "other" for an errno outside the table. It is the label value metrics use.
 func ErrnoName(e syscall.Errno) string {
-	if n, ok := errnoNames[e]; ok {
-		return n
+	if errnoLabels[e] {
+		return errname.Of(e)
 	}
 	return other
 }

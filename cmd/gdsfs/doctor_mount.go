@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 )
 
@@ -52,7 +53,7 @@ func mountProbes(path string) []doctorProbe {
 	}
 	defer cl.Close()
 	doc, err := cl.Status(ctx)
-	var st ctl.Stats
+	var st ctlserver.Stats
 	if err == nil {
 		err = json.Unmarshal(doc, &st)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -68,7 +69,7 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 		_, err := fmt.Fprintf(w, "%s\n", doc)
 		return err
 	}
-	var st ctl.Stats
+	var st ctlserver.Stats
 	if err := json.Unmarshal(doc, &st); err != nil {
 		return fmt.Errorf("status of %s is not the expected JSON: %w", mp, err)
 	}

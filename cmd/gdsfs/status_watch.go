@@ -21,6 +21,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/metrics"
 )
 
@@ -40,7 +41,7 @@ func addWatchFlags(cmd *cobra.Command, w *watchFlags) {
 // statusView is one refresh's figures, kept to compute rates.
 type statusView struct {
 	at       time.Time
-	counters ctl.CounterStats
+	counters ctlserver.CounterStats
 	index    *cache.IndexStats
 	scrape   metrics.Snapshot // nil without --metrics
 }
@@ -90,7 +91,7 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, wf watchFlags) 
 		if err != nil {
 			return fmt.Errorf("status of %s: %w", mp, err)
 		}
-		var st ctl.Stats
+		var st ctlserver.Stats
 		if err := json.Unmarshal(doc, &st); err != nil {
 			return fmt.Errorf("status of %s is not the expected JSON: %w", mp, err)
 		}

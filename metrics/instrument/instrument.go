@@ -1,6 +1,6 @@
 // Package instrument wraps the daemon's components with metrics
 // recording: decorators over fs.Control (control-path requests, sessions)
-// and ctl.EngineChooser (bytes moved per engine). Package daemon composes
+// and ctlserver.EngineChooser (bytes moved per engine). Package daemon composes
 // them when it builds the mount, so neither fs nor ctl knows metrics exist.
 //
 // It is separate from package metrics so that metrics stays a leaf every
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
@@ -30,27 +31,11 @@ type Recorder interface {
 }
 
 // CommandName names an ioctl command number as docs/protocol.md does
-// ("READ"), or "other" for a number the protocol does not define.
+// ("READ"; ctl.CommandName), or "other" for a number the protocol does not
+// define.
 func CommandName(cmd uint32) string {
-	switch cmd {
-	case ctl.CmdHello:
-		return "HELLO"
-	case ctl.CmdSlab:
-		return "SLAB"
-	case ctl.CmdAlloc:
-		return "ALLOC"
-	case ctl.CmdRelease:
-		return "RELEASE"
-	case ctl.CmdStatus:
-		return "STATUS"
-	case ctl.CmdRead:
-		return "READ"
-	case ctl.CmdReadNames:
-		return "READ_NAMES"
-	case ctl.CmdWrite:
-		return "WRITE"
-	case ctl.CmdIndex:
-		return "INDEX"
+	if n := ctl.CommandName(cmd); n != "" {
+		return n
 	}
 	return "other"
 }
@@ -115,12 +100,12 @@ func (s *session) Close() error {
 
 // Engines returns ch with the bytes every engine it chooses moves recorded
 // in r under the engine's name. The answer and its reason are ch's.
-func Engines(ch ctl.EngineChooser, r Recorder) ctl.EngineChooser {
+func Engines(ch ctlserver.EngineChooser, r Recorder) ctlserver.EngineChooser {
 	return &chooser{ch: ch, r: r}
 }
 
 type chooser struct {
-	ch ctl.EngineChooser
+	ch ctlserver.EngineChooser
 	r  Recorder
 }
 

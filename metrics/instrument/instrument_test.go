@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
@@ -20,7 +21,7 @@ func (c fixedEngine) Choose(*os.File, string, int64, int64) (cufile.Engine, stri
 	return c.e, "test"
 }
 
-// newServer is a ctl.Server over a small host pool, wrapped as package
+// newServer is a ctlserver.Server over a small host pool, wrapped as package
 // daemon wraps it.
 func newServer(t *testing.T, m *metrics.Metrics) fs.Control {
 	t.Helper()
@@ -34,7 +35,7 @@ func newServer(t *testing.T, m *metrics.Metrics) fs.Control {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
-	srv, err := ctl.NewServer(ctl.Options{
+	srv, err := ctlserver.NewServer(ctlserver.Options{
 		Pool:    pool,
 		Engines: Engines(fixedEngine{cufile.NewHostEngine(cufile.Options{ChunkBytes: 64 << 10, Workers: 2})}, m),
 		Engine:  "host",

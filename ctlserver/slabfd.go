@@ -1,14 +1,16 @@
-package ctl
+package ctlserver
 
 import (
 	"context"
-	"errors"
 	"os"
 	"syscall"
 
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/handoff"
+	"github.com/gdsfs/gdsfs/handoffserver"
+	"github.com/gdsfs/gdsfs/internal/errname"
 )
 
 // FDExporter is implemented by slab memory that can be handed to a client
@@ -25,72 +27,61 @@ type FDExporter interface {
 func slabKind(m gpubuf.Memory) uint32 {
 	if _, ok := m.(gpubuf.DeviceMemory); ok {
 		if _, ok := m.(FDExporter); ok {
-			return SlabCUDAFD
+			return ctl.SlabCUDAFD
 		}
-		return SlabCUDA
+		return ctl.SlabCUDA
 	}
-	return SlabHost
+	return ctl.SlabHost
 }
 
-var _ handoff.Source = (*Server)(nil)
+var _ handoffserver.Source = (*Server)(nil)
 
-// SlabFD implements handoff.Source: the descriptor of a slab's memory for
+// SlabFD implements handoffserver.Source: the descriptor of a slab's memory for
 // a process of the session's uid whose session holds a lease in that slab
 // (the checks of SLAB, with the uid the kernel reported for the socket's
 // peer instead of the ioctl caller's). Memory is per uid for its life
 // (gpubuf), so a descriptor, and any mapping made from it, only ever
 // reaches memory of the uid it was handed to.
-func (s *Server) SlabFD(ctx context.Context, peer handoff.Peer, req handoff.Request) (handoff.Handle, syscall.Errno) {
+func (s *Server) SlabFD(ctx context.Context, peer handoff.Peer, req handoff.Request) (handoffserver.Handle, syscall.Errno) {
 	h, errno := s.slabFD(ctx, peer, req)
 	s.counters.result(errno)
 	if errno != 0 {
 		s.opts.Log.Debug().Str("op", "slab-fd").Uint64("session", req.Session).Uint64("slab", req.Slab).
-			Uint32("uid", peer.UID).Int32("pid", peer.PID).Str("errno", errnoName(errno)).Msg("ctl: refused")
+			Uint32("uid", peer.UID).Int32("pid", peer.PID).Str("errno", errname.Of(errno)).Msg("ctl: refused")
 	}
 	return h, errno
 }
 
-func (s *Server) slabFD(ctx context.Context, peer handoff.Peer, req handoff.Request) (handoff.Handle, syscall.Errno) {
+func (s *Server) slabFD(ctx context.Context, peer handoff.Peer, req handoff.Request) (handoffserver.Handle, syscall.Errno) {
 	if err := ctx.Err(); err != nil {
-		return handoff.Handle{}, syscall.EINTR
+		return handoffserver.Handle{}, syscall.EINTR
 	}
-	tok := Token{Session: req.Session, Secret: req.Secret}
+	tok := ctl.Token{Session: req.Session, Secret: req.Secret}
 	if tok.IsZero() {
-		return handoff.Handle{}, syscall.EPERM // the socket has no control file to name a session
+		return handoffserver.Handle{}, syscall.EPERM // the socket has no control file to name a session
 	}
 	ss, errno := s.session(tok, fs.Caller{UID: peer.UID, PID: uint32(peer.PID)})
 	if errno != 0 {
-		return handoff.Handle{}, errno
+		return handoffserver.Handle{}, errno
 	}
 	if !ss.enter() {
-		return handoff.Handle{}, syscall.EPERM
+		return handoffserver.Handle{}, syscall.EPERM
 	}
 	defer ss.leave()
-	if req.Slab == 0 || req.Slab > 1<<32-1 {
-		return handoff.Handle{}, syscall.ENOENT
-	}
-	p := s.opts.Pool
-	sl, err := p.Slab(uint32(req.Slab))
-	if err != nil {
-		return handoff.Handle{}, syscall.ENOENT
-	}
-	// Export is the pool's "does this session hold a lease in the slab"
-	// check; its bytes (a path, or nothing) are not needed here.
-	if _, err := p.Export(ss.owner(), uint32(req.Slab)); err != nil {
-		if errors.Is(err, gpubuf.ErrNotFound) {
-			return handoff.Handle{}, syscall.EPERM
-		}
-		s.opts.Log.Error().Err(err).Uint64("slab", req.Slab).Msg("ctl: export slab")
-		return handoff.Handle{}, syscall.EIO
+	// The handle's bytes (a path, or nothing) are not needed here: only
+	// export's check that the session holds a lease in the slab.
+	sl, _, errno := ss.export(req.Slab)
+	if errno != 0 {
+		return handoffserver.Handle{}, errno
 	}
 	fe, ok := sl.Memory.(FDExporter)
 	if !ok {
-		return handoff.Handle{}, syscall.EOPNOTSUPP
+		return handoffserver.Handle{}, syscall.EOPNOTSUPP
 	}
 	f, n, err := fe.ExportFD()
 	if err != nil {
 		s.opts.Log.Error().Err(err).Uint64("slab", req.Slab).Msg("ctl: export slab descriptor")
-		return handoff.Handle{}, syscall.EIO
+		return handoffserver.Handle{}, syscall.EIO
 	}
-	return handoff.Handle{File: f, Bytes: uint64(n)}, 0
+	return handoffserver.Handle{File: f, Bytes: uint64(n)}, 0
 }

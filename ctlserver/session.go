@@ -1,17 +1,19 @@
-package ctl
+package ctlserver
 
 import (
 	"context"
-	"errors"
 	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/errname"
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,7 +69,7 @@ func (ss *session) owner() gpubuf.Owner { return gpubuf.Owner{Session: ss.id, UI
 
 // Ioctl implements fs.Session: the control-file commands.
 func (ss *session) Ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out []byte) (int32, syscall.Errno) {
-	if !OurCmd(cmd) {
+	if !ctl.OurCmd(cmd) {
 		ss.srv.counters.foreign.Add(1) // a tty ioctl, not a refusal
 		return 0, syscall.ENOTTY
 	}
@@ -75,13 +77,13 @@ func (ss *session) Ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 	ss.srv.counters.result(errno)
 	if errno != 0 {
 		ss.srv.opts.Log.Debug().Str("op", "ctl-ioctl").Hex("cmd", u32bytes(cmd)).Uint64("session", ss.id).
-			Uint32("uid", c.UID).Str("errno", errnoName(errno)).Msg("ctl: refused")
+			Uint32("uid", c.UID).Str("errno", errname.Of(errno)).Msg("ctl: refused")
 	}
 	return 0, errno
 }
 
 func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out []byte) syscall.Errno {
-	size := CmdSize(cmd)
+	size := ctl.CmdSize(cmd)
 	if len(in) != size || len(out) != size {
 		return syscall.ENOTTY
 	}
@@ -91,37 +93,37 @@ func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 		return syscall.EPERM
 	}
 	switch cmd {
-	case CmdHello:
-		if err := DecodeHello(in); err != nil {
-			return errnoOf(err)
+	case ctl.CmdHello:
+		if err := ctl.DecodeHello(in); err != nil {
+			return plainErrno(err)
 		}
 		ss.hello(out)
 		return 0
-	case CmdSlab:
-		req, err := DecodeSlabRequest(in)
+	case ctl.CmdSlab:
+		req, err := ctl.DecodeSlabRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.slab(req.Slab, out) })
-	case CmdAlloc:
-		req, err := DecodeAllocRequest(in)
+	case ctl.CmdAlloc:
+		req, err := ctl.DecodeAllocRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.alloc(ctx, req, out) })
-	case CmdRelease:
-		req, err := DecodeReleaseRequest(in)
+	case ctl.CmdRelease:
+		req, err := ctl.DecodeReleaseRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		return ss.within(req.Token, c, func(t *session) syscall.Errno {
 			t.release(req.IDs, out)
 			return 0
 		})
-	case CmdStatus:
-		req, err := DecodePageRequest(in)
+	case ctl.CmdStatus:
+		req, err := ctl.DecodePageRequest(in)
 		if err != nil {
-			return errnoOf(err)
+			return plainErrno(err)
 		}
 		return ss.statusPage(req.Offset, out)
 	}
@@ -130,7 +132,7 @@ func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 
 // target is the session a control-file command acts on: the token's when
 // one is given, this one otherwise.
-func (ss *session) target(t Token, c fs.Caller) (*session, syscall.Errno) {
+func (ss *session) target(t ctl.Token, c fs.Caller) (*session, syscall.Errno) {
 	if t.IsZero() {
 		return ss, 0
 	}
@@ -138,7 +140,7 @@ func (ss *session) target(t Token, c fs.Caller) (*session, syscall.Errno) {
 }
 
 // within runs fn on the target session t as an operation in flight (S5).
-func (ss *session) within(t Token, c fs.Caller, fn func(*session) syscall.Errno) syscall.Errno {
+func (ss *session) within(t ctl.Token, c fs.Caller, fn func(*session) syscall.Errno) syscall.Errno {
 	ts, errno := ss.target(t, c)
 	if errno != 0 {
 		return errno
@@ -152,16 +154,16 @@ func (ss *session) within(t Token, c fs.Caller, fn func(*session) syscall.Errno)
 
 func (ss *session) hello(out []byte) {
 	s := ss.srv
-	r := HelloReply{
-		Version:       uint32(Version),
+	r := ctl.HelloReply{
+		Version:       uint32(ctl.Version),
 		UID:           ss.uid,
 		Caps:          s.caps(),
-		Token:         Token{Session: ss.id, Secret: ss.secret},
-		MaxRanges:     MaxRanges,
-		MaxNamesBytes: NamesBytes,
-		Align:         AlignBytes,
+		Token:         ctl.Token{Session: ss.id, Secret: ss.secret},
+		MaxRanges:     ctl.MaxRanges,
+		MaxNamesBytes: ctl.NamesBytes,
+		Align:         ctl.AlignBytes,
 		MaxLease:      uint64(s.maxLease),
-		Page:          PageBytes,
+		Page:          ctl.PageBytes,
 		DaemonPID:     s.pid,
 		Engine:        s.opts.Engine,
 		DaemonVersion: s.opts.Version,
@@ -175,34 +177,42 @@ func (ss *session) hello(out []byte) {
 
 // slab serves SLAB for this session.
 func (ss *session) slab(id uint64, out []byte) syscall.Errno {
-	p := ss.srv.opts.Pool
-	if id == 0 || id > 1<<32-1 {
-		return syscall.ENOENT
+	sl, h, errno := ss.export(id)
+	if errno != 0 {
+		return errno
 	}
-	sl, err := p.Slab(uint32(id))
-	if err != nil {
-		return syscall.ENOENT
-	}
-	h, err := p.Export(ss.owner(), uint32(id))
-	if errors.Is(err, gpubuf.ErrNotFound) {
-		return syscall.EPERM
-	}
-	if err != nil {
-		ss.srv.opts.Log.Error().Err(err).Uint64("slab", id).Msg("ctl: export slab")
-		return syscall.EIO
-	}
-	if len(h) > HandleBytes {
+	if len(h) > ctl.HandleBytes {
 		ss.srv.opts.Log.Error().Int("bytes", len(h)).Uint64("slab", id).Msg("ctl: slab handle does not fit the SLAB reply")
 		return syscall.EIO
 	}
-	r := SlabReply{Slab: id, Size: uint64(sl.Size), Kind: SlabHost, Device: ss.srv.wireDevice(sl.Device), Handle: h}
+	r := ctl.SlabReply{Slab: id, Size: uint64(sl.Size), Kind: ctl.SlabHost, Device: ss.srv.wireDevice(sl.Device), Handle: h}
 	r.Kind = slabKind(sl.Memory)
 	r.Encode(out)
 	return 0
 }
 
+// export returns slab id and its handle bytes if the session holds a
+// lease in it (the pool's Export is that check): SLAB and the slab
+// socket's descriptors both go through it.
+func (ss *session) export(id uint64) (*gpubuf.Slab, []byte, syscall.Errno) {
+	p := ss.srv.opts.Pool
+	if id == 0 || id > 1<<32-1 {
+		return nil, nil, syscall.ENOENT
+	}
+	sl, err := p.Slab(uint32(id))
+	if err != nil {
+		errno, _ := errnoOf(failSlab, err)
+		return nil, nil, errno
+	}
+	h, err := p.Export(ss.owner(), uint32(id))
+	if err != nil {
+		return nil, nil, ss.srv.failed(failExport, err, "ctl: export slab", func(e *zerolog.Event) *zerolog.Event { return e.Uint64("slab", id) })
+	}
+	return sl, h, 0
+}
+
 // alloc serves ALLOC for this session.
-func (ss *session) alloc(ctx context.Context, req AllocRequest, out []byte) syscall.Errno {
+func (ss *session) alloc(ctx context.Context, req ctl.AllocRequest, out []byte) syscall.Errno {
 	s := ss.srv
 	if s.opts.ReadOnly {
 		return syscall.EROFS
@@ -223,7 +233,7 @@ func (ss *session) alloc(ctx context.Context, req AllocRequest, out []byte) sysc
 		return errno
 	}
 	ss.record(l, leaseInfo{valid: n})
-	EncodeAllocReply(out, Lease{ID: l.ID, Slab: uint64(l.Slab.ID), Offset: uint64(l.Offset), Length: req.Length, Valid: req.Length})
+	ctl.EncodeAllocReply(out, ctl.Lease{ID: l.ID, Slab: uint64(l.Slab.ID), Offset: uint64(l.Offset), Length: req.Length, Valid: req.Length})
 	return 0
 }
 
@@ -232,14 +242,8 @@ func (ss *session) alloc(ctx context.Context, req AllocRequest, out []byte) sysc
 // by the client.
 func (ss *session) allocLease(ctx context.Context, dev int, n int64) (*gpubuf.Lease, syscall.Errno) {
 	l, err := ss.srv.opts.Pool.Alloc(ctx, ss.owner(), dev, n)
-	switch {
-	case errors.Is(err, gpubuf.ErrExhausted):
-		return nil, syscall.EAGAIN
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return nil, syscall.EINTR
-	case err != nil:
-		ss.srv.opts.Log.Error().Err(err).Uint64("session", ss.id).Msg("ctl: allocate lease")
-		return nil, syscall.EIO
+	if err != nil {
+		return nil, ss.srv.failed(failAlloc, err, "ctl: allocate lease", func(e *zerolog.Event) *zerolog.Event { return e.Uint64("session", ss.id) })
 	}
 	return l, 0
 }
@@ -257,7 +261,7 @@ func (ss *session) record(l *gpubuf.Lease, li leaseInfo) {
 func (ss *session) release(ids []uint64, out []byte) {
 	ss.pin.Lock()
 	defer ss.pin.Unlock()
-	r := ReleaseReply{Status: make([]syscall.Errno, len(ids))}
+	r := ctl.ReleaseReply{Status: make([]syscall.Errno, len(ids))}
 	for i, id := range ids {
 		if ss.forget(id) {
 			if err := ss.srv.opts.Pool.Release(ss.owner(), id); err == nil {
@@ -309,18 +313,18 @@ func (ss *session) statusPage(off uint64, out []byte) syscall.Errno {
 		ss.status = doc
 		ss.mu.Unlock()
 	}
-	return errnoOf(EncodePage(out, doc, off))
+	return plainErrno(ctl.EncodePage(out, doc, off))
 }
 
 // readRanges leases memory for every span and reads it with eng. All or
 // nothing (S3): on error every lease of the request is released. The
 // leases become visible to the client (RELEASE, WRITE) only once their
 // bytes are in place. The caller is an operation in flight (S5).
-func (ss *session) readRanges(ctx context.Context, f *os.File, eng cufile.Engine, code EngineCode, dev int, plan []span) ([]Lease, syscall.Errno) {
+func (ss *session) readRanges(ctx context.Context, f *os.File, eng cufile.Engine, code ctl.EngineCode, dev int, plan []span) ([]ctl.Lease, syscall.Errno) {
 	p := ss.srv.opts.Pool
-	out := make([]Lease, len(plan))
+	out := make([]ctl.Lease, len(plan))
 	held := make([]*gpubuf.Lease, len(plan))
-	fail := func(errno syscall.Errno) ([]Lease, syscall.Errno) {
+	fail := func(errno syscall.Errno) ([]ctl.Lease, syscall.Errno) {
 		for _, l := range held {
 			if l != nil {
 				_ = p.Release(ss.owner(), l.ID)
@@ -329,7 +333,7 @@ func (ss *session) readRanges(ctx context.Context, f *os.File, eng cufile.Engine
 		return nil, errno
 	}
 	for i, sp := range plan {
-		out[i] = Lease{Length: uint64(sp.length)}
+		out[i] = ctl.Lease{Length: uint64(sp.length)}
 		if sp.valid == 0 {
 			continue
 		}
@@ -383,7 +387,7 @@ func (ss *session) readRanges(ctx context.Context, f *os.File, eng cufile.Engine
 		// the engine found (short only at end of file).
 		valid := min(sp.valid, max(0, got[i]-(sp.off-sp.start)))
 		ss.record(l, leaseInfo{slabOff: sp.off - sp.start, valid: valid})
-		out[i] = Lease{ID: l.ID, Slab: uint64(l.Slab.ID), Offset: uint64(l.Offset + sp.off - sp.start),
+		out[i] = ctl.Lease{ID: l.ID, Slab: uint64(l.Slab.ID), Offset: uint64(l.Offset + sp.off - sp.start),
 			Length: uint64(sp.length), Valid: uint64(valid), Engine: code}
 		bytes += uint64(valid)
 	}

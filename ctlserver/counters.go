@@ -1,9 +1,10 @@
-package ctl
+package ctlserver
 
 import (
-	"fmt"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/gdsfs/gdsfs/internal/errname"
 )
 
 // counters are the control path's running totals (user.gdsfs.stats).
@@ -42,51 +43,8 @@ func (c *counters) snapshot() CounterStats {
 	}
 	for i := range c.errors {
 		if n := c.errors[i].Load(); n > 0 {
-			s.Errors[errnoName(syscall.Errno(i))] = n
+			s.Errors[errname.Of(syscall.Errno(i))] = n
 		}
 	}
 	return s
-}
-
-// errnoName is the errno's C name, for logs and counters.
-func errnoName(e syscall.Errno) string {
-	switch e {
-	case syscall.ENOTTY:
-		return "ENOTTY"
-	case syscall.EINVAL:
-		return "EINVAL"
-	case syscall.EPROTO:
-		return "EPROTO"
-	case syscall.EPERM:
-		return "EPERM"
-	case syscall.ERANGE:
-		return "ERANGE"
-	case syscall.E2BIG:
-		return "E2BIG"
-	case syscall.EAGAIN:
-		return "EAGAIN"
-	case syscall.ENODEV:
-		return "ENODEV"
-	case syscall.ENOENT:
-		return "ENOENT"
-	case syscall.ENODATA:
-		return "ENODATA"
-	case syscall.EBADF:
-		return "EBADF"
-	case syscall.EROFS:
-		return "EROFS"
-	case syscall.EINTR:
-		return "EINTR"
-	case syscall.EIO:
-		return "EIO"
-	case syscall.ENOSPC:
-		return "ENOSPC"
-	case syscall.EDQUOT:
-		return "EDQUOT"
-	case syscall.EFBIG:
-		return "EFBIG"
-	case syscall.EOPNOTSUPP:
-		return "EOPNOTSUPP"
-	}
-	return fmt.Sprintf("errno%d", int(e))
 }

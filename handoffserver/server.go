@@ -1,4 +1,4 @@
-package handoff
+package handoffserver
 
 import (
 	"context"
@@ -14,16 +14,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gdsfs/gdsfs/handoff"
+	"github.com/gdsfs/gdsfs/internal/errname"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
-
-// Peer is the kernel's word on the process at the other end of a
-// connection (SO_PEERCRED, taken when it connected).
-type Peer struct {
-	PID      int32
-	UID, GID uint32
-}
 
 // Handle is what a Source hands out for one request.
 type Handle struct {
@@ -41,7 +36,7 @@ type Handle struct {
 // of peer's uid or the session holds no lease in the slab, ENOENT for an
 // unknown slab, EOPNOTSUPP when the slab's memory has no descriptor.
 type Source interface {
-	SlabFD(ctx context.Context, peer Peer, req Request) (Handle, syscall.Errno)
+	SlabFD(ctx context.Context, peer handoff.Peer, req handoff.Request) (Handle, syscall.Errno)
 }
 
 // Options configures Listen. The zero value is usable.
@@ -212,7 +207,7 @@ func (s *Server) accept(src Source) {
 			}
 			continue
 		}
-		peer, err := peerOf(c)
+		peer, err := handoff.PeerOf(c)
 		if err != nil {
 			s.opts.Log.Warn().Err(err).Msg("handoff: peer credentials")
 			s.rejected.Add(1)
@@ -258,30 +253,12 @@ func (s *Server) drop(c *net.UnixConn, uid uint32) {
 	}
 }
 
-func peerOf(c *net.UnixConn) (Peer, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return Peer{}, err
-	}
-	var cred *unix.Ucred
-	var gerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, gerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return Peer{}, err
-	}
-	if gerr != nil {
-		return Peer{}, gerr
-	}
-	return Peer{PID: cred.Pid, UID: cred.Uid, GID: cred.Gid}, nil
-}
-
 // serveConn answers c's requests until it closes, idles or misbehaves.
-func (s *Server) serveConn(c *net.UnixConn, peer Peer, src Source) {
+func (s *Server) serveConn(c *net.UnixConn, peer handoff.Peer, src Source) {
 	defer s.drop(c, peer.UID)
 	// One byte more than a request: a longer message reads as too long
 	// instead of as a request (SOCK_SEQPACKET truncates it).
-	buf := make([]byte, RequestBytes+1)
+	buf := make([]byte, handoff.RequestBytes+1)
 	for {
 		if err := c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout)); err != nil {
 			return
@@ -292,11 +269,11 @@ func (s *Server) serveConn(c *net.UnixConn, peer Peer, src Source) {
 		if err != nil {
 			return // EOF (the client closed or died), idle, or Close
 		}
-		req, err := DecodeRequest(buf[:n])
+		req, err := handoff.DecodeRequest(buf[:n])
 		if err != nil {
 			s.refused.Add(1)
 			s.opts.Log.Debug().Err(err).Uint32("uid", peer.UID).Int32("pid", peer.PID).Msg("handoff: refused")
-			s.send(c, Reply{Errno: syscall.EINVAL}, nil)
+			s.send(c, handoff.Reply{Errno: syscall.EINVAL}, nil)
 			return
 		}
 		h, errno := src.SlabFD(s.ctx, peer, req)
@@ -308,11 +285,11 @@ func (s *Server) serveConn(c *net.UnixConn, peer Peer, src Source) {
 			errno = syscall.EIO // a source bug; never send a reply that promises a descriptor it lacks
 			s.opts.Log.Error().Uint64("slab", req.Slab).Msg("BUG: handoff: source returned no descriptor and no errno")
 		}
-		rep := Reply{Errno: errno, Slab: req.Slab}
+		rep := handoff.Reply{Errno: errno, Slab: req.Slab}
 		if errno != 0 {
 			s.refused.Add(1)
 			s.opts.Log.Debug().Uint32("uid", peer.UID).Int32("pid", peer.PID).Uint64("session", req.Session).
-				Uint64("slab", req.Slab).Str("errno", errnoName(errno)).Msg("handoff: refused")
+				Uint64("slab", req.Slab).Str("errno", errname.Of(errno)).Msg("handoff: refused")
 			if !s.send(c, rep, nil) {
 				return
 			}
@@ -329,7 +306,7 @@ func (s *Server) serveConn(c *net.UnixConn, peer Peer, src Source) {
 }
 
 // send writes one reply, with f's descriptor when f is not nil.
-func (s *Server) send(c *net.UnixConn, r Reply, f *os.File) bool {
+func (s *Server) send(c *net.UnixConn, r handoff.Reply, f *os.File) bool {
 	if err := c.SetWriteDeadline(time.Now().Add(s.opts.IdleTimeout)); err != nil {
 		return false
 	}
@@ -337,7 +314,7 @@ func (s *Server) send(c *net.UnixConn, r Reply, f *os.File) bool {
 	if f != nil {
 		oob = unix.UnixRights(int(f.Fd()))
 	}
-	_, _, err := c.WriteMsgUnix(EncodeReply(r), oob, nil)
+	_, _, err := c.WriteMsgUnix(handoff.EncodeReply(r), oob, nil)
 	return err == nil
 }
 
@@ -370,11 +347,4 @@ func (s *Server) Close() error {
 		return fmt.Errorf("handoff: close %s: %w", s.opts.Addr, err)
 	}
 	return nil
-}
-
-func errnoName(e syscall.Errno) string {
-	if n := unix.ErrnoName(e); n != "" {
-		return n
-	}
-	return fmt.Sprintf("errno %d", int(e))
 }

@@ -1,9 +1,10 @@
-package ctl
+package ctlserver
 
 import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
@@ -73,6 +75,9 @@ func newEnv(t testing.TB, o envOptions) *testEnv {
 	return &testEnv{t: t, srv: srv, pool: pool, dir: t.TempDir()}
 }
 
+// le is the wire's byte order, for tests that poke at raw buffers.
+var le = binary.LittleEndian
+
 // inproc is a transport that calls the Server directly, copying buffers in
 // and out the way the kernel does.
 type inproc struct {
@@ -81,7 +86,7 @@ type inproc struct {
 	caller fs.Caller
 }
 
-func (p *inproc) control(ctx context.Context, cmd uint32, buf []byte) error {
+func (p *inproc) Control(ctx context.Context, cmd uint32, buf []byte) error {
 	in := bytes.Clone(buf)
 	out := make([]byte, len(buf))
 	if _, errno := p.sess.Ioctl(ctx, p.caller, cmd, in, out); errno != 0 {
@@ -91,7 +96,7 @@ func (p *inproc) control(ctx context.Context, cmd uint32, buf []byte) error {
 	return nil
 }
 
-func (p *inproc) file(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
+func (p *inproc) File(ctx context.Context, f *os.File, cmd uint32, buf []byte) error {
 	in := bytes.Clone(buf)
 	out := make([]byte, len(buf))
 	if _, errno := p.srv.FileIoctl(ctx, p.caller, f, f.Name(), cmd, in, out); errno != 0 {
@@ -101,18 +106,18 @@ func (p *inproc) file(ctx context.Context, f *os.File, cmd uint32, buf []byte) e
 	return nil
 }
 
-func (p *inproc) close() error { return p.sess.Close() }
+func (p *inproc) Close() error { return p.sess.Close() }
 
 // client opens a session as uid and returns its client; attach != zero
 // acts on that session instead.
-func (e *testEnv) client(uid uint32, attach Token) *Client {
+func (e *testEnv) client(uid uint32, attach ctl.Token) *ctl.Client {
 	e.t.Helper()
 	c := fs.Caller{UID: uid, GID: uid, PID: 1}
 	sess, errno := e.srv.OpenSession(context.Background(), c)
 	if errno != 0 {
 		e.t.Fatal(errno)
 	}
-	cl, err := newClient(context.Background(), &inproc{srv: e.srv, sess: sess, caller: c}, attach)
+	cl, err := ctl.NewTransportClient(context.Background(), &inproc{srv: e.srv, sess: sess, caller: c}, attach)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -157,7 +162,7 @@ func (e *testEnv) checkIdle() {
 }
 
 // checkLeases compares every lease's bytes with data.
-func checkLeases(t *testing.T, cl *Client, ranges []Range, ls []Lease, data []byte) {
+func checkLeases(t *testing.T, cl *ctl.Client, ranges []ctl.Range, ls []ctl.Lease, data []byte) {
 	t.Helper()
 	if len(ls) != len(ranges) {
 		t.Fatalf("%d leases for %d ranges", len(ls), len(ranges))
@@ -176,7 +181,7 @@ func checkLeases(t *testing.T, cl *Client, ranges []Range, ls []Lease, data []by
 			}
 			continue
 		}
-		if l.Engine != EngineHost {
+		if l.Engine != ctl.EngineHost {
 			t.Errorf("range %d: engine %v, want host", i, l.Engine)
 		}
 		got, err := cl.Bytes(context.Background(), l)
@@ -191,17 +196,17 @@ func checkLeases(t *testing.T, cl *Client, ranges []Range, ls []Lease, data []by
 
 func TestReadByteExact(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 64 << 20})
-	cl := e.client(1000, Token{})
+	cl := e.client(1000, ctl.Token{})
 	for _, size := range []int{0, 1, 4095, 4096, 4097, 3<<20 + 123} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			f, data := e.file(fmt.Sprintf("f%d", size), size, os.O_RDONLY)
-			ranges := []Range{{0, uint64(size)}, {0, 1}, {uint64(size), 10}, {0, uint64(size) + 4096}}
+			ranges := []ctl.Range{{Offset: 0, Length: uint64(size)}, {Offset: 0, Length: 1}, {Offset: uint64(size), Length: 10}, {Offset: 0, Length: uint64(size) + 4096}}
 			r := rand.New(rand.NewPCG(uint64(size), 1))
 			for range 40 {
 				off := r.Uint64N(uint64(size) + 1)
-				ranges = append(ranges, Range{off, r.Uint64N(uint64(size)-off+5000) + 0})
+				ranges = append(ranges, ctl.Range{Offset: off, Length: r.Uint64N(uint64(size)-off+5000) + 0})
 			}
-			ls, err := cl.Read(context.Background(), f, HostDevice, ranges)
+			ls, err := cl.Read(context.Background(), f, ctl.HostDevice, ranges)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -223,13 +228,13 @@ func TestReadByteExact(t *testing.T) {
 // More ranges than one request carries: the client splits them.
 func TestReadManyRanges(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 4 << 20, budgetBytes: 64 << 20})
-	cl := e.client(1000, Token{})
+	cl := e.client(1000, ctl.Token{})
 	f, data := e.file("many", 1<<20, os.O_RDONLY)
-	var ranges []Range
-	for i := range 3*MaxRanges + 7 {
-		ranges = append(ranges, Range{uint64(i * 997 % (1 << 20)), uint64(i%300 + 1)})
+	var ranges []ctl.Range
+	for i := range 3*ctl.MaxRanges + 7 {
+		ranges = append(ranges, ctl.Range{Offset: uint64(i * 997 % (1 << 20)), Length: uint64(i%300 + 1)})
 	}
-	ls, err := cl.Read(context.Background(), f, HostDevice, ranges)
+	ls, err := cl.Read(context.Background(), f, ctl.HostDevice, ranges)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,16 +249,16 @@ func (e *testEnv) rawFile(uid uint32, f *os.File, cmd uint32, buf []byte) syscal
 	return errno
 }
 
-func readBuf(tok Token, dev int32, ranges ...Range) []byte {
-	b := make([]byte, SizeRead)
-	(&ReadRequest{Token: tok, Device: dev, Ranges: ranges}).Encode(b)
+func readBuf(tok ctl.Token, dev int32, ranges ...ctl.Range) []byte {
+	b := make([]byte, ctl.SizeRead)
+	(&ctl.ReadRequest{Token: tok, Device: dev, Ranges: ranges}).Encode(b)
 	return b
 }
 
 // Every refusal docs/protocol.md lists, and the daemon still right after.
 func TestRefusals(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 2 << 20})
-	cl := e.client(1000, Token{})
+	cl := e.client(1000, ctl.Token{})
 	tok := cl.Token()
 	f, data := e.file("data", 100000, os.O_RDONLY)
 	dir, err := os.Open(e.dir)
@@ -271,26 +276,30 @@ func TestRefusals(t *testing.T) {
 		buf  []byte
 		want syscall.Errno
 	}{
-		{"other uid's token", 1001, f, CmdRead, readBuf(tok, -1, Range{0, 1}), syscall.EPERM},
-		{"root with another uid's token", 0, f, CmdRead, readBuf(tok, -1, Range{0, 1}), syscall.EPERM},
-		{"wrong secret", 1000, f, CmdRead, readBuf(Token{tok.Session, tok.Secret + 1}, -1, Range{0, 1}), syscall.EPERM},
-		{"unknown session", 1000, f, CmdRead, readBuf(Token{tok.Session + 100, tok.Secret}, -1, Range{0, 1}), syscall.EPERM},
-		{"no token", 1000, f, CmdRead, readBuf(Token{}, -1, Range{0, 1}), syscall.EPERM},
-		{"offset past EOF", 1000, f, CmdRead, readBuf(tok, -1, Range{100001, 1}), syscall.EINVAL},
-		{"offset overflows", 1000, f, CmdRead, readBuf(tok, -1, Range{1<<63 - 1, 2}), syscall.ERANGE},
-		{"offset >= 2^63", 1000, f, CmdRead, readBuf(tok, -1, Range{1 << 63, 0}), syscall.ERANGE},
-		{"length >= 2^63", 1000, f, CmdRead, readBuf(tok, -1, Range{0, 1 << 63}), syscall.ERANGE},
-		{"GPU device in host mode", 1000, f, CmdRead, readBuf(tok, 0, Range{0, 1}), syscall.ENODEV},
-		{"unknown command", 1000, f, CmdRead + 0x20, readBuf(tok, -1, Range{0, 1}), syscall.ENOTTY},
-		{"control command on data file", 1000, f, CmdRelease, make([]byte, SizeRelease), syscall.ENOTTY},
-		{"read on a directory", 1000, dir, CmdRead, readBuf(tok, -1, Range{0, 1}), syscall.ENOTTY},
-		{"bad magic", 1000, f, CmdRead, func() []byte { b := readBuf(tok, -1, Range{0, 1}); b[0] = 0; return b }(), syscall.EINVAL},
-		{"version 9", 1000, f, CmdRead, func() []byte { b := readBuf(tok, -1, Range{0, 1}); b[4] = 9; return b }(), syscall.EPROTO},
-		{"257 ranges", 1000, f, CmdRead, func() []byte { b := readBuf(tok, -1, Range{0, 1}); le.PutUint32(b[40:], 257); return b }(), syscall.E2BIG},
-		{"range larger than the pool", 1000, f, CmdRead, readBuf(tok, -1, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}, Range{0, 100000}), syscall.E2BIG},
-		{"write on a read-only descriptor", 1000, f, CmdWrite, func() []byte {
-			b := make([]byte, SizeWrite)
-			(&WriteRequest{Token: tok, Lease: 1, Length: 1}).Encode(b)
+		{"other uid's token", 1001, f, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1}), syscall.EPERM},
+		{"root with another uid's token", 0, f, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1}), syscall.EPERM},
+		{"wrong secret", 1000, f, ctl.CmdRead, readBuf(ctl.Token{Session: tok.Session, Secret: tok.Secret + 1}, -1, ctl.Range{Offset: 0, Length: 1}), syscall.EPERM},
+		{"unknown session", 1000, f, ctl.CmdRead, readBuf(ctl.Token{Session: tok.Session + 100, Secret: tok.Secret}, -1, ctl.Range{Offset: 0, Length: 1}), syscall.EPERM},
+		{"no token", 1000, f, ctl.CmdRead, readBuf(ctl.Token{}, -1, ctl.Range{Offset: 0, Length: 1}), syscall.EPERM},
+		{"offset past EOF", 1000, f, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 100001, Length: 1}), syscall.EINVAL},
+		{"offset overflows", 1000, f, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 1<<63 - 1, Length: 2}), syscall.ERANGE},
+		{"offset >= 2^63", 1000, f, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 1 << 63, Length: 0}), syscall.ERANGE},
+		{"length >= 2^63", 1000, f, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1 << 63}), syscall.ERANGE},
+		{"GPU device in host mode", 1000, f, ctl.CmdRead, readBuf(tok, 0, ctl.Range{Offset: 0, Length: 1}), syscall.ENODEV},
+		{"unknown command", 1000, f, ctl.CmdRead + 0x20, readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1}), syscall.ENOTTY},
+		{"control command on data file", 1000, f, ctl.CmdRelease, make([]byte, ctl.SizeRelease), syscall.ENOTTY},
+		{"read on a directory", 1000, dir, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1}), syscall.ENOTTY},
+		{"bad magic", 1000, f, ctl.CmdRead, func() []byte { b := readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1}); b[0] = 0; return b }(), syscall.EINVAL},
+		{"version 9", 1000, f, ctl.CmdRead, func() []byte { b := readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1}); b[4] = 9; return b }(), syscall.EPROTO},
+		{"257 ranges", 1000, f, ctl.CmdRead, func() []byte {
+			b := readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1})
+			le.PutUint32(b[40:], 257)
+			return b
+		}(), syscall.E2BIG},
+		{"range larger than the pool", 1000, f, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}, ctl.Range{Offset: 0, Length: 100000}), syscall.E2BIG},
+		{"write on a read-only descriptor", 1000, f, ctl.CmdWrite, func() []byte {
+			b := make([]byte, ctl.SizeWrite)
+			(&ctl.WriteRequest{Token: tok, Lease: 1, Length: 1}).Encode(b)
 			return b
 		}(), syscall.EBADF},
 	} {
@@ -309,27 +318,27 @@ func TestRefusals(t *testing.T) {
 		_, errno := sess.Ioctl(ctx, fs.Caller{UID: uid}, cmd, buf, out)
 		return errno
 	}
-	hello := make([]byte, SizeHello)
-	EncodeHello(hello)
-	if got := ctlRaw(1000, CmdRead, readBuf(tok, -1, Range{0, 1})); got != syscall.ENOTTY {
+	hello := make([]byte, ctl.SizeHello)
+	ctl.EncodeHello(hello)
+	if got := ctlRaw(1000, ctl.CmdRead, readBuf(tok, -1, ctl.Range{Offset: 0, Length: 1})); got != syscall.ENOTTY {
 		t.Errorf("READ on control file: %v, want ENOTTY", got)
 	}
-	if got := ctlRaw(1001, CmdHello, hello); got != syscall.EPERM {
+	if got := ctlRaw(1001, ctl.CmdHello, hello); got != syscall.EPERM {
 		t.Errorf("HELLO by another uid on a passed descriptor: %v, want EPERM", got)
 	}
 	if got := ctlRaw(1000, 0x5401, nil); got != syscall.ENOTTY {
 		t.Errorf("TCGETS on control file: %v, want ENOTTY", got)
 	}
-	slab := make([]byte, SizeSlab)
-	(&SlabRequest{Slab: 999}).Encode(slab)
-	if got := ctlRaw(1000, CmdSlab, slab); got != syscall.ENOENT {
+	slab := make([]byte, ctl.SizeSlab)
+	(&ctl.SlabRequest{Slab: 999}).Encode(slab)
+	if got := ctlRaw(1000, ctl.CmdSlab, slab); got != syscall.ENOENT {
 		t.Errorf("SLAB of unknown slab: %v, want ENOENT", got)
 	}
 
 	// Pool exhaustion: EAGAIN, at once; release makes room again.
-	var held []Lease
+	var held []ctl.Lease
 	for {
-		ls, err := cl.Read(ctx, f, HostDevice, []Range{{0, 100000}})
+		ls, err := cl.Read(ctx, f, ctl.HostDevice, []ctl.Range{{Offset: 0, Length: 100000}})
 		if errors.Is(err, syscall.EAGAIN) {
 			break
 		}
@@ -342,7 +351,7 @@ func TestRefusals(t *testing.T) {
 		}
 	}
 	// A session of the same uid must not map another session's slab.
-	other := e.client(1000, Token{})
+	other := e.client(1000, ctl.Token{})
 	if _, err := other.Slab(ctx, held[0].Slab); !errors.Is(err, syscall.EPERM) {
 		t.Errorf("SLAB of another session's slab: %v, want EPERM", err)
 	}
@@ -355,24 +364,24 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("double release: %v, want ENOENT", err)
 	}
 	e.checkIdle()
-	ls, err := cl.Read(ctx, f, HostDevice, []Range{{5, 70000}})
+	ls, err := cl.Read(ctx, f, ctl.HostDevice, []ctl.Range{{Offset: 5, Length: 70000}})
 	if err != nil {
 		t.Fatalf("read after refusals: %v", err)
 	}
-	checkLeases(t, cl, []Range{{5, 70000}}, ls, data)
+	checkLeases(t, cl, []ctl.Range{{Offset: 5, Length: 70000}}, ls, data)
 }
 
 func TestReadOnlyMount(t *testing.T) {
 	e := newEnv(t, envOptions{readOnly: true})
-	cl := e.client(1000, Token{})
-	if cl.Hello().Caps&CapWrite != 0 {
+	cl := e.client(1000, ctl.Token{})
+	if cl.Hello().Caps&ctl.CapWrite != 0 {
 		t.Error("read-only server advertises CapWrite")
 	}
-	if _, err := cl.Alloc(context.Background(), HostDevice, 4096); !errors.Is(err, syscall.EROFS) {
+	if _, err := cl.Alloc(context.Background(), ctl.HostDevice, 4096); !errors.Is(err, syscall.EROFS) {
 		t.Errorf("ALLOC: %v, want EROFS", err)
 	}
 	f, _ := e.file("w", 10, os.O_RDWR)
-	err := cl.Write(context.Background(), f, Lease{ID: 1}, 0, 0, 1, false)
+	err := cl.Write(context.Background(), f, ctl.Lease{ID: 1}, 0, 0, 1, false)
 	if !errors.Is(err, syscall.EROFS) {
 		t.Errorf("WRITE: %v, want EROFS", err)
 	}
@@ -380,11 +389,11 @@ func TestReadOnlyMount(t *testing.T) {
 
 func TestAllocWrite(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20})
-	cl := e.client(1000, Token{})
+	cl := e.client(1000, ctl.Token{})
 	ctx := context.Background()
 	f, _ := e.file("ckpt", 0, os.O_RDWR)
 	const n = 3<<20 + 17 // larger than a slab: a dedicated one
-	l, err := cl.Alloc(ctx, HostDevice, n)
+	l, err := cl.Alloc(ctx, ctl.HostDevice, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,13 +425,13 @@ func TestAllocWrite(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name              string
-		lease             Lease
+		lease             ctl.Lease
 		leaseOff, fileOff int64
 		length            int64
 		want              syscall.Errno
 	}{
 		{"beyond the lease", l, 1, 0, n, syscall.EINVAL},
-		{"unknown lease", Lease{ID: l.ID + 1000}, 0, 0, 1, syscall.ENOENT},
+		{"unknown lease", ctl.Lease{ID: l.ID + 1000}, 0, 0, 1, syscall.ENOENT},
 		{"file offset overflows", l, 0, 1<<63 - 1, 2, syscall.ERANGE},
 	} {
 		if err := cl.Write(ctx, f, tc.lease, tc.leaseOff, tc.fileOff, tc.length, false); !errors.Is(err, tc.want) {
@@ -430,7 +439,7 @@ func TestAllocWrite(t *testing.T) {
 		}
 	}
 	// Another session cannot write from this one's lease.
-	other := e.client(1000, Token{})
+	other := e.client(1000, ctl.Token{})
 	if err := other.Write(ctx, f, l, 0, 0, 1, false); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("write from another session's lease: %v, want ENOENT", err)
 	}
@@ -441,19 +450,19 @@ func TestAllocWrite(t *testing.T) {
 func TestSessionLifetime(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20})
 	ctx := context.Background()
-	owner := e.client(1000, Token{})
+	owner := e.client(1000, ctl.Token{})
 	f, data := e.file("d", 50000, os.O_RDONLY)
 
 	worker := e.client(1000, owner.Token())
-	ls, err := worker.Read(ctx, f, HostDevice, []Range{{10, 40000}})
+	ls, err := worker.Read(ctx, f, ctl.HostDevice, []ctl.Range{{Offset: 10, Length: 40000}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	worker.Close() // the worker exits; its lease lives on in owner's session
 	owner.Adopt(ls...)
-	checkLeases(t, owner, []Range{{10, 40000}}, ls, data)
+	checkLeases(t, owner, []ctl.Range{{Offset: 10, Length: 40000}}, ls, data)
 
-	if _, err := (e.client(1001, owner.Token())).Read(ctx, f, HostDevice, []Range{{0, 1}}); !errors.Is(err, syscall.EPERM) {
+	if _, err := (e.client(1001, owner.Token())).Read(ctx, f, ctl.HostDevice, []ctl.Range{{Offset: 0, Length: 1}}); !errors.Is(err, syscall.EPERM) {
 		t.Errorf("attach as another uid: %v, want EPERM", err)
 	}
 	if n, _ := e.leased(); n != 1 {
@@ -463,7 +472,7 @@ func TestSessionLifetime(t *testing.T) {
 	e.checkIdle()
 	// The ended session's token is worthless now.
 	again := e.client(1000, owner.Token())
-	if _, err := again.Read(ctx, f, HostDevice, []Range{{0, 1}}); !errors.Is(err, syscall.EPERM) {
+	if _, err := again.Read(ctx, f, ctl.HostDevice, []ctl.Range{{Offset: 0, Length: 1}}); !errors.Is(err, syscall.EPERM) {
 		t.Errorf("token of an ended session: %v, want EPERM", err)
 	}
 }
@@ -496,7 +505,7 @@ func tarFile(t *testing.T, dir string, n int) (string, map[string][]byte) {
 func TestIndexAndReadNames(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 4 << 20})
 	ctx := context.Background()
-	cl := e.client(1000, Token{})
+	cl := e.client(1000, ctl.Token{})
 	p, members := tarFile(t, e.dir, 2000) // index JSON > 64 KiB
 	f, err := os.Open(p)
 	if err != nil {
@@ -520,7 +529,7 @@ func TestIndexAndReadNames(t *testing.T) {
 	}
 
 	names := []string{"sample000000.bin", "sample001999.bin", "sample000700.bin", "sample000000.bin"}
-	ls, err := cl.ReadNames(ctx, f, HostDevice, names)
+	ls, err := cl.ReadNames(ctx, f, ctl.HostDevice, names)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -533,11 +542,11 @@ func TestIndexAndReadNames(t *testing.T) {
 			t.Errorf("%s: %d bytes, want %d equal to the member", name, len(got), len(members[name]))
 		}
 	}
-	if _, err := cl.ReadNames(ctx, f, HostDevice, []string{"nope"}); !errors.Is(err, syscall.ENOENT) {
+	if _, err := cl.ReadNames(ctx, f, ctl.HostDevice, []string{"nope"}); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("unknown name: %v, want ENOENT", err)
 	}
 	plain, _ := e.file("plain.bin", 100, os.O_RDONLY)
-	if _, err := cl.ReadNames(ctx, plain, HostDevice, []string{"x"}); !errors.Is(err, syscall.ENODATA) {
+	if _, err := cl.ReadNames(ctx, plain, ctl.HostDevice, []string{"x"}); !errors.Is(err, syscall.ENODATA) {
 		t.Errorf("READ_NAMES on unindexed file: %v, want ENODATA", err)
 	}
 	if _, err := cl.Index(ctx, plain); !errors.Is(err, syscall.ENODATA) {
@@ -577,8 +586,8 @@ func TestXattrsAndStatus(t *testing.T) {
 		t.Errorf("index of unindexed file: %v, want ENODATA", errno)
 	}
 
-	cl := e.client(1000, Token{})
-	if _, err := cl.Read(ctx, f, HostDevice, []Range{{0, 100}}); err != nil {
+	cl := e.client(1000, ctl.Token{})
+	if _, err := cl.Read(ctx, f, ctl.HostDevice, []ctl.Range{{Offset: 0, Length: 100}}); err != nil {
 		t.Fatal(err)
 	}
 	doc, err := cl.Status(ctx)
@@ -604,17 +613,17 @@ func TestConcurrentSessions(t *testing.T) {
 	f, data := e.file("c", 2<<20, os.O_RDONLY)
 	var wg sync.WaitGroup
 	for w := range 8 {
-		cl := e.client(uint32(1000+w%2), Token{})
+		cl := e.client(uint32(1000+w%2), ctl.Token{})
 		wg.Go(func() {
 			defer cl.Close()
 			r := rand.New(rand.NewPCG(uint64(w), 3))
 			for range 30 {
-				var ranges []Range
+				var ranges []ctl.Range
 				for range r.IntN(5) + 1 {
 					off := r.Uint64N(uint64(len(data)))
-					ranges = append(ranges, Range{off, r.Uint64N(200000)})
+					ranges = append(ranges, ctl.Range{Offset: off, Length: r.Uint64N(200000)})
 				}
-				ls, err := cl.Read(context.Background(), f, HostDevice, ranges)
+				ls, err := cl.Read(context.Background(), f, ctl.HostDevice, ranges)
 				if err != nil {
 					t.Error(err)
 					return
@@ -640,14 +649,14 @@ func TestConcurrentSessions(t *testing.T) {
 // control file and on a data file; afterwards the server must still read
 // correctly, and closing every session must return the pool to idle.
 func FuzzServer(f *testing.F) {
-	for _, cmd := range []uint32{CmdHello, CmdSlab, CmdAlloc, CmdRelease, CmdStatus, CmdRead, CmdReadNames, CmdWrite, CmdIndex} {
-		b := make([]byte, CmdSize(cmd))
-		putHeader(b, Token{1, 0})
+	for _, cmd := range []uint32{ctl.CmdHello, ctl.CmdSlab, ctl.CmdAlloc, ctl.CmdRelease, ctl.CmdStatus, ctl.CmdRead, ctl.CmdReadNames, ctl.CmdWrite, ctl.CmdIndex} {
+		b := make([]byte, ctl.CmdSize(cmd))
+		ctl.PutHeader(b, ctl.Token{Session: 1, Secret: 0})
 		f.Add(cmd, b[:64], true)
 		f.Add(cmd, b[:64], false)
 	}
-	r := readBuf(Token{1, 0}, -1, Range{0, 5000})
-	f.Add(CmdRead, r[:96], false)
+	r := readBuf(ctl.Token{Session: 1, Secret: 0}, -1, ctl.Range{Offset: 0, Length: 5000})
+	f.Add(ctl.CmdRead, r[:96], false)
 
 	// One server for every input of this process: building one costs far
 	// more than an input.
@@ -660,7 +669,7 @@ func FuzzServer(f *testing.F) {
 		if errno != 0 {
 			t.Fatal(errno)
 		}
-		cl, err := newClient(ctx, &inproc{srv: e.srv, sess: sess0, caller: c}, Token{})
+		cl, err := ctl.NewTransportClient(ctx, &inproc{srv: e.srv, sess: sess0, caller: c}, ctl.Token{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -671,7 +680,7 @@ func FuzzServer(f *testing.F) {
 		// Session id 1 in the input stands for the live session (with its
 		// secret), so that the fuzzer reaches the deep paths.
 		tok := cl.Token()
-		size := CmdSize(cmd)
+		size := ctl.CmdSize(cmd)
 		in := make([]byte, size)
 		copy(in, prefix)
 		if len(in) >= 24 && le.Uint64(in[8:]) == 1 {
@@ -685,11 +694,11 @@ func FuzzServer(f *testing.F) {
 			e.srv.FileIoctl(ctx, c, data, data.Name(), cmd, in, out)
 		}
 		sess.Close()
-		ls, err := cl.Read(ctx, data, HostDevice, []Range{{3, 9000}})
+		ls, err := cl.Read(ctx, data, ctl.HostDevice, []ctl.Range{{Offset: 3, Length: 9000}})
 		if err != nil {
 			t.Fatalf("read after cmd %#x: %v", cmd, err)
 		}
-		checkLeases(t, cl, []Range{{3, 9000}}, ls, content)
+		checkLeases(t, cl, []ctl.Range{{Offset: 3, Length: 9000}}, ls, content)
 		cl.Close()
 		if n, b := e.leased(); n != 0 || b != 0 {
 			t.Fatalf("cmd %#x: pool holds %d leases (%d bytes) after every session closed", cmd, n, b)
@@ -719,16 +728,18 @@ func TestCloseWaitsForReads(t *testing.T) {
 	ctx := context.Background()
 	owner := fs.Caller{UID: 1000}
 	sess, _ := e.srv.OpenSession(ctx, owner)
-	hello := make([]byte, SizeHello)
-	EncodeHello(hello)
-	out := make([]byte, SizeHello)
-	if _, errno := sess.Ioctl(ctx, owner, CmdHello, hello, out); errno != 0 {
+	hello := make([]byte, ctl.SizeHello)
+	ctl.EncodeHello(hello)
+	out := make([]byte, ctl.SizeHello)
+	if _, errno := sess.Ioctl(ctx, owner, ctl.CmdHello, hello, out); errno != 0 {
 		t.Fatal(errno)
 	}
-	h, _ := DecodeHelloReply(out)
+	h, _ := ctl.DecodeHelloReply(out)
 	f, _ := e.file("d", 10000, os.O_RDONLY)
 	readDone := make(chan syscall.Errno, 1)
-	go func() { readDone <- e.rawFile(1000, f, CmdRead, readBuf(h.Token, -1, Range{0, 5000})) }()
+	go func() {
+		readDone <- e.rawFile(1000, f, ctl.CmdRead, readBuf(h.Token, -1, ctl.Range{Offset: 0, Length: 5000}))
+	}()
 	<-be.entered
 	closeDone := make(chan struct{})
 	go func() { sess.Close(); close(closeDone) }()
@@ -749,7 +760,7 @@ func TestCloseWaitsForReads(t *testing.T) {
 	}
 	<-closeDone
 	e.checkIdle()
-	if errno := e.rawFile(1000, f, CmdRead, readBuf(h.Token, -1, Range{0, 5000})); errno != syscall.EPERM {
+	if errno := e.rawFile(1000, f, ctl.CmdRead, readBuf(h.Token, -1, ctl.Range{Offset: 0, Length: 5000})); errno != syscall.EPERM {
 		t.Errorf("read on a closed session: %v, want EPERM", errno)
 	}
 }

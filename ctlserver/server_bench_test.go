@@ -1,4 +1,4 @@
-package ctl
+package ctlserver
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
@@ -19,13 +20,13 @@ import (
 //	go test -run '^$' -bench ServerRead -benchmem ./ctl
 func BenchmarkServerRead4KiB(b *testing.B) {
 	e := newEnv(b, envOptions{slabBytes: 1 << 20, budgetBytes: 64 << 20, noIndexes: true})
-	cl := e.client(1000, Token{})
+	cl := e.client(1000, ctl.Token{})
 	f, _ := e.file("a.bin", 1<<20, os.O_RDONLY)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		off := uint64(i%256) * 4096
-		ls, err := cl.Read(ctx, f, HostDevice, []Range{{Offset: off, Length: 4096}})
+		ls, err := cl.Read(ctx, f, ctl.HostDevice, []ctl.Range{{Offset: off, Length: 4096}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -40,14 +41,14 @@ func BenchmarkServerRead4KiB(b *testing.B) {
 // time for 32 MiB (BenchmarkEngine4x8MiB) for the daemon's overhead.
 func BenchmarkServerRead4x8MiB(b *testing.B) {
 	e := newEnv(b, envOptions{slabBytes: 64 << 20, budgetBytes: 256 << 20, noIndexes: true})
-	cl := e.client(1000, Token{})
+	cl := e.client(1000, ctl.Token{})
 	f, _ := e.file("a.bin", 32<<20, os.O_RDONLY)
 	ctx := context.Background()
-	ranges := []Range{{0, 8 << 20}, {8 << 20, 8 << 20}, {16 << 20, 8 << 20}, {24 << 20, 8 << 20}}
+	ranges := []ctl.Range{{Offset: 0, Length: 8 << 20}, {Offset: 8 << 20, Length: 8 << 20}, {Offset: 16 << 20, Length: 8 << 20}, {Offset: 24 << 20, Length: 8 << 20}}
 	b.SetBytes(32 << 20)
 	b.ReportAllocs()
 	for b.Loop() {
-		ls, err := cl.Read(ctx, f, HostDevice, ranges)
+		ls, err := cl.Read(ctx, f, ctl.HostDevice, ranges)
 		if err != nil {
 			b.Fatal(err)
 		}

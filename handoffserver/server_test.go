@@ -1,4 +1,4 @@
-package handoff
+package handoffserver
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gdsfs/gdsfs/handoff"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,7 +32,7 @@ type fakeSession struct {
 	slabs  []uint64 // slabs the session holds a lease in
 }
 
-func (f *fakeSessions) SlabFD(_ context.Context, peer Peer, req Request) (Handle, syscall.Errno) {
+func (f *fakeSessions) SlabFD(_ context.Context, peer handoff.Peer, req handoff.Request) (Handle, syscall.Errno) {
 	s, ok := f.sessions[req.Session]
 	if !ok || s.secret != req.Secret || s.uid != peer.UID {
 		return Handle{}, syscall.EPERM
@@ -120,23 +121,23 @@ func TestFetch(t *testing.T) {
 	done := make(chan struct{}, 1)
 	s := startServer(t, src, Options{}, done)
 	ctx := ctxT(t)
-	c, err := Dial(ctx, s.Addr(), os.Getpid())
+	c, err := handoff.Dial(ctx, s.Addr(), os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
 		name string
-		req  Request
+		req  handoff.Request
 		want syscall.Errno
 	}{
-		{"own slab", Request{Session: 1, Secret: 0x1111, Slab: 7}, 0},
-		{"forged secret", Request{Session: 1, Secret: 0x1112, Slab: 7}, syscall.EPERM},
-		{"zero token", Request{Slab: 7}, syscall.EPERM},
-		{"unknown session", Request{Session: 99, Secret: 0x1111, Slab: 7}, syscall.EPERM},
-		{"slab without a lease of the session", Request{Session: 1, Secret: 0x1111, Slab: 8}, syscall.EPERM},
-		{"unknown slab", Request{Session: 1, Secret: 0x1111, Slab: 9}, syscall.ENOENT},
-		{"another uid's session with its own secret", Request{Session: 2, Secret: 0x2222, Slab: 8}, syscall.EPERM},
-		{"own slab again", Request{Session: 1, Secret: 0x1111, Slab: 7}, 0},
+		{"own slab", handoff.Request{Session: 1, Secret: 0x1111, Slab: 7}, 0},
+		{"forged secret", handoff.Request{Session: 1, Secret: 0x1112, Slab: 7}, syscall.EPERM},
+		{"zero token", handoff.Request{Slab: 7}, syscall.EPERM},
+		{"unknown session", handoff.Request{Session: 99, Secret: 0x1111, Slab: 7}, syscall.EPERM},
+		{"slab without a lease of the session", handoff.Request{Session: 1, Secret: 0x1111, Slab: 8}, syscall.EPERM},
+		{"unknown slab", handoff.Request{Session: 1, Secret: 0x1111, Slab: 9}, syscall.ENOENT},
+		{"another uid's session with its own secret", handoff.Request{Session: 2, Secret: 0x2222, Slab: 8}, syscall.EPERM},
+		{"own slab again", handoff.Request{Session: 1, Secret: 0x1111, Slab: 7}, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -168,7 +169,7 @@ func TestFetch(t *testing.T) {
 // it expects (a name squatted after the daemon exited).
 func TestDialChecksServer(t *testing.T) {
 	s := startServer(t, newFake(), Options{}, nil)
-	if _, err := Dial(ctxT(t), s.Addr(), os.Getpid()+1); err == nil || !bytes.Contains([]byte(err.Error()), []byte("not the daemon")) {
+	if _, err := handoff.Dial(ctxT(t), s.Addr(), os.Getpid()+1); err == nil || !bytes.Contains([]byte(err.Error()), []byte("not the daemon")) {
 		t.Fatalf("Dial with another pid = %v, want a refusal naming the pid", err)
 	}
 }
@@ -201,7 +202,7 @@ func TestMalformedAndDyingClients(t *testing.T) {
 	done := make(chan struct{}, 16)
 	s := startServer(t, newFake(), Options{}, done)
 	base := openFDs(t)
-	good := EncodeRequest(Request{Session: 1, Secret: 0x1111, Slab: 7})
+	good := handoff.EncodeRequest(handoff.Request{Session: 1, Secret: 0x1111, Slab: 7})
 	longer := append(append([]byte(nil), good...), 0)
 	reserved := append([]byte(nil), good...)
 	reserved[39] = 1
@@ -234,12 +235,12 @@ func TestMalformedAndDyingClients(t *testing.T) {
 				}
 			}
 			if tc.einval {
-				buf := make([]byte, ReplyBytes)
+				buf := make([]byte, handoff.ReplyBytes)
 				n, err := c.Read(buf)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if rep, err := DecodeReply(buf[:n]); err != nil || rep.Errno != syscall.EINVAL {
+				if rep, err := handoff.DecodeReply(buf[:n]); err != nil || rep.Errno != syscall.EINVAL {
 					t.Fatalf("reply %+v, %v; want EINVAL", rep, err)
 				}
 				// Then EOF: the server closed the connection.
@@ -266,22 +267,22 @@ func TestConnLimits(t *testing.T) {
 	done := make(chan struct{}, 16)
 	s := startServer(t, newFake(), Options{MaxConnsPerUID: 2}, done)
 	ctx := ctxT(t)
-	var held []*Conn
+	var held []*handoff.Conn
 	for range 2 {
-		c, err := Dial(ctx, s.Addr(), 0)
+		c, err := handoff.Dial(ctx, s.Addr(), 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, c)
-		if _, _, err := c.Fetch(ctx, Request{Session: 1, Secret: 0x1111, Slab: 7}); err != nil {
+		if _, _, err := c.Fetch(ctx, handoff.Request{Session: 1, Secret: 0x1111, Slab: 7}); err != nil {
 			t.Fatal(err) // served, so registered before the next dial
 		}
 	}
-	over, err := Dial(ctx, s.Addr(), 0)
+	over, err := handoff.Dial(ctx, s.Addr(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := over.Fetch(ctx, Request{Session: 1, Secret: 0x1111, Slab: 7}); err == nil {
+	if _, _, err := over.Fetch(ctx, handoff.Request{Session: 1, Secret: 0x1111, Slab: 7}); err == nil {
 		t.Fatal("a third connection of one uid was served with MaxConnsPerUID 2")
 	}
 	over.Close()
@@ -290,12 +291,12 @@ func TestConnLimits(t *testing.T) {
 	}
 	held[0].Close()
 	<-done
-	again, err := Dial(ctx, s.Addr(), 0)
+	again, err := handoff.Dial(ctx, s.Addr(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer again.Close()
-	f, _, err := again.Fetch(ctx, Request{Session: 1, Secret: 0x1111, Slab: 7})
+	f, _, err := again.Fetch(ctx, handoff.Request{Session: 1, Secret: 0x1111, Slab: 7})
 	if err != nil {
 		t.Fatalf("after a connection closed: %v", err)
 	}
@@ -318,7 +319,7 @@ func TestPathSocket(t *testing.T) {
 	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o666 {
 		t.Fatalf("socket %s: %v, %v; want a socket of mode 0666", p, fi, err)
 	}
-	f, _, err := Fetch(ctxT(t), p, os.Getpid(), Request{Session: 1, Secret: 0x1111, Slab: 7})
+	f, _, err := handoff.Fetch(ctxT(t), p, os.Getpid(), handoff.Request{Session: 1, Secret: 0x1111, Slab: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,11 +412,11 @@ func TestHandoffChild(t *testing.T) {
 		t.Skip("only run by TestOtherUID")
 	}
 	pid, _ := strconv.Atoi(os.Getenv("HANDOFF_CHILD_PID"))
-	var r Request
+	var r handoff.Request
 	if _, err := fmt.Sscanf(os.Getenv("HANDOFF_CHILD_REQ"), "%d:%d:%d", &r.Session, &r.Secret, &r.Slab); err != nil {
 		t.Fatal(err)
 	}
-	f, _, err := Fetch(ctxT(t), addr, pid, r)
+	f, _, err := handoff.Fetch(ctxT(t), addr, pid, r)
 	var errno syscall.Errno
 	switch {
 	case err == nil:

@@ -1,4 +1,4 @@
-package ctl
+package ctlserver
 
 import (
 	"bytes"
@@ -11,7 +11,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/handoff"
+	"github.com/gdsfs/gdsfs/handoffserver"
 )
 
 // TestSlabFD: the slab socket's source gives a session's own slab to a
@@ -20,10 +22,10 @@ import (
 func TestSlabFD(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 64 << 20})
 	const uid, other = 1000, 1001
-	a := e.client(uid, Token{})
-	b := e.client(uid, Token{}) // same uid, another session, no lease
+	a := e.client(uid, ctl.Token{})
+	b := e.client(uid, ctl.Token{}) // same uid, another session, no lease
 	f, data := e.file("f", 100000, os.O_RDONLY)
-	ls, err := a.Read(context.Background(), f, HostDevice, []Range{{Offset: 5000, Length: 70000}})
+	ls, err := a.Read(context.Background(), f, ctl.HostDevice, []ctl.Range{{Offset: 5000, Length: 70000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,13 +103,13 @@ func TestHelloSlabSocket(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20})
 			e.srv.opts.SlabSocket = tc.addr
-			h := e.client(1000, Token{}).Hello()
-			if got := h.Caps&CapSlabFD != 0; got != (tc.addr != "") || h.SlabSocket != tc.addr {
+			h := e.client(1000, ctl.Token{}).Hello()
+			if got := h.Caps&ctl.CapSlabFD != 0; got != (tc.addr != "") || h.SlabSocket != tc.addr {
 				t.Fatalf("HELLO caps %#x socket %q, want CapSlabFD=%v socket %q", h.Caps, h.SlabSocket, tc.addr != "", tc.addr)
 			}
 		})
 	}
-	long := Options{Pool: newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20}).pool, Engines: fixedEngine{}, SlabSocket: "@" + string(bytes.Repeat([]byte("x"), SlabSocketBytes))}
+	long := Options{Pool: newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20}).pool, Engines: fixedEngine{}, SlabSocket: "@" + string(bytes.Repeat([]byte("x"), ctl.SlabSocketBytes))}
 	if err := long.Validate(); err == nil {
 		t.Fatal("a slab socket address longer than HELLO's room validated")
 	}
@@ -118,7 +120,7 @@ func TestHelloSlabSocket(t *testing.T) {
 // descriptor and reads the lease's bytes through it.
 func TestSlabFDOverSocket(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 64 << 20})
-	hs, err := handoff.Listen(handoff.Options{})
+	hs, err := handoffserver.Listen(handoffserver.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,9 +129,9 @@ func TestSlabFDOverSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.srv.opts.SlabSocket = hs.Addr()
-	cl := e.client(uint32(os.Getuid()), Token{}) // the socket sees this process
+	cl := e.client(uint32(os.Getuid()), ctl.Token{}) // the socket sees this process
 	f, data := e.file("g", 9000, os.O_RDONLY)
-	ls, err := cl.Read(context.Background(), f, HostDevice, []Range{{Offset: 1, Length: 8000}})
+	ls, err := cl.Read(context.Background(), f, ctl.HostDevice, []ctl.Range{{Offset: 1, Length: 8000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,20 +152,20 @@ func TestSlabFDOverSocket(t *testing.T) {
 // TestSlabWireRoundTrip: HELLO's slab socket (up to its full room) and a
 // kind-3 SLAB reply (no handle bytes) survive encoding.
 func TestSlabWireRoundTrip(t *testing.T) {
-	for _, addr := range []string{"", "@gdsfs-slabs-1-0123456789abcdef", "/" + string(bytes.Repeat([]byte("s"), SlabSocketBytes-2))} {
-		h := HelloReply{Version: 1, Caps: CapCUDASlabs | CapSlabFD, DaemonPID: 7, Engine: "posix", SlabSocket: addr}
-		b := make([]byte, SizeHello)
+	for _, addr := range []string{"", "@gdsfs-slabs-1-0123456789abcdef", "/" + string(bytes.Repeat([]byte("s"), ctl.SlabSocketBytes-2))} {
+		h := ctl.HelloReply{Version: 1, Caps: ctl.CapCUDASlabs | ctl.CapSlabFD, DaemonPID: 7, Engine: "posix", SlabSocket: addr}
+		b := make([]byte, ctl.SizeHello)
 		h.Encode(b)
-		got, err := DecodeHelloReply(b)
+		got, err := ctl.DecodeHelloReply(b)
 		if err != nil || got != h {
 			t.Errorf("hello with socket %q: got %+v, %v", addr, got, err)
 		}
 	}
-	r := SlabReply{Slab: 9, Size: 64 << 20, Kind: SlabCUDAFD, Device: 0}
-	b := make([]byte, SizeSlab)
+	r := ctl.SlabReply{Slab: 9, Size: 64 << 20, Kind: ctl.SlabCUDAFD, Device: 0}
+	b := make([]byte, ctl.SizeSlab)
 	r.Encode(b)
-	got, err := DecodeSlabReply(b)
-	if err != nil || got.Kind != SlabCUDAFD || len(got.Handle) != 0 || got.Size != r.Size || got.Slab != r.Slab {
+	got, err := ctl.DecodeSlabReply(b)
+	if err != nil || got.Kind != ctl.SlabCUDAFD || len(got.Handle) != 0 || got.Size != r.Size || got.Slab != r.Slab {
 		t.Errorf("kind-3 slab reply: got %+v, %v", got, err)
 	}
 }
@@ -173,9 +175,9 @@ func TestSlabWireRoundTrip(t *testing.T) {
 // once the session is gone, it refuses.
 func TestSlabFDConcurrentClose(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 64 << 20})
-	a := e.client(1000, Token{})
+	a := e.client(1000, ctl.Token{})
 	f, _ := e.file("c", 50000, os.O_RDONLY)
-	ls, err := a.Read(context.Background(), f, HostDevice, []Range{{Offset: 0, Length: 50000}})
+	ls, err := a.Read(context.Background(), f, ctl.HostDevice, []ctl.Range{{Offset: 0, Length: 50000}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package ctl
+package ctlserver
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/fs"
 )
 
@@ -33,11 +34,11 @@ func TestWriteOnlyDescriptor(t *testing.T) {
 	if _, err := wo.WriteAt(npyBytes(), 0); err != nil {
 		t.Fatal(err)
 	}
-	cl := e.client(1000, Token{})
-	if _, err := cl.Read(ctx, wo, HostDevice, []Range{{0, 100}}); !errors.Is(err, syscall.EBADF) {
+	cl := e.client(1000, ctl.Token{})
+	if _, err := cl.Read(ctx, wo, ctl.HostDevice, []ctl.Range{{Offset: 0, Length: 100}}); !errors.Is(err, syscall.EBADF) {
 		t.Errorf("READ through a write-only descriptor: %v, want EBADF", err)
 	}
-	if _, err := cl.ReadNames(ctx, wo, HostDevice, []string{"data"}); !errors.Is(err, syscall.EBADF) {
+	if _, err := cl.ReadNames(ctx, wo, ctl.HostDevice, []string{"data"}); !errors.Is(err, syscall.EBADF) {
 		t.Errorf("READ_NAMES through a write-only descriptor: %v, want EBADF", err)
 	}
 	if _, err := cl.Index(ctx, wo); !errors.Is(err, syscall.EBADF) {
@@ -51,7 +52,7 @@ func TestWriteOnlyDescriptor(t *testing.T) {
 	if _, err := cl.Index(ctx, ro); err != nil {
 		t.Errorf("INDEX through a read-only descriptor: %v", err)
 	}
-	l, err := cl.Alloc(ctx, HostDevice, 4096)
+	l, err := cl.Alloc(ctx, ctl.HostDevice, 4096)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,8 +108,8 @@ func TestStatsOwnOnly(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	ctx := context.Background()
 	for _, uid := range []uint32{1001, 1002} {
-		cl := e.client(uid, Token{})
-		if _, err := cl.Alloc(ctx, HostDevice, 4096); err != nil {
+		cl := e.client(uid, ctl.Token{})
+		if _, err := cl.Alloc(ctx, ctl.HostDevice, 4096); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -142,7 +143,7 @@ func TestStatsOwnOnly(t *testing.T) {
 		}
 	}
 	// STATUS on a session is filtered by the session's uid alike.
-	cl := e.client(1003, Token{})
+	cl := e.client(1003, ctl.Token{})
 	doc, err := cl.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -172,11 +173,11 @@ func TestIndexBusy(t *testing.T) {
 		e := newEnv(t, envOptions{})
 		e.srv.opts.Indexes = busyIndexer{err: fmt.Errorf("test: %w", err)}
 		f, _ := e.file("a.tar", 4096, os.O_RDONLY)
-		cl := e.client(1000, Token{})
+		cl := e.client(1000, ctl.Token{})
 		if _, got := cl.Index(ctx, f); !errors.Is(got, syscall.EAGAIN) {
 			t.Errorf("INDEX with %v: %v, want EAGAIN", err, got)
 		}
-		if _, got := cl.ReadNames(ctx, f, HostDevice, []string{"x"}); !errors.Is(got, syscall.EAGAIN) {
+		if _, got := cl.ReadNames(ctx, f, ctl.HostDevice, []string{"x"}); !errors.Is(got, syscall.EAGAIN) {
 			t.Errorf("READ_NAMES with %v: %v, want EAGAIN", err, got)
 		}
 		v, errno := e.srv.Xattr(ctx, fs.Caller{UID: 1000}, pathTarget(f.Name(), false), "user.gdsfs.info")

@@ -1,4 +1,4 @@
-package ctl
+package ctlserver
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 )
 
@@ -39,12 +40,12 @@ func TestEngineChoiceByRange(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 16 << 20})
 	rc := &recordingChooser{e: cufile.NewHostEngine(cufile.Options{ChunkBytes: 64 << 10, Workers: 2})}
 	e.srv.opts.Engines = rc
-	cl := e.client(1000, Token{})
+	cl := e.client(1000, ctl.Token{})
 	f, data := e.file("a.bin", 100000, os.O_RDONLY)
 	ctx := context.Background()
-	ranges := []Range{{Offset: 30000, Length: 10}, {Offset: 5000, Length: 100}, {Offset: 99990, Length: 100}}
+	ranges := []ctl.Range{{Offset: 30000, Length: 10}, {Offset: 5000, Length: 100}, {Offset: 99990, Length: 100}}
 	for range 2 {
-		ls, err := cl.Read(ctx, f, HostDevice, ranges)
+		ls, err := cl.Read(ctx, f, ctl.HostDevice, ranges)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +57,7 @@ func TestEngineChoiceByRange(t *testing.T) {
 	}
 
 	w, _ := e.file("out.bin", 0, os.O_RDWR)
-	l, err := cl.Alloc(ctx, HostDevice, 8192)
+	l, err := cl.Alloc(ctx, ctl.HostDevice, 8192)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,171 @@
+package ctlserver
+
+import (
+	"context"
+	"os"
+	"syscall"
+
+	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
+)
+
+// read serves READ and READ_NAMES.
+func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string, in, out []byte, byName bool) syscall.Errno {
+	if len(in) != ctl.SizeRead || len(out) != ctl.SizeRead {
+		return syscall.EINVAL
+	}
+	size, errno := statFile(f)
+	if errno != 0 {
+		return errno
+	}
+	// Only the access the caller's descriptor grants: the kernel checked
+	// that at open, and the daemon (root) must not read past it.
+	if !readable(f) {
+		return syscall.EBADF
+	}
+	var (
+		tok    ctl.Token
+		dev    int32
+		ranges []ctl.Range
+	)
+	if byName {
+		req, err := ctl.DecodeReadNamesRequest(in)
+		if err != nil {
+			return plainErrno(err)
+		}
+		tok, dev = req.Token, req.Device
+		// Check the caller before touching the index: a stranger learns
+		// nothing about the file from the errno.
+		if _, errno := s.session(tok, c); errno != 0 {
+			return errno
+		}
+		if ranges, errno = s.resolve(ctx, c, f, path, req.Names); errno != 0 {
+			return errno
+		}
+	} else {
+		req, err := ctl.DecodeReadRequest(in)
+		if err != nil {
+			return plainErrno(err)
+		}
+		tok, dev, ranges = req.Token, req.Device, req.Ranges
+	}
+	ss, errno := s.session(tok, c)
+	if errno != 0 {
+		return errno
+	}
+	if !ss.enter() {
+		return syscall.EPERM
+	}
+	defer ss.leave()
+	pdev, errno := s.device(dev)
+	if errno != 0 {
+		return errno
+	}
+	plan, errno := s.plan(ranges, size)
+	if errno != 0 {
+		return errno
+	}
+	eng, errno := s.readEngine(f, path, plan)
+	if errno != 0 {
+		return errno
+	}
+	leases, errno := ss.readRanges(ctx, f, eng, ctl.EngineCodeOf(eng.Name()), pdev, plan)
+	if errno != 0 {
+		return errno
+	}
+	(&ctl.ReadReply{Leases: leases}).Encode(out)
+	return 0
+}
+
+// engine returns the engine for [off, off+n) of f; a chooser that has
+// none is a bug, logged and answered with EIO rather than a crash.
+func (s *Server) engine(f *os.File, path string, off, n int64) (cufile.Engine, syscall.Errno) {
+	eng, why := s.opts.Engines.Choose(f, path, off, n)
+	if eng == nil {
+		s.opts.Log.Error().Str("path", path).Str("why", why).Msg("BUG: ctl: no engine for file")
+		return nil, syscall.EIO
+	}
+	return eng, 0
+}
+
+// readEngine returns the engine for a READ of plan: the chooser is asked
+// about the span of the READ's widened ranges.
+func (s *Server) readEngine(f *os.File, path string, plan []span) (cufile.Engine, syscall.Errno) {
+	lo, hi := int64(-1), int64(0)
+	for _, sp := range plan {
+		if sp.valid == 0 {
+			continue
+		}
+		if lo < 0 || sp.start < lo {
+			lo = sp.start
+		}
+		hi = max(hi, sp.end)
+	}
+	if lo < 0 {
+		lo = 0 // nothing to read: any answer serves
+	}
+	return s.engine(f, path, lo, hi-lo)
+}
+
+// span is one validated range: the requested bytes and the 4 KiB-widened
+// bytes the engine reads.
+type span struct {
+	off, length, valid int64 // requested offset and length, bytes present
+	start, end         int64 // widened [start, end), empty when valid == 0
+}
+
+// plan validates ranges against a file of size bytes (S4) and widens them.
+func (s *Server) plan(ranges []ctl.Range, size int64) ([]span, syscall.Errno) {
+	plan := make([]span, len(ranges))
+	var total int64
+	for i, r := range ranges {
+		if ctl.AddOverflows(r.Offset, r.Length) {
+			return nil, syscall.ERANGE
+		}
+		off, n := int64(r.Offset), int64(r.Length)
+		if off > size {
+			return nil, syscall.EINVAL
+		}
+		valid := min(n, size-off)
+		if valid > s.maxLease {
+			return nil, syscall.E2BIG
+		}
+		sp := span{off: off, length: n, valid: valid}
+		if valid > 0 {
+			sp.start = off &^ (ctl.AlignBytes - 1)
+			sp.end = gpubuf.AlignUp(off + valid)
+			total += sp.end - sp.start
+		}
+		plan[i] = sp
+	}
+	if total > s.maxLease {
+		return nil, syscall.E2BIG
+	}
+	return plan, 0
+}
+
+// The wire's alignment is the pool's (a compile error otherwise).
+const _ = uint(ctl.AlignBytes-gpubuf.Align) + uint(gpubuf.Align-ctl.AlignBytes)
+
+// resolve maps index names of f to ranges.
+func (s *Server) resolve(ctx context.Context, c fs.Caller, f *os.File, path string, names []string) ([]ctl.Range, syscall.Errno) {
+	x, errno := s.lookup(ctx, c, path, f)
+	if errno != 0 {
+		return nil, errno
+	}
+	ranges := make([]ctl.Range, len(names))
+	for i, name := range names {
+		off, n, err := x.Resolve(name)
+		switch {
+		case err != nil:
+			return nil, s.indexErrno(failResolve, err, path)
+		case off < 0 || n < 0:
+			s.opts.Log.Error().Str("path", path).Str("name", name).Msg("BUG: ctl: index resolved to a negative range")
+			return nil, syscall.EIO
+		}
+		ranges[i] = ctl.Range{Offset: uint64(off), Length: uint64(n)}
+	}
+	return ranges, 0
+}
