@@ -22,7 +22,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
@@ -35,7 +35,10 @@ from ._errors import GDSShardError, GDSShardWarning, GDSUnavailableError, warn_f
 from ._plan import EpochPlan, expand_braces
 from ._tensors import GDSBatch, GDSSample, TensorRef, _numel, _torch_dtype, _view_as
 
-__all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader", "default_decode"]
+if TYPE_CHECKING:
+    from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataLoader
+
+__all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader", "default_decode", "stateful_dataloader"]
 
 
 # ----------------------------------------------------------------------------
@@ -1087,10 +1090,17 @@ class DataLoader(torch.utils.data.DataLoader):
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
 
 
-def StatefulDataLoader(dataset: torch.utils.data.Dataset, *args: Any, **kwargs: Any) -> Any:
+def stateful_dataloader(dataset: torch.utils.data.Dataset, *args: Any, **kwargs: Any) -> "_TorchdataLoader":
     """torchdata's StatefulDataLoader with collate_fn=gdsfs.torch.collate and
     pin_memory=True when CUDA is available (everything else passes through).
-    It saves and restores GDSShardDataset's state in each worker."""
+    It saves and restores GDSShardDataset's state in each worker.
+
+    ``gdsfs.torch.StatefulDataLoader`` is the same function under the name
+    the documentation has always used.
+
+    Raises:
+        ImportError: torchdata is not installed (the message says what to do).
+    """
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader as _SDL
     except ImportError as e:
@@ -1098,3 +1108,8 @@ def StatefulDataLoader(dataset: torch.utils.data.Dataset, *args: Any, **kwargs: 
     kwargs.setdefault("collate_fn", collate)
     kwargs.setdefault("pin_memory", torch.cuda.is_available())
     return _SDL(dataset, *args, **kwargs)
+
+
+# The documented name (a factory, not a class: torchdata is optional and
+# imported only when called).
+StatefulDataLoader = stateful_dataloader
