@@ -319,6 +319,8 @@ def capabilities(path: PathLike) -> Capabilities:
 # the daemon answers. Those go through libc's ioctl via ctypes, which
 # releases the GIL and works on the buffer in place.
 _IOCTL_GIL_FREE_ABOVE = 1024
+
+
 @functools.lru_cache(maxsize=None)
 def _libc_ioctl() -> Any:
     """libc's ioctl through ctypes, looked up once (a race only builds it twice)."""
@@ -549,7 +551,7 @@ class Session:
             raise
         self._closed = False  # no new reads
         self._ended = False  # control descriptor closed: the session is over here
-        self._finalizer = weakref.finalize(self, _close_quietly, self._cfd)
+        self._finalizer: weakref.finalize | None = weakref.finalize(self, _close_quietly, self._cfd)
         _open_sessions[(root, self.token.session)] = self
 
     @classmethod
@@ -940,6 +942,8 @@ def session_for(ref: Ref) -> Session:
     if s is not None:
         return s
     s = Session.__new__(Session)
-    s.__setstate__({"mount": ref.mount, "hello": (proto.VERSION, os.getuid(), 0, (ref.session, ref.secret), proto.MAX_RANGES, proto.NAMES_BYTES, 4096, 0, 1 << 62, 16256, ref.daemon_pid, "", ""), "device": ref.device})
+    hello = (proto.VERSION, os.getuid(), 0, (ref.session, ref.secret), proto.MAX_RANGES, proto.NAMES_BYTES,
+             4096, 0, 1 << 62, 16256, ref.daemon_pid, "", "")
+    s.__setstate__({"mount": ref.mount, "hello": hello, "device": ref.device})
     _token_sessions[(ref.mount, ref.session)] = s
     return s

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["open_ipc_handle", "import_fd", "VmmMapping", "CudaArray"]
 

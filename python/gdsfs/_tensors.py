@@ -13,7 +13,7 @@ import dataclasses
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
@@ -101,11 +101,11 @@ def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
             with torch.cuda.device(d.device):
                 fd, nbytes = session.slab_fd(slab)
                 try:
-                    m = _cuda.import_fd(fd, nbytes, d.device)
+                    vm = _cuda.import_fd(fd, nbytes, d.device)
                 finally:
                     os.close(fd)
                 # The tensor keeps the mapping: it goes when the last view does.
-                arr = _cuda.CudaArray(m.ptr + d.map_offset, d.size, owner=m)
+                arr = _cuda.CudaArray(vm.ptr + d.map_offset, d.size, owner=vm)
                 t = torch.as_tensor(arr, device=torch.device("cuda", d.device))
             _core._slabs.vmm.add(key)
         elif d.kind == proto.SLAB_KIND_CUDA:
@@ -417,7 +417,8 @@ class GDSBatch:
     releasing the batch's leases with one request.
     """
 
-    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None, epoch: int = 0, slots: int = 0, engines: Sequence[str] = ()) -> None:
+    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None,
+                 epoch: int = 0, slots: int = 0, engines: Iterable[str] = ()) -> None:
         self.data = data
         self.gpu_fields = tuple(gpu_fields)
         # Engines that moved the gpu fields' bytes ("host", "posix", "gds",
@@ -580,5 +581,3 @@ def materialize(obj: Any, device: Device = None, *, copy: bool = True) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(materialize(v, device, copy=copy) for v in obj)
     return obj
-
-

@@ -58,8 +58,9 @@ def _default_weights_only() -> bool:
     return bool(p.default)
 
 
-def _is_path(f: Any) -> bool:
-    return isinstance(f, (str, os.PathLike))
+def _as_path(f: FILE_LIKE) -> str | None:
+    """f as a path, None for a file object."""
+    return os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
 
 
 def _stock_load(f: FILE_LIKE, map_location: MAP_LOCATION, pickle_module: Any, weights_only: bool,
@@ -132,9 +133,9 @@ def load(
     if "encoding" not in pickle_load_args:
         pickle_load_args["encoding"] = "utf-8"
     restore = _restorer(map_location)
-    if not _is_path(f) or mmap or restore is None or pickle_module is not None:
+    path = _as_path(f)
+    if path is None or mmap or restore is None or pickle_module is not None:
         return _stock_load(f, map_location, pickle_module, wo, mmap, pickle_load_args)
-    path = os.fspath(f)
     if not on_gdsfs(path, strict=strict, cause=_OFF_MOUNT):
         return _stock_load(f, map_location, pickle_module, wo, mmap, pickle_load_args)
     try:
@@ -189,13 +190,13 @@ def save(
     Example:
         gdsfs.checkpoint.save({"model": model.state_dict(), "step": 1000}, "/mnt/gdsfs/ckpt.pt")
     """
-    if not _is_path(f) or not _use_new_zipfile_serialization:
+    path = _as_path(f)
+    if path is None or not _use_new_zipfile_serialization:
         kw: dict[str, Any] = {}
         if _disable_byteorder_record:
             kw["_disable_byteorder_record"] = True
         torch.save(obj, f, pickle_module, pickle_protocol, _use_new_zipfile_serialization, **kw)
         return
-    path = os.fspath(f)
     arc = torchzip.build(obj, _archive_name(path), pickle_module=pickle_module, protocol=pickle_protocol,
                          alignment=storage_alignment, byteorder_record=not _disable_byteorder_record)
     via_daemon = on_gdsfs(path, strict=strict, cause=_OFF_MOUNT, doing="using plain writes")

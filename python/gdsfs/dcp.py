@@ -141,6 +141,8 @@ class GDSFileSystemWriter(FileSystemWriter):
             "cpu" always stages the stock way.
     """
 
+    fs: Any  # the stock writer's FileSystem, wrapped in __init__
+
     def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, staging: str = "gdsfs",
                  **kwargs: Any) -> None:
         if staging not in ("gdsfs", "cpu"):
@@ -483,4 +485,3 @@ def _default_hooks(planner: Any) -> bool:
         type(planner).resolve_tensor is DefaultLoadPlanner.resolve_tensor
         and type(planner).commit_tensor is DefaultLoadPlanner.commit_tensor
     )
-

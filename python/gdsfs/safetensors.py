@@ -67,6 +67,7 @@ _TO_TORCH: dict[str, torch.dtype] = {
 }
 _FROM_TORCH: dict[torch.dtype, str] = {v: k for k, v in _TO_TORCH.items()}
 
+
 def _torch_dtype(name: str, tensor: str) -> torch.dtype:
     dt = _TO_TORCH.get(name)
     if dt is None:

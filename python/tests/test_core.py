@@ -81,7 +81,8 @@ def test_decode_hello_and_lease() -> None:
     buf[104:108] = b"host"
     buf[136:141] = b"0.1.0"
     h = proto.decode_hello(bytes(buf))
-    assert (h.uid, h.caps, h.token, h.max_ranges, h.max_lease, h.page, h.daemon_pid, h.engine, h.daemon_version) == (1000, 0b11101, (42, 99), 256, 1 << 26, 16256, 1234, "host", "0.1.0")
+    got = (h.uid, h.caps, h.token, h.max_ranges, h.max_lease, h.page, h.daemon_pid, h.engine, h.daemon_version)
+    assert got == (1000, 0b11101, (42, 99), 256, 1 << 26, 16256, 1234, "host", "0.1.0")
     lb = bytearray(proto.READ_SIZE)
     struct.pack_into("<QQQQQII", lb, 64 + 48, 3, 4, 4196, 100, 60, 1, 0)
     assert proto.decode_read(bytes(lb), 2)[1] == proto.LeaseDesc(3, 4, 4196, 100, 60, 1)

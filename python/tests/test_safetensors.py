@@ -43,8 +43,6 @@ def mdir(gdsfs_mount, request):
     yield from daemon_dir(gdsfs_mount, request, "st")
 
 
-
-
 def all_dtypes(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = {}
