@@ -48,6 +48,12 @@ func runTests(m *testing.M) int {
 			return 1
 		}
 		defer os.RemoveAll(dir)
+		// MkdirTemp makes the directory 0700: open it to the other uids the
+		// tests run the binary as (TestMountAsUser, the two-uid tests).
+		if err := os.Chmod(dir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 		bin := filepath.Join(dir, "gdsfs")
 		out, err := exec.Command("go", "build", "-o", bin, "github.com/gdsfs/gdsfs/cmd/gdsfs").CombinedOutput()
 		if err != nil {
