@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -197,6 +198,17 @@ def test_capabilities_host_mode(gdsfs_mount) -> None:
     assert c.engine == "host" and not c.gds and c.devices == [] and c.host_slabs
     assert c.io_alignment == 4096 and c.max_lease > 0
     assert gdsfs.find_mount(p) == c.mount
+
+
+def test_one_version_for_package_and_daemon(gdsfs_mount) -> None:
+    """gdsfs.__version__ is the package's only version (pyproject.toml reads it) and equals the
+    version the daemon built from this tree reports (daemon.Version)."""
+    p = _write(gdsfs_mount, "version.bin", b"v")
+    assert gdsfs.capabilities(p).daemon_version == gdsfs.__version__
+    with open(os.path.join(os.path.dirname(gdsfs.__file__), "..", "pyproject.toml")) as f:
+        project = f.read()
+    assert 'dynamic = ["version"]' in project and 'version = { attr = "gdsfs.__version__" }' in project
+    assert not re.search(r'^version = "', project, re.M), "pyproject.toml names a version of its own"
 
 
 def test_session_reads_exact_bytes(gdsfs_mount) -> None:
