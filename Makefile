@@ -13,7 +13,7 @@ FUZZTIME  ?= 10s
 STATICCHECK ?= v0.8.2
 export GDSFS_BIN := $(abspath $(BIN))
 
-.PHONY: all build test unit integration pytest fuzz lint demo bench gpu-build install install-check wheel clean
+.PHONY: all build test unit integration pytest pycheck fuzz lint demo bench gpu-build install install-check wheel clean
 
 all: build
 
@@ -21,7 +21,7 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/gdsfs
 
-test: build lint unit integration pytest fuzz install-check
+test: build lint pycheck unit integration pytest fuzz install-check
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -37,6 +37,12 @@ integration: build
 
 pytest: build
 	@if [ -d python/tests ]; then $(PYTHON) -m pytest -q python/tests; fi
+
+# The Python package ships py.typed: it type-checks (mypy, settings in
+# python/pyproject.toml) and lints (flake8, settings in python/setup.cfg).
+pycheck:
+	$(PYTHON) -m mypy --config-file python/pyproject.toml python/gdsfs
+	$(PYTHON) -m flake8 --config python/setup.cfg python/gdsfs python/tests
 
 fuzz:
 	./scripts/fuzz.sh $(FUZZTIME)

@@ -109,12 +109,7 @@ func TestCLIErrors(t *testing.T) {
 func TestControlRefusalTable(t *testing.T) {
 	requireRoot(t)
 	dir := t.TempDir()
-	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-	for _, p := range []string{backing, mnt} {
-		if err := os.Mkdir(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backing, mnt := mountDirs(t, dir)
 	writeLoadDataset(t, backing)
 	writeFile(t, filepath.Join(backing, "plain.txt"), []byte("not an indexed format\n"))
 	// 16 MiB slabs, 32 MiB pool: a lease can hold at most 32 MiB.

@@ -57,12 +57,7 @@ func startDaemon(t testing.TB, set func(*daemon.Config)) (d *daemon.Daemon, mnt,
 	t.Helper()
 	requireRoot(t)
 	dir := t.TempDir()
-	backing, mnt = filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-	for _, p := range []string{backing, mnt} {
-		if err := os.Mkdir(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backing, mnt = mountDirs(t, dir)
 	c := daemon.Config{
 		Mountpoint: mnt,
 		Source:     backing,

@@ -3,9 +3,7 @@ package integration
 import (
 	"bytes"
 	mrand "math/rand/v2"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -18,12 +16,7 @@ import (
 func TestFaultClientKilledMidRequest(t *testing.T) {
 	requireRoot(t)
 	dir := t.TempDir()
-	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-	for _, d := range []string{backing, mnt} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backing, mnt := mountDirs(t, dir)
 	writeLoadDataset(t, backing)
 	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "512MiB", "--slab-size", "16MiB")
 	cmd, out := loadChild(t, "bigread", mnt, 999, time.Now().Add(time.Second))

@@ -49,12 +49,7 @@ func saveCheckpoint(dir, name string, write func(f *os.File) error) (err error) 
 func TestFaultDiskFullCheckpoint(t *testing.T) {
 	requireRoot(t)
 	dir := t.TempDir()
-	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-	for _, d := range []string{backing, mnt} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backing, mnt := mountDirs(t, dir)
 	if err := syscall.Mount("gdsfs-diskfull", backing, "tmpfs", 0, "size=8m"); err != nil {
 		t.Fatalf("mount tmpfs: %v", err)
 	}

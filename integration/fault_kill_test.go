@@ -21,12 +21,7 @@ const faultPromptness = 5 * time.Second
 func TestFaultKillDaemonUnderLoad(t *testing.T) {
 	requireRoot(t)
 	dir := t.TempDir()
-	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-	for _, d := range []string{backing, mnt} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backing, mnt := mountDirs(t, dir)
 	writeLoadDataset(t, backing)
 	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "256MiB", "--slab-size", "16MiB")
 	oldShm := d.shmDir()

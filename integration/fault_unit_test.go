@@ -5,7 +5,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -69,12 +68,7 @@ func TestFaultUnitRestart(t *testing.T) {
 	}
 	startPost, stopPost := unitScript(t, "ExecStartPost"), unitScript(t, "ExecStopPost")
 	dir := t.TempDir()
-	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-	for _, p := range []string{backing, mnt} {
-		if err := os.Mkdir(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backing, mnt := mountDirs(t, dir)
 	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
 	if code, out := runUnitScript(t, startPost, mnt); code != 0 {
 		t.Fatalf("ExecStartPost with the mount up: exit %d: %s", code, out)

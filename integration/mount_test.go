@@ -48,6 +48,12 @@ func runTests(m *testing.M) int {
 			return 1
 		}
 		defer os.RemoveAll(dir)
+		// MkdirTemp makes the directory 0700: open it to the other uids the
+		// tests run the binary as (TestMountAsUser, the two-uid tests).
+		if err := os.Chmod(dir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 		bin := filepath.Join(dir, "gdsfs")
 		out, err := exec.Command("go", "build", "-o", bin, "github.com/gdsfs/gdsfs/cmd/gdsfs").CombinedOutput()
 		if err != nil {
@@ -83,6 +89,19 @@ type mountOpts struct {
 	Backing string
 }
 
+// mountDirs makes dir/backing and dir/mnt (0755), the backing directory and
+// the mountpoint of a test's mount, and returns their paths.
+func mountDirs(t testing.TB, dir string) (backing, mnt string) {
+	t.Helper()
+	backing, mnt = filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
+	for _, p := range []string{backing, mnt} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return backing, mnt
+}
+
 // mountGdsfs mounts a backing directory (a fresh empty one unless
 // o.Backing) at a fresh mountpoint, in this process, and unmounts it when
 // the test ends (also on failure). The daemon's log goes to the test log
@@ -90,17 +109,9 @@ type mountOpts struct {
 func mountGdsfs(t testing.TB, o mountOpts) (mnt, backing string) {
 	t.Helper()
 	requireRoot(t)
-	dir := t.TempDir()
-	backing = o.Backing
-	if backing == "" {
-		backing = filepath.Join(dir, "backing")
-		if err := os.Mkdir(backing, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mnt = filepath.Join(dir, "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
+	backing, mnt = mountDirs(t, t.TempDir())
+	if o.Backing != "" {
+		backing = o.Backing
 	}
 	log := zerolog.Nop()
 	if testing.Verbose() {
@@ -286,15 +297,9 @@ func mountCLI(t testing.TB, backing string, extra ...string) string {
 	t.Helper()
 	requireRoot(t)
 	dir := t.TempDir()
+	fresh, mnt := mountDirs(t, dir)
 	if backing == "" {
-		backing = filepath.Join(dir, "backing")
-		if err := os.Mkdir(backing, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mnt := filepath.Join(dir, "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
+		backing = fresh
 	}
 	logFile := filepath.Join(dir, "gdsfs.log")
 	args := append([]string{"mount", "--background", "--log-file", logFile, "--source", backing}, extra...)

@@ -507,12 +507,7 @@ func poolMount(t *testing.T, extra ...string) (*binDaemon, string) {
 			t.Fatal(err)
 		}
 	}
-	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-	for _, p := range []string{backing, mnt} {
-		if err := os.Mkdir(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backing, mnt := mountDirs(t, dir)
 	args := append([]string{"--engine", "host", "--allow-other", "--host-pool", strconv.Itoa(poolSize), "--slab-size", strconv.Itoa(poolSlab)}, extra...)
 	d := startBinDaemon(t, backing, mnt, args...)
 	return d, worldExecutable(t, os.Args[0])

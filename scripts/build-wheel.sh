@@ -9,11 +9,12 @@ py=${PYTHON:-/usr/bin/python3}
 out=${WHEEL_DIR:-dist}
 arches=${WHEEL_ARCHES:-amd64 arm64}
 
-pyver=$(sed -n 's/^version = "\(.*\)"/\1/p' python/pyproject.toml)
+# The wheel's version is gdsfs.__version__ (pyproject.toml reads it); the
+# binary it carries reports daemon.Version: they must be equal.
 goversion=$(sed -n 's/^const Version = "\(.*\)"/\1/p' daemon/config.go)
 initver=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' python/gdsfs/__init__.py)
-if [ "$pyver" != "$goversion" ] || [ "$pyver" != "$initver" ]; then
-	echo "build-wheel: versions differ: python/pyproject.toml $pyver, gdsfs/__init__.py $initver, daemon.Version (daemon/config.go) $goversion; make them equal" >&2
+if [ -z "$goversion" ] || [ "$goversion" != "$initver" ]; then
+	echo "build-wheel: versions differ: python/gdsfs/__init__.py __version__ ${initver:-(none)}, daemon/config.go Version ${goversion:-(none)}; make them equal" >&2
 	exit 1
 fi
 "$py" -c 'import setuptools, wheel' 2>/dev/null || { echo "build-wheel: $py lacks setuptools or wheel; run ./scripts/install-deps.sh" >&2; exit 1; }
@@ -37,4 +38,4 @@ for arch in $arches; do
 	CGO_ENABLED=0 GOOS=linux GOARCH="$arch" go build -trimpath -o "$s/gdsfs/_bin/gdsfs" ./cmd/gdsfs
 	GDSFS_WHEEL_PLAT=$plat "$py" -m pip wheel --quiet --no-build-isolation --no-deps --no-index -w "$out" "$s"
 done
-ls -l "$out"/gdsfs-"$pyver"-*.whl
+ls -l "$out"/gdsfs-"$initver"-*.whl

@@ -7,12 +7,14 @@
 #   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
-#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid control dataset checkpoint dcp2;
-#                       dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
+#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid control dataset checkpoint dcp2
+#                       pytest; dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
 #                       fit them all in 10 minutes: split them across calls.
 #   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
+#   GDSFS_PYTHON        the Python with torch 2.x, safetensors, pytest, hypothesis (default python3)
+#   GDSFS_PYTEST_ARGS   extra pytest arguments for the pytest section (e.g. -k safetensors)
 set -uo pipefail
-sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp2} "
+sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp2 pytest} "
 want() { [[ "$sections" == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 bin=build/gpu
@@ -20,7 +22,9 @@ out=${OUT:-/tmp/gdsfs-gpu-out}
 work=${GDSFS_GPU_TEST_DIR:-/root/gdsfs-gpu}
 size=${GDSFS_BENCH_SIZE:-4GiB}
 mkdir -p "$out" "$work"
-for b in gdsfs cufile.test gpubuf.test; do
+need=(gdsfs)
+if want engines; then need+=(cufile.test gpubuf.test); fi
+for b in "${need[@]}"; do
 	[ -x "$bin/$b" ] || { echo "gpu-test: $bin/$b missing: run scripts/gpu-build.sh first and carry build/gpu" >&2; exit 2; }
 done
 status=0
@@ -140,19 +144,49 @@ if want checkpoint; then
 		pyunmount ckpt
 	else status=1; fi
 fi
+# ---- the Python suite (python/tests), against the carried binary --------
+# CI runs it with torch 1.13 and no safetensors, where the DCP fixtures and
+# round trips, safe_globals and the signature mirror skip; here torch 2.x,
+# safetensors and CUDA are present, so they run. The tests mount their own
+# host-engine daemon ($GDSFS_BIN); torch sees the GPUs, so the CUDA paths of
+# the client (materialize, device=, map_location=) run too.
+if want pytest; then
+	py=${GDSFS_PYTHON:-python3}
+	echo "== python suite: $py -m pytest python/tests ($("$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
+	# On timeout, SIGINT first: pytest tears its fixtures down (unmounts its daemons), and
+	# gets killed only if that takes more than 30 s.
+	t=${GDSFS_PYTEST_TIMEOUT:-480}
+	# shellcheck disable=SC2086
+	GDSFS_BIN="$PWD/$bin/gdsfs" PYTHONUNBUFFERED=1 timeout -s INT -k 30 "$t" \
+		"$py" -m pytest -q -rs -p no:cacheprovider --junitxml "$out/pytest.xml" ${GDSFS_PYTEST_ARGS:-} python/tests 2>&1 |
+		tee "$out/pytest.txt"
+	rc=${PIPESTATUS[0]}
+	if [ "$rc" -ne 0 ]; then
+		status=1
+		# timeout's 124, or pytest's own exit for an interrupted run (2) after our SIGINT.
+		if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || { [ "$rc" -eq 2 ] && grep -q KeyboardInterrupt "$out/pytest.txt"; }; then
+			printf '\ngpu-test: pytest timed out after %ss (GDSFS_PYTEST_TIMEOUT)\n' "$t" | tee -a "$out/pytest.txt"
+		fi
+	fi
+fi
 
 echo
 echo "================ summary ================"
 grep -hE '^(--- |ok |FAIL|PASS)' "$out/cufile-test.txt" 2>/dev/null | grep -E -- '--- (PASS|FAIL|SKIP): TestGPU' | sed 's/ (.*//'
 grep -E '^(ok|PASS|FAIL)' "$out/gpubuf-test.txt" 2>/dev/null | sed 's/^/gpubuf tests: /' | head -1
 grep -E 'byte-exact|match' "$out/cufile-test.txt" 2>/dev/null | sed 's/^ *gpu_test.go:[0-9]*: //' | sort -u
-grep -E '^ *(read|pread|h2d|odirect|gds|posix|host)' "$out/bench.txt"
-grep -E 'torch.cuda.gds' "$out/torch-gds.txt"
+grep -E '^ *(read|pread|h2d|odirect|gds|posix|host)' "$out/bench.txt" 2>/dev/null
+grep -E 'torch.cuda.gds' "$out/torch-gds.txt" 2>/dev/null
 grep -E '^verdict' "$out/doctor.txt" 2>/dev/null
 grep -hE '^ipc_uid_check: (FAIL.*|PASS)$|slab handles' "$out/ipc-uid.txt" 2>/dev/null
 grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* GB/s|^control.sh:' "$out/control.txt" 2>/dev/null
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
 for f in dataset checkpoint; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
+# pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
+if [ -f "$out/pytest.txt" ]; then
+	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')
+	echo "python suite: ${count:-no pytest count: see $out/pytest.txt}"
+fi
 echo "gpu-test: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(fuse3 attr python3-torch python3-numpy python3-pytest python3-hypothesis
-	python3-pil python3-venv python3-pip python3-setuptools python3-wheel tar coreutils)
+	python3-mypy python3-flake8 python3-pil python3-venv python3-pip python3-setuptools python3-wheel tar coreutils)
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -83,6 +83,7 @@ from __future__ import annotations
 import ctypes
 import errno as _errno
 import fcntl
+import functools
 import json
 import mmap
 import os
@@ -171,6 +172,26 @@ def find_mount(path: PathLike) -> str | None:
 def is_gdsfs_path(path: PathLike) -> bool:
     """True when path lies on a gdsfs mount."""
     return find_mount(path) is not None
+
+
+def on_gdsfs(path: PathLike, *, strict: bool, cause: str, doing: str = "using plain reads") -> bool:
+    """True when path lies on a gdsfs mount; else the one-time GDSFallbackWarning and False.
+
+    The check the file-format modules (gdsfs.safetensors, gdsfs.checkpoint, gdsfs.dcp) make
+    before using the daemon. Call it from the public function (or method) the user called: the
+    warning names that function's caller.
+
+    Args:
+        path: the file (or checkpoint directory) about to be read or written.
+        strict: raise GDSUnavailableError instead of warning.
+        cause: what makes two fallbacks the same, warned about once per process (e.g.
+            "off-mount checkpoint").
+        doing: what the caller does instead ("using plain reads", "using plain writes").
+    """
+    if find_mount(path) is not None:
+        return True
+    warn_fallback(f"{os.fspath(path)!r} is not on a gdsfs mount", strict=strict, stacklevel=4, cause=cause, doing=doing)
+    return False
 
 
 @dataclass(frozen=True)
@@ -298,7 +319,15 @@ def capabilities(path: PathLike) -> Capabilities:
 # the daemon answers. Those go through libc's ioctl via ctypes, which
 # releases the GIL and works on the buffer in place.
 _IOCTL_GIL_FREE_ABOVE = 1024
-_libc_ioctl: Any = None
+
+
+@functools.lru_cache(maxsize=None)
+def _libc_ioctl() -> Any:
+    """libc's ioctl through ctypes, looked up once (a race only builds it twice)."""
+    f = ctypes.CDLL(None, use_errno=True).ioctl
+    f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+    f.restype = ctypes.c_int
+    return f
 
 
 def _ioctl(fd: int, cmd: int, buf: bytearray) -> None:
@@ -307,16 +336,10 @@ def _ioctl(fd: int, cmd: int, buf: bytearray) -> None:
     Buffers above 1024 bytes go through ctypes (GIL released), smaller ones
     through fcntl.ioctl (which releases the GIL for those already).
     """
-    global _libc_ioctl
     if len(buf) <= _IOCTL_GIL_FREE_ABOVE:
         fcntl.ioctl(fd, cmd, buf, True)
         return
-    f = _libc_ioctl
-    if f is None:
-        f = ctypes.CDLL(None, use_errno=True).ioctl
-        f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
-        f.restype = ctypes.c_int
-        _libc_ioctl = f  # one function object, set once; a race only builds it twice
+    f = _libc_ioctl()
     arr = (ctypes.c_char * len(buf)).from_buffer(buf)
     try:
         rc = f(fd, cmd, ctypes.addressof(arr))
@@ -528,7 +551,7 @@ class Session:
             raise
         self._closed = False  # no new reads
         self._ended = False  # control descriptor closed: the session is over here
-        self._finalizer = weakref.finalize(self, _close_quietly, self._cfd)
+        self._finalizer: weakref.finalize | None = weakref.finalize(self, _close_quietly, self._cfd)
         _open_sessions[(root, self.token.session)] = self
 
     @classmethod
@@ -919,6 +942,8 @@ def session_for(ref: Ref) -> Session:
     if s is not None:
         return s
     s = Session.__new__(Session)
-    s.__setstate__({"mount": ref.mount, "hello": (proto.VERSION, os.getuid(), 0, (ref.session, ref.secret), proto.MAX_RANGES, proto.NAMES_BYTES, 4096, 0, 1 << 62, 16256, ref.daemon_pid, "", ""), "device": ref.device})
+    hello = (proto.VERSION, os.getuid(), 0, (ref.session, ref.secret), proto.MAX_RANGES, proto.NAMES_BYTES,
+             4096, 0, 1 << 62, 16256, ref.daemon_pid, "", "")
+    s.__setstate__({"mount": ref.mount, "hello": hello, "device": ref.device})
     _token_sessions[(ref.mount, ref.session)] = s
     return s

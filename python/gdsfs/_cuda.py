@@ -22,8 +22,9 @@ PyTorch's runtime uses.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["open_ipc_handle", "import_fd", "VmmMapping", "CudaArray"]
 
@@ -105,15 +106,19 @@ class _Driver:
         self.lib.cuCtxPopCurrent_v2(ctypes.byref(old))
 
 
-_driver: list[Optional[_Driver]] = [None]
+@functools.lru_cache(maxsize=None)
+def _load_driver() -> _Driver:
+    return _Driver()
+
+
 _driver_lock = threading.Lock()
 
 
 def _get_driver() -> _Driver:
+    """The process's one _Driver (libcuda), loaded on first use; a failed load is retried next
+    time. The lock makes two threads' first calls build one, not two."""
     with _driver_lock:
-        if _driver[0] is None:
-            _driver[0] = _Driver()
-        return _driver[0]
+        return _load_driver()
 
 
 def open_ipc_handle(handle: bytes, device: int) -> int:

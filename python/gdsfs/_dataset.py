@@ -22,7 +22,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
@@ -35,7 +35,10 @@ from ._errors import GDSShardError, GDSShardWarning, GDSUnavailableError, warn_f
 from ._plan import EpochPlan, expand_braces
 from ._tensors import GDSBatch, GDSSample, TensorRef, _numel, _torch_dtype, _view_as
 
-__all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader", "default_decode"]
+if TYPE_CHECKING:
+    from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataLoader
+
+__all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader", "default_decode", "stateful_dataloader"]
 
 
 # ----------------------------------------------------------------------------
@@ -730,7 +733,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         if isinstance(self.decode, Mapping):
             for k in self.decode:
                 if k in self.gpu_keys:
-                    raise ValueError(f"gdsfs: decode={{{k!r}: ...}} names a gpu_keys field, which arrives as a tensor and is never decoded: remove {k!r} from gpu_keys or from decode")
+                    raise ValueError(f"gdsfs: decode={{{k!r}: ...}} names a gpu_keys field, which arrives as a tensor and is never decoded: "
+                                     f"remove {k!r} from gpu_keys or from decode")
 
     def _sample_fields(self, st: _ShardState, idx: int) -> tuple[str, list[_FieldPlan]]:
         """Key and field plans of sample idx of a shard (only the fields keys= names)."""
@@ -791,9 +795,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             if enc == "bytes":
                 return fp.offset, fp.length, torch.uint8, (fp.length,), False
             if enc.startswith("ndarray"):
-                dtype, shape = _layout.mds_ndarray_spec(enc)
-                if dtype is not None and shape is not None:
-                    return fp.offset, fp.length, _torch_dtype(dtype), shape, False
+                nd_dtype, nd_shape = _layout.mds_ndarray_spec(enc)
+                if nd_dtype is not None and nd_shape is not None:
+                    return fp.offset, fp.length, _torch_dtype(nd_dtype), nd_shape, False
                 at, dname, shp = _layout.mds_ndarray_prefix(enc, os.pread(st.fd, min(fp.length, 1 + 1 + 8 * 64), fp.offset))
                 return fp.offset + at, fp.length - at, _torch_dtype(dname), shp, False
             raise ValueError(f"gdsfs: MDS column {fp.name!r} has encoding {enc!r}, which cannot be a gpu_keys tensor (bytes, numeric scalars and ndarray can)")
@@ -837,13 +841,15 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         try:
             off, nb, dt, shape, fortran = self._tensor_geometry(st, fp)
         except ValueError as e:
-            err = e if isinstance(e, GDSShardError) else GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r}: {e}", path=st.path, key=key, reason=str(e))
+            err = e if isinstance(e, GDSShardError) else GDSShardError(
+                f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r}: {e}", path=st.path, key=key, reason=str(e))
             if self.handler == "warn_and_skip":
                 return _BadField(err)
             raise err from None
         data = bytearray(os.pread(st.fd, nb, off))
         if len(data) != nb:
-            err = GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({len(data)} of {nb} bytes): rewrite the shard, or pass handler='warn_and_skip'", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
+            err = GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({len(data)} of {nb} bytes): "
+                                "rewrite the shard, or pass handler='warn_and_skip'", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
             if self.handler == "warn_and_skip":
                 return _BadField(err)
             raise err
@@ -865,9 +871,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 _release_refs(v for v in sample.values() if isinstance(v, TensorRef))
                 continue
             if self.map is not None:
-                sample = self._mapped(sample)
-                if sample is None:
+                mapped = self._mapped(sample)
+                if mapped is None:
                     continue
+                sample = mapped
             yield sample
 
     def _mapped(self, sample: GDSSample) -> Optional[GDSSample]:
@@ -879,7 +886,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             _release_refs(refs)
             return None
         if not isinstance(out, Mapping):
-            raise TypeError(f"gdsfs: map= returned {type(out).__name__} for sample {sample.get('__key__')!r} of shard {sample.get('__url__')!r}: return the sample (a mapping) or None to drop it")
+            raise TypeError(f"gdsfs: map= returned {type(out).__name__} for sample {sample.get('__key__')!r} of shard {sample.get('__url__')!r}: "
+                            "return the sample (a mapping) or None to drop it")
         if not isinstance(out, GDSSample):
             out = GDSSample(out)
         out.progress, out.epoch, out.gpu_fields = sample.progress, sample.epoch, sample.gpu_fields
@@ -974,7 +982,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                         r = refs[shard][cursor[shard]]
                         cursor[shard] += 1
                         if r.valid < nb:
-                            raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({r.valid} of {nb} bytes): rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
+                            raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({r.valid} of {nb} bytes): "
+                                                "rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
                         sample[fp.name] = TensorRef(r, dt, shape, 0, fortran, field=fp.name, sample=key, path=st.path)
                     elif fp.gpu:
                         sample[fp.name] = self._plain_tensor(st, fp, key)
@@ -1049,11 +1058,10 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset
-        gds = isinstance(ds, GDSShardDataset)
-        if gds:
+        if isinstance(ds, GDSShardDataset):
             ds._main_iteration_starting()
         it = super().__iter__()
-        if gds and self.num_workers > 0:
+        if isinstance(ds, GDSShardDataset) and self.num_workers > 0:
             ds._main_iteration_started()
         ok = False
         try:
@@ -1087,10 +1095,17 @@ class DataLoader(torch.utils.data.DataLoader):
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
 
 
-def StatefulDataLoader(dataset: torch.utils.data.Dataset, *args: Any, **kwargs: Any) -> Any:
+def stateful_dataloader(dataset: torch.utils.data.Dataset, *args: Any, **kwargs: Any) -> "_TorchdataLoader":
     """torchdata's StatefulDataLoader with collate_fn=gdsfs.torch.collate and
     pin_memory=True when CUDA is available (everything else passes through).
-    It saves and restores GDSShardDataset's state in each worker."""
+    It saves and restores GDSShardDataset's state in each worker.
+
+    ``gdsfs.torch.StatefulDataLoader`` is the same function under the name
+    the documentation has always used.
+
+    Raises:
+        ImportError: torchdata is not installed (the message says what to do).
+    """
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader as _SDL
     except ImportError as e:
@@ -1098,3 +1113,8 @@ def StatefulDataLoader(dataset: torch.utils.data.Dataset, *args: Any, **kwargs: 
     kwargs.setdefault("collate_fn", collate)
     kwargs.setdefault("pin_memory", torch.cuda.is_available())
     return _SDL(dataset, *args, **kwargs)
+
+
+# The documented name (a factory, not a class: torchdata is optional and
+# imported only when called).
+StatefulDataLoader = stateful_dataloader

@@ -33,7 +33,10 @@ MDS_FIXED: dict[str, tuple[str, int]] = {
 # MDS ndarray dtype codes and shape dtype codes.
 MDS_DTYPE_CODES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32", 33: "int32", 34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
 _MDS_SHAPE_FMT = {0: ("B", 1), 1: ("H", 2), 2: ("I", 4), 3: ("Q", 8)}
-NUMPY_TO_STR = {"uint8": "|u1", "int8": "|i1", "uint16": "<u2", "int16": "<i2", "float16": "<f2", "uint32": "<u4", "int32": "<i4", "float32": "<f4", "uint64": "<u8", "int64": "<i8", "float64": "<f8"}
+NUMPY_TO_STR = {
+    "uint8": "|u1", "int8": "|i1", "uint16": "<u2", "int16": "<i2", "float16": "<f2", "uint32": "<u4",
+    "int32": "<i4", "float32": "<f4", "uint64": "<u8", "int64": "<i8", "float64": "<f8",
+}
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,8 @@ def _npy_index(path: str) -> dict[str, Any]:
         head = f.read(1 << 16)
     h = parse_npy_header(head)
     size = os.path.getsize(path)
-    return {"format": "npy", "version": 1, "file_size": size, "dtype": h.dtype, "shape": list(h.shape), "fortran_order": h.fortran_order, "data_offset": h.data_offset, "data_length": size - h.data_offset}
+    return {"format": "npy", "version": 1, "file_size": size, "dtype": h.dtype, "shape": list(h.shape),
+            "fortran_order": h.fortran_order, "data_offset": h.data_offset, "data_length": size - h.data_offset}
 
 
 def local_index(path: str, fmt: Optional[str] = None) -> dict[str, Any]:

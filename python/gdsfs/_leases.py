@@ -228,18 +228,19 @@ def hold(ref: "Ref", field: str = "", sample: str = "", path: str = "") -> Optio
     with b.lock:
         h = b.holds.get(key)
         if h is not None:
-            e = h.entry
-            if not e.field and field:
-                e.field, e.sample, e.path = field, sample, path
+            held = h.entry
+            if not held.field and field:
+                held.field, held.sample, held.path = field, sample, path
             return h
-        e = b.entries.get(key)
-        if e is None:
+        found = b.entries.get(key)
+        if found is None:
             e = _Entry(ref, _owner(ref), field, sample, path)
             if e.session is not None:
                 sk = (ref.mount, ref.session)
                 b.live[sk] = b.live.get(sk, 0) + 1
             b.entries[key] = e
         else:
+            e = found
             # Its last Hold was collected, the release not drained yet: the
             # new holder takes the entry over, the queued release is void.
             e.gen += 1
@@ -328,7 +329,8 @@ def _release_entries(entries: Sequence[_Entry]) -> list[tuple[_Entry, str]]:
             continue
         for e, st in zip(es, status):
             if st != 0:
-                bad.append((e, "the daemon no longer had it when it was released after the copy (its session ended or it was released elsewhere), so the bytes copied cannot be trusted"))
+                bad.append((e, "the daemon no longer had it when it was released after the copy "
+                               "(its session ended or it was released elsewhere), so the bytes copied cannot be trusted"))
     return bad
 
 

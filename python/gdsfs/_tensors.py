@@ -13,7 +13,7 @@ import dataclasses
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
@@ -21,6 +21,7 @@ import torch.utils.data
 from . import _core, _leases
 from . import _protocol as proto
 from ._core import Ref, Session
+from ._devices import parse_device
 from ._errors import GDSLeaseError, GDSUnavailableError
 
 __all__ = [
@@ -65,15 +66,11 @@ def _torch_dtype(descr: str) -> torch.dtype:
     return _DTYPES[code]
 
 
-def _device(device: Device) -> Optional[torch.device]:
+def _target_device(device: Device) -> Optional[torch.device]:
+    """The device to materialize on (gdsfs._devices.parse_device); None: where the bytes are."""
     if device is None or device == "":
         return None
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return d
+    return parse_device(device)
 
 
 # ----------------------------------------------------------------------------
@@ -104,11 +101,11 @@ def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
             with torch.cuda.device(d.device):
                 fd, nbytes = session.slab_fd(slab)
                 try:
-                    m = _cuda.import_fd(fd, nbytes, d.device)
+                    vm = _cuda.import_fd(fd, nbytes, d.device)
                 finally:
                     os.close(fd)
                 # The tensor keeps the mapping: it goes when the last view does.
-                arr = _cuda.CudaArray(m.ptr + d.map_offset, d.size, owner=m)
+                arr = _cuda.CudaArray(vm.ptr + d.map_offset, d.size, owner=vm)
                 t = torch.as_tensor(arr, device=torch.device("cuda", d.device))
             _core._slabs.vmm.add(key)
         elif d.kind == proto.SLAB_KIND_CUDA:
@@ -235,7 +232,7 @@ def _tensor_from_ref(
         if owns:
             raise _lease_error(h, ref, e) from e
         raise
-    target = _device(device) or b.device
+    target = _target_device(device) or b.device
     if not copy:
         if target != b.device:
             raise ValueError(f"gdsfs: a zero-copy view lives on {b.device}; ask for that device or copy=True")
@@ -392,7 +389,7 @@ def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor
         return [_gather(_RefColumn([t]), device, pin=pin)[0] for t in trs]
     views = [t._bytes() for t in trs]
     src = views[0].device
-    target = _device(device) or src
+    target = _target_device(device) or src
     if src.type == "cpu" and target.type == "cuda":
         host = torch.stack(views)
         if pin:
@@ -420,7 +417,8 @@ class GDSBatch:
     releasing the batch's leases with one request.
     """
 
-    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None, epoch: int = 0, slots: int = 0, engines: Sequence[str] = ()) -> None:
+    def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None,
+                 epoch: int = 0, slots: int = 0, engines: Iterable[str] = ()) -> None:
         self.data = data
         self.gpu_fields = tuple(gpu_fields)
         # Engines that moved the gpu fields' bytes ("host", "posix", "gds",
@@ -490,7 +488,7 @@ class GDSBatch:
         holds = self._holds()
         _leases.check(holds)
         out: dict[str, Any] = {}
-        tgt = _device(device)
+        tgt = _target_device(device)
         if tgt is None and pin and torch.cuda.is_available():
             # The pin-memory thread: gpu fields go to the current GPU, also
             # from host-memory slabs and plain-read fallbacks.
@@ -522,7 +520,7 @@ class GDSBatch:
     def to(self, device: Device, non_blocking: bool = False) -> "GDSBatch":
         """Materialize, then move every tensor to device."""
         b = self.materialize(device, pin=non_blocking)
-        d = _device(device)
+        d = _target_device(device)
         data = {k: (v.to(d, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v) for k, v in b.data.items()}
         return GDSBatch(data, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
 
@@ -583,5 +581,3 @@ def materialize(obj: Any, device: Device = None, *, copy: bool = True) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(materialize(v, device, copy=copy) for v in obj)
     return obj
-
-

@@ -29,6 +29,8 @@ import torch
 
 from gdsfs._ckpt import atomic, torchzip
 from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, PosixMover, transfer
+from gdsfs._core import on_gdsfs
+from gdsfs._devices import parse_device
 from gdsfs._errors import warn_fallback
 
 __all__ = ["save", "load"]
@@ -37,6 +39,7 @@ FILE_LIKE = Union[str, os.PathLike, BinaryIO, IO[bytes]]
 MAP_LOCATION = Union[Callable[[torch.Tensor, str], torch.Tensor], torch.device, str, dict, None]
 
 _DEFAULT_PROTOCOL = 2
+_OFF_MOUNT = "off-mount checkpoint"
 
 
 def _torch_load_params() -> dict[str, inspect.Parameter]:
@@ -55,14 +58,9 @@ def _default_weights_only() -> bool:
     return bool(p.default)
 
 
-def _is_path(f: Any) -> bool:
-    return isinstance(f, (str, os.PathLike))
-
-
-def _on_gdsfs(path: str) -> bool:
-    from gdsfs._core import find_mount
-
-    return find_mount(path) is not None
+def _as_path(f: FILE_LIKE) -> str | None:
+    """f as a path, None for a file object."""
+    return os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
 
 
 def _stock_load(f: FILE_LIKE, map_location: MAP_LOCATION, pickle_module: Any, weights_only: bool,
@@ -78,37 +76,20 @@ def _stock_load(f: FILE_LIKE, map_location: MAP_LOCATION, pickle_module: Any, we
     return torch.load(f, map_location, pickle_module, **kw)
 
 
-def _device(loc: Any) -> torch.device:
-    dev = loc if isinstance(loc, torch.device) else torch.device(str(loc))
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "Attempting to deserialize object on a CUDA device but torch.cuda.is_available() is False. "
-                "If you are running on a CPU-only machine, please use map_location=torch.device('cpu') "
-                "to map your storages to the CPU."
-            )
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        if idx >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"Attempting to deserialize object on CUDA device {idx} but torch.cuda.device_count() is "
-                f"{torch.cuda.device_count()}. Please use map_location to map your storages to an existing device."
-            )
-        return torch.device("cuda", idx)
-    if dev.type != "cpu":
-        raise ValueError(f"gdsfs: map_location {loc!r} names a device gdsfs cannot load to (use 'cpu' or 'cuda')")
-    return dev
+def _map_device(loc: Any) -> torch.device:
+    return parse_device(loc if isinstance(loc, (int, torch.device)) else str(loc), what="map_location")
 
 
 def _restorer(map_location: MAP_LOCATION) -> Callable[[str], torch.device] | None:
     """A location -> device function for the supported map_location forms, None for callables."""
     if map_location is None:
-        return _device
+        return _map_device
     if isinstance(map_location, (str, torch.device)):
-        fixed = _device(map_location)
+        fixed = _map_device(map_location)
         return lambda _loc: fixed
     if isinstance(map_location, dict):
         table = dict(map_location)
-        return lambda loc: _device(table.get(loc, loc))
+        return lambda loc: _map_device(table.get(loc, loc))
     return None
 
 
@@ -152,11 +133,10 @@ def load(
     if "encoding" not in pickle_load_args:
         pickle_load_args["encoding"] = "utf-8"
     restore = _restorer(map_location)
-    if not _is_path(f) or mmap or restore is None or pickle_module is not None:
+    path = _as_path(f)
+    if path is None or mmap or restore is None or pickle_module is not None:
         return _stock_load(f, map_location, pickle_module, wo, mmap, pickle_load_args)
-    path = os.fspath(f)
-    if not _on_gdsfs(path):
-        warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, cause="off-mount checkpoint")
+    if not on_gdsfs(path, strict=strict, cause=_OFF_MOUNT):
         return _stock_load(f, map_location, pickle_module, wo, mmap, pickle_load_args)
     try:
         return _load_path(path, restore, wo, pickle_load_args, strict=strict, via_daemon=True)
@@ -210,18 +190,16 @@ def save(
     Example:
         gdsfs.checkpoint.save({"model": model.state_dict(), "step": 1000}, "/mnt/gdsfs/ckpt.pt")
     """
-    if not _is_path(f) or not _use_new_zipfile_serialization:
+    path = _as_path(f)
+    if path is None or not _use_new_zipfile_serialization:
         kw: dict[str, Any] = {}
         if _disable_byteorder_record:
             kw["_disable_byteorder_record"] = True
         torch.save(obj, f, pickle_module, pickle_protocol, _use_new_zipfile_serialization, **kw)
         return
-    path = os.fspath(f)
     arc = torchzip.build(obj, _archive_name(path), pickle_module=pickle_module, protocol=pickle_protocol,
                          alignment=storage_alignment, byteorder_record=not _disable_byteorder_record)
-    on_gdsfs = _on_gdsfs(path)
-    if not on_gdsfs:
-        warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, cause="off-mount checkpoint", doing="using plain writes")
+    via_daemon = on_gdsfs(path, strict=strict, cause=_OFF_MOUNT, doing="using plain writes")
     with atomic.replace(path, sync=sync) as (tmp, fd):
         # CRCs of host-memory storages (a full read of them) run alongside the transfer.
         items = arc.data_items(0, crc=False)
@@ -236,7 +214,7 @@ def save(
         crcs = threading.Thread(target=crc32s, name="gdsfs-crc32", daemon=True)
         crcs.start()
         try:
-            if on_gdsfs:
+            if via_daemon:
                 transfer(tmp, fd, items, write=True, strict=strict, sync=sync)
             else:
                 PosixMover().write_from(fd, items)

@@ -58,24 +58,17 @@ from torch.futures import Future
 
 from gdsfs._ckpt import atomic, torchzip
 from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, byte_view, transfer, untyped_storage
+from gdsfs._core import on_gdsfs
 from gdsfs._errors import GDSUnavailableError, warn_fallback
 
 __all__ = ["GDSFileSystemWriter", "GDSFileSystemReader"]
 
+_OFF_MOUNT = "off-mount dcp"
 _SUFFIX = getattr(_fs, "DEFAULT_SUFFIX", ".distcp")
 _ALIGN = 4096
 # Data files this writer names over an existing checkpoint: __{rank}_{n}.{save id prefix}.distcp.
 # Stock DCP never makes such names, so one that no .metadata names is left by a crashed save.
 _OWN_NAME = re.compile(r"__\d+_\d+\.[0-9a-f]{1,8}" + re.escape(_SUFFIX))
-
-
-def _on_gdsfs(path: str, strict: bool, doing: str = "using plain reads") -> bool:
-    from gdsfs._core import find_mount
-
-    if find_mount(path) is not None:
-        return True
-    warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, stacklevel=4, cause="off-mount dcp", doing=doing)
-    return False
 
 
 class _KeepMetadataFS:
@@ -148,6 +141,8 @@ class GDSFileSystemWriter(FileSystemWriter):
             "cpu" always stages the stock way.
     """
 
+    fs: Any  # the stock writer's FileSystem, wrapped in __init__
+
     def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, staging: str = "gdsfs",
                  **kwargs: Any) -> None:
         if staging not in ("gdsfs", "cpu"):
@@ -174,7 +169,7 @@ class GDSFileSystemWriter(FileSystemWriter):
     def write_data(self, plan: Any, planner: Any) -> Future:
         """Write the plan's items as stock DCP does, tensor bytes through gdsfs."""
         root = os.fspath(self.path)
-        if self._stock_only() or not _on_gdsfs(root, self._strict, "using plain writes"):
+        if self._stock_only() or not on_gdsfs(root, strict=self._strict, cause=_OFF_MOUNT, doing="using plain writes"):
             try:
                 return super().write_data(plan, planner)  # synchronous: done when it returns
             finally:
@@ -397,7 +392,7 @@ class GDSFileSystemReader(FileSystemReader):
         """Load the plan's items: pickles decoded here, tensor bytes in one batch per file."""
         root = os.fspath(self.path)
         infos = [self.storage_data[req.storage_index] for req in plan.items]
-        if any(getattr(i, "transform_descriptors", None) for i in infos) or not _on_gdsfs(root, self._strict):
+        if any(getattr(i, "transform_descriptors", None) for i in infos) or not on_gdsfs(root, strict=self._strict, cause=_OFF_MOUNT):
             return super().read_data(plan, planner)
         per_file: dict[str, list[Any]] = {}
         for req, info in zip(plan.items, infos):
@@ -490,4 +485,3 @@ def _default_hooks(planner: Any) -> bool:
         type(planner).resolve_tensor is DefaultLoadPlanner.resolve_tensor
         and type(planner).commit_tensor is DefaultLoadPlanner.commit_tensor
     )
-

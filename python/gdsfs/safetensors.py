@@ -33,9 +33,12 @@ import torch
 
 from gdsfs._ckpt import atomic, stformat
 from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, PosixMover, byte_view, transfer, untyped_storage
-from gdsfs._errors import warn_fallback
+from gdsfs._core import on_gdsfs
+from gdsfs._devices import parse_device
 
 __all__ = ["load_file", "save_file", "safe_open", "load", "save", "save_model", "load_model"]
+
+_OFF_MOUNT = "off-mount safetensors"
 
 _TO_TORCH_NAMES = {
     "BOOL": "bool",
@@ -64,25 +67,6 @@ _TO_TORCH: dict[str, torch.dtype] = {
 }
 _FROM_TORCH: dict[torch.dtype, str] = {v: k for k, v in _TO_TORCH.items()}
 
-def _device(device: str | int | torch.device) -> torch.device:
-    if isinstance(device, int):
-        device = torch.device("cuda", device)
-    dev = torch.device(device)
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"gdsfs: device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'")
-    if dev.type == "cuda":
-        # As torch and safetensors do: a CUDA device that does not exist is an error, never a
-        # silent load to the CPU.
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if dev.index is None and n:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        if dev.index is None or dev.index >= n:
-            raise RuntimeError(
-                f"gdsfs: device {str(device)!r} does not exist: torch sees {n} CUDA device(s); "
-                "pass device='cpu' or an existing 'cuda:N'"
-            )
-    return dev
-
 
 def _torch_dtype(name: str, tensor: str) -> torch.dtype:
     dt = _TO_TORCH.get(name)
@@ -97,17 +81,8 @@ def _read_header(fh: Any) -> stformat.Header:
     return stformat.read_header(fh, os.fstat(fh.fileno()).st_size)
 
 
-def _is_gdsfs(path: str, strict: bool, doing: str = "using plain reads") -> bool:
-    from gdsfs._core import find_mount
-
-    if find_mount(path) is not None:
-        return True
-    warn_fallback(f"{path!r} is not on a gdsfs mount", strict=strict, stacklevel=4, cause="off-mount safetensors", doing=doing)
-    return False
-
-
 def _load_tensors(path: str, fh: Any, infos: Sequence[stformat.TensorInfo], dev: torch.device,
-                  on_gdsfs: bool, strict: bool) -> dict[str, torch.Tensor]:
+                  via_daemon: bool, strict: bool) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     items = []
     for info in infos:
@@ -115,7 +90,7 @@ def _load_tensors(path: str, fh: Any, infos: Sequence[stformat.TensorInfo], dev:
         out[info.name] = t
         if info.nbytes:
             items.append((info.offset, byte_view(t)))
-    if on_gdsfs:
+    if via_daemon:
         transfer(path, fh.fileno(), items, write=False, strict=strict)
     else:
         PosixMover().read_into(fh.fileno(), items)
@@ -143,8 +118,8 @@ def load_file(
         sd = load_file("/mnt/gdsfs/model.safetensors", device="cuda:0")
     """
     path = os.fspath(filename)
-    dev = _device(device)
-    on = _is_gdsfs(path, strict)
+    dev = parse_device(device)
+    on = on_gdsfs(path, strict=strict, cause=_OFF_MOUNT)
     if not on:
         real = _real_library()
         if real is not None:  # off gdsfs: the stock implementation, where it is installed
@@ -169,7 +144,7 @@ def load(data: bytes, device: str | int | torch.device = "cpu") -> dict[str, tor
 
     fh = io.BytesIO(data)
     header = stformat.read_header(fh, len(data))
-    dev = _device(device)
+    dev = parse_device(device)
     out = {}
     for info in header.tensors.values():
         dt = _torch_dtype(info.dtype, info.name)
@@ -241,7 +216,7 @@ def save_file(
     path = os.fspath(filename)
     entries = [stformat.Entry(n, _FROM_TORCH[t.dtype], tuple(t.shape)) for n, t in tensors.items()]
     head, infos = stformat.layout(entries, metadata, align)
-    on = _is_gdsfs(path, strict, "using plain writes")
+    on = on_gdsfs(path, strict=strict, cause=_OFF_MOUNT, doing="using plain writes")
     with atomic.replace(path, sync=sync) as (tmp, fd):
         items = [(infos[n].offset, byte_view(t)) for n, t in tensors.items() if infos[n].nbytes]
         if on:
@@ -328,9 +303,9 @@ class safe_open:
         if framework not in ("pt", "torch", "pytorch"):
             raise ValueError(f"gdsfs: framework {framework!r} is not supported; use 'pt'")
         self._path = os.fspath(filename)
-        self._dev = _device(device)
+        self._dev = parse_device(device)
         self._strict = strict
-        self._on = _is_gdsfs(self._path, strict)
+        self._on = on_gdsfs(self._path, strict=strict, cause=_OFF_MOUNT)
         self._fh: Any = open(self._path, "rb", buffering=_BUFFER)
         try:
             self._header = _read_header(self._fh)

@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 from ._collate import collate
-from ._dataset import DataLoader, GDSShardDataset, StatefulDataLoader, default_decode
+from ._dataset import DataLoader, GDSShardDataset, StatefulDataLoader, default_decode, stateful_dataloader
 from ._errors import GDSShardError, GDSShardWarning
 from ._tensors import GDSBatch, GDSSample, TensorRef, materialize, tensor_from_ref, writable_view
 
@@ -34,6 +34,7 @@ __all__ = [
     "collate",
     "default_decode",
     "materialize",
+    "stateful_dataloader",
     "tensor_from_ref",
     "writable_view",
 ]

@@ -139,14 +139,15 @@ def saver(kind: str, path: str) -> Any:
         return lambda sd: save_file(sd, path, metadata={"n": str(len(sd))})
     import _dcp_standin as S
 
-    if S.has_real_dcp():
+    real = S.has_real_dcp()
+    if not real:
+        S.install()
+    import gdsfs.dcp as gdcp
+
+    if real:
         import torch.distributed.checkpoint as dcp
 
-        import gdsfs.dcp as gdcp
-
         return lambda sd: dcp.save(sd, storage_writer=gdcp.GDSFileSystemWriter(path))
-    S.install()
-    import gdsfs.dcp as gdcp
 
     def save_dcp(sd: dict[str, torch.Tensor]) -> None:
         with warnings.catch_warnings():

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -81,7 +82,8 @@ def test_decode_hello_and_lease() -> None:
     buf[104:108] = b"host"
     buf[136:141] = b"0.1.0"
     h = proto.decode_hello(bytes(buf))
-    assert (h.uid, h.caps, h.token, h.max_ranges, h.max_lease, h.page, h.daemon_pid, h.engine, h.daemon_version) == (1000, 0b11101, (42, 99), 256, 1 << 26, 16256, 1234, "host", "0.1.0")
+    got = (h.uid, h.caps, h.token, h.max_ranges, h.max_lease, h.page, h.daemon_pid, h.engine, h.daemon_version)
+    assert got == (1000, 0b11101, (42, 99), 256, 1 << 26, 16256, 1234, "host", "0.1.0")
     lb = bytearray(proto.READ_SIZE)
     struct.pack_into("<QQQQQII", lb, 64 + 48, 3, 4, 4196, 100, 60, 1, 0)
     assert proto.decode_read(bytes(lb), 2)[1] == proto.LeaseDesc(3, 4, 4196, 100, 60, 1)
@@ -196,6 +198,17 @@ def test_capabilities_host_mode(gdsfs_mount) -> None:
     assert c.engine == "host" and not c.gds and c.devices == [] and c.host_slabs
     assert c.io_alignment == 4096 and c.max_lease > 0
     assert gdsfs.find_mount(p) == c.mount
+
+
+def test_one_version_for_package_and_daemon(gdsfs_mount) -> None:
+    """gdsfs.__version__ is the package's only version (pyproject.toml reads it) and equals the
+    version the daemon built from this tree reports (daemon.Version)."""
+    p = _write(gdsfs_mount, "version.bin", b"v")
+    assert gdsfs.capabilities(p).daemon_version == gdsfs.__version__
+    with open(os.path.join(os.path.dirname(gdsfs.__file__), "..", "pyproject.toml")) as f:
+        project = f.read()
+    assert 'dynamic = ["version"]' in project and 'version = { attr = "gdsfs.__version__" }' in project
+    assert not re.search(r'^version = "', project, re.M), "pyproject.toml names a version of its own"
 
 
 def test_session_reads_exact_bytes(gdsfs_mount) -> None:

@@ -276,6 +276,9 @@ def test_stateful_dataloader_without_torchdata_says_what_to_do() -> None:
         pytest.skip("torchdata is installed")
     with pytest.raises(ImportError, match="needs torchdata"):
         gt.StatefulDataLoader(None)
+    with pytest.raises(ImportError, match="needs torchdata"):
+        gt.stateful_dataloader(None)
+    assert gt.StatefulDataLoader is gt.stateful_dataloader
 
 
 def test_resume_with_other_worker_count_is_refused(datasets) -> None:

@@ -20,6 +20,7 @@ CASES = [
     ([], 2, 2, "pad", 3, 2),
 ]
 
+
 @pytest.mark.parametrize("counts,world,workers,even,buffer,interleave", CASES)
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_slots_cover_the_epoch(counts, world, workers, even, buffer, interleave, shuffle) -> None:
@@ -56,6 +57,7 @@ def test_slots_cover_the_epoch(counts, world, workers, even, buffer, interleave,
     sizes = [[plan.block(r * workers + w)[1] - plan.block(r * workers + w)[0] for w in range(workers)] for r in range(world)]
     assert all(s == sizes[0] for s in sizes)
 
+
 def test_buffer_and_interleave_change_the_order_not_the_set() -> None:
     counts = [20] * 6
     base = EpochPlan(counts, seed=1, epoch=0, shuffle=False, slots=1)
@@ -69,11 +71,13 @@ def test_buffer_and_interleave_change_the_order_not_the_set() -> None:
     other_epoch = EpochPlan(counts, seed=1, epoch=1, shuffle=False, slots=1, buffer=16, interleave=3)
     assert [x[1:] for x in other_epoch.positions(0)] != b
 
+
 def test_bad_plan_arguments() -> None:
     with pytest.raises(ValueError, match="even"):
         EpochPlan([3], seed=0, epoch=0, shuffle=False, slots=1, even="equal")
     with pytest.raises(ValueError, match="world size"):
         EpochPlan([3], seed=0, epoch=0, shuffle=False, slots=3, world=2)
+
 
 @pytest.mark.parametrize("buffer", [0, 400])
 def test_interleaving_and_buffer_shuffle_few_shards_at_a_time(buffer: int) -> None:

@@ -34,7 +34,6 @@ def mdir(gdsfs_mount, request):
     yield from daemon_dir(gdsfs_mount, request, "dcp")
 
 
-
 def state(seed: int = 0) -> dict[str, object]:
     g = torch.Generator().manual_seed(seed)
     return {
@@ -200,4 +199,3 @@ def test_real_round_trips(gdsfs_mount, mdir, direction):
     dcp.load(got, storage_reader=reader)
     for k in data:
         assert got[k].dtype == data[k].dtype and torch.equal(_bytes(got[k]), _bytes(data[k])), k
-

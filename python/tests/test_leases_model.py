@@ -351,7 +351,9 @@ class LeaseModel(RuleBasedStateMachine):
             return list(itertools.islice(it, n))  # then abandoned mid-epoch
 
         got = _iterate(take)
-        del take, dl
+        # Unbind both (the closure's cell too) rather than del: pyflakes reads a del of a
+        # name a closure uses as leaving the closure an undefined name.
+        take = dl = None  # type: ignore[assignment]
         gc.collect()
         keep = []
         while got:

@@ -43,8 +43,6 @@ def mdir(gdsfs_mount, request):
     yield from daemon_dir(gdsfs_mount, request, "st")
 
 
-
-
 def all_dtypes(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -284,9 +282,30 @@ def test_off_gdsfs_warns_once_and_works(tmp_path):
         gst.load_file(p, device="cpu", strict=True)
 
 
+def assert_mirrors(ours, theirs, *, same_names: bool) -> None:
+    """Every parameter of ``theirs`` is one of ``ours`` of the same name, position, kind and
+    default, so a call written for the library means the same with ours; ours' extra parameters
+    have defaults. same_names: the positional names are exactly theirs (no extra ones)."""
+    a = [p for p in inspect.signature(ours).parameters.values() if p.kind is not p.KEYWORD_ONLY]
+    b = [p for p in inspect.signature(theirs).parameters.values() if p.kind is not p.KEYWORD_ONLY]
+    if same_names:
+        assert [p.name for p in a] == [p.name for p in b], theirs.__name__
+    else:
+        assert [p.name for p in a[:len(b)]] == [p.name for p in b], theirs.__name__
+    mine = inspect.signature(ours).parameters
+    for p in inspect.signature(theirs).parameters.values():
+        assert p.name in mine, f"{theirs.__name__} lacks {p.name}"
+        q = mine[p.name]
+        assert (q.kind, q.default) == (p.kind, p.default), f"{theirs.__name__}({p.name}): ours {q.kind} {q.default!r}, theirs {p.kind} {p.default!r}"
+    for q in mine.values():
+        if q.name not in inspect.signature(theirs).parameters and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD):
+            assert q.default is not q.empty, f"{theirs.__name__}: our extra parameter {q.name} needs a default"
+
+
 @pytest.mark.skipif(real_st is None, reason="safetensors is not installed (not in Debian 12)")
 def test_signatures_mirror_safetensors():
     for ours, theirs in [(gst.load_file, real_st.load_file), (gst.save_file, real_st.save_file)]:
-        a = [p for p in inspect.signature(ours).parameters.values() if p.kind is not p.KEYWORD_ONLY]
-        b = [p for p in inspect.signature(theirs).parameters.values() if p.kind is not p.KEYWORD_ONLY]
-        assert [p.name for p in a] == [p.name for p in b]
+        assert_mirrors(ours, theirs, same_names=True)
+    # Ours may add (defaulted) parameters to these: gdsfs.safetensors.load takes device= too.
+    for name in ("load", "save", "save_model", "load_model"):
+        assert_mirrors(getattr(gst, name), getattr(real_st, name), same_names=False)

@@ -473,5 +473,8 @@ def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, w
     finally:
         close_mover(mover)
     plain = PosixMover()
-    (plain.write_from if write else plain.read_into)(fd, items)
+    if write:
+        plain.write_from(fd, items)
+    else:
+        plain.read_into(fd, items)
     return plain.engine

@@ -53,7 +53,7 @@ def pickle_obj(obj: object, pickle_module: Any = pickle, protocol: int = 2,
     id_map: dict[int, str] = {}
     dtypes: dict[int, torch.dtype] = {}
 
-    class _Pickler(pickle_module.Pickler):  # type: ignore[name-defined,misc]
+    class _Pickler(pickle_module.Pickler):
         def persistent_id(self, o: Any) -> Any:
             info = storage_info(o)
             if info is None:
@@ -187,7 +187,7 @@ class SubFile(io.RawIOBase):
             return 0
         self._f.seek(self._base + self._pos)
         with memoryview(b) as mv, mv[:n] as part:  # released here, not by a traceback later
-            got = self._f.readinto(part)
+            got = self._f.readinto(part)  # type: ignore[attr-defined]  # typing.BinaryIO omits it; binary files have it
         self._pos += got or 0
         return got or 0
 

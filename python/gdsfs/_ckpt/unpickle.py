@@ -42,7 +42,7 @@ class PendingStorage:
 
 def _typed(untyped: Any, dtype: torch.dtype) -> Any:
     try:
-        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)  # type: ignore[call-arg]
     except TypeError:  # torch < 2.0 has no _internal
         return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype)
 
@@ -75,9 +75,10 @@ class StorageLoader:
             dtype = torch.uint8  # numel counts bytes (torch 2.x: tensors of the newer dtypes)
         else:
             # torch.serialization.StorageType (torch 2.x) or a legacy class (torch.FloatStorage).
-            dtype = getattr(storage_type, "dtype", None)
-            if not isinstance(dtype, torch.dtype):
+            found = getattr(storage_type, "dtype", None)
+            if not isinstance(found, torch.dtype):
                 raise pickle.UnpicklingError(f"unknown storage type {storage_type!r} for record {key!r}")
+            dtype = found
         if not isinstance(key, str) or type(numel) is not int or numel < 0:
             raise pickle.UnpicklingError(f"malformed storage id {pid!r}")
         p = self.pending.get(key)
