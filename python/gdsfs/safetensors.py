@@ -101,6 +101,7 @@ def load_file(
     filename: str | os.PathLike,
     device: str | int | torch.device = "cpu",
     *,
+    backend: str = "mmap",
     strict: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Load a safetensors file into tensors on ``device``, all bytes in one batched request.
@@ -109,6 +110,8 @@ def load_file(
         filename: path of the file (on a gdsfs mount for the fast path).
         device: target device: "cpu" (the default, as safetensors), "cuda" (the current GPU),
             "cuda:N" or N. A CUDA device that does not exist raises RuntimeError.
+        backend: safetensors' choice of how the file is read; on a gdsfs mount the daemon reads
+            it, and off a mount it is passed to safetensors (where its version takes it).
         strict: raise GDSUnavailableError instead of falling back to plain reads.
 
     Returns:
@@ -123,6 +126,8 @@ def load_file(
     if not on:
         real = _real_library()
         if real is not None:  # off gdsfs: the stock implementation, where it is installed
+            if backend != "mmap":
+                return real.load_file(path, device=str(dev), backend=backend)
             return real.load_file(path, device=str(dev))
     with open(path, "rb", buffering=_BUFFER) as fh:
         header = _read_header(fh)

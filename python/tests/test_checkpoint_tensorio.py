@@ -129,7 +129,7 @@ def test_read_into_and_write_from(tmp_path, monkeypatch, pool, max_lease, piece,
         assert not sess.leases, "write leases not released"
         raw = open(p, "rb").read()
         for o, t in zip(offs, srcs):
-            assert raw[o : o + t.numel()] == t.numpy().tobytes()
+            assert raw[o : o + t.numel()] == t.cpu().numpy().tobytes()
         dests = [torch.empty(n, dtype=torch.uint8) for n in sizes]
         tensorio.DaemonMover(sess).read_into(f.fileno(), list(zip(offs, dests)))
     assert not sess.leases, "read leases not released"
@@ -270,7 +270,7 @@ def test_durable_writes_start_writeback_as_they_go(tmp_path, monkeypatch):
     # 1 MiB written, a flush wanted every 128 KiB: several ran (requests during one coalesce).
     assert synced and set(synced) == {fd}
     assert not sess.leases
-    assert raw == b"".join(t.numpy().tobytes() for t in srcs)
+    assert raw == b"".join(t.cpu().numpy().tobytes() for t in srcs)
 
 
 def test_a_failed_writeback_is_raised(tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ MDS_GPU = ["x", "label", "v"]
 
 def _as_np(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        return v.numpy()
+        return v.cpu().numpy()
     return v
 
 
@@ -37,7 +37,7 @@ def _same(got: Any, want: Any, what: str) -> None:
         assert g.dtype == want.dtype and g.shape == want.shape, f"{what}: {g.dtype}{g.shape} != {want.dtype}{want.shape}"
         assert g.tobytes() == want.tobytes(), f"{what}: bytes differ"
     elif isinstance(want, bytes) and isinstance(got, torch.Tensor):
-        assert got.dtype == torch.uint8 and got.numpy().tobytes() == want, f"{what}: bytes differ"
+        assert got.dtype == torch.uint8 and got.cpu().numpy().tobytes() == want, f"{what}: bytes differ"
     else:
         assert got == want, f"{what}: {got!r} != {want!r}"
 

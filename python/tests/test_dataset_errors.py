@@ -149,8 +149,8 @@ def test_unbatched_loading(datasets, num_workers: int) -> None:
             key = s["__key__"]
             assert isinstance(key, str)
             want = datasets.wds[key]
-            assert s["x.npy"].shape == want["x.npy"].shape and s["x.npy"].numpy().tobytes() == want["x.npy"].tobytes()
-            assert np.array_equal(s["y.npy"].numpy(), want["y.npy"])
+            assert s["x.npy"].shape == want["x.npy"].shape and s["x.npy"].cpu().numpy().tobytes() == want["x.npy"].tobytes()
+            assert np.array_equal(s["y.npy"].cpu().numpy(), want["y.npy"])
             assert s["cls"] == want["cls"]
             seen.append(key)
         assert sorted(seen) == sorted(datasets.wds)

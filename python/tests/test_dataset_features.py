@@ -97,7 +97,7 @@ def test_keys_reads_only_the_named_fields(datasets) -> None:
         for b in gt.DataLoader(ds, batch_size=13):
             assert sorted(b.keys()) == ["__key__", "__url__", "cls", "x.npy"]
             for i, k in enumerate(b["__key__"]):
-                assert b["x.npy"][i].numpy().tobytes() == datasets.wds[k]["x.npy"].tobytes()
+                assert b["x.npy"][i].cpu().numpy().tobytes() == datasets.wds[k]["x.npy"].tobytes()
                 assert int(b["cls"][i]) == datasets.wds[k]["cls"]
                 rows += 1
         some = {k: counters()[k] - before[k] for k in ("read_ranges", "read_bytes")}
@@ -208,7 +208,7 @@ def test_features_with_spawned_workers(datasets) -> None:
         for b in dl:
             assert sorted(b.keys()) == ["__key__", "__url__", "cls", "cls2", "pid", "x.npy"]
             for i, k in enumerate(b["__key__"]):
-                assert b["x.npy"][i].numpy().tobytes() == datasets.wds[k]["x.npy"].tobytes()
+                assert b["x.npy"][i].cpu().numpy().tobytes() == datasets.wds[k]["x.npy"].tobytes()
             got.extend(b["__key__"])
     assert sorted(got) == want
     assert datasets.mount.wait_leases(0) == 0

@@ -67,7 +67,7 @@ class Shards:
 
     def check(self, key: str, got: Any) -> None:
         want = self.truth[key]
-        g = got.numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+        g = got.cpu().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
         assert g.shape == want.shape and g.tobytes() == want.tobytes(), f"{key}: the bytes are not the file's"
 
 
@@ -248,7 +248,7 @@ def test_zero_copy_view_outlives_dataset_and_tensorref(shards: Shards) -> None:
     gc.collect()
     _leases.drain()
     other = list(itertools.islice(gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY), 8))
-    assert view.numpy().tobytes() == shards.truth[key].tobytes()[10:]
+    assert view.cpu().numpy().tobytes() == shards.truth[key].tobytes()[10:]
     assert shards.mount.stats()["leases"] >= 1
     for o in other:
         o["npy"].release()
@@ -330,7 +330,7 @@ def test_lease_views_keep_their_session(shards: Shards) -> None:
     s.close()
     assert s.closed and not s._ended
     other = list(itertools.islice(gt.GDSShardDataset(shards.paths[1], gpu_keys=NPY), 8))
-    assert view.numpy().tobytes() == want
+    assert view.cpu().numpy().tobytes() == want
     s.release([ref], check=True)
     del view
     for o in other:
@@ -371,7 +371,7 @@ def test_view_of_a_repickled_sample_still_releases(shards: Shards) -> None:
         again = pickle.loads(blob)
         again["npy"].release()  # the view owns it: a no-op
         other = list(itertools.islice(gt.GDSShardDataset(shards.paths[2], gpu_keys=NPY), 8))
-        assert view.numpy().tobytes() == shards.truth[key].tobytes()
+        assert view.cpu().numpy().tobytes() == shards.truth[key].tobytes()
         with pytest.raises(gdsfs.GDSLeaseError, match="zero-copy view"):
             again["npy"].materialize()
         for o in other:

@@ -163,7 +163,7 @@ class LeaseModel(RuleBasedStateMachine):
 
     def _check_bytes(self, key: str, got: Any, start: int = 0) -> None:
         want, _ = self.data.truth[key]
-        g = got.numpy().tobytes() if isinstance(got, torch.Tensor) else bytes(got)
+        g = got.cpu().numpy().tobytes() if isinstance(got, torch.Tensor) else bytes(got)
         assert g == want[start:], f"{key}: materialized bytes are not the file's ({len(g)} bytes, want {len(want) - start})"
 
     def _check_cls(self, s: Any) -> None:

@@ -179,7 +179,7 @@ def test_round_trip_all_dtypes(gdsfs_mount, mdir):
     raw = open(os.path.join(gdsfs_mount.src, os.path.relpath(p, gdsfs_mount.mnt)), "rb").read()
     for name, info in hdr.tensors.items():
         t = sd[name]
-        want = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        want = t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
         assert raw[info.offset : info.offset + info.nbytes] == want, name
     got = gst.load_file(p, device="cpu")
     assert list(got) == list(hdr.tensors)
