@@ -205,10 +205,23 @@ func (n *node) open(flags int) (int, syscall.Errno) {
 	defer unix.Close(pfd)
 	fd, err := unix.Openat(pfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, staleErrno(err)
+		errno := staleErrno(err)
+		if errno == syscall.ESTALE {
+			if fd, ok := n.openStashed(flags); ok {
+				return fd, 0
+			}
+		}
+		return -1, errno
 	}
 	if errno := n.verify(fd); errno != 0 {
 		unix.Close(fd)
+		if errno == syscall.ESTALE {
+			// Replaced since the kernel looked it up: open the inode
+			// that lookup found, if it is still stashed.
+			if fd, ok := n.openStashed(flags); ok {
+				return fd, 0
+			}
+		}
 		return -1, errno
 	}
 	return fd, 0

@@ -118,6 +118,8 @@ type mountState struct {
 	dev    uint64
 	// mk creates inodes as their callers (creds.go).
 	mk *creators
+	// stash keeps descriptors of recently looked-up files (stash.go).
+	stash lookupStash
 }
 
 // Mount mounts o.Source (or, with no Source, the directory under
@@ -161,6 +163,7 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		rootFd:   -1,
 	}
 	m.pt = newPassthrough(m.log)
+	m.stash.start()
 	s.m = m
 	if m.rootFd, err = unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return fail(fmt.Errorf("open backing directory %q: %w", root, err))
@@ -308,6 +311,7 @@ func (s *Server) closeSource() {
 			if s.m.mk != nil {
 				s.m.mk.close()
 			}
+			s.m.stash.close()
 			if s.m.rootFd >= 0 {
 				unix.Close(s.m.rootFd)
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -26,6 +27,16 @@ const virtualXattrPrefix = "user.gdsfs."
 type node struct {
 	*gofs.LoopbackNode
 	m *mountState
+
+	// stashed is the O_PATH descriptor of this node's last lookup
+	// (lookupStash); stashMu keeps it open while it is used. It is taken
+	// alone or after lookupStash.mu, never before it.
+	stashed stashedFd
+	stashMu sync.Mutex
+	// replaced is set when another file was renamed over this one through
+	// the mount: only then is its stash used (a file replaced behind the
+	// mount's back is looked up again instead: ESTALE).
+	replaced atomic.Bool
 
 	// ctl is the control file's inode; set on the root only, once, by
 	// addControl before the first request.
@@ -111,13 +122,26 @@ func nodeOf(ch *gofs.Inode, def *node) *node {
 }
 
 // lookupAt stats name in dir (not following it) and returns its inode.
+// The inode is reached by an O_PATH descriptor, stashed for the OPEN that
+// usually follows (stash.go), and statted through it.
 func (n *node) lookupAt(ctx context.Context, dir int, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, gen, err := statAt(dir, name, 0)
+	fd, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, gofs.ToErrno(err)
 	}
+	st, gen, err := statAt(fd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		unix.Close(fd)
+		return nil, gofs.ToErrno(err)
+	}
 	out.Attr.FromStat(&st)
-	return n.newChild(ctx, &st, gen), 0
+	ch := n.newChild(ctx, &st, gen)
+	if cn := nodeOf(ch, nil); cn != nil && (st.Mode&syscall.S_IFMT == syscall.S_IFREG || st.Mode&syscall.S_IFMT == syscall.S_IFLNK) {
+		n.m.stash.put(cn, fd)
+	} else {
+		unix.Close(fd)
+	}
+	return ch, 0
 }
 
 // Lookup serves the control file at the root, and the backing tree
@@ -558,6 +582,12 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	errno := n.removeAt(name, 0)
 	if errno == 0 {
 		n.m.changed(n.childPath(name))
+		// A stash of the removed file would hold its blocks.
+		if ch := n.GetChild(name); ch != nil {
+			if cn := nodeOf(ch, nil); cn != nil {
+				cn.dropStash()
+			}
+		}
 	}
 	return errno
 }
@@ -603,8 +633,17 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return errno
 	}
 	defer unix.Close(to)
+	// The file renamed over, if the kernel knows it: an OPEN the kernel
+	// resolved to it before the rename may still come (stash.go).
+	var victim *node
+	if ch := np.GetChild(newName); ch != nil {
+		victim = nodeOf(ch, nil)
+	}
 	if err := unix.Renameat2(from, name, to, newName, uint(flags)); err != nil {
 		return gofs.ToErrno(err)
+	}
+	if victim != nil && flags&unix.RENAME_EXCHANGE == 0 {
+		victim.replaced.Store(true)
 	}
 	n.m.changed(n.childPath(name))
 	n.m.changed(np.childPath(newName))

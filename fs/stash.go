@@ -1,0 +1,148 @@
+package fs
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// lookupStashSize bounds the O_PATH descriptors kept for recent lookups;
+// lookupStashTTL bounds how long one is kept (a stashed descriptor of a
+// file deleted meanwhile holds its blocks until it is closed).
+const (
+	lookupStashSize = 256
+	lookupStashTTL  = 2 * time.Second
+)
+
+// lookupStash keeps an O_PATH descriptor of the file or symlink each recent
+// LOOKUP resolved, so that the OPEN (or READLINK) that follows reaches that
+// very inode even when
+// its name was replaced in between (a rename over it through the mount, in
+// a tight loop): a local filesystem opens the inode its path walk found,
+// and so does gdsfs instead of answering ESTALE a second time. Only files
+// replaced through the mount (a rename over them) are served from the stash;
+// one replaced behind the mount's back gets ESTALE, and the kernel looks it
+// up again. Opening the
+// stashed inode is safe: it is the inode whose attributes the kernel checked
+// the caller's permission against. At most lookupStashSize descriptors are
+// held; the oldest stash is closed to make room, and an open takes its
+// node's stash (one use).
+type lookupStash struct {
+	mu   sync.Mutex
+	ring [lookupStashSize]stashEntry // GUARDED_BY(mu)
+	next int                         // GUARDED_BY(mu)
+
+	stop chan struct{} // closed by close: ends the sweeper
+	once sync.Once
+}
+
+type stashEntry struct {
+	n  *node
+	at time.Time
+}
+
+// start runs the sweeper that closes stashes older than lookupStashTTL.
+func (s *lookupStash) start() {
+	s.stop = make(chan struct{})
+	go func() {
+		t := time.NewTicker(lookupStashTTL / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case now := <-t.C:
+				s.sweep(now.Add(-lookupStashTTL))
+			}
+		}
+	}()
+}
+
+// sweep closes the stashes made before cutoff.
+func (s *lookupStash) sweep(cutoff time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, e := range s.ring {
+		if e.n != nil && e.at.Before(cutoff) {
+			e.n.dropStash()
+			s.ring[i] = stashEntry{}
+		}
+	}
+}
+
+// stashedFd holds a node's stashed descriptor plus one (0: none).
+type stashedFd struct{ v atomic.Int64 }
+
+func (s *stashedFd) swap(fd int) int { return int(s.v.Swap(int64(fd)+1)) - 1 }
+
+// put makes fd (owned by the stash from now on) n's stashed descriptor.
+func (s *lookupStash) put(n *node, fd int) {
+	n.stashMu.Lock()
+	if old := n.stashed.swap(fd); old >= 0 {
+		unix.Close(old)
+	}
+	n.stashMu.Unlock()
+	s.mu.Lock()
+	victim := s.ring[s.next].n
+	s.ring[s.next] = stashEntry{n: n, at: time.Now()}
+	s.next = (s.next + 1) % len(s.ring)
+	s.mu.Unlock()
+	if victim != nil && victim != n {
+		victim.dropStash()
+	}
+}
+
+// close stops the sweeper and closes every stashed descriptor (at
+// unmount: they hold the backing filesystem).
+func (s *lookupStash) close() {
+	s.once.Do(func() {
+		if s.stop != nil {
+			close(s.stop)
+		}
+	})
+	s.sweep(time.Now().Add(time.Hour))
+}
+
+// dropStash closes n's stashed descriptor, if any.
+func (n *node) dropStash() {
+	n.stashMu.Lock()
+	defer n.stashMu.Unlock()
+	if old := n.stashed.swap(-1); old >= 0 {
+		unix.Close(old)
+	}
+}
+
+// openStashed opens n's stashed inode (from its last lookup) with flags;
+// ok is false when there is none or it is not n's file any more. The stash
+// stays for later requests on the same lookup (the kernel reads a symlink
+// once per walk through it) until it expires or is evicted.
+func (n *node) openStashed(flags int) (int, bool) {
+	if !n.replaced.Load() {
+		return -1, false
+	}
+	n.stashMu.Lock()
+	defer n.stashMu.Unlock()
+	s := int(n.stashed.v.Load()) - 1
+	if s < 0 {
+		return -1, false
+	}
+	var fd int
+	var err error
+	if flags&unix.O_PATH != 0 {
+		// READLINK and xattrs want an O_PATH descriptor (a symlink's
+		// cannot be reopened through /proc).
+		fd, err = unix.FcntlInt(uintptr(s), unix.F_DUPFD_CLOEXEC, 0)
+	} else {
+		fd, err = unix.Open(procPath(s), (flags|unix.O_CLOEXEC)&^unix.O_NOFOLLOW, 0)
+	}
+	if err != nil {
+		return -1, false
+	}
+	if n.verify(fd) != 0 {
+		unix.Close(fd)
+		return -1, false
+	}
+	return fd, true
+}
