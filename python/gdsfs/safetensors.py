@@ -434,7 +434,7 @@ def _names_to_remove(state_dict: dict[str, torch.Tensor], preferred: Sequence[st
 
 
 def save_model(model: torch.nn.Module, filename: str | os.PathLike, metadata: dict[str, str] | None = None,
-               force_contiguous: bool = False) -> None:
+               force_contiguous: bool = True) -> None:
     """Save a model's state dict, storing tensors that share memory (tied weights) once
     (mirrors ``safetensors.torch.save_model``): each dropped name is recorded in the metadata as
     ``{dropped: kept}``, which ``load_model`` uses.
