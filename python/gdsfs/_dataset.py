@@ -864,18 +864,26 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._counting = False
         elif not self._counting:
             self._worker_iterated.value = 1
-        for sample in self._samples():
-            bad = [v for v in sample.values() if isinstance(v, _BadField)]
-            if bad:
-                warnings.warn(f"gdsfs: skipping sample {sample['__key__']!r} of shard {sample['__url__']!r}: {bad[0].error.reason}", GDSShardWarning, stacklevel=2)
-                _release_refs(v for v in sample.values() if isinstance(v, TensorRef))
-                continue
-            if self.map is not None:
-                mapped = self._mapped(sample)
-                if mapped is None:
+        samples = self._samples()
+        try:
+            for sample in samples:
+                bad = [v for v in sample.values() if isinstance(v, _BadField)]
+                if bad:
+                    warnings.warn(f"gdsfs: skipping sample {sample['__key__']!r} of shard {sample['__url__']!r}: {bad[0].error.reason}", GDSShardWarning, stacklevel=2)
+                    _release_refs(v for v in sample.values() if isinstance(v, TensorRef))
                     continue
-                sample = mapped
-            yield sample
+                if self.map is not None:
+                    mapped = self._mapped(sample)
+                    if mapped is None:
+                        continue
+                    sample = mapped
+                yield sample
+        finally:
+            # Closing this generator (islice, break, close) closes the reader
+            # now, not whenever the garbage collector gets to it (Python 3.12
+            # keeps it alive past this frame): it gives the leases of samples
+            # read but never handed out back at once.
+            samples.close()
 
     def _mapped(self, sample: GDSSample) -> Optional[GDSSample]:
         """map(sample) as a GDSSample that keeps the resume bookkeeping; leases of TensorRefs
