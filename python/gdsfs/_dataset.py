@@ -22,7 +22,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
@@ -909,7 +909,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                          world=world if slots % world == 0 else 1, even=self.even_ranks if slots % world == 0 else None,
                          buffer=self.shuffle_buffer, interleave=self.interleave)
 
-    def _samples(self) -> Iterator[GDSSample]:
+    def _samples(self) -> Generator[GDSSample, None, None]:
         slot, slots, _nw = self._slots()
         with self._lock:
             skip = self._resume.get(slot, 0) if self._resume_epoch == self.epoch else 0
