@@ -461,7 +461,7 @@ def save_model(model: torch.nn.Module, filename: str | os.PathLike, metadata: di
 
 
 def load_model(model: torch.nn.Module, filename: str | os.PathLike, strict: bool = True,
-               device: str | int | torch.device = "cpu") -> tuple[list[str], list[str]]:
+               device: str | int | torch.device = "cpu", *, backend: str = "mmap") -> tuple[list[str], list[str]]:
     """Load a file written by ``save_model`` (or ``save_file``) into a model (mirrors
     ``safetensors.torch.load_model``): tied names the file stores once are filled by the model's
     own sharing.
@@ -471,11 +471,12 @@ def load_model(model: torch.nn.Module, filename: str | os.PathLike, strict: bool
         filename: the file.
         strict: raise RuntimeError on missing or unexpected names.
         device: where the tensors are loaded first.
+        backend: passed on to load_file (safetensors' reader choice, used off a mount).
 
     Returns:
         (missing, unexpected) names.
     """
-    state_dict = load_file(filename, device=device)
+    state_dict = load_file(filename, device=device, backend=backend)
     to_remove = _names_to_remove(model.state_dict(), preferred=list(state_dict))
     missing_keys, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = set(missing_keys)
