@@ -213,24 +213,34 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		}
 		return nil, nil, 0, gofs.ToErrno(err)
 	}
-	if fix {
-		if errno := fixOwnerFd(fd, dir, c); errno != 0 {
-			unix.Close(fd)
-			return nil, nil, 0, errno
-		}
+	ch, errno := n.newFileChild(ctx, fd, dir, c, fix, out)
+	if errno != 0 {
+		return nil, nil, 0, errno
 	}
-	st, gen, err := statAt(fd, "", unix.AT_EMPTY_PATH)
-	if err != nil {
-		unix.Close(fd)
-		return nil, nil, 0, gofs.ToErrno(err)
-	}
-	out.Attr.FromStat(&st)
-	ch := n.newChild(ctx, &st, gen)
 	p := n.childPath(name)
 	// A new file is a change even when opened read-only (it replaced
 	// nothing, but negative lookups cached by Control are now wrong).
 	n.m.changed(p)
 	return ch, nodeOf(ch, n).wrapFile(gofs.NewLoopbackFile(fd), flags|syscall.O_CREAT, p), 0, 0
+}
+
+// newFileChild makes the inode of a file just created as fd in dir (fixing
+// its owner first when the creator could not create it as c); it closes fd
+// on failure.
+func (n *node) newFileChild(ctx context.Context, fd, dir int, c Caller, fix bool, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if fix {
+		if errno := fixOwnerFd(fd, dir, c); errno != 0 {
+			unix.Close(fd)
+			return nil, errno
+		}
+	}
+	st, gen, err := statAt(fd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		unix.Close(fd)
+		return nil, gofs.ToErrno(err)
+	}
+	out.Attr.FromStat(&st)
+	return n.newChild(ctx, &st, gen), 0
 }
 
 // fixOwnerFd is fixOwner for an open new file.
@@ -264,19 +274,10 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 	if err != nil {
 		return nil, nil, 0, gofs.ToErrno(err)
 	}
-	if fix {
-		if errno := fixOwnerFd(fd, dir, c); errno != 0 {
-			unix.Close(fd)
-			return nil, nil, 0, errno
-		}
+	ch, errno := n.newFileChild(ctx, fd, dir, c, fix, out)
+	if errno != 0 {
+		return nil, nil, 0, errno
 	}
-	st, gen, err := statAt(fd, "", unix.AT_EMPTY_PATH)
-	if err != nil {
-		unix.Close(fd)
-		return nil, nil, 0, gofs.ToErrno(err)
-	}
-	out.Attr.FromStat(&st)
-	ch := n.newChild(ctx, &st, gen)
 	return ch, nodeOf(ch, n).wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath()), 0, 0
 }
 
