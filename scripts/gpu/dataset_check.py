@@ -270,6 +270,9 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="no GPU: host-mode mount, CPU tensors")
     ap.add_argument("--workers", type=int, default=8, help="DataLoader workers (default 8)")
     ap.add_argument("--epochs", type=int, default=2, help="warm: timed epochs after the warm-up epoch, best counts (default 2)")
+    ap.add_argument("--sizes", default="100,4096", help="sample sizes in KiB, comma-separated (default 100,4096; issue 15: 16,64,256,4096)")
+    ap.add_argument("--batch", type=int, default=0, help="batch size for every size (default: 64 below 1 MiB, 8 above)")
+    ap.add_argument("--no-features", action="store_true", help="skip the gdsfs+features loader")
     a = ap.parse_args()
     Opts.workers, Opts.cuda, Opts.epochs = a.workers, not a.cpu, max(1, a.epochs)
     if Opts.cuda and not torch.cuda.is_available():
@@ -285,7 +288,15 @@ def main() -> int:
         torch.cuda.init()
         torch.cuda.set_device(0)
 
-    sizes = [("100KiB", 100 << 10, 2048 if a.quick else 8192, 16, 64), ("4MiB", 4 << 20, 128 if a.quick else 512, 16, 8)]
+    sizes = []
+    for kib in (int(x) for x in a.sizes.split(",") if x.strip()):
+        sb = kib << 10
+        # About 1 GiB per size (512 MiB at 16 KiB, 2 GiB at 4 MiB), a sixteenth with --quick.
+        ns = min(32768, max(512, (1 << 30) // sb))
+        if a.quick:
+            ns = max(128, ns // 16)
+        name = f"{kib // 1024}MiB" if kib % 1024 == 0 else f"{kib}KiB"
+        sizes.append((name, sb, ns - ns % 16, 16, a.batch or (64 if sb < (1 << 20) else 8)))
     root_m = os.path.join(a.mountpoint, SUBDIR)
     root_b = os.path.join(a.backing, SUBDIR)
     results: list[dict[str, Any]] = []
@@ -308,7 +319,7 @@ def main() -> int:
         for cache in ("warm", "cold"):
             for label, make, plain in (
                 ("gdsfs", lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False),
-                ("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False),
+                *([] if a.no_features else [("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False)]),
                 ("(a) plain via mount", lambda **kw: plain_loader(shards_m, batch, **kw), True),
                 ("(b) plain backing dir", lambda **kw: plain_loader(shards_b, batch, **kw), True),
             ):
