@@ -46,7 +46,7 @@ __all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader", "default_decod
 
 
 def _npy_tensor(b: bytes) -> torch.Tensor:
-    h = _layout.parse_npy_header(b)
+    h = _layout.npy_header_cached(b)
     dt = _torch_dtype(h.dtype)
     data = bytearray(b[h.data_offset :])
     t = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
@@ -784,7 +784,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             return int(x["data_offset"]), int(x["data_length"]), dt, shape, bool(x.get("fortran_order"))
         if fp.kind == "npy":
             head = os.pread(st.fd, min(fp.length, 4096), fp.offset)
-            h = _layout.parse_npy_header(head)
+            h = _layout.npy_header_cached(head)
             dt = _torch_dtype(h.dtype)
             nb = _numel(h.shape) * torch.empty((), dtype=dt).element_size()
             return fp.offset + h.data_offset, nb, dt, h.shape, h.fortran_order

@@ -23,7 +23,9 @@ path). The script writes WebDataset tars of float32 .npy tensors (100 KiB and
    tars through the mount with pin_memory=True and .cuda(non_blocking=True);
    (b) the same reading the backing directory directly.
 
-Prints one table; exits 1 when a correctness check fails (the speed target,
+Prints one table, then issue 15's (plain (a) vs gdsfs per size with its targets, and the cold
+runs against the disk's sequential read rate measured over the same shards right before them, the
+page cache dropped); exits 1 when a correctness check fails (the speed target,
 gdsfs >= 2x (b) for 4 MiB samples warm, is reported, not enforced).
 
 --cpu runs the same on a machine without GPU (a host-mode mount): tensors
@@ -163,6 +165,63 @@ def drop_caches() -> bool:
         return False
 
 
+def disk_rate(paths: list[str]) -> float:
+    """GB/s of one sequential pass over paths (8 MiB reads) with the page cache dropped before:
+    the disk's sequential read rate, which the cold target compares with."""
+    buf = bytearray(8 << 20)
+    mv = memoryview(buf)
+    n = 0
+    t0 = time.perf_counter()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            while True:
+                k = os.readv(fd, [mv])
+                if k <= 0:
+                    break
+                n += k
+        finally:
+            os.close(fd)
+    return n / (time.perf_counter() - t0) / 1e9
+
+
+# Issue 15's targets, warm, gdsfs vs (a) the plain IterableDataset: (ratio, samples/s) per size.
+TARGETS: dict[str, tuple[float, float]] = {"16KiB": (2.0, 0), "64KiB": (3.0, 0), "256KiB": (4.0, 25000), "4MiB": (8.0, 0)}
+COLD_TARGET = 0.95  # cold gdsfs >= this x the disk's sequential read rate
+
+
+def issue_table(results: list[dict[str, Any]]) -> list[str]:
+    """The table of issue 15: per size, plain (a) vs gdsfs warm, ratio, targets; cold vs disk."""
+    def get(size: str, cache: str, loader: str) -> Any:
+        return next((x for x in results if x["size"] == size and x["cache"] == cache and x["loader"] == loader), None)
+
+    out = ["", f"issue 15 table (warm: {Opts.workers} workers, steady state; plain = (a) tarfile IterableDataset via the mount"
+           + (", pin_memory, .cuda(non_blocking))" if Opts.cuda else ", CPU tensors)"),
+           f"{'sample':<8} {'plain samples/s':>15} {'plain GB/s':>10} {'gdsfs samples/s':>15} {'gdsfs GB/s':>10} {'ratio':>7}  target"]
+    sizes = list(dict.fromkeys(x["size"] for x in results))
+    for size in sizes:
+        pa, g = get(size, "warm", "(a) plain via mount"), get(size, "warm", "gdsfs")
+        if not (pa and g):
+            continue
+        ratio = g["samples_per_s"] / pa["samples_per_s"]
+        want = TARGETS.get(size)
+        if want:
+            ok = ratio >= want[0] and g["samples_per_s"] >= want[1]
+            tgt = f">= {want[0]:g}x" + (f" and >= {want[1]:,.0f} samples/s" if want[1] else "") + f" -> {'met' if ok else 'NOT met'}"
+        else:
+            tgt = "-"
+        out.append(f"{size:<8} {pa['samples_per_s']:>15,.0f} {pa['GBps']:>10.2f} {g['samples_per_s']:>15,.0f} {g['GBps']:>10.2f} {ratio:>6.2f}x  {tgt}")
+    for size in sizes:
+        d, g, pa = get(size, "cold", "disk sequential read"), get(size, "cold", "gdsfs"), get(size, "cold", "(a) plain via mount")
+        if d and g:
+            r = g["GBps"] / d["GBps"]
+            plain = f", plain {pa['GBps']:.2f} GB/s ({g['GBps'] / pa['GBps']:.2f}x)" if pa else ""
+            out.append(f"cold {size:<8} gdsfs {g['GBps']:.2f} GB/s vs disk sequential {d['GBps']:.2f} GB/s: {r:.2f}x{plain}  "
+                       f"target >= {COLD_TARGET}x -> {'met' if r >= COLD_TARGET else 'NOT met'}")
+    return out
+
+
 class Opts:
     workers = 8
     cuda = True
@@ -273,6 +332,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="100,4096", help="sample sizes in KiB, comma-separated (default 100,4096; issue 15: 16,64,256,4096)")
     ap.add_argument("--batch", type=int, default=0, help="batch size for every size (default: 64 below 1 MiB, 8 above)")
     ap.add_argument("--no-features", action="store_true", help="skip the gdsfs+features loader")
+    ap.add_argument("--features-sizes", default="", help="sizes in KiB that run the gdsfs+features loader (default: every size)")
     a = ap.parse_args()
     Opts.workers, Opts.cuda, Opts.epochs = a.workers, not a.cpu, max(1, a.epochs)
     if Opts.cuda and not torch.cuda.is_available():
@@ -316,10 +376,16 @@ def main() -> int:
             errs = [f"correctness run failed: {type(e).__name__}: {e}"]
         errors += [f"{name}: {e}" for e in errs]
         log(f"{name} correctness: {'ok' if not errs else '; '.join(errs)}")
+        feats = not a.no_features and (not a.features_sizes or str(sb >> 10) in a.features_sizes.split(","))
         for cache in ("warm", "cold"):
+            if cache == "cold" and can_drop and drop_caches():
+                # The disk's sequential read rate over the same shards, for the cold target.
+                rate = disk_rate(shards_b)
+                results.append({"size": name, "cache": "cold", "loader": "disk sequential read", "seconds": 0.0, "samples": 0, "samples_per_s": 0.0, "GBps": rate})
+                log(f"{name} cold disk sequential read: {rate:.2f} GB/s")
             for label, make, plain in (
                 ("gdsfs", lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False),
-                *([] if a.no_features else [("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False)]),
+                *([] if not feats else [("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False)]),
                 ("(a) plain via mount", lambda **kw: plain_loader(shards_m, batch, **kw), True),
                 ("(b) plain backing dir", lambda **kw: plain_loader(shards_b, batch, **kw), True),
             ):
@@ -357,6 +423,8 @@ def main() -> int:
     print()
     print(f"{'sample':<8} {'cache':<5} {'loader':<22} {'samples/s':>10} {'GB/s':>7} {'vs (b)':>7}")
     for r in results:
+        if not r["samples"]:
+            continue
         base = next((x for x in results if x["size"] == r["size"] and x["cache"] == r["cache"] and x["loader"].startswith("(b)")), None)
         ratio = f"{r['GBps'] / base['GBps']:.2f}x" if base else "-"
         print(f"{r['size']:<8} {r['cache']:<5} {r['loader']:<22} {r['samples_per_s']:>10.0f} {r['GBps']:>7.2f} {ratio:>7}")
@@ -372,6 +440,8 @@ def main() -> int:
     f = next((x for x in results if x["size"] == "4MiB" and x["cache"] == "warm" and x["loader"] == "gdsfs+features"), None)
     if f and g:
         print(f"gdsfs+features (shuffle_buffer, interleave=2, map, keys=) vs gdsfs, 4 MiB warm: {f['GBps'] / g['GBps']:.2f}x")
+    for line in issue_table(results):
+        print(line)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"engine": caps.engine, "results": results, "errors": errors}, f, indent=1)
