@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, O
 import torch
 import torch.utils.data
 
-from . import _core, _layout
+from . import _core, _layout, _leases
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _release_refs, collate
@@ -961,12 +961,15 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
 
     def _read_group(self, group: list[Any], slot: int, lo: int, slots: int, epoch: int) -> Iterator[GDSSample]:
         wanted: dict[int, list[tuple[int, int]]] = {}
-        for _pos, shard, _st, _key, fields, geo in group:
+        names: dict[int, list[tuple[str, str, str]]] = {}  # (field, sample, shard) of each range, for errors
+        for _pos, shard, st_, key_, fields, geo in group:
             for fp in fields:
                 if fp.name in geo:
                     g = geo[fp.name]
                     wanted.setdefault(shard, []).append((g[0], g[1]))
+                    names.setdefault(shard, []).append((fp.name, key_, st_.path))
         refs: dict[int, list[Ref]] = {}
+        holds: dict[int, list[Optional[_leases.Hold]]] = {}
         session = self._session
         held: dict[int, Ref] = {}  # lease id -> Ref, of samples not yet handed out
         try:
@@ -980,6 +983,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
                     continue
                 held.update((r.lease, r) for r in refs[shard] if r.lease)
+                # This process's Holds of the group's leases, in one pass over the lease book.
+                holds[shard] = _leases.hold_many([(r, *n) for r, n in zip(refs[shard], names[shard])])
             cursor = {s: 0 for s in refs}
             out: list[GDSSample] = []
             for pos, shard, st, key, fields, geo in group:
@@ -987,12 +992,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 for fp in fields:
                     if fp.name in geo and shard in refs:
                         _off, nb, dt, shape, fortran = geo[fp.name]
-                        r = refs[shard][cursor[shard]]
+                        r, h = refs[shard][cursor[shard]], holds[shard][cursor[shard]]
                         cursor[shard] += 1
                         if r.valid < nb:
                             raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({r.valid} of {nb} bytes): "
                                                 "rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
-                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran, field=fp.name, sample=key, path=st.path)
+                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran, fp.name, key, st.path, h)
                     elif fp.gpu:
                         sample[fp.name] = self._plain_tensor(st, fp, key)
                     else:
