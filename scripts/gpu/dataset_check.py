@@ -226,6 +226,7 @@ class Opts:
     workers = 8
     cuda = True
     epochs = 2
+    read_ahead = "auto"
 
 
 def _same_sample(sample: Any) -> Any:
@@ -239,7 +240,12 @@ FEATURES: dict[str, Any] = {"shuffle": True, "interleave": 2, "map": _same_sampl
 
 def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool = False, **kw: Any) -> tuple[torch.utils.data.DataLoader, gt.GDSShardDataset]:
     extra = dict(FEATURES, shuffle_buffer=4 * batch) if features else {}
-    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, read_ahead=batch, read_ahead_bytes=max(batch * sample_bytes, 1 << 20), **extra)
+    if Opts.read_ahead == "batch" or (Opts.read_ahead == "auto" and sample_bytes >= (1 << 20)):
+        extra.update(read_ahead=batch, read_ahead_bytes=max(batch * sample_bytes, 1 << 20))
+    elif Opts.read_ahead != "auto":
+        extra.update(read_ahead=int(Opts.read_ahead))
+    # else (small samples): the dataset's defaults, what users get (read_ahead=64 samples, 64 MiB).
+    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, **extra)
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda, collate_fn=gt.collate, timeout=300, **kw)
     return dl, ds
 
@@ -332,9 +338,14 @@ def main() -> int:
     ap.add_argument("--sizes", default="100,4096", help="sample sizes in KiB, comma-separated (default 100,4096; issue 15: 16,64,256,4096)")
     ap.add_argument("--batch", type=int, default=0, help="batch size for every size (default: 64 below 1 MiB, 8 above)")
     ap.add_argument("--no-features", action="store_true", help="skip the gdsfs+features loader")
+    ap.add_argument("--read-ahead", default="auto",
+                    help="GDSShardDataset read_ahead: auto (the dataset's defaults below 1 MiB samples, the batch size above), batch "
+                         "(read_ahead=batch, read_ahead_bytes=batch*sample: every size as before issue 15) or a number of samples")
     ap.add_argument("--features-sizes", default="", help="sizes in KiB that run the gdsfs+features loader (default: every size)")
     a = ap.parse_args()
-    Opts.workers, Opts.cuda, Opts.epochs = a.workers, not a.cpu, max(1, a.epochs)
+    Opts.workers, Opts.cuda, Opts.epochs, Opts.read_ahead = a.workers, not a.cpu, max(1, a.epochs), a.read_ahead
+    if a.read_ahead not in ("auto", "batch") and not a.read_ahead.isdigit():
+        ap.error(f"--read-ahead {a.read_ahead!r} is not auto, batch or a number of samples")
     if Opts.cuda and not torch.cuda.is_available():
         print("dataset_check: torch sees no CUDA device: run this on the GPU machine, or pass --cpu", file=sys.stderr)
         return 2
