@@ -315,6 +315,9 @@ def main() -> int:
             if not os.access(_bin(), os.X_OK):
                 log(f"no gdsfs binary at {_bin()}: run `make build` (or set GDSFS_BIN)")
                 return 2
+            if not os.path.exists("/dev/fuse") or (os.geteuid() != 0 and shutil.which("fusermount3") is None):
+                log("no /dev/fuse (or, not as root, no fusermount3): nothing to measure here, skipped")
+                return 0
             src, mnt = own_mount(base)
             mounted = mnt
             sub = "data"
