@@ -186,6 +186,79 @@ def disk_rate(paths: list[str]) -> float:
     return n / (time.perf_counter() - t0) / 1e9
 
 
+def daemon_probe(shards: list[str], threads: int = 8, group: int = 64, secs: float = 1.5) -> dict[str, float]:
+    """The daemon alone (no dataset, no DataLoader): `threads` threads each READ `group`
+    consecutive samples' x.npy ranges of a shard and RELEASE them, for secs; then the same bytes
+    asked for as one range per group. Samples/s of each: how far the daemon's per-range work
+    limits small samples."""
+    import threading
+
+    from gdsfs import _core
+
+    groups: list[tuple[str, list[tuple[int, int]]]] = []
+    layouts = {p: [s["fields"]["x.npy"] for s in gdsfs.layout(p)["samples"]] for p in shards}
+    group = max(1, min([group] + [len(xs) for xs in layouts.values()]))
+    for p, xs in layouts.items():
+        for i in range(0, len(xs) - group + 1, group):
+            groups.append((p, [(int(x["offset"]), int(x["length"])) for x in xs[i : i + group]]))
+    out: dict[str, float] = {}
+    for mode in ("ranges", "coalesced"):
+        sess = _core.Session.open(shards[0], strict=True)
+        assert sess is not None
+        if mode == "coalesced" and groups and groups[0][1][-1][0] + groups[0][1][-1][1] - groups[0][1][0][0] > sess.max_lease:
+            sess.close()
+            continue
+        counts = [0] * threads
+        stop = time.monotonic() + secs
+
+        def run(k: int) -> None:
+            fds: dict[str, int] = {}
+            j = k
+            while time.monotonic() < stop:
+                path, rs = groups[j % len(groups)]
+                j += threads
+                fd = fds.get(path)
+                if fd is None:
+                    fd = fds[path] = os.open(path, os.O_RDONLY)
+                ask = rs if mode == "ranges" else [(rs[0][0], rs[-1][0] + rs[-1][1] - rs[0][0])]
+                refs = sess.read(fd, ask)
+                sess._release_ids([r.lease for r in refs])
+                counts[k] += len(rs)
+            for fd in fds.values():
+                os.close(fd)
+
+        t0 = time.monotonic()
+        ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        out[mode] = sum(counts) / (time.monotonic() - t0)
+        sess.close()
+    return out
+
+
+def main_probe(shards: list[str], batch: int, sample_bytes: int) -> dict[str, float]:
+    """Samples/s of the two halves of the warm gdsfs loader, apart: the workers (and the daemon,
+    and unpickling here) producing batches that stay in daemon memory, then this process
+    materializing them the way the pin-memory thread does (GDSBatch.pin_memory)."""
+    dl, ds = gds_loader(shards, batch, sample_bytes, persistent_workers=True, pin=False)
+    for b in dl:  # warm-up epoch (workers, index cache, slabs mapped)
+        b.release()
+    t0 = time.perf_counter()
+    got = list(dl)
+    t1 = time.perf_counter()
+    n = sum(len(b["__key__"]) for b in got)
+    for b in got:
+        x = (b.pin_memory() if Opts.cuda else b.materialize())["x.npy"]
+    if Opts.cuda:
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    del got, x, dl
+    ds.close()
+    return {"workers": n / (t1 - t0), "main": n / (t2 - t1)}
+
+
 # Issue 15's targets, warm, gdsfs vs (a) the plain IterableDataset: (ratio, samples/s) per size.
 TARGETS: dict[str, tuple[float, float]] = {"16KiB": (2.0, 0), "64KiB": (3.0, 0), "256KiB": (4.0, 25000), "4MiB": (8.0, 0)}
 COLD_TARGET = 0.95  # cold gdsfs >= this x the disk's sequential read rate
@@ -238,7 +311,7 @@ def _same_sample(sample: Any) -> Any:
 FEATURES: dict[str, Any] = {"shuffle": True, "interleave": 2, "map": _same_sample, "keys": ["x.npy", "cls"]}
 
 
-def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool = False, **kw: Any) -> tuple[torch.utils.data.DataLoader, gt.GDSShardDataset]:
+def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool = False, pin: bool = True, **kw: Any) -> tuple[torch.utils.data.DataLoader, gt.GDSShardDataset]:
     extra = dict(FEATURES, shuffle_buffer=4 * batch) if features else {}
     if Opts.read_ahead == "batch" or (Opts.read_ahead == "auto" and sample_bytes >= (1 << 20)):
         extra.update(read_ahead=batch, read_ahead_bytes=max(batch * sample_bytes, 1 << 20))
@@ -246,7 +319,7 @@ def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool 
         extra.update(read_ahead=int(Opts.read_ahead))
     # else (small samples): the dataset's defaults, what users get (read_ahead=64 samples, 64 MiB).
     ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, **extra)
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda, collate_fn=gt.collate, timeout=300, **kw)
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda and pin, collate_fn=gt.collate, timeout=300, **kw)
     return dl, ds
 
 
@@ -338,6 +411,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="100,4096", help="sample sizes in KiB, comma-separated (default 100,4096; issue 15: 16,64,256,4096)")
     ap.add_argument("--batch", type=int, default=0, help="batch size for every size (default: 64 below 1 MiB, 8 above)")
     ap.add_argument("--no-features", action="store_true", help="skip the gdsfs+features loader")
+    ap.add_argument("--probes", action=argparse.BooleanOptionalAction, default=True,
+                    help="below 1 MiB samples, also measure the daemon alone and the loader's two halves apart (default on)")
     ap.add_argument("--read-ahead", default="auto",
                     help="GDSShardDataset read_ahead: auto (the dataset's defaults below 1 MiB samples, the batch size above), batch "
                          "(read_ahead=batch, read_ahead_bytes=batch*sample: every size as before issue 15) or a number of samples")
@@ -373,6 +448,7 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     errors: list[str] = []
     can_drop = True
+    probes: list[tuple[str, dict[str, float], dict[str, float]]] = []
     for name, sb, ns, nsh, batch in sizes:
         shards_m = make_dataset(root_m, name, sb, ns, nsh)
         shards_b = [os.path.join(root_b, name, os.path.basename(p)) for p in shards_m]
@@ -387,6 +463,16 @@ def main() -> int:
             errs = [f"correctness run failed: {type(e).__name__}: {e}"]
         errors += [f"{name}: {e}" for e in errs]
         log(f"{name} correctness: {'ok' if not errs else '; '.join(errs)}")
+        if a.probes and sb < (1 << 20):
+            try:
+                dp = daemon_probe(shards_m)
+                mp = main_probe(shards_m, batch, sb)
+                log(f"{name} probes (samples/s): daemon alone, {Opts.workers} threads x READ of 64 ranges {dp.get('ranges', 0):,.0f}, "
+                    f"as one range per 64 samples {dp.get('coalesced', 0):,.0f}; loader halves: workers+daemon+unpickle {mp['workers']:,.0f}, "
+                    f"main-process materialize {mp['main']:,.0f}")
+                probes.append((name, dp, mp))
+            except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
+                log(f"{name} probes failed: {type(e).__name__}: {e}")
         feats = not a.no_features and (not a.features_sizes or str(sb >> 10) in a.features_sizes.split(","))
         for cache in ("warm", "cold"):
             if cache == "cold" and can_drop and drop_caches():
@@ -453,6 +539,15 @@ def main() -> int:
         print(f"gdsfs+features (shuffle_buffer, interleave=2, map, keys=) vs gdsfs, 4 MiB warm: {f['GBps'] / g['GBps']:.2f}x")
     for line in issue_table(results):
         print(line)
+    if probes:
+        print(f"\nwhere the time goes, samples/s of each part alone (the slowest part bounds the loader): daemon alone = {Opts.workers} "
+              "threads READ+RELEASE of 64 ranges (or one range per 64 samples; fewer when shards are smaller); workers = batches produced and unpickled here, "
+              "left in daemon memory; main = this process materializing them as the pin-memory thread does")
+        print(f"{'sample':<8} {'daemon 64 ranges':>16} {'daemon 1 range':>14} {'workers':>10} {'main':>10} {'loader':>10}")
+        for name, dp, mp in probes:
+            g = next((x for x in results if x["size"] == name and x["cache"] == "warm" and x["loader"] == "gdsfs"), None)
+            print(f"{name:<8} {dp.get('ranges', 0):>16,.0f} {dp.get('coalesced', 0):>14,.0f} {mp['workers']:>10,.0f} {mp['main']:>10,.0f} "
+                  f"{(g['samples_per_s'] if g else 0):>10,.0f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"engine": caps.engine, "results": results, "errors": errors}, f, indent=1)
