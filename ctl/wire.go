@@ -79,6 +79,7 @@ func Commands() []Command {
 		{CmdReadNames, "READ_NAMES", SizeRead, true},
 		{CmdWrite, "WRITE", SizeWrite, true},
 		{CmdIndex, "INDEX", SizePage, true},
+		{CmdPin, "PIN", SizePin, true},
 	}
 }
 
@@ -142,9 +143,10 @@ const (
 	EnginePosix
 	EngineGDS
 	EngineGDSCompat
+	EngineTier // the daemon's memory tier (PIN), copied into the slab
 )
 
-var engineNames = [...]string{"none", "host", "posix", "gds", "gds-compat"}
+var engineNames = [...]string{"none", "host", "posix", "gds", "gds-compat", "tier"}
 
 // String returns the engine's name as the protocol spells it.
 func (e EngineCode) String() string {

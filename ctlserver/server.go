@@ -17,6 +17,7 @@ import (
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/internal/errname"
+	"github.com/gdsfs/gdsfs/tier"
 	"github.com/rs/zerolog"
 )
 
@@ -76,6 +77,10 @@ type Options struct {
 	// serves this Server's SlabFD, announced in HELLO with CapSlabFD.
 	// Empty: none (CUDA slabs of kind SlabCUDAFD cannot be mapped then).
 	SlabSocket string
+	// Tier is the daemon's memory tier (PIN, READ hits); nil: none.
+	Tier *tier.Tier
+	// TierCopier copies tier bytes into slabs; nil disables hits.
+	TierCopier tier.Copier
 }
 
 // Validate reports every problem of o at once.
@@ -204,6 +209,8 @@ func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path st
 		errno = s.write(ctx, c, f, path, in, out)
 	case ctl.CmdIndex:
 		errno = s.index(ctx, c, f, path, in, out)
+	case ctl.CmdPin:
+		errno = s.pin(ctx, c, f, path, in, out)
 	default:
 		if !ctl.OurCmd(cmd) {
 			// Not a control-path command at all (Python's open() asks

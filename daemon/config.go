@@ -68,6 +68,11 @@ type Config struct {
 	// MetaCacheBytes is the memory for parsed shard indexes. Default
 	// DefaultMetaCacheBytes.
 	MetaCacheBytes int64
+	// TierBytes is the memory tier's budget (gdsfs mount --tier-budget):
+	// pinned host memory on a GPU machine, anonymous memory with the host
+	// backend. 0: no tier. Its per-uid share follows the pool's rule
+	// (UIDShare of it; tier.go).
+	TierBytes int64
 
 	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
 	// served at /metrics (port 0 picks a free one, see MetricsAddr).
@@ -106,7 +111,7 @@ func (c Config) Validate() error {
 		name string
 		v    int64
 	}{{"SlabBytes", c.SlabBytes}, {"GPUPoolBytes", c.GPUPoolBytes}, {"HostPoolBytes", c.HostPoolBytes},
-		{"UIDShareBytes", c.UIDShareBytes}, {"MetaCacheBytes", c.MetaCacheBytes}} {
+		{"UIDShareBytes", c.UIDShareBytes}, {"MetaCacheBytes", c.MetaCacheBytes}, {"TierBytes", c.TierBytes}} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("daemon: %s (%d) must not be negative", f.name, f.v))
 		}

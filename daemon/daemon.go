@@ -21,6 +21,7 @@ import (
 	"github.com/gdsfs/gdsfs/handoffserver"
 	"github.com/gdsfs/gdsfs/metrics"
 	"github.com/gdsfs/gdsfs/metrics/instrument"
+	"github.com/gdsfs/gdsfs/tier"
 )
 
 // Daemon is one running gdsfs mount with its control path. Its methods are
@@ -34,6 +35,7 @@ type Daemon struct {
 	engines     *cufile.Engines
 	pool        *gpubuf.Pool
 	indexes     *cache.Indexes
+	tier        *tier.Tier // nil without Config.TierBytes
 	slabs       *handoffserver.Server
 	ctl         *ctlserver.Server
 	mount       *fs.Server
@@ -71,6 +73,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.openEngines,
 		d.openPool,
 		d.openIndexes,
+		d.openTier,     // tier.go
 		d.startControl, // the control server and its slab socket
 		d.serveMetrics,
 		d.mountFS,
@@ -227,6 +230,8 @@ func (d *Daemon) startControl(context.Context) error {
 		EngineWhy:   probe.Why,
 		Refusals:    d.refusals,
 		Log:         d.cfg.Log,
+		Tier:        d.tier,
+		TierCopier:  d.engines,
 	})
 	if err != nil {
 		slabs.Close()
@@ -268,6 +273,7 @@ func (d *Daemon) serveMetrics(context.Context) error {
 		return metrics.IndexStats{Hits: x.Hits, Misses: x.Misses, Evictions: x.Evictions,
 			Parses: x.Parses, ParseErrors: x.ParseErrors, BudgetBytes: x.BudgetBytes, UsedBytes: x.UsedBytes}
 	})
+	d.tierMetrics(m)
 	l := d.metricsLn
 	d.metricsLn = nil // Serve closes it
 	ctx, stop := context.WithCancel(context.Background())

@@ -36,7 +36,7 @@ SLAB_KIND_CUDA_FD = 3  # CUDA virtual memory: fetch a descriptor from the slab s
 
 WRITE_SYNC = 1
 
-ENGINES = {0: "none", 1: "host", 2: "posix", 3: "gds", 4: "gds-compat"}
+ENGINES = {0: "none", 1: "host", 2: "posix", 3: "gds", 4: "gds-compat", 5: "tier"}
 
 
 def _iowr(nr: int, size: int) -> int:
