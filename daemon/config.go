@@ -73,6 +73,9 @@ type Config struct {
 	// backend. 0: no tier. Its per-uid share follows the pool's rule
 	// (UIDShare of it; tier.go).
 	TierBytes int64
+	// TierChunkBytes is the tier's extent size (a multiple of 4096); 0:
+	// tier.DefaultChunkBytes. Tests make it small.
+	TierChunkBytes int64
 
 	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
 	// served at /metrics (port 0 picks a free one, see MetricsAddr).

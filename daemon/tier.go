@@ -18,7 +18,7 @@ func (d *Daemon) openTier(context.Context) error {
 	if d.cfg.TierBytes == 0 {
 		return nil
 	}
-	cfg := tier.Config{BudgetBytes: d.cfg.TierBytes, UIDShareBytes: d.tierShare(), Log: d.cfg.Log}
+	cfg := tier.Config{BudgetBytes: d.cfg.TierBytes, UIDShareBytes: d.tierShare(), ChunkBytes: d.cfg.TierChunkBytes, Log: d.cfg.Log}
 	if d.engines.TierPinned() {
 		cfg.Alloc = tier.FuncAllocator{Kind: "pinned", New: d.engines.TierAlloc, Free: d.engines.TierFree}
 	}

@@ -541,9 +541,11 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 	b := mem.Bytes()
 	err = readFull(ctx, f, b[:data], off)
 	clear(b[data:])
-	if err == nil {
-		var now Identity
-		if now, err = Stat(f); err == nil && now != e.id {
+	if ctx.Err() == nil {
+		// A file that changed explains a failed read too (it shrank).
+		if now, serr := Stat(f); serr != nil && err == nil {
+			err = serr
+		} else if serr == nil && now != e.id {
 			err = fmt.Errorf("%w: %s; pin it again", ErrChanged, f.Name())
 		}
 	}
