@@ -147,6 +147,7 @@ type entry struct {
 	refs    int       // hits and fills using the entry
 	dead    bool      // unreachable (T3): freed when refs is 0
 	elem    *list.Element
+	wake    chan struct{} // closed (and replaced) when a fill of it ends
 }
 
 // Tier is the cache. Its methods are safe for concurrent use.
@@ -268,8 +269,39 @@ func (t *Tier) Pin(ctx context.Context, f *os.File, path string, uid uint32, off
 	defer t.unref(e)
 	filled, err := t.fill(ctx, f, e, uid, todo)
 	res.Filled = filled
+	if err == nil {
+		// Extents another pin was filling: the answer waits for them.
+		err = t.waitFills(ctx, e, off, n)
+	}
 	res.Cached = t.Cached(id)
 	return res, err
+}
+
+// waitFills waits until no extent of [off, off+n) of e is being filled.
+func (t *Tier) waitFills(ctx context.Context, e *entry, off, n int64) error {
+	for {
+		t.mu.Lock()
+		busy := false
+		for i := int(off / t.chunk); i < len(e.filling) && int64(i)*t.chunk < off+n; i++ {
+			busy = busy || e.filling[i]
+		}
+		wake := e.wake
+		t.mu.Unlock()
+		if !busy {
+			return nil
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return fmt.Errorf("tier: pin: %w", ctx.Err())
+		}
+	}
+}
+
+// wakeLocked tells waitFills that a fill of e ended.
+func (e *entry) wakeLocked() {
+	close(e.wake)
+	e.wake = make(chan struct{})
 }
 
 // settle waits until f's ctime is SettleTime in the past (T2).
@@ -306,7 +338,7 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	}
 	if e == nil {
 		k := t.chunks(id.Size)
-		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k)}
+		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), wake: make(chan struct{})}
 		e.elem = t.mu.lru.PushFront(e)
 		t.mu.entries[id.Key] = e
 		if old := t.mu.paths[path]; old != nil && old != e {
@@ -511,6 +543,7 @@ feed:
 // abandonLocked gives back extent i's reservation.
 func (t *Tier) abandonLocked(e *entry, uid uint32, i int) {
 	e.filling[i] = false
+	e.wakeLocked()
 	n := t.extentBytes(e.id.Size, i)
 	t.mu.used -= n
 	t.uncharge(uid, n)
@@ -560,6 +593,7 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 		return 0, err
 	}
 	e.filling[i] = false
+	e.wakeLocked()
 	e.ext[i] = &extent{mem: mem, uid: uid, n: size}
 	e.held += data
 	t.mu.st.FilledBytes += uint64(data)

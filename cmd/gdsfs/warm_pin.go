@@ -123,6 +123,15 @@ func newPinPlan(ctx context.Context, paths []string) (*pinPlan, ctl.PinReply, er
 	return plan, last, nil
 }
 
+// memory is the tier memory the plan's files take (whole 4 KiB pages).
+func (p *pinPlan) memory() int64 {
+	var n int64
+	for _, f := range p.files {
+		n += (f.size + 4095) &^ 4095
+	}
+	return n
+}
+
 // pinTask is one extent-sized PIN.
 type pinTask struct {
 	path     string
@@ -150,6 +159,16 @@ func runWarmPin(ctx context.Context, cmd *cobra.Command, c *warmConfig, show boo
 		}
 		fmt.Fprintln(out, "no files to pin")
 		return nil
+	}
+	// What one user may hold is known: refuse at once what cannot fit,
+	// rather than pin a part and evict it again.
+	if need := plan.memory(); need > int64(last.Share) {
+		what := "these files need"
+		if len(plan.files) == 1 {
+			what = plan.files[0].path + " needs"
+		}
+		return fmt.Errorf("the tier cannot take it: %s %s, one user may hold %s of its %s (you hold %s); pin fewer files, unpin others (gdsfs warm --unpin PATH) or ask for a larger --tier-budget",
+			what, humanize.IBytes(uint64(need)), humanize.IBytes(last.Share), humanize.IBytes(last.Budget), humanize.IBytes(last.Yours))
 	}
 	bar := newWarmBar(plan.total-plan.cached, errOut, show)
 	bar.Describe("pin")
