@@ -12,7 +12,10 @@ import (
 // machine the extents are pinned host memory (cuMemHostAlloc, portable to
 // every device's context) and a hit is one DMA host-to-device copy per
 // extent, no CPU copy; with the host backend the extents are plain memory
-// (the tier's own) and a hit is a memcpy.
+// (the tier's own) and a hit is a memcpy. Tier memory is not
+// cuFileBufRegister'ed: no cuFile call reads or writes it (pins fill it with
+// pread from the page cache, hits drain it with cuMemcpyHtoD), and a
+// registration would only pin it a second time.
 
 // TierPinned reports whether the tier's memory should be pinned host
 // memory from TierAlloc: the slab backend is CUDA.
