@@ -129,8 +129,8 @@ func (s *Server) tierEngine(f *os.File, plan []span) (cufile.Engine, *tier.View)
 // link, or a pin through another name).
 func (s *Server) tierChanged(path string) {
 	t := s.opts.Tier
-	if !t.Enabled() {
-		return
+	if t.Empty() {
+		return // nothing to drop: no lstat per write
 	}
 	t.InvalidatePath(path)
 	var st syscall.Stat_t

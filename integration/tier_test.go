@@ -41,6 +41,7 @@ type tierOpts struct {
 	budget  int64
 	source  string // "": a fresh backing directory
 	metrics bool   // serve metrics on a free port
+	noPass  bool   // no kernel passthrough: writes reach the daemon
 }
 
 // startTier starts a daemon the way startDaemon does, with a tier, and
@@ -65,7 +66,7 @@ func startTier(t *testing.T, o tierOpts) *tierMount {
 		Engine: cufile.Config{Engine: cufile.EngineHost,
 			HostDir: filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-itest-%d-%s", os.Getpid(), randHex(4)))},
 		HostPoolBytes: 64 << 20, MetaCacheBytes: 16 << 20, Version: "itest",
-		TierBytes: o.budget, TierChunkBytes: tierChunk,
+		TierBytes: o.budget, TierChunkBytes: tierChunk, NoPassthrough: o.noPass,
 	}
 	if o.metrics {
 		c.MetricsAddr = "127.0.0.1:0"
@@ -248,7 +249,14 @@ func TestTierPinServesReads(t *testing.T) {
 // or through it, a READ returns the file's new bytes (the backing file is
 // the oracle), never the tier's.
 func TestTierNeverStale(t *testing.T) {
-	m := startTier(t, tierOpts{budget: 16 << 20})
+	for _, noPass := range []bool{false, true} {
+		t.Run(fmt.Sprintf("passthrough=%v", !noPass), func(t *testing.T) {
+			testTierNeverStale(t, startTier(t, tierOpts{budget: 16 << 20, noPass: noPass}))
+		})
+	}
+}
+
+func testTierNeverStale(t *testing.T, m *tierMount) {
 	n := 2*tierChunk + 10
 	for i, tc := range []struct {
 		name   string

@@ -675,6 +675,17 @@ func (t *Tier) Cached(id Identity) int64 {
 	return 0
 }
 
+// Empty reports whether the tier holds no file (invalidations then have
+// nothing to find).
+func (t *Tier) Empty() bool {
+	if !t.Enabled() {
+		return true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.mu.entries) == 0
+}
+
 // Invalidate drops the entry of key (a write through the mount).
 func (t *Tier) Invalidate(k Key) {
 	if !t.Enabled() {
