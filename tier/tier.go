@@ -477,16 +477,16 @@ func charges(e *entry, uid uint32) int64 {
 // chargedOnlyTo reports whether every held extent of e is uid's (and at
 // least one is).
 func chargedOnlyTo(e *entry, uid uint32) bool {
-	any := false
+	held := false
 	for _, x := range e.ext {
 		if x != nil {
 			if x.uid != uid {
 				return false
 			}
-			any = true
+			held = true
 		}
 	}
-	return any
+	return held
 }
 
 // fill reads extents todo of e from f and installs each as it completes.
