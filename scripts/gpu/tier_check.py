@@ -217,7 +217,8 @@ def main() -> int:
                 f"({agg / tier:.2f}x one GPU; target >= 1.7x: {'PASS' if agg >= 1.7 * tier else 'MISS'})")
         else:
             log("two GPUs at once: SKIP (needs 2 GPUs: nvidia-h200-x2)")
-        log("gdsfs status: " + next((ln for ln in run([gdsfs, "status", mnt]).splitlines() if ln.startswith("tier:")), "no tier line"))
+        lines = run([gdsfs, "status", mnt]).splitlines()
+        log("gdsfs status: " + next((ln for ln in lines if ln.startswith("tier:")), "no tier line"))
     finally:
         subprocess.run([gdsfs, "unmount", mnt], capture_output=True)
         subprocess.run(["rm", "-rf", src], capture_output=True)
