@@ -76,6 +76,10 @@ type Config struct {
 	// TierChunkBytes is the tier's extent size (a multiple of 4096); 0:
 	// tier.DefaultChunkBytes. Tests make it small.
 	TierChunkBytes int64
+	// GPUCacheBytes is the device tier's budget per GPU (gdsfs mount
+	// --gpu-cache): copies of pinned files in each GPU's memory. 0: none.
+	// Needs TierBytes and CUDA slabs.
+	GPUCacheBytes int64
 
 	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
 	// served at /metrics (port 0 picks a free one, see MetricsAddr).
@@ -114,7 +118,7 @@ func (c Config) Validate() error {
 		name string
 		v    int64
 	}{{"SlabBytes", c.SlabBytes}, {"GPUPoolBytes", c.GPUPoolBytes}, {"HostPoolBytes", c.HostPoolBytes},
-		{"UIDShareBytes", c.UIDShareBytes}, {"MetaCacheBytes", c.MetaCacheBytes}, {"TierBytes", c.TierBytes}} {
+		{"UIDShareBytes", c.UIDShareBytes}, {"MetaCacheBytes", c.MetaCacheBytes}, {"TierBytes", c.TierBytes}, {"GPUCacheBytes", c.GPUCacheBytes}} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("daemon: %s (%d) must not be negative", f.name, f.v))
 		}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/metrics"
 	"github.com/gdsfs/gdsfs/tier"
@@ -16,11 +17,19 @@ import (
 // it: a restarted daemon starts with an empty tier.
 func (d *Daemon) openTier(context.Context) error {
 	if d.cfg.TierBytes == 0 {
+		if d.cfg.GPUCacheBytes != 0 {
+			return configErrorf("--gpu-cache caches pinned files: give --tier-budget too")
+		}
 		return nil
 	}
 	cfg := tier.Config{BudgetBytes: d.cfg.TierBytes, UIDShareBytes: d.tierShare(), ChunkBytes: d.cfg.TierChunkBytes, Log: d.cfg.Log}
 	if d.engines.TierPinned() {
 		cfg.Alloc = tier.FuncAllocator{Kind: "pinned", New: d.engines.TierAlloc, Free: d.engines.TierFree}
+		if d.cfg.GPUCacheBytes != 0 {
+			cfg.DeviceBytes, cfg.DeviceAlloc = d.cfg.GPUCacheBytes, deviceAlloc{d.engines}
+		}
+	} else if d.cfg.GPUCacheBytes != 0 {
+		return configErrorf("--gpu-cache needs GPU slabs; this daemon serves %s memory", d.engines.Backend().Name())
 	}
 	t, err := tier.New(cfg)
 	if err != nil {
@@ -30,8 +39,16 @@ func (d *Daemon) openTier(context.Context) error {
 	d.push("free memory tier", t.Close)
 	st := t.Stats()
 	d.cfg.Log.Info().Str("memory", st.Memory).Str("budget", humanize.IBytes(uint64(st.BudgetBytes))).
-		Str("uid_share", humanize.IBytes(uint64(st.UIDShareBytes))).Msg("memory tier")
+		Str("uid_share", humanize.IBytes(uint64(st.UIDShareBytes))).Str("gpu_cache", humanize.IBytes(uint64(st.DeviceBudgetBytes))).
+		Msg("memory tier")
 	return nil
+}
+
+// deviceAlloc is the device tier's memory: cuMemAlloc through the engines.
+type deviceAlloc struct{ e *cufile.Engines }
+
+func (a deviceAlloc) AllocDevice(device int, n int64) (tier.DeviceMemory, error) {
+	return a.e.AllocDevice(device, n)
 }
 
 // tierShare is the most of the tier one uid may hold: --uid-share's
@@ -57,7 +74,11 @@ func (d *Daemon) tierMetrics(m *metrics.Metrics) {
 	}
 	m.SetTier(func() metrics.TierStats {
 		s := d.tier.Stats()
-		return metrics.TierStats{BudgetBytes: s.BudgetBytes, UsedBytes: s.UsedBytes, CachedBytes: s.CachedBytes, Files: s.Files,
+		var dev int64
+		for _, x := range s.Devices {
+			dev += x.Bytes
+		}
+		return metrics.TierStats{DeviceUsedBytes: dev, DeviceHits: s.DeviceHits, BudgetBytes: s.BudgetBytes, UsedBytes: s.UsedBytes, CachedBytes: s.CachedBytes, Files: s.Files,
 			Hits: s.Hits, Misses: s.Misses, HitBytes: s.HitBytes, FilledBytes: s.FilledBytes,
 			Evictions: s.Evictions, Invalidations: s.Invalidations, Refused: s.Refused}
 	})

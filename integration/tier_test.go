@@ -506,6 +506,28 @@ func TestTierKilledMidWarm(t *testing.T) {
 	}
 }
 
+// TestTierGPUCacheNeedsGPU: --gpu-cache on a daemon of host slabs is a
+// configuration error naming the flag.
+func TestTierGPUCacheNeedsGPU(t *testing.T) {
+	requireRoot(t)
+	backing, mnt := mountDirs(t, t.TempDir())
+	for _, tc := range []struct {
+		tier int64
+		want string
+	}{{8 << 20, "--gpu-cache needs GPU slabs"}, {0, "give --tier-budget too"}} {
+		d, err := daemon.Start(context.Background(), daemon.Config{Mountpoint: mnt, Source: backing,
+			Engine:    cufile.Config{Engine: cufile.EngineHost, HostDir: filepath.Join("/dev/shm", "gdsfs-itest-"+randHex(4))},
+			SlabBytes: 1 << 20, HostPoolBytes: 16 << 20, TierBytes: tc.tier, GPUCacheBytes: 1 << 20})
+		var ce *daemon.ConfigError
+		if err == nil {
+			d.Close()
+		}
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("tier %d, --gpu-cache 1MiB: %v, want a configuration error saying %q", tc.tier, err, tc.want)
+		}
+	}
+}
+
 // TestTierRestartEmpty: the tier lives in the daemon: a new daemon on the
 // same backing directory starts with nothing pinned.
 func TestTierRestartEmpty(t *testing.T) {

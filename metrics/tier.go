@@ -13,6 +13,9 @@ type TierStats struct {
 	Files                               int
 	Hits, Misses, HitBytes, FilledBytes uint64
 	Evictions, Invalidations, Refused   uint64
+	// The device tier (--gpu-cache): bytes on every GPU, hits.
+	DeviceUsedBytes int64
+	DeviceHits      uint64
 }
 
 // SetTier makes every scrape read the memory tier through f (nil: no tier
@@ -37,6 +40,7 @@ type tierCollector struct {
 	budget, used, cached, files     *prometheus.Desc
 	hits, misses, hitBytes, filled  *prometheus.Desc
 	evictions, invalidations, refus *prometheus.Desc
+	devUsed, devHits                *prometheus.Desc
 }
 
 func newTierCollector() *tierCollector {
@@ -55,12 +59,14 @@ func newTierCollector() *tierCollector {
 		evictions:     d("evictions_total", "Files evicted from the tier to make room for pins."),
 		invalidations: d("invalidations_total", "Files dropped from the tier because they changed."),
 		refus:         d("refused_total", "Pins refused for lack of room (budget or per-uid share)."),
+		devUsed:       d("device_used_bytes", "GPU memory holding copies of pinned files (--gpu-cache), over every GPU."),
+		devHits:       d("device_hits_total", "READs served device to device from a copy on the slab's GPU."),
 	}
 }
 
 func (c *tierCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.budget, c.used, c.cached, c.files, c.hits, c.misses, c.hitBytes, c.filled,
-		c.evictions, c.invalidations, c.refus} {
+		c.evictions, c.invalidations, c.refus, c.devUsed, c.devHits} {
 		ch <- d
 	}
 }
@@ -90,4 +96,6 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.evictions, s.Evictions)
 	counter(c.invalidations, s.Invalidations)
 	counter(c.refus, s.Refused)
+	gauge(c.devUsed, float64(s.DeviceUsedBytes))
+	counter(c.devHits, s.DeviceHits)
 }

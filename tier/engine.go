@@ -54,6 +54,16 @@ func (e Engine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOf
 	if fileOff < 0 || n < 0 || dstOff < 0 || dstOff+n > dst.Size() {
 		return 0, fmt.Errorf("tier: read of %d bytes at %d into %d of a %d-byte slab: bad range", n, fileOff, dstOff, dst.Size())
 	}
+	// A copy on the slab's GPU (the device tier): device to device.
+	if dm, ok := dst.(gpubuf.DeviceMemory); ok {
+		if dc, ok := e.Copier.(DeviceCopier); ok {
+			if c := e.View.deviceOn(ctx, dm.Device(), dc); c != nil {
+				return e.View.pieces(fileOff, n, func(pos int64, i int, within, m int64) error {
+					return dc.DeviceToSlab(ctx, dst, dstOff+pos, c.ext[i].Ptr()+uintptr(within), m)
+				})
+			}
+		}
+	}
 	return e.View.Each(fileOff, n, func(pos int64, b []byte) error {
 		return e.Copier.CopyIn(ctx, dst, dstOff+pos, b)
 	})

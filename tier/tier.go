@@ -77,6 +77,10 @@ type Config struct {
 	Now func() time.Time
 	// Log receives evictions and refusals at debug level.
 	Log zerolog.Logger
+	// DeviceBytes is the device tier's budget per GPU (device.go); 0: none.
+	DeviceBytes int64
+	// DeviceAlloc supplies device-tier memory; nil: no device tier.
+	DeviceAlloc DeviceAllocator
 }
 
 // Validate reports every problem of c at once.
@@ -90,6 +94,9 @@ func (c Config) Validate() error {
 	}
 	if c.ChunkBytes < 0 || c.ChunkBytes%align != 0 {
 		errs = append(errs, fmt.Errorf("tier: ChunkBytes (%d) must be a positive multiple of %d", c.ChunkBytes, align))
+	}
+	if c.DeviceBytes < 0 {
+		errs = append(errs, fmt.Errorf("tier: DeviceBytes (%d) must be >= 0", c.DeviceBytes))
 	}
 	if c.Workers < 0 {
 		errs = append(errs, fmt.Errorf("tier: Workers (%d) must be >= 0", c.Workers))
@@ -141,13 +148,15 @@ type entry struct {
 	id   Identity
 	path string // the backing path it was pinned by (InvalidatePath)
 	// GUARDED_BY(Tier.mu)
-	ext     []*extent // per chunk; nil: not held
-	filling []bool    // per chunk: a Pin is reading it
-	held    int64     // file bytes in held extents
-	refs    int       // hits and fills using the entry
-	dead    bool      // unreachable (T3): freed when refs is 0
-	elem    *list.Element
-	wake    chan struct{} // closed (and replaced) when a fill of it ends
+	ext       []*extent // per chunk; nil: not held
+	filling   []bool    // per chunk: a Pin is reading it
+	held      int64     // file bytes in held extents
+	refs      int       // hits and fills using the entry
+	dead      bool      // unreachable (T3): freed when refs is 0
+	elem      *list.Element
+	wake      chan struct{}    // closed (and replaced) when a fill of it ends
+	dev       map[int]*devCopy // copies on GPUs (device.go)
+	admitting map[int]bool     // devices a copy is being made on
 }
 
 // Tier is the cache. Its methods are safe for concurrent use.
@@ -165,6 +174,8 @@ type Tier struct {
 		uids    map[uint32]int64    // bytes charged per uid
 		st      Counters            // counters
 		gone    map[*entry]struct{} // dead entries still referenced
+		devUsed map[int]int64       // device tier bytes per device, reserved included
+		devLRU  map[int]*list.List  // of *devCopy per device, most recent first
 	}
 }
 
@@ -177,6 +188,11 @@ type Counters struct {
 	Evictions     uint64 `json:"evictions"`
 	Invalidations uint64 `json:"invalidations"`
 	Refused       uint64 `json:"refused"`
+	// The device tier: READs served device-to-device, copies made and
+	// evicted.
+	DeviceHits      uint64 `json:"device_hits,omitempty"`
+	DeviceAdmits    uint64 `json:"device_admits,omitempty"`
+	DeviceEvictions uint64 `json:"device_evictions,omitempty"`
 }
 
 // New returns a tier configured by cfg.
@@ -207,6 +223,8 @@ func New(cfg Config) (*Tier, error) {
 	t.mu.paths = map[string]*entry{}
 	t.mu.uids = map[uint32]int64{}
 	t.mu.gone = map[*entry]struct{}{}
+	t.mu.devUsed = map[int]int64{}
+	t.mu.devLRU = map[int]*list.List{}
 	return t, nil
 }
 
@@ -652,6 +670,7 @@ func (t *Tier) freeLocked(e *entry) {
 		e.ext[i] = nil
 	}
 	e.held = 0
+	t.dropDevicesLocked(e)
 }
 
 func (t *Tier) unref(e *entry) {
@@ -732,82 +751,6 @@ func (t *Tier) Unpin(id Identity, uid uint32) (int64, error) {
 	return n, nil
 }
 
-// View is a hit: extents of one file, referenced until Release, so that
-// copies from them never race a free (T3).
-type View struct {
-	t     *Tier
-	e     *entry
-	ext   []*extent // a snapshot of the entry's extents
-	chunk int64
-	size  int64
-}
-
-// Lookup returns a view of the file id if the tier holds every extent of
-// each of spans ([start, end) byte ranges, end clipped to the size), or
-// false (a miss). A hit refreshes the entry's recency. Release the view.
-func (t *Tier) Lookup(id Identity, spans [][2]int64) (*View, bool) {
-	if !t.Enabled() {
-		return nil, false
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.mu.entries[id.Key]
-	if e == nil || e.id != id {
-		t.mu.st.Misses++
-		return nil, false
-	}
-	for _, sp := range spans {
-		end := min(sp[1], id.Size)
-		for i := int(sp[0] / t.chunk); sp[0] < end && int64(i)*t.chunk < end; i++ {
-			if e.ext[i] == nil {
-				t.mu.st.Misses++
-				return nil, false
-			}
-		}
-	}
-	t.mu.st.Hits++
-	e.refs++
-	t.mu.lru.MoveToFront(e.elem)
-	return &View{t: t, e: e, ext: append([]*extent(nil), e.ext...), chunk: t.chunk, size: id.Size}, true
-}
-
-// Release ends the view; it is idempotent.
-func (v *View) Release() {
-	if v.e != nil {
-		v.t.unref(v.e)
-		v.e = nil
-	}
-}
-
-// Each calls fn with the tier bytes of [off, off+n) of the file, clipped to
-// the file's size, in order, one piece per extent: pos is the piece's
-// offset from off. It stops at fn's first error.
-func (v *View) Each(off, n int64, fn func(pos int64, b []byte) error) (int64, error) {
-	end := min(off+n, v.size)
-	var done int64
-	for p := off; p < end; {
-		i := int(p / v.chunk)
-		if i >= len(v.ext) || v.ext[i] == nil {
-			return done, fmt.Errorf("BUG: tier: view lacks extent %d", i)
-		}
-		base := int64(i) * v.chunk
-		q := min(end, base+v.chunk)
-		if err := fn(p-off, v.ext[i].mem.Bytes()[p-base:q-base]); err != nil {
-			return done, err
-		}
-		done += q - p
-		p = q
-	}
-	v.t.hitBytes(done)
-	return done, nil
-}
-
-func (t *Tier) hitBytes(n int64) {
-	t.mu.Lock()
-	t.mu.st.HitBytes += uint64(n)
-	t.mu.Unlock()
-}
-
 // UIDStats is one uid's part of the tier.
 type UIDStats struct {
 	UID   uint32 `json:"uid"`
@@ -825,6 +768,10 @@ type Stats struct {
 	Files         int        `json:"files"`
 	UIDs          []UIDStats `json:"uids"`
 	Counters
+	// DeviceBudgetBytes is the device tier's budget per GPU (0: none);
+	// Devices what it holds on each.
+	DeviceBudgetBytes int64         `json:"device_budget_bytes,omitempty"`
+	Devices           []DeviceStats `json:"devices,omitempty"`
 }
 
 // Stats returns a snapshot.
@@ -840,6 +787,11 @@ func (t *Tier) Stats() Stats {
 		s.UIDs = append(s.UIDs, UIDStats{UID: u, Bytes: b})
 	}
 	sort.Slice(s.UIDs, func(i, j int) bool { return s.UIDs[i].UID < s.UIDs[j].UID })
+	if t.cfg.DeviceAlloc != nil {
+		s.DeviceBudgetBytes = t.cfg.DeviceBytes
+		s.Devices = t.deviceStatsLocked()
+		sort.Slice(s.Devices, func(i, j int) bool { return s.Devices[i].Device < s.Devices[j].Device })
+	}
 	return s
 }
 

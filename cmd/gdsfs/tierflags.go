@@ -17,17 +17,22 @@ const tierBudgetUsage = "memory for the daemon's file tier (gdsfs warm --pin): p
 	"at most a third of the node's RAM, since the page cache and the processes need the rest; " +
 	"--uid-share caps each user's part of it"
 
-// addTierFlag registers --tier-budget on the mount command.
-func addTierFlag(cmd *cobra.Command, v *string) {
-	cmd.Flags().StringVar(v, "tier-budget", "0", tierBudgetUsage)
+// addTierFlags registers --tier-budget and --gpu-cache on the mount command.
+func addTierFlags(cmd *cobra.Command, budget, gpuCache *string) {
+	cmd.Flags().StringVar(budget, "tier-budget", "0", tierBudgetUsage)
+	cmd.Flags().StringVar(gpuCache, "gpu-cache", "0", "memory of each GPU for copies of pinned files (needs --tier-budget): "+
+		"files loaded again and again onto the same GPU are then copied device to device; 0 = off")
 }
 
 // parseTierBudget parses --tier-budget ("0": no tier).
-func parseTierBudget(v string) (int64, error) {
+func parseTierBudget(v string) (int64, error) { return parseZeroOrSize("tier-budget", v) }
+
+// parseZeroOrSize parses a size flag where 0 means off.
+func parseZeroOrSize(flag, v string) (int64, error) {
 	if v == "0" || v == "" {
 		return 0, nil
 	}
-	return parseSize("tier-budget", v)
+	return parseSize(flag, v)
 }
 
 // printTierStatus is gdsfs status's tier line (nothing without a tier).
@@ -38,6 +43,13 @@ func printTierStatus(w io.Writer, t *tier.Stats) {
 	fmt.Fprintf(w, "tier:     %s cached (%s) in %s of %s %s memory, %s per uid; %d hits (%s), %d misses, %d evictions, %d invalidations, %d pins refused\n",
 		humanize.IBytes(uint64(t.CachedBytes)), plural(t.Files, "file"), humanize.IBytes(uint64(t.UsedBytes)), humanize.IBytes(uint64(t.BudgetBytes)),
 		t.Memory, humanize.IBytes(uint64(t.UIDShareBytes)), t.Hits, humanize.IBytes(t.HitBytes), t.Misses, t.Evictions, t.Invalidations, t.Refused)
+	if t.DeviceBudgetBytes > 0 {
+		fmt.Fprintf(w, "gpu cache: %s per GPU;", humanize.IBytes(uint64(t.DeviceBudgetBytes)))
+		for _, d := range t.Devices {
+			fmt.Fprintf(w, " device %d: %s (%s),", d.Device, humanize.IBytes(uint64(d.Bytes)), plural(d.Files, "file"))
+		}
+		fmt.Fprintf(w, " %d hits served device to device, %d copies made, %d evicted\n", t.DeviceHits, t.DeviceAdmits, t.DeviceEvictions)
+	}
 }
 
 func plural(n int, what string) string {
