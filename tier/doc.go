@@ -43,5 +43,6 @@
 //
 // # Lock order
 //
-// Tier.mu is the only lock; no I/O, allocation or copy runs under it.
+// Tier.mu is the only lock; no read, allocation or copy runs under it (frees
+// of extents do: munmap, cuMemFreeHost, cuMemFree).
 package tier
