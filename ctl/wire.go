@@ -85,12 +85,19 @@ func Commands() []Command {
 // CommandName returns cmd's name as docs/protocol.md spells it, or "" for
 // a number that is not a command of the protocol.
 func CommandName(cmd uint32) string {
+	c, _ := LookupCommand(cmd)
+	return c.Name
+}
+
+// LookupCommand returns the command of number cmd, and false for a number
+// that is not a command of the protocol.
+func LookupCommand(cmd uint32) (Command, bool) {
 	for _, c := range Commands() {
 		if c.Cmd == cmd {
-			return c.Name
+			return c, true
 		}
 	}
-	return ""
+	return Command{}, false
 }
 
 // OurCmd reports whether cmd is of gdsfs's ioctl type ('G'). Other types

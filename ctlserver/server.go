@@ -194,24 +194,16 @@ func (s *Server) wireDevice(d int) int32 {
 // FileIoctl implements fs.Control: READ, READ_NAMES, WRITE and INDEX on a
 // data file. Everything else is ENOTTY.
 func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno) {
-	var errno syscall.Errno
-	switch cmd {
-	case ctl.CmdRead:
-		errno = s.read(ctx, c, f, path, in, out, false)
-	case ctl.CmdReadNames:
-		errno = s.read(ctx, c, f, path, in, out, true)
-	case ctl.CmdWrite:
-		errno = s.write(ctx, c, f, path, in, out)
-	case ctl.CmdIndex:
-		errno = s.index(ctx, c, f, path, in, out)
-	default:
-		if !ctl.OurCmd(cmd) {
-			// Not a control-path command at all (Python's open() asks
-			// isatty with TCGETS): not a refusal worth counting.
-			s.counters.foreign.Add(1)
-			return 0, syscall.ENOTTY
-		}
-		errno = syscall.ENOTTY
+	h := fileCommand(cmd)
+	if h == nil && !ctl.OurCmd(cmd) {
+		// Not a control-path command at all (Python's open() asks
+		// isatty with TCGETS): not a refusal worth counting.
+		s.counters.foreign.Add(1)
+		return 0, syscall.ENOTTY
+	}
+	errno := syscall.ENOTTY
+	if h != nil {
+		errno = h(s, ctx, c, f, path, in, out)
 	}
 	s.counters.result(errno)
 	if errno != 0 {

@@ -92,42 +92,11 @@ func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 	if c.UID != ss.uid {
 		return syscall.EPERM
 	}
-	switch cmd {
-	case ctl.CmdHello:
-		if err := ctl.DecodeHello(in); err != nil {
-			return plainErrno(err)
-		}
-		ss.hello(out)
-		return 0
-	case ctl.CmdSlab:
-		req, err := ctl.DecodeSlabRequest(in)
-		if err != nil {
-			return plainErrno(err)
-		}
-		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.slab(req.Slab, out) })
-	case ctl.CmdAlloc:
-		req, err := ctl.DecodeAllocRequest(in)
-		if err != nil {
-			return plainErrno(err)
-		}
-		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.alloc(ctx, req, out) })
-	case ctl.CmdRelease:
-		req, err := ctl.DecodeReleaseRequest(in)
-		if err != nil {
-			return plainErrno(err)
-		}
-		return ss.within(req.Token, c, func(t *session) syscall.Errno {
-			t.release(req.IDs, out)
-			return 0
-		})
-	case ctl.CmdStatus:
-		req, err := ctl.DecodePageRequest(in)
-		if err != nil {
-			return plainErrno(err)
-		}
-		return ss.statusPage(req.Offset, out)
+	h := controlCommand(cmd)
+	if h == nil {
+		return syscall.ENOTTY
 	}
-	return syscall.ENOTTY
+	return h(ss, ctx, c, in, out)
 }
 
 // target is the session a control-file command acts on: the token's when
