@@ -5,6 +5,8 @@ import (
 	"hash/fnv"
 	"math"
 	"syscall"
+
+	"github.com/gdsfs/gdsfs/internal/engname"
 )
 
 // Wire constants of protocol version 1 (docs/protocol.md is normative).
@@ -151,7 +153,10 @@ const (
 	EngineGDSCompat
 )
 
-var engineNames = [...]string{"none", "host", "posix", "gds", "gds-compat"}
+var engineNames = [...]string{engname.None, engname.Host, engname.Posix, engname.GDS, engname.GDSCompat}
+
+// EngineNames returns the name of every engine code, in code order.
+func EngineNames() []string { return append([]string(nil), engineNames[:]...) }
 
 // String returns the engine's name as the protocol spells it.
 func (e EngineCode) String() string {

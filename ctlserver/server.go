@@ -125,7 +125,7 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts:    opts,
-		host:    opts.Pool.Backend().Name() == "host",
+		host:    opts.Pool.Backend().Name() == gpubuf.HostBackendName,
 		devices: opts.Pool.Backend().Devices(),
 		pid:     uint32(os.Getpid()),
 	}

@@ -99,7 +99,7 @@ func newPosixEngine(st stager, opts Options) *posixEngine {
 	return &posixEngine{st: st, opts: opts, lanes: map[int]*lanePool{}}
 }
 
-func (e *posixEngine) Name() string { return "posix" }
+func (e *posixEngine) Name() string { return EnginePosix }
 
 // bufBytes leaves room to widen a chunk to 4 KiB alignment at both ends for
 // O_DIRECT.
