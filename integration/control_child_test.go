@@ -24,11 +24,7 @@ import (
 // with GDSFS_CTL_CHILD set to run a client process (a worker, another uid,
 // a process to kill). It does nothing otherwise.
 func TestControlChild(t *testing.T) {
-	mode := os.Getenv("GDSFS_CTL_CHILD")
-	if mode == "" {
-		t.Skip("helper process for the control tests")
-	}
-	env := func(k string) string { return os.Getenv("GDSFS_CTL_" + k) }
+	mode, env := childMode(t, "CTL")
 	var err error
 	switch mode {
 	case "otheruid":
