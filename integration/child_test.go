@@ -56,6 +56,15 @@ func childMode(t *testing.T, family string) (mode string, env func(key string) s
 	return mode, func(k string) string { return os.Getenv("GDSFS_" + family + "_" + k) }
 }
 
+// childExit ends a child process: status 0, or 1 with err on stderr.
+func childExit(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
 // cmd prepares the child; the caller starts it.
 func (c child) cmd(t testing.TB) *exec.Cmd {
 	t.Helper()

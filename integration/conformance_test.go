@@ -598,11 +598,7 @@ func TestConformanceChild(t *testing.T) {
 	}
 	syscall.Umask(0o022)
 	if names := os.Getenv("GDSFS_CONF_CTLWRITE"); names != "" {
-		if err := childCtlWrite(twin, mnt, strings.Split(names, ",")); err != nil {
-			fmt.Fprintln(os.Stderr, "child:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		childExit(childCtlWrite(twin, mnt, strings.Split(names, ",")))
 	}
 	uid := os.Getuid()
 	w := bufio.NewWriter(os.Stdout)

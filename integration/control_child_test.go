@@ -40,11 +40,7 @@ func TestControlChild(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown child mode %q", mode)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	childExit(err)
 }
 
 // childOtherUID runs as another uid: the token it was handed is refused,

@@ -57,11 +57,7 @@ func TestHostileChild(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown child mode %q", mode)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	childExit(err)
 }
 
 // hostile is a child of the hostile tests (TestHostileChild) running

@@ -201,11 +201,7 @@ func TestSlabFDChild(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	childExit(err)
 }
 
 // readLease reads a range of file into a lease of cl and returns it with
