@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/internal/fileid"
+	"github.com/gdsfs/gdsfs/internal/openflags"
 )
 
 // DefaultIndexBudget is the default memory budget of parsed indexes
@@ -227,17 +228,9 @@ func (x *Indexes) fly(ctx context.Context, key, path string, f *os.File, id file
 
 // readable checks that f was opened for reading (O_RDONLY or O_RDWR).
 func readable(f *os.File) error {
-	rc, err := f.SyscallConn()
+	fl, err := openflags.Of(f)
 	if err != nil {
 		return err
-	}
-	var fl int
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
-		return err
-	}
-	if ferr != nil {
-		return ferr
 	}
 	if fl&unix.O_ACCMODE == unix.O_WRONLY || fl&unix.O_PATH != 0 {
 		return fmt.Errorf("descriptor not open for reading: %w", syscall.EBADF)

@@ -17,6 +17,7 @@ import (
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/internal/errname"
+	"github.com/gdsfs/gdsfs/internal/openflags"
 	"github.com/rs/zerolog"
 )
 
@@ -232,16 +233,10 @@ func statFile(f *os.File) (int64, syscall.Errno) {
 }
 
 // writable reports whether f was opened for writing.
-func writable(f *os.File) bool {
-	fl, err := fcntlGetfl(f)
-	return err == nil && fl&syscall.O_ACCMODE != syscall.O_RDONLY
-}
+func writable(f *os.File) bool { return openflags.Writable(f) }
 
 // readable reports whether f was opened for reading.
-func readable(f *os.File) bool {
-	fl, err := fcntlGetfl(f)
-	return err == nil && fl&syscall.O_ACCMODE != syscall.O_WRONLY
-}
+func readable(f *os.File) bool { return openflags.Readable(f) }
 
 // caps is the HELLO capability set.
 func (s *Server) caps() uint64 {

@@ -390,20 +390,6 @@ func (ss *session) Close() error {
 	return nil
 }
 
-// fcntlGetfl returns f's open flags.
-func fcntlGetfl(f *os.File) (int, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var fl int
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
-		return 0, err
-	}
-	return fl, ferr
-}
-
 // fdatasync flushes f's data to stable storage.
 func fdatasync(f *os.File) error {
 	rc, err := f.SyscallConn()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/internal/fileid"
+	"github.com/gdsfs/gdsfs/internal/openflags"
 )
 
 // fileKey identifies a backing file and an access mode independently of
@@ -40,10 +41,7 @@ func keyOf(f *os.File) (fileKey, error) {
 
 // isWritable reports whether f was opened for writing: the kernel checked the
 // client's permission for exactly that at open.
-func isWritable(f *os.File) bool {
-	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
-	return err == nil && fl&unix.O_ACCMODE != unix.O_RDONLY
-}
+func isWritable(f *os.File) bool { return openflags.Writable(f) }
 
 // handleCacheMax bounds the registered handles (each holds a descriptor).
 const handleCacheMax = 1024

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/internal/usage"
+	"github.com/gdsfs/gdsfs/internal/xattr"
 )
 
 // PrepareMountpoint checks gdsfs mount's mountpoint and --source before
@@ -195,15 +196,14 @@ const daemonExitWait = 10 * time.Second
 // daemonPidfd returns a pidfd of the daemon serving mountpoint mp (from
 // the user.gdsfs.stats of its root), or -1 when that cannot be known.
 func daemonPidfd(mp string) int {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Getxattr(mp, "user.gdsfs.stats", buf)
+	doc, err := xattr.Get(mp, "user.gdsfs.stats")
 	if err != nil {
 		return -1
 	}
 	var st struct {
 		DaemonPID int `json:"daemon_pid"`
 	}
-	if json.Unmarshal(buf[:n], &st) != nil || st.DaemonPID <= 0 || st.DaemonPID == os.Getpid() {
+	if json.Unmarshal(doc, &st) != nil || st.DaemonPID <= 0 || st.DaemonPID == os.Getpid() {
 		return -1 // unknown, or served by this very process (nothing to wait for)
 	}
 	fd, err := unix.PidfdOpen(st.DaemonPID, 0)
