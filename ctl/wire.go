@@ -5,6 +5,8 @@ import (
 	"hash/fnv"
 	"math"
 	"syscall"
+
+	"github.com/gdsfs/gdsfs/internal/engname"
 )
 
 // Wire constants of protocol version 1 (docs/protocol.md is normative).
@@ -86,12 +88,19 @@ func Commands() []Command {
 // CommandName returns cmd's name as docs/protocol.md spells it, or "" for
 // a number that is not a command of the protocol.
 func CommandName(cmd uint32) string {
+	c, _ := LookupCommand(cmd)
+	return c.Name
+}
+
+// LookupCommand returns the command of number cmd, and false for a number
+// that is not a command of the protocol.
+func LookupCommand(cmd uint32) (Command, bool) {
 	for _, c := range Commands() {
 		if c.Cmd == cmd {
-			return c.Name
+			return c, true
 		}
 	}
-	return ""
+	return Command{}, false
 }
 
 // OurCmd reports whether cmd is of gdsfs's ioctl type ('G'). Other types
@@ -146,7 +155,10 @@ const (
 	EngineTier // the daemon's memory tier (PIN), copied into the slab
 )
 
-var engineNames = [...]string{"none", "host", "posix", "gds", "gds-compat", "tier"}
+var engineNames = [...]string{engname.None, engname.Host, engname.Posix, engname.GDS, engname.GDSCompat, engname.Tier}
+
+// EngineNames returns the name of every engine code, in code order.
+func EngineNames() []string { return append([]string(nil), engineNames[:]...) }
 
 // String returns the engine's name as the protocol spells it.
 func (e EngineCode) String() string {

@@ -72,14 +72,5 @@ func (d *Daemon) tierMetrics(m *metrics.Metrics) {
 	if d.tier == nil {
 		return
 	}
-	m.SetTier(func() metrics.TierStats {
-		s := d.tier.Stats()
-		var dev int64
-		for _, x := range s.Devices {
-			dev += x.Bytes
-		}
-		return metrics.TierStats{DeviceUsedBytes: dev, DeviceHits: s.DeviceHits, BudgetBytes: s.BudgetBytes, UsedBytes: s.UsedBytes, CachedBytes: s.CachedBytes, Files: s.Files,
-			Hits: s.Hits, Misses: s.Misses, HitBytes: s.HitBytes, FilledBytes: s.FilledBytes,
-			Evictions: s.Evictions, Invalidations: s.Invalidations, Refused: s.Refused}
-	})
+	m.SetTier(d.tier.Stats)
 }

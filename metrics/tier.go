@@ -4,23 +4,13 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// TierStats is the memory tier's state at one instant (package daemon
-// converts tier.Stats to it).
-type TierStats struct {
-	BudgetBytes, UsedBytes, CachedBytes int64
-	Files                               int
-	Hits, Misses, HitBytes, FilledBytes uint64
-	Evictions, Invalidations, Refused   uint64
-	// The device tier (--gpu-cache): bytes on every GPU, hits.
-	DeviceUsedBytes int64
-	DeviceHits      uint64
-}
+	"github.com/gdsfs/gdsfs/tier"
+)
 
 // SetTier makes every scrape read the memory tier through f (nil: no tier
 // metrics). The gdsfs_tier_* families are registered on the first call.
-func (m *Metrics) SetTier(f func() TierStats) {
+func (m *Metrics) SetTier(f func() tier.Stats) {
 	if m == nil {
 		return
 	}
@@ -35,7 +25,7 @@ func (m *Metrics) SetTier(f func() TierStats) {
 
 type tierCollector struct {
 	mu  sync.Mutex
-	src func() TierStats // guarded by mu
+	src func() tier.Stats // guarded by mu
 
 	budget, used, cached, files     *prometheus.Desc
 	hits, misses, hitBytes, filled  *prometheus.Desc
@@ -96,6 +86,10 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.evictions, s.Evictions)
 	counter(c.invalidations, s.Invalidations)
 	counter(c.refus, s.Refused)
-	gauge(c.devUsed, float64(s.DeviceUsedBytes))
+	var dev int64
+	for _, d := range s.Devices {
+		dev += d.Bytes
+	}
+	gauge(c.devUsed, float64(dev))
 	counter(c.devHits, s.DeviceHits)
 }

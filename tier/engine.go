@@ -7,11 +7,12 @@ import (
 	"os"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/engname"
 )
 
 // EngineName is the name (and protocol engine code name) of reads the
 // tier served.
-const EngineName = "tier"
+const EngineName = engname.Tier
 
 // Copier copies tier bytes into slab memory: a memcpy into host slabs, a
 // DMA host-to-device copy into CUDA slabs (cufile's). src is extent memory
