@@ -123,11 +123,12 @@ func newPinPlan(ctx context.Context, paths []string) (*pinPlan, ctl.PinReply, er
 	return plan, last, nil
 }
 
-// memory is the tier memory the plan's files take (whole 4 KiB pages).
+// memory is the tier memory the plan's files still need (whole 4 KiB
+// pages; what the tier holds already, whoever pinned it, needs none).
 func (p *pinPlan) memory() int64 {
 	var n int64
 	for _, f := range p.files {
-		n += (f.size + 4095) &^ 4095
+		n += (f.size - f.cached + 4095) &^ 4095
 	}
 	return n
 }
