@@ -93,7 +93,7 @@ _SIZE_NAME = {"READ_NAMES": "READ_SIZE"}
 
 def test_command_numbers(doc: Doc) -> None:
     """Section 1.1: every command's number and size, and nothing else."""
-    assert [c.name for c in doc.commands] == ["HELLO", "SLAB", "ALLOC", "RELEASE", "STATUS", "READ", "READ_NAMES", "WRITE", "INDEX"]
+    assert [c.name for c in doc.commands] == ["HELLO", "SLAB", "ALLOC", "RELEASE", "STATUS", "READ", "READ_NAMES", "WRITE", "INDEX", "PIN"]
     for c in doc.commands:
         assert c.cmd == (3 << 30) | (c.size << 16) | (0x47 << 8) | c.nr, f"{c.name}: the document's number and its nr/size disagree"
         assert getattr(proto, c.name) == c.cmd, f"{c.name}: _protocol.py has {getattr(proto, c.name):#x}, the document {c.cmd:#x}"
@@ -330,6 +330,22 @@ def test_write(doc: Doc) -> None:
     assert proto.decode_write(bytes(buf)) == (0x0100000000000007, 4)
 
 
+def test_pin(doc: Doc) -> None:
+    f = _layout(doc, "3.9 request")
+    assert set(f) == {"offset", "length", "flags"}
+    vals = {n: _value(n, x) for n, x in f.items() if n != "flags"}
+    for unpin, flags in ((False, 0), (True, proto.PIN_UNPIN)):
+        buf = proto.encode_pin(TOKEN, vals["offset"], vals["length"], unpin=unpin)
+        _check_encoder(doc, "3.9 request", buf, {**vals, "flags": flags}, proto.PIN_SIZE)
+    r = _layout(doc, "3.9 reply")
+    assert set(r) == set(proto.PinReply._fields)
+    buf = bytearray(proto.PIN_SIZE)
+    want = {n: _value(n, x) for n, x in r.items()}
+    for n, v in want.items():
+        _put(buf, r[n], v)
+    assert proto.decode_pin(bytes(buf))._asdict() == want
+
+
 def test_engine_codes(doc: Doc) -> None:
     """Section 5's table of engine codes is _protocol.ENGINES."""
     text = DOC.read_text(encoding="utf-8")
@@ -341,7 +357,8 @@ def test_engine_codes(doc: Doc) -> None:
 def test_every_layout_checked(doc: Doc) -> None:
     """Every layout the document has is one a test above checks (a new one needs a test)."""
     checked = {"1.3 ", "2 ", "3.1 reply", "3.2 request", "3.2 reply", "3.2.3 request", "3.2.3 reply", "3.3 request", "3.4 request",
-               "3.4 reply", "3.5 request", "3.5 reply", "3.6 request", "3.6 reply", "3.7 request", "3.8 request", "3.8 reply"}
+               "3.4 reply", "3.5 request", "3.5 reply", "3.6 request", "3.6 reply", "3.7 request", "3.8 request", "3.8 reply",
+               "3.9 request", "3.9 reply"}
     # Section 5's rows look like a layout's to the parser; test_engine_codes reads them.
     found = {k for k, v in doc.layouts.items() if v and k != "5 "}
     assert found - checked == set(), f"layouts no test checks: {sorted(found - checked)}"

@@ -126,7 +126,9 @@ def main() -> int:
         t0 = time.perf_counter()
         stt.save_file(tensors, os.path.join(src, name))
         del tensors
-        log(f"wrote {a.gib:g} GiB safetensors in {time.perf_counter() - t0:.1f}s")
+        # Clean pages: a load while the file is still being written back measures the disk.
+        os.sync()
+        log(f"wrote {a.gib:g} GiB safetensors (and synced) in {time.perf_counter() - t0:.1f}s")
         path = os.path.join(mnt, name)
         payload = os.path.getsize(path)
         ref = stt.load_file(os.path.join(src, name), device="cuda:0")
