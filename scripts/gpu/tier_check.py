@@ -180,6 +180,12 @@ def main() -> int:
         log(f"gdsfs read --device 0 --discard, tier: {rd_tier}")
         res.update(pinned_h2d_gbps=pinned, page_cache_gbps=page, tier_gbps=tier, pin_seconds=pin_s,
                    read_page=rd_page, read_tier=rd_tier)
+        # The pin's own rate, again, on a clean page cache, with 1 and 16 parallel pins.
+        for workers in (16, 1):
+            run([gdsfs, "warm", "--unpin", "--progress", "never", path])
+            t0 = time.perf_counter()
+            run([gdsfs, "warm", "--pin", "--workers", str(workers), "--progress", "never", path])
+            log(f"gdsfs warm --pin again, --workers {workers}: {gbps(payload, time.perf_counter() - t0):.1f} GB/s")
 
         # 4. a change of a pinned file is never served stale: a small file, pinned, then
         # rewritten through the mount (gdsfs.safetensors.save_file: WRITE ioctls).
