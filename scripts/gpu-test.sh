@@ -110,17 +110,18 @@ fi
 
 # ---- Python client: datasets (issue 6), checkpoints (issue 7) ------------
 # Each runs against its own mount of a fresh backing dir, unmounted afterwards.
-pymount() { # NAME POOL: mounts $work/NAME/src at $work/NAME/mnt
+pymount() { # NAME POOL [MOUNT FLAGS...]: mounts $work/NAME/src at $work/NAME/mnt
 	mkdir -p "$work/$1/src" "$work/$1/mnt"
-	"$bin/gdsfs" mount --background --source "$work/$1/src" --gpu-pool "$2" \
+	"$bin/gdsfs" mount --background --source "$work/$1/src" --gpu-pool "$2" "${@:3}" \
 		--log-file "$out/$1-mount.log" "$work/$1/mnt" || { echo "gpu-test: mount for $1 failed"; cat "$out/$1-mount.log"; return 1; }
 }
 pyunmount() { "$bin/gdsfs" unmount "$work/$1/mnt" 2>/dev/null || umount -l "$work/$1/mnt"; rm -rf "$work/$1/src"; }
 if want dataset; then
 	echo "== datasets: GDSShardDataset, num_workers=8, pin_memory=True (scripts/gpu/dataset_check.py)"
-	if pymount dataset 8GiB; then
-		PYTHONUNBUFFERED=1 timeout 420 python3 scripts/gpu/dataset_check.py "$work/dataset/mnt" "$work/dataset/src" \
-			${GDSFS_DATASET_ARGS:---sizes 16,64,256,4096 --batch 16 --features-sizes 4096} --json "$out/dataset.json" 2>&1 | tee "$out/dataset.txt"
+	# --metrics-addr: the worker profile (issue 15) reads the daemon's own time per READ there.
+	if pymount dataset 8GiB --metrics-addr 127.0.0.1:19478; then
+		PYTHONUNBUFFERED=1 timeout 480 python3 scripts/gpu/dataset_check.py "$work/dataset/mnt" "$work/dataset/src" \
+			${GDSFS_DATASET_ARGS:---sizes 16,64,256,4096 --batch 16 --features-sizes 4096} --metrics 127.0.0.1:19478 --json "$out/dataset.json" 2>&1 | tee "$out/dataset.txt"
 		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 		"$bin/gdsfs" status "$work/dataset/mnt" 2>&1 | tail -5
 		pyunmount dataset

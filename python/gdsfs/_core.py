@@ -313,6 +313,25 @@ def capabilities(path: PathLike) -> Capabilities:
     )
 
 
+# GDSFS_DEBUG_TIMING=1 (read when a Session is made or unpickled): each Session
+# keeps session.timing = {"READ": [requests, seconds, ranges], "RELEASE": [...]}
+# of its own READ and RELEASE ioctls (the round trip, as this process sees it);
+# session.timing is None otherwise and costs nothing. For profiling
+# (scripts/gpu/dataset_check.py --worker-profile); not a stable API.
+DEBUG_TIMING_ENV = "GDSFS_DEBUG_TIMING"
+
+
+def _timing_book() -> dict[str, list[float]] | None:
+    return {} if os.environ.get(DEBUG_TIMING_ENV, "") not in ("", "0") else None
+
+
+def _tally(book: dict[str, list[float]], op: str, t0: float, items: int) -> None:
+    row = book.setdefault(op, [0, 0.0, 0])
+    row[0] += 1
+    row[1] += time.perf_counter() - t0
+    row[2] += items
+
+
 # fcntl.ioctl copies a mutable buffer of more than 1024 bytes into a
 # temporary and holds the GIL for the whole call: a 1 GiB READ would stop
 # every other Python thread of the process (a data loader, a writer) until
@@ -552,6 +571,7 @@ class Session:
         self._closed = False  # no new reads
         self._ended = False  # control descriptor closed: the session is over here
         self._finalizer: weakref.finalize | None = weakref.finalize(self, _close_quietly, self._cfd)
+        self.timing = _timing_book()
         _open_sessions[(root, self.token.session)] = self
 
     @classmethod
@@ -596,6 +616,7 @@ class Session:
         self._closed = False
         self._ended = False
         self._finalizer = None
+        self.timing = _timing_book()
 
     @property
     def host_mode(self) -> bool:
@@ -740,8 +761,11 @@ class Session:
 
     def _read_chunk(self, fd: int, ranges: list[tuple[int, int]], dev: int, timeout: float, out: list[Ref]) -> None:
         buf = proto.encode_read(self.token, dev, ranges)
+        t0 = time.perf_counter() if self.timing is not None else 0.0
         try:
             self._ioctl_retry(fd, proto.READ, buf, "READ", timeout)
+            if self.timing is not None:
+                _tally(self.timing, "READ", t0, len(ranges))
         except OSError as e:
             if e.errno == _errno.E2BIG and len(ranges) > 1:
                 # Together larger than the pool: read in halves.
@@ -858,10 +882,13 @@ class Session:
         for i in range(0, len(ids), proto.MAX_RELEASE):
             chunk = list(ids[i : i + proto.MAX_RELEASE])
             buf = proto.encode_release(tok, chunk)
+            t0 = time.perf_counter() if self.timing is not None else 0.0
             try:
                 _ioctl_eintr(fd, proto.RELEASE, buf)
             except OSError as e:
                 raise _daemon_error("RELEASE", e, f"of {len(chunk)} leases") from e
+            if self.timing is not None:
+                _tally(self.timing, "RELEASE", t0, len(chunk))
             out.extend(proto.decode_release(buf, len(chunk))[1])
         return out
 

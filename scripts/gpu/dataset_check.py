@@ -28,6 +28,12 @@ runs against the disk's sequential read rate measured over the same shards right
 page cache dropped); exits 1 when a correctness check fails (the speed target,
 gdsfs >= 2x (b) for 4 MiB samples warm, is reported, not enforced).
 
+Below 1 MiB samples it also prints the probes (the daemon alone, the loader's halves) and the
+worker profile (worker_profile: one worker's loop in-process, timed and under cProfile, the READ
+ioctl round trip apart via GDSFS_DEBUG_TIMING; then each worker of the real loader timed, with
+the CPU cores the daemon, this process and the workers kept busy; --metrics HOST:PORT of the
+daemon's --metrics-addr adds the daemon's own time per READ).
+
 --cpu runs the same on a machine without GPU (a host-mode mount): tensors
 stay on the CPU, pin_memory is off and the CUDA-context check is skipped.
 """
@@ -40,7 +46,9 @@ import gc
 import hashlib
 import io
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -259,6 +267,209 @@ def main_probe(shards: list[str], batch: int, sample_bytes: int) -> dict[str, fl
     return {"workers": n / (t1 - t0), "main": n / (t2 - t1)}
 
 
+def _metrics(addr: str) -> dict[str, float]:
+    """count and sum of the daemon's READ/RELEASE control requests and FUSE reads, from its
+    --metrics-addr (Prometheus text); {} when addr is empty or unreachable."""
+    if not addr:
+        return {}
+    import urllib.request
+
+    want = {'gdsfs_control_request_duration_seconds_sum{command="READ"}': "READ s",
+            'gdsfs_control_request_duration_seconds_count{command="READ"}': "READ n",
+            'gdsfs_control_request_duration_seconds_sum{command="RELEASE"}': "RELEASE s",
+            'gdsfs_control_request_duration_seconds_count{command="RELEASE"}': "RELEASE n",
+            'gdsfs_fuse_op_duration_seconds_sum{op="read"}': "fuse read s",
+            'gdsfs_fuse_op_duration_seconds_count{op="read"}': "fuse read n"}
+    try:
+        text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, val = line.rpartition(" ")
+        if name in want:
+            out[want[name]] = float(val)
+    return out
+
+
+def _daemon_side(before: dict[str, float], after: dict[str, float], samples: int) -> str:
+    if not before or not after:
+        return "daemon-side: no --metrics (start the mount with --metrics-addr and pass --metrics)"
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    parts = []
+    for op in ("READ", "RELEASE", "fuse read"):
+        n, sec = d.get(f"{op} n", 0.0), d.get(f"{op} s", 0.0)
+        if n:
+            parts.append(f"{op} {n:,.0f} requests, {sec / n * 1e6:,.0f} us each in the daemon, {sec / samples * 1e6:.1f} us per sample")
+    return "daemon-side (its metrics): " + ("; ".join(parts) or "nothing counted")
+
+
+def _proc_cpu(pid: int) -> float:
+    """user+system CPU seconds of process pid (all its threads) so far; -1 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return -1.0
+
+
+class _TimedIter(torch.utils.data.IterableDataset):
+    """Wraps a GDSShardDataset for the worker profile: each worker times the time spent inside
+    the dataset's generator (planning, READ, CPU fields, TensorRefs) against its whole life, and
+    writes that and its session's ioctl timing (GDSFS_DEBUG_TIMING) to outdir/<pid>.json when
+    its slot is done."""
+
+    def __init__(self, ds: Any, outdir: str) -> None:
+        super().__init__()
+        self.ds, self.outdir = ds, outdir
+
+    def __iter__(self) -> Iterator[Any]:
+        sess = self.ds._session
+        if sess is not None and sess.timing is not None:
+            sess.timing.clear()
+        it = iter(self.ds)
+        inside = 0.0
+        n = 0
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        while True:
+            t = time.perf_counter()
+            try:
+                s = next(it)
+            except StopIteration:
+                inside += time.perf_counter() - t
+                break
+            inside += time.perf_counter() - t
+            n += 1
+            yield s
+        rec = {"samples": n, "wall": time.perf_counter() - t0, "inside": inside, "cpu": time.process_time() - c0, "timing": dict(sess.timing or {}) if sess else {}}
+        with open(os.path.join(self.outdir, f"{os.getpid()}.json"), "w") as f:
+            json.dump(rec, f)
+
+
+def worker_profile(shards: list[str], batch: int, sample_bytes: int, samples: int = 2000, top: int = 20) -> list[str]:
+    """Where a worker's time goes (issue 15: why workers are slower on the GPU machine than with
+    the host engine). (1) One worker's loop in this process (num_workers=0 semantics: the same
+    dataset, read_ahead and collate, then the pickle a worker sends), for `samples` samples:
+    microseconds per sample split into the READ ioctl round trip, the rest of the dataset's
+    generator, collate, pickle; the daemon's own time per READ from its metrics; then the same
+    under cProfile, top functions by tottime and cumtime. (2) The real loader with Opts.workers
+    workers: per worker, time inside the dataset's generator and in its READ ioctls, per sample,
+    against the uncontended figures of (1)."""
+    import cProfile
+    import itertools
+    import pickle
+    import pstats
+
+    from gdsfs import _core
+
+    os.environ[_core.DEBUG_TIMING_ENV] = "1"
+    lines: list[str] = []
+    try:
+        dl, ds = gds_loader(shards, batch, sample_bytes, pin=False)
+        del dl
+        sess = ds._session
+        assert sess is not None and sess.timing is not None
+
+        def one_pass(prof: Any) -> dict[str, float]:
+            sess.timing.clear()
+            it = iter(ds)
+            t_iter = t_coll = t_pick = t_rel = 0.0
+            n = 0
+            t0 = time.perf_counter()
+            if prof is not None:
+                prof.enable()
+            while n < samples:
+                a = time.perf_counter()
+                chunk = list(itertools.islice(it, batch))
+                b = time.perf_counter()
+                if not chunk:
+                    break
+                bt = gt.collate(chunk)
+                c = time.perf_counter()
+                pickle.dumps(bt, protocol=pickle.HIGHEST_PROTOCOL)
+                d = time.perf_counter()
+                del chunk
+                bt.release()  # the main process's part (RELEASE), not the worker's
+                e = time.perf_counter()
+                t_iter, t_coll, t_pick, t_rel = t_iter + b - a, t_coll + c - b, t_pick + d - c, t_rel + e - d
+                n += len(bt["__key__"])
+                del bt
+            if prof is not None:
+                prof.disable()
+            wall = time.perf_counter() - t0
+            it.close()  # type: ignore[attr-defined]
+            rd = sess.timing.get("READ", [0, 0.0, 0])
+            rl = sess.timing.get("RELEASE", [0, 0.0, 0])
+            return {"n": n, "wall": wall, "iter": t_iter, "collate": t_coll, "pickle": t_pick, "release": t_rel,
+                    "read": rd[1], "reads": rd[0], "ranges": rd[2], "rel_ioctl": rl[1]}
+
+        one_pass(None)  # warm-up (index cache, page cache)
+        m0 = _metrics(Opts.metrics)
+        r = one_pass(None)
+        m1 = _metrics(Opts.metrics)
+        n = max(1, r["n"])
+        us = {k: r[k] / n * 1e6 for k in ("wall", "iter", "collate", "pickle", "release", "read", "rel_ioctl")}
+        per_batch = r["wall"] / max(1, math.ceil(n / batch)) * 1e6
+        lines.append(f"one worker in-process, {n} samples, batch {batch}, {r['reads']} READs of {r['ranges'] / max(1, r['reads']):.1f} ranges: "
+                     f"{us['wall']:.1f} us per sample ({per_batch:,.0f} us per batch): READ ioctl {us['read']:.1f}, rest of the dataset's generator "
+                     f"{us['iter'] - us['read']:.1f}, collate {us['collate']:.1f}, pickle {us['pickle']:.1f} | main's release {us['release']:.1f} "
+                     f"(RELEASE ioctl {us['rel_ioctl']:.1f}); READ round trip {r['read'] / max(1, r['reads']) * 1e6:,.0f} us each")
+        lines.append(_daemon_side(m0, m1, n))
+        prof = cProfile.Profile()
+        one_pass(prof)
+        for key in ("tottime", "cumulative"):
+            sio = io.StringIO()
+            pstats.Stats(prof, stream=sio).strip_dirs().sort_stats(key).print_stats(top)
+            body = sio.getvalue()
+            at = body.find("ncalls")
+            lines.append(f"cProfile of that loop, top {top} by {key} ({n} samples):")
+            lines.extend("  " + ln for ln in body[at:].splitlines() if ln.strip())
+
+        # (2) The real loader, Opts.workers workers, each timing itself.
+        outdir = tempfile.mkdtemp(prefix="gdsfs-wprof-")
+        loader = torch.utils.data.DataLoader(_TimedIter(ds, outdir), batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda,
+                                             collate_fn=gt.collate, timeout=300)
+        m0 = _metrics(Opts.metrics)
+        d0, p0 = _proc_cpu(sess.hello.daemon_pid), time.process_time()
+        t0 = time.perf_counter()
+        total = 0
+        for b in loader:
+            if isinstance(b, gt.GDSBatch) and not b.materialized:
+                b = b.materialize()
+            total += len(b["__key__"])
+        if Opts.cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        m1 = _metrics(Opts.metrics)
+        d1, p1 = _proc_cpu(sess.hello.daemon_pid), time.process_time()
+        del loader
+        recs = []
+        for fn in os.listdir(outdir):
+            with open(os.path.join(outdir, fn)) as f:
+                recs.append(json.load(f))
+        lines.append(f"loader, {Opts.workers} workers: {total / wall:,.0f} samples/s ({total} samples, {wall:.2f} s; workers that reported: {len(recs)}); "
+                     f"CPU cores busy: daemon {(d1 - d0) / wall:.2f}" + (f" ({(d1 - d0) / max(1, total) * 1e6:.1f} us per sample)" if d0 >= 0 and d1 >= 0 else " (unknown)")
+                     + f", this process {(p1 - p0) / wall:.2f}, workers {sum(x['cpu'] for x in recs) / wall:.2f}; machine has {os.cpu_count()} CPUs")
+        for k, rec in enumerate(sorted(recs, key=lambda x: -x["inside"])):
+            rn = max(1, rec["samples"])
+            rd = rec["timing"].get("READ", [0, 0.0, 0])
+            lines.append(f"  worker {k}: {rec['samples']} samples; inside the dataset's generator {rec['inside'] / rn * 1e6:.1f} us per sample "
+                         f"(READ ioctl {rd[1] / rn * 1e6:.1f}, {rd[0]} READs, {rd[1] / max(1, rd[0]) * 1e6:,.0f} us each; rest "
+                         f"{(rec['inside'] - rd[1]) / rn * 1e6:.1f}); outside it (collate, pickle, waiting for the main process) "
+                         f"{(rec['wall'] - rec['inside']) / rn * 1e6:.1f}; its CPU time (all threads) {rec['cpu'] / rn * 1e6:.1f}")
+            if k >= 2 and len(recs) > 4:
+                lines.append(f"  ... {len(recs) - 3} more workers")
+                break
+        lines.append(_daemon_side(m0, m1, max(1, total)))
+        shutil.rmtree(outdir, ignore_errors=True)
+        ds.close()
+    finally:
+        os.environ.pop(_core.DEBUG_TIMING_ENV, None)
+    return lines
+
+
 # Issue 15's targets, warm, gdsfs vs (a) the plain IterableDataset: (ratio, samples/s) per size.
 TARGETS: dict[str, tuple[float, float]] = {"16KiB": (2.0, 0), "64KiB": (3.0, 0), "256KiB": (4.0, 25000), "4MiB": (8.0, 0)}
 COLD_TARGET = 0.95  # cold gdsfs >= this x the disk's sequential read rate
@@ -300,6 +511,7 @@ class Opts:
     cuda = True
     epochs = 2
     read_ahead = "auto"
+    metrics = ""  # the daemon's --metrics-addr HOST:PORT, for the worker profile's daemon-side times
 
 
 def _same_sample(sample: Any) -> Any:
@@ -416,9 +628,14 @@ def main() -> int:
     ap.add_argument("--read-ahead", default="auto",
                     help="GDSShardDataset read_ahead: auto (the dataset's defaults below 1 MiB samples, the batch size above), batch "
                          "(read_ahead=batch, read_ahead_bytes=batch*sample: every size as before issue 15) or a number of samples")
+    ap.add_argument("--worker-profile", action=argparse.BooleanOptionalAction, default=True,
+                    help="below 1 MiB samples, also profile one worker's loop in this process (cProfile, READ ioctl time) and time "
+                         "each worker of the real loader (default on)")
+    ap.add_argument("--metrics", default="", help="the daemon's --metrics-addr (HOST:PORT): the worker profile adds the daemon's own time per READ")
     ap.add_argument("--features-sizes", default="", help="sizes in KiB that run the gdsfs+features loader (default: every size)")
     a = ap.parse_args()
     Opts.workers, Opts.cuda, Opts.epochs, Opts.read_ahead = a.workers, not a.cpu, max(1, a.epochs), a.read_ahead
+    Opts.metrics = a.metrics
     if a.read_ahead not in ("auto", "batch") and not a.read_ahead.isdigit():
         ap.error(f"--read-ahead {a.read_ahead!r} is not auto, batch or a number of samples")
     if Opts.cuda and not torch.cuda.is_available():
@@ -473,6 +690,12 @@ def main() -> int:
                 probes.append((name, dp, mp))
             except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
                 log(f"{name} probes failed: {type(e).__name__}: {e}")
+        if a.worker_profile and sb < (1 << 20):
+            try:
+                for line in worker_profile(shards_m, batch, sb):
+                    log(f"{name} worker profile: {line}")
+            except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
+                log(f"{name} worker profile failed: {type(e).__name__}: {e}")
         feats = not a.no_features and (not a.features_sizes or str(sb >> 10) in a.features_sizes.split(","))
         for cache in ("warm", "cold"):
             if cache == "cold" and can_drop and drop_caches():
