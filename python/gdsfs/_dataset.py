@@ -117,6 +117,13 @@ def _mds_decode(encoding: str, data: bytes) -> Any:
 # The dataset.
 
 
+# A batch's samples adjacent in a shard share one READ range (GDSShardDataset._runs) when the
+# bytes between their fields are at most RUN_GAP (read along, never handed out) and the range
+# stays within RUN_BYTES.
+RUN_GAP = 16 << 10
+RUN_BYTES = 16 << 20
+
+
 class _FieldPlan(NamedTuple):
     """How to produce one field of one sample (a NamedTuple: one is made per field per sample,
     and a frozen dataclass costs several times more to build)."""
@@ -320,6 +327,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         # cannot know what they delivered unless gdsfs.torch.DataLoader counted.
         self._worker_iterated: Any = multiprocessing.RawValue("b", 0)
         self._counting = False
+        # Set in a DataLoader worker's copy by gdsfs.torch.DataLoader (see _main_iteration_starting):
+        # the batch size its samples are collated in, so that one batch's adjacent samples of a
+        # shard share one READ range and lease (0: one range per field per sample).
+        self._batched = 0
         self._resume: dict[int, int] = {}
         self._resume_epoch = 0
         self._consumed: dict[int, int] = {}
@@ -558,19 +569,23 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._consumed = dict(self._resume)
             self._slots_seen = int(state.get("slots", 0))
 
-    def _main_iteration_starting(self) -> None:
+    def _main_iteration_starting(self, batched: int = 0) -> None:
         """gdsfs.torch.DataLoader starts an iteration: count delivered
-        samples afresh (from the resume point, if one is pending)."""
+        samples afresh (from the resume point, if one is pending). batched:
+        the batch size its workers collate samples in with gdsfs.torch.collate
+        (0: not known), for their copies (see _runs)."""
         with self._lock:
             pending = bool(self._resume) and self._resume_epoch == self.epoch
             self._consumed = dict(self._resume) if pending else {}
         self._worker_iterated.value = 0
         self._counting = True  # the workers' copies: this process counts for them
+        self._batched = batched
 
     def _main_iteration_started(self) -> None:
         """The workers of the new iteration hold their copy of the resume
         state: later iterations start from the beginning."""
         self._counting = False
+        self._batched = 0  # this process's own iterations hand out samples one by one
         with self._lock:
             self._resume = {}
 
@@ -920,15 +935,17 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         plan = self._plan(slots)
         epoch = self.epoch
         pending: list[tuple[int, int, int]] = []
+        count = 0  # samples of this iteration before pending's first
         for item in plan.positions(slot, skip):
             pending.append(item)
             if len(pending) >= self.read_ahead:
-                yield from self._emit(pending, slot, plan, epoch)
+                yield from self._emit(pending, slot, plan, epoch, count)
+                count += len(pending)
                 pending = []
         if pending:
-            yield from self._emit(pending, slot, plan, epoch)
+            yield from self._emit(pending, slot, plan, epoch, count)
 
-    def _emit(self, items: list[tuple[int, int, int]], slot: int, plan: EpochPlan, epoch: int) -> Iterator[GDSSample]:
+    def _emit(self, items: list[tuple[int, int, int]], slot: int, plan: EpochPlan, epoch: int, first: int = 0) -> Iterator[GDSSample]:
         """Plan every sample of a chunk, then read it in groups of at most
         read_ahead_bytes of gpu fields with one daemon request per shard."""
         lo = plan.block(slot)[0]
@@ -955,18 +972,48 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     break
                 acc += nb
                 end += 1
-            yield from self._read_group(planned[start:end], slot, lo, plan.slots, epoch)
+            yield from self._read_group(planned[start:end], slot, lo, plan.slots, epoch, first + start)
             start = end
 
-    def _read_group(self, group: list[Any], slot: int, lo: int, slots: int, epoch: int) -> Iterator[GDSSample]:
+    def _runs(self, group: list[Any], first: int) -> tuple[dict[int, list[tuple[int, int]]], dict[int, list[tuple[str, str, str]]], list[list[tuple[int, int]]]]:
+        """The READ ranges of a group: per shard the ranges and the (field, sample, shard) each
+        is named by in errors, and per sample of the group (range index, start in it) of each gpu
+        field. In a DataLoader worker that knows its batch size (self._batched) and drops no
+        sample (no map=, handler="raise"), one field of a batch's samples that lie one after the
+        other in a shard (gaps up to RUN_GAP bytes: a tar's headers and small members) is one
+        range, and so one lease, shared by those samples: they are collated into one batch,
+        materialized and released together. Sample i of the iteration is in batch i // batch."""
+        batch = self._batched if (self.map is None and self.handler == "raise" and self._session is not None) else 0
+        cap = min(RUN_BYTES, self._session.max_lease - 2 * 4096) if batch and self._session is not None else 0
         wanted: dict[int, list[tuple[int, int]]] = {}
-        names: dict[int, list[tuple[str, str, str]]] = {}  # (field, sample, shard) of each range, for errors
-        for _pos, shard, st_, key_, fields, geo in group:
+        names: dict[int, list[tuple[str, str, str]]] = {}
+        where: list[list[tuple[int, int]]] = []
+        open_runs: dict[tuple[int, str, int], int] = {}  # (shard, field, batch) -> index of its last range
+        for k, (_pos, shard, st_, key_, fields, geo) in enumerate(group):
+            locs: list[tuple[int, int]] = []
             for fp in fields:
-                if fp.name in geo:
-                    g = geo[fp.name]
-                    wanted.setdefault(shard, []).append((g[0], g[1]))
-                    names.setdefault(shard, []).append((fp.name, key_, st_.path))
+                if fp.name not in geo:
+                    continue
+                off, nb = geo[fp.name][0], geo[fp.name][1]
+                rs = wanted.setdefault(shard, [])
+                if batch:
+                    rk = (shard, fp.name, (first + k) // batch)
+                    j = open_runs.get(rk)
+                    if j is not None:
+                        r0, n0 = rs[j]
+                        if r0 + n0 <= off <= r0 + n0 + RUN_GAP and off + nb - r0 <= cap:
+                            rs[j] = (r0, off + nb - r0)
+                            locs.append((j, off - r0))
+                            continue
+                    open_runs[rk] = len(rs)
+                locs.append((len(rs), 0))
+                rs.append((off, nb))
+                names.setdefault(shard, []).append((fp.name, key_, st_.path))
+            where.append(locs)
+        return wanted, names, where
+
+    def _read_group(self, group: list[Any], slot: int, lo: int, slots: int, epoch: int, first: int = 0) -> Iterator[GDSSample]:
+        wanted, names, where = self._runs(group, first)
         refs: dict[int, list[Ref]] = {}
         holds: dict[int, list[Optional[_leases.Hold]]] = {}
         session = self._session
@@ -984,19 +1031,21 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 held.update((r.lease, r) for r in refs[shard] if r.lease)
                 # This process's Holds of the group's leases, in one pass over the lease book.
                 holds[shard] = _leases.hold_many([(r, *n) for r, n in zip(refs[shard], names[shard])])
-            cursor = {s: 0 for s in refs}
             out: list[GDSSample] = []
-            for pos, shard, st, key, fields, geo in group:
+            for (pos, shard, st, key, fields, geo), locs in zip(group, where):
                 sample = GDSSample(__key__=key, __url__=st.path)
+                at = 0
                 for fp in fields:
                     if fp.name in geo and shard in refs:
                         _off, nb, dt, shape, fortran = geo[fp.name]
-                        r, h = refs[shard][cursor[shard]], holds[shard][cursor[shard]]
-                        cursor[shard] += 1
-                        if r.valid < nb:
-                            raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({r.valid} of {nb} bytes): "
+                        j, start = locs[at]
+                        at += 1
+                        r, h = refs[shard][j], holds[shard][j]
+                        if r.valid < start + nb:
+                            got = max(0, r.valid - start)
+                            raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({got} of {nb} bytes): "
                                                 "rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
-                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran, fp.name, key, st.path, h)
+                        sample[fp.name] = TensorRef(r, dt, shape, start, fortran, fp.name, key, st.path, h)
                     elif fp.gpu:
                         sample[fp.name] = self._plain_tensor(st, fp, key)
                     else:
@@ -1071,7 +1120,10 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset
         if isinstance(ds, GDSShardDataset):
-            ds._main_iteration_starting()
+            # Workers that collate with gdsfs.torch.collate hand out whole batches: their
+            # copies may let a batch's adjacent samples share a lease (GDSShardDataset._runs).
+            batched = self.batch_size if (self.num_workers > 0 and self.batch_size and self.collate_fn is collate) else 0
+            ds._main_iteration_starting(batched or 0)
         it = super().__iter__()
         if isinstance(ds, GDSShardDataset) and self.num_workers > 0:
             ds._main_iteration_started()

@@ -139,3 +139,77 @@ def gdsfs_lease_error() -> type:
     import gdsfs
 
     return gdsfs.GDSLeaseError
+
+
+def _read_ranges(path: str) -> int:
+    import gdsfs
+
+    return int(gdsfs.status(path)["counters"]["read_ranges"])
+
+
+@pytest.mark.parametrize("how", ["dataloader", "map", "stock"])
+def test_a_batchs_adjacent_samples_share_one_read_range(gdsfs_mount, how: str) -> None:
+    """gdsfs.torch.DataLoader's workers read one range per run of a batch's adjacent samples of
+    a shard (one extent for the daemon, one lease for the batch); with map= (a worker may drop
+    samples) or a stock DataLoader (the dataset does not know the batches) one per sample.
+    Either way every sample arrives once with its bytes, and no lease stays behind."""
+    import gdsfs.torch as gt
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=3, per=40)
+    kw = {"map": lambda s: s} if how == "map" else {}
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, **kw)
+    if how == "stock":
+        dl = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=gt.collate)
+    else:
+        dl = gt.DataLoader(ds, batch_size=8, num_workers=2)
+    before = _read_ranges(paths[0])
+    seen: dict[str, bytes] = {}
+    batches = 0
+    for b in dl:
+        if not b.materialized:
+            b = b.materialize()
+        batches += 1
+        for i, key in enumerate(b["__key__"]):
+            assert key not in seen, f"{key} delivered twice"
+            seen[key] = b["x.npy"][i].numpy().tobytes()
+    ranges = _read_ranges(paths[0]) - before
+    assert seen == truth
+    if how == "dataloader":
+        # A batch is 8 consecutive samples of a worker's block: one range, two where it
+        # crosses from one shard into the next.
+        assert ranges <= 2 * batches, (ranges, batches)
+    else:
+        assert ranges == len(truth), ranges
+    del dl, b
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_resume_is_exact_with_shared_ranges(gdsfs_mount) -> None:
+    """Stopping after some batches and resuming from state_dict() gives every other sample
+    once, also when batches share ranges (the resume point falls inside a run of the first
+    pass: the second pass plans its own)."""
+    import gdsfs.torch as gt
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=2, per=30)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=12)
+    dl = gt.DataLoader(ds, batch_size=5, num_workers=2)
+    seen: dict[str, bytes] = {}
+    it = iter(dl)
+    for _ in range(3):
+        b = next(it)
+        seen.update((k, b["x.npy"][i].numpy().tobytes()) for i, k in enumerate(b["__key__"]))
+    state = dl.state_dict()
+    del it, b
+    ds2 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=7)
+    dl2 = gt.DataLoader(ds2, batch_size=4, num_workers=2)
+    dl2.load_state_dict(state)
+    for b in dl2:
+        for i, k in enumerate(b["__key__"]):
+            assert k not in seen, f"{k} delivered twice"
+            seen[k] = b["x.npy"][i].numpy().tobytes()
+    assert seen == truth
+    del dl, dl2, b
+    ds.close()
+    ds2.close()
+    assert gdsfs_mount.wait_leases(0) == 0

@@ -406,17 +406,19 @@ def worker_profile(shards: list[str], batch: int, sample_bytes: int, samples: in
                     "read": rd[1], "reads": rd[0], "ranges": rd[2], "rel_ioctl": rl[1]}
 
         one_pass(None)  # warm-up (index cache, page cache)
-        m0 = _metrics(Opts.metrics)
-        r = one_pass(None)
-        m1 = _metrics(Opts.metrics)
-        n = max(1, r["n"])
-        us = {k: r[k] / n * 1e6 for k in ("wall", "iter", "collate", "pickle", "release", "read", "rel_ioctl")}
-        per_batch = r["wall"] / max(1, math.ceil(n / batch)) * 1e6
-        lines.append(f"one worker in-process, {n} samples, batch {batch}, {r['reads']} READs of {r['ranges'] / max(1, r['reads']):.1f} ranges: "
-                     f"{us['wall']:.1f} us per sample ({per_batch:,.0f} us per batch): READ ioctl {us['read']:.1f}, rest of the dataset's generator "
-                     f"{us['iter'] - us['read']:.1f}, collate {us['collate']:.1f}, pickle {us['pickle']:.1f} | main's release {us['release']:.1f} "
-                     f"(RELEASE ioctl {us['rel_ioctl']:.1f}); READ round trip {r['read'] / max(1, r['reads']) * 1e6:,.0f} us each")
-        lines.append(_daemon_side(m0, m1, n))
+        for label, hint in (("a range per sample", 0), ("a batch's adjacent samples share a range", batch)):
+            ds._batched = hint
+            m0 = _metrics(Opts.metrics)
+            r = one_pass(None)
+            m1 = _metrics(Opts.metrics)
+            n = max(1, r["n"])
+            us = {k: r[k] / n * 1e6 for k in ("wall", "iter", "collate", "pickle", "release", "read", "rel_ioctl")}
+            per_batch = r["wall"] / max(1, math.ceil(n / batch)) * 1e6
+            lines.append(f"one worker in-process, {label}: {n} samples, batch {batch}, {r['reads']} READs of {r['ranges'] / max(1, r['reads']):.1f} ranges: "
+                         f"{us['wall']:.1f} us per sample ({per_batch:,.0f} us per batch): READ ioctl {us['read']:.1f}, rest of the dataset's generator "
+                         f"{us['iter'] - us['read']:.1f}, collate {us['collate']:.1f}, pickle {us['pickle']:.1f} | main's release {us['release']:.1f} "
+                         f"(RELEASE ioctl {us['rel_ioctl']:.1f}); READ round trip {r['read'] / max(1, r['reads']) * 1e6:,.0f} us each")
+            lines.append(_daemon_side(m0, m1, n))
         prof = cProfile.Profile()
         one_pass(prof)
         for key in ("tottime", "cumulative"):
@@ -523,7 +525,13 @@ def _same_sample(sample: Any) -> Any:
 FEATURES: dict[str, Any] = {"shuffle": True, "interleave": 2, "map": _same_sample, "keys": ["x.npy", "cls"]}
 
 
-def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool = False, pin: bool = True, **kw: Any) -> tuple[torch.utils.data.DataLoader, gt.GDSShardDataset]:
+def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool = False, pin: bool = True, shared: bool = True,
+               **kw: Any) -> tuple[torch.utils.data.DataLoader, gt.GDSShardDataset]:
+    """GDSShardDataset and its loader: gdsfs.torch.DataLoader (its workers let a batch's adjacent
+    samples share one READ range and lease) with pin, or shared=False: a stock torch DataLoader
+    with gdsfs.torch.collate (one range per sample, as before issue 15's shared ranges); without
+    pin: a stock DataLoader whose batches stay in daemon memory, its workers told the batch size
+    as gdsfs.torch.DataLoader tells them."""
     extra = dict(FEATURES, shuffle_buffer=4 * batch) if features else {}
     if Opts.read_ahead == "batch" or (Opts.read_ahead == "auto" and sample_bytes >= (1 << 20)):
         extra.update(read_ahead=batch, read_ahead_bytes=max(batch * sample_bytes, 1 << 20))
@@ -531,6 +539,10 @@ def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool 
         extra.update(read_ahead=int(Opts.read_ahead))
     # else (small samples): the dataset's defaults, what users get (read_ahead=64 samples, 64 MiB).
     ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, **extra)
+    if pin and shared:
+        return gt.DataLoader(ds, batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda, collate_fn=gt.collate, timeout=300, **kw), ds
+    if shared:
+        ds._batched = batch  # what gdsfs.torch.DataLoader tells its workers
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda and pin, collate_fn=gt.collate, timeout=300, **kw)
     return dl, ds
 
@@ -705,6 +717,8 @@ def main() -> int:
                 log(f"{name} cold disk sequential read: {rate:.2f} GB/s")
             for label, make, plain in (
                 ("gdsfs", lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False),
+                *([] if not (cache == "warm" and sb < (1 << 20)) else
+                  [("gdsfs range per sample", lambda **kw: gds_loader(shards_m, batch, sb, shared=False, **kw)[0], False)]),
                 *([] if not feats else [("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False)]),
                 ("(a) plain via mount", lambda **kw: plain_loader(shards_m, batch, **kw), True),
                 ("(b) plain backing dir", lambda **kw: plain_loader(shards_b, batch, **kw), True),
