@@ -438,27 +438,64 @@ def _byte_views(trs: Sequence[TensorRef]) -> list[torch.Tensor]:
     return out
 
 
+def _strided_run(trs: Sequence[TensorRef]) -> Optional[torch.Tensor]:
+    """A (len(trs), nbytes) uint8 view over the slab when every TensorRef views the same lease at
+    starts evenly spaced by at least nbytes (a batch's samples of one shared range, a tar's
+    samples of one size: GDSShardDataset._runs), else None. One strided copy of it replaces a
+    slice per sample and their stack."""
+    if len(trs) < 2:
+        return None
+    first, second = trs[0], trs[1]
+    r = first.ref
+    if not r.lease:
+        return None
+    n = _numel(first.shape) * _itemsize(first.dtype)
+    step = second.start - first.start
+    if n == 0 or step < n:
+        return None
+    for i, t in enumerate(trs):
+        if t.ref is not r and t.ref != r:
+            return None
+        if t.start != first.start + i * step:
+            return None
+    last = first.start + (len(trs) - 1) * step
+    if first.start < 0 or last + n > r.valid:
+        raise ValueError(f"gdsfs: bytes [{last}, {last + n}) outside lease {r.lease} of {r.valid} valid bytes")
+    try:
+        slab = _slab_tensor(_core.session_for(r), r.slab)
+    except GDSUnavailableError as e:
+        raise _lease_error(first._hold, r, e) from e
+    return slab.as_strided((len(trs), n), (step, 1), slab.storage_offset() + r.offset + first.start)
+
+
 def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor, list[torch.Tensor]]:
-    """One gather per field: stack the byte views, then reinterpret. Fields
-    whose samples differ in dtype or shape become a list of tensors."""
+    """One gather per field: stack the byte views (or copy one strided view of a shared
+    range), then reinterpret. Fields whose samples differ in dtype or shape become a list of
+    tensors."""
     trs = col.refs
     first = trs[0]
     if not all(t.dtype == first.dtype and t.shape == first.shape and t.fortran == first.fortran for t in trs):
         return [_gather(_RefColumn([t]), device, pin=pin)[0] for t in trs]
-    views = _byte_views(trs)
+    run = _strided_run(trs)
+    views = [run] if run is not None else _byte_views(trs)
     src = views[0].device
+
+    def stacked() -> torch.Tensor:
+        # Always a copy: the lease is released once the gather is done.
+        return run.clone(memory_format=torch.contiguous_format) if run is not None else torch.stack(views)
+
     target = _target_device(device) or src
     if src.type == "cpu" and target.type == "cuda":
-        host = torch.stack(views)
+        host = stacked()
         if pin:
             host = host.pin_memory()
         out = host.to(target, non_blocking=pin)
     elif src == target:
-        out = torch.stack(views)
+        out = stacked()
         if pin and out.device.type == "cpu" and torch.cuda.is_available():
             out = out.pin_memory()
     else:
-        out = torch.stack(views).to(target)
+        out = stacked().to(target)
     out = out.view(first.dtype) if first.dtype != torch.uint8 else out
     if first.fortran:
         out = out.reshape((len(trs),) + tuple(reversed(first.shape)))

@@ -213,3 +213,36 @@ def test_resume_is_exact_with_shared_ranges(gdsfs_mount) -> None:
     ds.close()
     ds2.close()
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_shared_range_gathers_as_one_strided_copy(gdsfs_mount) -> None:
+    """A batch whose samples share one lease at evenly spaced starts (what a gdsfs.torch.DataLoader
+    worker collates) gathers with one strided copy out of the slab: the same bytes as a slice
+    per sample, in memory of its own (the lease is released after it), and spent afterwards."""
+    import itertools
+
+    import gdsfs
+    import gdsfs.torch as gt
+    from gdsfs import _core, _tensors
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=1, per=16)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
+    ds._batched = 8  # as gdsfs.torch.DataLoader tells its workers' copies
+    it = iter(ds)
+    batches = [gt.collate(list(itertools.islice(it, 8))) for _ in range(2)]
+    for b in batches:
+        refs = b["x.npy"].refs
+        assert len({t.ref.lease for t in refs}) == 1
+        run = _tensors._strided_run(refs)
+        assert run is not None and run.shape == (8, len(truth[b["__key__"][0]]))
+        slab = _tensors._slab_tensor(_core.session_for(refs[0].ref), refs[0].ref.slab)
+        out = b.materialize()
+        x = out["x.npy"]
+        assert not (slab.data_ptr() <= x.data_ptr() < slab.data_ptr() + slab.numel()), "the gather aliases the slab"
+        assert [x[i].numpy().tobytes() for i in range(8)] == [truth[k] for k in out["__key__"]]
+        with pytest.raises(gdsfs.GDSLeaseError):
+            b.materialize()
+    it.close()
+    ds.close()
+    del batches, b, out, x, refs, run, slab
+    assert gdsfs_mount.wait_leases(0) == 0
