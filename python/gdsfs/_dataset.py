@@ -164,10 +164,14 @@ class _BadField:
 
 
 class _ShardState:
-    """A shard open in this process: its descriptor and parsed index."""
+    """A shard open in this process: its descriptor, parsed index, and the plans of the samples
+    read from it so far (key, field plans, gpu fields' geometry: derived from the index and the
+    .npy headers, so they live exactly as long as the index does; a later epoch of a persistent
+    worker reuses them instead of planning and pread-ing each header again)."""
 
     def __init__(self, path: str, fd: int, index: dict[str, Any]) -> None:
         self.path, self.fd, self.index = path, fd, index
+        self.plans: dict[int, tuple[str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = {}
 
     def close(self) -> None:
         os.close(self.fd)
@@ -950,11 +954,18 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         read_ahead_bytes of gpu fields with one daemon request per shard."""
         lo = plan.block(slot)[0]
         planned: list[tuple[int, int, _ShardState, str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = []
+        daemon = self._session is not None
         for pos, shard, idx in items:
             st = self._shard(shard)
+            known = st.plans.get(idx) if daemon else None
+            if known is not None:
+                planned.append((pos, shard, st, *known))
+                continue
             key, fields = self._sample_fields(st, idx)
             try:
-                geo = {fp.name: self._tensor_geometry(st, fp) for fp in fields if fp.gpu and self._session is not None}
+                geo = {fp.name: self._tensor_geometry(st, fp) for fp in fields if fp.gpu and daemon}
+                if daemon:
+                    st.plans[idx] = (key, fields, geo)
             except (GDSShardError, ValueError) as e:
                 err = e if isinstance(e, GDSShardError) else GDSShardError(f"gdsfs: sample {key!r} of shard {st.path!r}: {e}", path=st.path, key=key, reason=str(e))
                 if self.handler != "warn_and_skip":

@@ -246,3 +246,25 @@ def test_a_shared_range_gathers_as_one_strided_copy(gdsfs_mount) -> None:
     ds.close()
     del batches, b, out, x, refs, run, slab
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_later_epoch_reuses_the_sample_plans(gdsfs_mount, monkeypatch) -> None:
+    """A shard still open in a later epoch (a persistent worker's) is not planned again: no
+    pread of each .npy header, only the CPU fields' bytes; the samples are the same."""
+    import gdsfs.torch as gt
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=2, per=12)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, shuffle=True)
+    calls = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append(n) or real(fd, n, off))
+    epochs = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        calls.clear()
+        got = {s["__key__"]: (s["cls"], s["x.npy"].materialize().numpy().tobytes()) for s in ds}
+        epochs.append(len(calls))
+        assert {k: v[1] for k, v in got.items()} == truth
+    assert epochs == [2 * len(truth), len(truth)], epochs  # header + .cls, then .cls only
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
