@@ -119,9 +119,11 @@ def _mds_decode(encoding: str, data: bytes) -> Any:
 
 # A batch's samples adjacent in a shard share one READ range (GDSShardDataset._runs) when the
 # bytes between their fields are at most RUN_GAP (read along, never handed out) and the range
-# stays within RUN_BYTES.
+# stays within RUN_BYTES; fields above RUN_FIELD_MAX (large samples: the engine moves them at
+# full speed one by one) keep a range of their own.
 RUN_GAP = 16 << 10
 RUN_BYTES = 16 << 20
+RUN_FIELD_MAX = 1 << 20
 
 
 class _FieldPlan(NamedTuple):
@@ -1007,7 +1009,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     continue
                 off, nb = geo[fp.name][0], geo[fp.name][1]
                 rs = wanted.setdefault(shard, [])
-                if batch:
+                if batch and nb <= RUN_FIELD_MAX:
                     rk = (shard, fp.name, (first + k) // batch)
                     j = open_runs.get(rk)
                     if j is not None:
