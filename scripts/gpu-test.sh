@@ -148,6 +148,9 @@ fi
 # ---- the daemon's memory tier (issue 14 part 3) ---------------------------
 if want tier; then
 	echo "== memory tier: ${GDSFS_TIER_GIB:-8} GiB safetensors, warm load via the page cache vs via the tier (gdsfs warm --pin) vs pinned H2D (scripts/gpu/tier_check.py)"
+	if [ -x "$bin/cufile.test" ]; then # the tier's pinned memory: copies, and what a fill costs (cufile/hostreg.go)
+		timeout 120 "$bin/cufile.test" -test.v -test.count=1 -test.run 'TestGPUTier' 2>&1 | grep -E '^(---|ok|FAIL|PASS)|gpu_(tier|hostreg)_test' | tee "$out/tier-cufile.txt"
+	fi
 	PYTHONUNBUFFERED=1 timeout "${GDSFS_TIER_TIMEOUT:-420}" python3 scripts/gpu/tier_check.py --bin "$bin/gdsfs" --work "$work/tier" \
 		--out "$out" --gib "${GDSFS_TIER_GIB:-8}" --json "$out/tier.json" 2>&1 | tee "$out/tier.txt"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
