@@ -59,8 +59,9 @@ func (e *Engines) TierFree(b []byte) error {
 }
 
 // CopyIn copies src (host memory; pinned for a DMA) into slab memory dst
-// at dstOff: cuMemcpyHtoD into CUDA slabs, memcpy into host slabs. It
-// implements the tier's Copier.
+// at dstOff: cuMemcpyHtoDAsync on a pooled stream, waited for, into CUDA
+// slabs (tierstreams.go), memcpy into host slabs. It implements the tier's
+// Copier; concurrent calls overlap.
 func (e *Engines) CopyIn(ctx context.Context, dst gpubuf.Memory, dstOff int64, src []byte) error {
 	if dstOff < 0 || dstOff+int64(len(src)) > dst.Size() {
 		return fmt.Errorf("cufile: copy of %d bytes at %d into a %d-byte slab: %w", len(src), dstOff, dst.Size(), ErrRange)
@@ -76,7 +77,7 @@ func (e *Engines) CopyIn(ctx context.Context, dst gpubuf.Memory, dstOff int64, s
 	if !ok || e.drv == nil {
 		return fmt.Errorf("cufile: tier copy into %T: neither host nor CUDA memory", dst)
 	}
-	if err := e.drv.CopyHtoD(dm.Device(), dm.DevicePtr()+uintptr(dstOff), src); err != nil {
+	if err := e.copyHtoDStream(dm.Device(), dm.DevicePtr()+uintptr(dstOff), src); err != nil {
 		return fmt.Errorf("cufile: tier copy to device %d: %w", dm.Device(), err)
 	}
 	return nil
