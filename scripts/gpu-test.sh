@@ -14,6 +14,8 @@
 #   GDSFS_TIER_GIB      memory-tier benchmark file size in GiB (default 8)
 #   GDSFS_PYTHON        the Python with torch 2.x, safetensors, pytest, hypothesis (default python3)
 #   GDSFS_PYTEST_ARGS   extra pytest arguments for the pytest section (e.g. -k safetensors)
+#   GDSFS_DATASET_ARGS  dataset_check.py arguments (default: issue 15's table, --sizes 16,64,256,4096
+#                       --batch 16 --features-sizes 4096; about 3.5 minutes)
 set -uo pipefail
 sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp2 tier pytest} "
 want() { [[ "$sections" == *" $1 "* ]]; }
@@ -118,7 +120,7 @@ if want dataset; then
 	echo "== datasets: GDSShardDataset, num_workers=8, pin_memory=True (scripts/gpu/dataset_check.py)"
 	if pymount dataset 8GiB; then
 		PYTHONUNBUFFERED=1 timeout 420 python3 scripts/gpu/dataset_check.py "$work/dataset/mnt" "$work/dataset/src" \
-			${GDSFS_DATASET_ARGS:-} --json "$out/dataset.json" 2>&1 | tee "$out/dataset.txt"
+			${GDSFS_DATASET_ARGS:---sizes 16,64,256,4096 --batch 16 --features-sizes 4096} --json "$out/dataset.json" 2>&1 | tee "$out/dataset.txt"
 		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 		"$bin/gdsfs" status "$work/dataset/mnt" 2>&1 | tail -5
 		pyunmount dataset
