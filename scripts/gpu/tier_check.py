@@ -203,6 +203,12 @@ def main() -> int:
         out = run([gdsfs, "warm", "--pin", "--progress", "never", path])
         pin_s = time.perf_counter() - t0
         log(f"gdsfs warm --pin: {out.strip()} ({gbps(payload, pin_s):.1f} GB/s)")
+        try:  # how the daemon pins its tier memory (cufile/hostreg.go): its "memory tier" log line
+            with open(os.path.join(a.out, "tier-mount.log")) as lf:
+                pinning = next((json.loads(ln).get("pinning") for ln in lf if '"memory tier"' in ln), None)
+        except (OSError, ValueError):
+            pinning = None
+        log(f"tier memory pinning: {pinning or 'not logged'}")
         from gdsfs._ckpt import tensorio
 
         h0, m0 = tier_counts(gdsfs, mnt)
