@@ -30,6 +30,9 @@ type hostRegFuncs struct {
 	probe  sync.Once
 	works  bool  // a test registration succeeded (CanRegister)
 	reason error // why not, when it did not
+
+	mu         sync.Mutex
+	registered map[uintptr]bool // GUARDED_BY(mu): base addresses HostRegister registered
 }
 
 func (d *Driver) bindHostRegister() {
@@ -78,7 +81,16 @@ func (d *Driver) HostRegister(b []byte) error {
 	if !d.CanRegister() {
 		return fmt.Errorf("cufile: the driver cannot register host memory: %v", d.reg.reason)
 	}
-	return d.register(b)
+	if err := d.register(b); err != nil {
+		return err
+	}
+	d.reg.mu.Lock()
+	if d.reg.registered == nil {
+		d.reg.registered = map[uintptr]bool{}
+	}
+	d.reg.registered[uintptr(unsafe.Pointer(&b[0]))] = true
+	d.reg.mu.Unlock()
+	return nil
 }
 
 func (d *Driver) register(b []byte) error {
@@ -88,13 +100,26 @@ func (d *Driver) register(b []byte) error {
 	})
 }
 
-// HostUnregister undoes HostRegister; memory never registered is no
-// error (reports false).
+// HostUnregister undoes HostRegister; memory HostRegister did not
+// register is no error (reports false, and the driver is not asked).
 func (d *Driver) HostUnregister(b []byte) (bool, error) {
 	if len(b) == 0 || !d.CanRegister() {
 		return false, nil
 	}
-	return d.unregister(b)
+	p := uintptr(unsafe.Pointer(&b[0]))
+	d.reg.mu.Lock()
+	was := d.reg.registered[p]
+	d.reg.mu.Unlock()
+	if !was {
+		return false, nil
+	}
+	ok, err := d.unregister(b)
+	if err == nil {
+		d.reg.mu.Lock()
+		delete(d.reg.registered, p)
+		d.reg.mu.Unlock()
+	}
+	return ok, err
 }
 
 func (d *Driver) unregister(b []byte) (bool, error) {
