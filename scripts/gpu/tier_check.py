@@ -101,6 +101,66 @@ def _load_best(gst, torch, path: str, device: str, runs: int) -> tuple[float, di
     return best, sd
 
 
+def profile_load(path: str, device: str, depth: int) -> str:
+    """One load with the loader's READ, copy-wait and release calls timed: where the wall time went
+    (READ busy close to the wall time: the daemon bounds the load; far below: this process does)."""
+    import threading
+
+    import torch
+    import gdsfs.safetensors as gst
+    from gdsfs import _core
+    from gdsfs._ckpt import tensorio
+
+    lock = threading.Lock()
+    spans: list[tuple[float, float]] = []
+    acc = {"release_s": 0.0, "finish_s": 0.0}
+    real_read, real_release, real_finish = _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish
+
+    def read(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real_read(self, *a, **k)
+        finally:
+            with lock:
+                spans.append((t0, time.perf_counter()))
+
+    def release(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real_release(self, *a, **k)
+        finally:
+            acc["release_s"] += time.perf_counter() - t0
+
+    def finish(self, refs):
+        t0 = time.perf_counter()
+        try:
+            return real_finish(self, refs)
+        finally:
+            acc["finish_s"] += time.perf_counter() - t0
+
+    saved = tensorio.READ_DEPTH
+    _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish = read, release, finish
+    tensorio.READ_DEPTH = depth
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gst.load_file(path, device=device)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    finally:
+        _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish = real_read, real_release, real_finish
+        tensorio.READ_DEPTH = saved
+    busy, end = 0.0, 0.0  # the union of the READs' spans: time with at least one READ in flight
+    for a, b in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    total = sum(b - a for a, b in spans)
+    return (f"{depth} in flight: wall {wall * 1e3:.0f} ms; {len(spans)} READs, a READ in flight {busy * 1e3:.0f} ms "
+            f"({total * 1e3:.0f} ms summed), waiting for copies and releasing {acc['finish_s'] * 1e3:.0f} ms "
+            f"({acc['release_s'] * 1e3:.0f} ms of it in RELEASE)")
+
+
 def child(path: str, device: str, go: str, runs: int) -> None:
     """One process of the two-GPU run: waits for the go file, loads, prints its best time."""
     import torch
@@ -232,6 +292,8 @@ def main() -> int:
         ok &= same(sd)
         del sd
         log(f"gdsfs.safetensors.load_file, tier, 1 READ in flight: {tier1:.1f} GB/s")
+        for depth in (1, tensorio.READ_DEPTH):  # where a load's time goes (the daemon, or this process)
+            log(f"tier load profile, {profile_load(path, 'cuda:0', depth)}")
         rd_tier = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, tier: {rd_tier}")
         res.update(pinned_h2d_gbps=pinned, page_cache_gbps=page, tier_gbps=tier, tier_depth1_gbps=tier1,
