@@ -269,8 +269,8 @@ class DaemonMover:
                     if e.errno != _errno.EAGAIN:
                         raise
                     return starts[k]  # the finally below releases what later READs got
-                self._finish(pending)
-                pending = list(refs)
+                done, pending = pending, list(refs)
+                self._finish(done)  # raising, it leaves refs to the finally below, not done again
                 if nxt < len(batches):
                     submit(nxt)
                     nxt += 1
