@@ -151,6 +151,9 @@ fi
 # ---- the daemon's memory tier (issue 14 part 3) ---------------------------
 if want tier; then
 	echo "== memory tier: ${GDSFS_TIER_GIB:-8} GiB safetensors, warm load via the page cache vs via the tier (gdsfs warm --pin) vs pinned H2D (scripts/gpu/tier_check.py)"
+	if [ -x "$bin/cufile.test" ]; then # the tier's pinned memory: copies, and what a fill costs (cufile/hostreg.go)
+		timeout 120 "$bin/cufile.test" -test.v -test.count=1 -test.run 'TestGPUTier' 2>&1 | grep -E '^(---|ok|FAIL|PASS)|gpu_(tier|hostreg)_test' | tee "$out/tier-cufile.txt"
+	fi
 	PYTHONUNBUFFERED=1 timeout "${GDSFS_TIER_TIMEOUT:-420}" python3 scripts/gpu/tier_check.py --bin "$bin/gdsfs" --work "$work/tier" \
 		--out "$out" --gib "${GDSFS_TIER_GIB:-8}" --json "$out/tier.json" 2>&1 | tee "$out/tier.txt"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -194,7 +197,7 @@ grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* 
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
 for f in dataset checkpoint; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
-[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|two|table|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
+[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
 if [ -f "$out/pytest.txt" ]; then
 	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')
