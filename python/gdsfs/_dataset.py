@@ -1137,7 +1137,12 @@ class DataLoader(torch.utils.data.DataLoader):
             # copies may let a batch's adjacent samples share a lease (GDSShardDataset._runs).
             batched = self.batch_size if (self.num_workers > 0 and self.batch_size and self.collate_fn is collate) else 0
             ds._main_iteration_starting(batched or 0)
-        it = super().__iter__()
+        try:
+            it = super().__iter__()
+        except BaseException:
+            if isinstance(ds, GDSShardDataset):
+                ds._batched = 0  # never in this process's own iterations
+            raise
         if isinstance(ds, GDSShardDataset) and self.num_workers > 0:
             ds._main_iteration_started()
         ok = False
