@@ -281,7 +281,8 @@ def _metrics(addr: str) -> dict[str, float]:
             'gdsfs_fuse_op_duration_seconds_sum{op="read"}': "fuse read s",
             'gdsfs_fuse_op_duration_seconds_count{op="read"}': "fuse read n"}
     try:
-        text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the daemon is local: never a proxy
+        text = opener.open(f"http://{addr}/metrics", timeout=5).read().decode()
     except OSError:
         return {}
     out: dict[str, float] = {}
