@@ -66,6 +66,8 @@ __all__ = ["GDSFileSystemWriter", "GDSFileSystemReader"]
 _OFF_MOUNT = "off-mount dcp"
 _SUFFIX = getattr(_fs, "DEFAULT_SUFFIX", ".distcp")
 _ALIGN = 4096
+# Temporaries (of resharded reads) that one batch of a file's reads may hold before it is flushed.
+_BATCH_TEMP = 1 << 30
 # Data files this writer names over an existing checkpoint: __{rank}_{n}.{save id prefix}.distcp.
 # Stock DCP never makes such names, so one that no .metadata names is left by a crashed save.
 _OWN_NAME = re.compile(r"__\d+_\d+\.[0-9a-f]{1,8}" + re.escape(_SUFFIX))
@@ -408,21 +410,24 @@ class GDSFileSystemReader(FileSystemReader):
     def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool) -> None:
         with open(path, "rb", buffering=_BUFFER) as fh:
             fd = fh.fileno()
-            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []  # (req, target, temp to narrow)
+            # (req, target, source to copy into the target or None when the bytes land in it)
+            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
             items: list[tuple[int, torch.Tensor]] = []
+            held = 0  # bytes of temporaries the pending items hold
 
             def flush() -> None:
+                nonlocal held
                 if items:
                     transfer(path, fd, list(items), write=False, strict=self._strict)
-                for req, target, temp in pending:
-                    if temp is not None:
-                        src = _narrow(temp, req.storage_offsets, req.lengths)
+                for req, target, src in pending:
+                    if src is not None:
                         if src.size() != target.size():
                             raise ValueError(f"gdsfs: {req.storage_index} has size {tuple(src.size())}, the target {tuple(target.size())}")
                         target.copy_(src)
                     planner.commit_tensor(req, target)
                 items.clear()
                 pending.clear()
+                held = 0
 
             for req in reqs:
                 info = self.storage_data[req.storage_index]
@@ -431,39 +436,106 @@ class GDSFileSystemReader(FileSystemReader):
                     continue
                 target = planner.resolve_tensor(req).detach()
                 dev = target.device if target.device.type in ("cpu", "cuda") else torch.device("cpu")
-                try:
-                    dec = torchzip.decode(fh, info.offset, info.length, lambda _loc: dev, weights_only=True)
-                except torchzip.NotAddressable:
+                got = self._plan_read(fh, info, req, target, dev)
+                if got is None:  # the archive needs torch.load: read it whole, then narrow
                     fh.seek(info.offset)
                     saved = torch.load(io.BytesIO(fh.read(info.length)), map_location="cpu", weights_only=True)
-                    src = _narrow(saved, req.storage_offsets, req.lengths)
-                    target.copy_(src)
+                    target.copy_(_narrow(saved, req.storage_offsets, req.lengths))
                     planner.commit_tensor(req, target)
                     continue
-                saved = dec.obj
-                if not isinstance(saved, torch.Tensor):
-                    raise ValueError(f"gdsfs: item {req.storage_index} of {path!r} does not hold a tensor")
-                whole = all(o == 0 for o in req.storage_offsets) and tuple(req.lengths) == tuple(saved.shape)
-                if (
-                    whole
-                    and len(dec.items) == 1
-                    and type(target) is torch.Tensor
-                    and target.device == dev
-                    and target.dtype == saved.dtype
-                    and target.is_contiguous()
-                    and saved.is_contiguous()
-                    and saved.storage_offset() == 0
-                    and dec.items[0][1].numel() == target.numel() * target.element_size()
-                    and not (target.is_conj() or target.is_neg())
-                ):
-                    items.append((dec.items[0][0], byte_view(target)))  # straight into the target
-                    pending.append((req, target, None))
-                else:
-                    items.extend(dec.items)
-                    pending.append((req, target, saved))
-                if not batch:
+                reads, src = got
+                items.extend(reads)
+                pending.append((req, target, src))
+                if src is not None:
+                    held += sum(t.numel() for _, t in reads)
+                if not batch or held >= _BATCH_TEMP:
                     flush()
             flush()
+
+    def _plan_read(self, fh: Any, info: Any, req: Any, target: torch.Tensor,
+                   dev: torch.device) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None] | None:
+        """The byte ranges to read for ``req`` and where they land.
+
+        Returns ``(reads, src)``: ``reads`` are ``(file offset, uint8 destination)``; ``src`` is
+        None when they land straight in ``target``, else the view (over a temporary the reads
+        fill) to copy into ``target`` afterwards. Only the bytes of the saved chunk's storage
+        that the request covers are read: for a request whose elements are one contiguous run
+        of the storage (a row-slab of a row-major chunk, the chunk itself), that run straight
+        into the target; otherwise the span from its first to its last element into a
+        temporary, narrowed on the device. None: the archive must go through torch.load.
+        """
+        meta = torch.device("meta")
+        try:
+            dec = torchzip.decode(fh, info.offset, info.length, lambda _loc: meta, weights_only=True)
+        except torchzip.NotAddressable:
+            return None
+        saved = dec.obj
+        if not isinstance(saved, torch.Tensor):
+            raise ValueError(f"gdsfs: item {req.storage_index} of {fh.name!r} does not hold a tensor")
+        offsets = tuple(req.storage_offsets) or (0,) * saved.dim()
+        lengths = tuple(req.lengths) or tuple(saved.shape)
+        if len(offsets) != saved.dim() or len(lengths) != saved.dim() or any(
+                o < 0 or n < 0 or o + n > s for o, n, s in zip(offsets, lengths, saved.shape)):
+            raise ValueError(f"gdsfs: {req.storage_index} asks for {lengths} at {offsets} of a saved chunk of size {tuple(saved.shape)}")
+        if len(dec.items) != 1 or any(n == 0 for n in lengths):
+            if len(dec.items) > 1:  # several storages: decode them for real, narrow afterwards
+                real = torchzip.decode(fh, info.offset, info.length, lambda _loc: dev, weights_only=True)
+                return list(real.items), _narrow(real.obj, offsets, lengths)
+            # Nothing to read (an empty request or tensor): the target gets what narrowing gives.
+            return [], torch.empty(lengths, dtype=saved.dtype, device=dev)
+        base = dec.items[0][0]
+        first, count, dense = span(saved.storage_offset(), saved.stride(), offsets, lengths)
+        es = saved.element_size()
+        if (
+            dense
+            and type(target) is torch.Tensor
+            and target.device == dev
+            and target.dtype == saved.dtype
+            and target.is_contiguous()
+            and tuple(target.shape) == lengths
+            and not (target.is_conj() or target.is_neg() or saved.is_conj() or saved.is_neg())
+        ):
+            return [(base + first * es, byte_view(target))], None  # straight into the target
+        temp = torch.empty((count,), dtype=saved.dtype, device=dev)
+        src = temp.as_strided(lengths, saved.stride(), 0)
+        if saved.is_conj():
+            src = src.conj()
+        if saved.is_neg():
+            src = torch._neg_view(src)  # type: ignore[attr-defined]
+        return [(base + first * es, byte_view(temp))], src
+
+
+def span(storage_offset: int, strides: tuple[int, ...] | Any, offsets: tuple[int, ...],
+         lengths: tuple[int, ...]) -> tuple[int, int, bool]:
+    """The elements of a storage a sub-box of a strided tensor covers.
+
+    The box ``offsets``/``lengths`` of a tensor whose element ``i`` sits at storage element
+    ``storage_offset + sum(i[d] * strides[d])`` (strides >= 0) touches storage elements from
+    ``first`` to ``first + count - 1``. ``dense`` is True when those are exactly the box's
+    elements in row-major order, so reading them is reading the box (a row-slab of a row-major
+    tensor, or the tensor itself); then ``count`` is the box's element count.
+
+    Returns:
+        ``(first, count, dense)``; ``count`` is 0 for an empty box.
+    """
+    strides = tuple(int(x) for x in strides)
+    if any(n == 0 for n in lengths):
+        return storage_offset + sum(o * st for o, st in zip(offsets, strides)), 0, True
+    first = storage_offset + sum(o * st for o, st in zip(offsets, strides))
+    last = first + sum((n - 1) * st for n, st in zip(lengths, strides))
+    count = last - first + 1
+    numel = 1
+    for n in lengths:
+        numel *= n
+    # Row-major: each dim of length > 1 steps by the product of the lengths after it.
+    want = 1
+    dense = True
+    for n, st in zip(reversed(lengths), reversed(strides)):
+        if n > 1 and st != want:
+            dense = False
+            break
+        want *= n
+    return first, count, dense and count == numel
 
 
 def _narrow(t: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
