@@ -57,7 +57,7 @@ except ImportError as _e:  # torch 1.x: no (usable) torch.distributed.checkpoint
 from torch.futures import Future
 
 from gdsfs._ckpt import atomic, torchzip
-from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, byte_view, transfer, untyped_storage
+from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, FLUSH_BYTES, byte_view, transfer, untyped_storage
 from gdsfs._core import on_gdsfs
 from gdsfs._errors import GDSUnavailableError, warn_fallback
 
@@ -158,6 +158,9 @@ class GDSFileSystemWriter(FileSystemWriter):
         self._written: list[str] = []  # data files this process wrote in the current save
         self._stage_session: Any = None
         self._slab: int | None = None  # the daemon's slab size, learnt at the first stage()
+        self._copies: list[Any] = []  # CUDA events after the staging copies
+        # What the last stage() put into daemon slabs and what it staged the stock way.
+        self.stage_stats: dict[str, int] = {}
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -209,6 +212,7 @@ class GDSFileSystemWriter(FileSystemWriter):
         small: list[tuple[int, bytes]] = []
         data: list[tuple[int, torch.Tensor]] = []
         direct: list[tuple[int, Any, Any, int]] = []  # (file offset, session, ref, nbytes) of staged leases
+        direct_keys: list[tuple[int, Any, Any, int]] = []  # (data_ptr, ...) of the same, for their release
         pos = 0
         for wi in byte_items:  # raw bytes first, as the stock writer orders them
             buf = planner.resolve_data(wi)
@@ -229,6 +233,7 @@ class GDSFileSystemWriter(FileSystemWriter):
                 arc = torchzip.build(torch.empty(t.shape, dtype=t.dtype), "archive", alignment=_ALIGN, location="cpu")
                 rec = arc.storages[0][0]
                 direct.append((pos + rec.data_offset, staged[0], staged[1], rec.size))
+                direct_keys.append((t.data_ptr(), staged[0], staged[1], rec.size))
             else:
                 if not t.is_contiguous() or t.storage_offset() != 0 or untyped_storage(t).nbytes() != nbytes:
                     # An item holds exactly its tensor's bytes, as stock DCP's host copy does.
@@ -239,10 +244,14 @@ class GDSFileSystemWriter(FileSystemWriter):
             results.append(_result(wi, name, pos, arc.size))
             pos += arc.size
         with atomic.replace(path, sync=bool(self.sync_files)) as (tmp, fd):
+            if direct:
+                self._wait_copies()  # the staging copies into the leases are done
+                _write_leases(fd, direct, FLUSH_BYTES if self.sync_files else 0)
+                # Written: their leases go back now, so that the tensors staged the stock way
+                # (written next, through leases of their own) find room in the pool.
+                self._release_leases([k for k, _, _, _ in direct_keys])
             if data:
                 transfer(tmp, fd, data, write=True, strict=self._strict, sync=bool(self.sync_files))
-            for off, sess, ref, n in direct:
-                sess.write(fd, ref, off, n)
             for off, b in small:
                 torchzip.pwrite_all(fd, b, off)
             os.ftruncate(fd, pos)  # through the mount, last: sets the size the kernel caches
@@ -279,9 +288,23 @@ class GDSFileSystemWriter(FileSystemWriter):
     # -- async staging -------------------------------------------------------------------------
 
     def stage(self, state_dict: Any) -> Any:
-        """Snapshot ``state_dict`` into daemon slabs (``dcp.async_save``); stock staging otherwise."""
-        if self._staging != "gdsfs" or not _plain_tensors_only(state_dict):
-            # DTensor, ShardedTensor, ...: the stock stager knows how to copy those.
+        """Snapshot ``state_dict`` for ``dcp.async_save``: tensors into daemon slabs, by a
+        device-to-device (or host) copy, the stock way for what the slabs cannot take.
+
+        Plain tensors, the local tensor of each DTensor and the local shards of each
+        ShardedTensor are copied into leases of this writer's session (on the tensor's own
+        GPU; host slabs for CPU tensors); the snapshot holds views of them, rewrapped as the
+        same DTensor / ShardedTensor. The copies are queued on each GPU's current stream and
+        not waited for here: kernels queued after them (the next training step) cannot change
+        what they copy, and ``write_data`` waits for them before the daemon writes. Falls back
+        per tensor, never for the whole dict: a tensor larger than one slab, one the pool has no
+        room for (EAGAIN, never waited for), or of another kind is staged the stock way (host
+        memory), with one GDSFallbackWarning per process saying how many bytes and how to size
+        the pool (docs/operations.md). Off gdsfs, with ``staging="cpu"``, or for a storage
+        format only the stock writer writes, the whole dict is staged the stock way.
+        """
+        self.stage_stats = {"slab_tensors": 0, "slab_bytes": 0, "stock_tensors": 0, "stock_bytes": 0}
+        if self._staging != "gdsfs" or self._stock_only():
             return super().stage(state_dict)
         root = os.fspath(self.path)
         from gdsfs._core import Session, find_mount
@@ -290,51 +313,183 @@ class GDSFileSystemWriter(FileSystemWriter):
         if find_mount(probe) is None:
             return super().stage(state_dict)
         self._release_staged()
+        reasons: dict[str, int] = {}
         try:
             sess = Session.open(probe, strict=self._strict)
             if sess is None:
                 return super().stage(state_dict)
             self._stage_session = sess
-            return _map_tensors(state_dict, lambda t: self._stage_tensor(sess, t))
-        except (GDSUnavailableError, ValueError, OSError) as e:
+            out = self._stage_obj(sess, state_dict, reasons)
+        except (GDSUnavailableError, OSError) as e:
             if self._strict:
                 raise
             self._release_staged()
-            warn_fallback(f"staging into daemon slabs failed ({e})")
+            warn_fallback(f"staging into daemon slabs failed ({e})", doing="staging the stock way, in host memory")
             return super().stage(state_dict)
+        self._record_copies()
+        st = self.stage_stats
+        if st["stock_bytes"]:
+            why = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+            warn_fallback(
+                f"dcp.async_save staged {st['stock_tensors']} tensors ({_mib(st['stock_bytes'])}) the stock way, in host "
+                f"memory, and {st['slab_tensors']} ({_mib(st['slab_bytes'])}) into daemon slabs ({why}); the training "
+                f"step waits for the stock copies: mount with --gpu-pool (--host-pool for CPU tensors) of at least twice "
+                f"the bytes each GPU saves (with the default --uid-share 50%) plus what loaders hold, and --slab-size of "
+                f"at least the largest tensor shard (docs/operations.md, sizing the pool)",
+                cause="dcp staging: stock staging of some tensors", doing="this save still completes")
+        return out
 
-    def _stage_tensor(self, sess: Any, t: torch.Tensor) -> torch.Tensor:
+    def _stage_obj(self, sess: Any, obj: Any, reasons: dict[str, int]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._stage_any_tensor(sess, obj, reasons)
+        if isinstance(obj, dict):
+            if type(obj) is dict:
+                return {k: self._stage_obj(sess, v, reasons) for k, v in obj.items()}
+            return type(obj)((k, self._stage_obj(sess, v, reasons)) for k, v in obj.items())
+        if isinstance(obj, list):
+            return [self._stage_obj(sess, v, reasons) for v in obj]
+        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+            return tuple(self._stage_obj(sess, v, reasons) for v in obj)
+        if _is_sharded_tensor(obj):
+            return self._stage_sharded(sess, obj, reasons)
+        return obj  # ints, strings, BytesIO, ...: as the stock stager, by reference
+
+    def _stage_any_tensor(self, sess: Any, t: torch.Tensor, reasons: dict[str, int]) -> Any:
+        if type(t) in (torch.Tensor, torch.nn.Parameter):
+            staged = self._stage_tensor(sess, t, reasons)
+            if staged is not None:
+                return staged
+            self._count_stock(t)
+            return t.detach().to("cpu", copy=True) if t.device.type != "cpu" else t.detach().clone()
+        if _is_dtensor(t):
+            loc = t._local_tensor  # type: ignore[attr-defined]
+            staged = self._stage_tensor(sess, loc, reasons) if type(loc) is torch.Tensor else None
+            if staged is not None:
+                return _rewrap_dtensor(t, staged)
+            if type(loc) is not torch.Tensor:
+                reasons["tensors of another kind"] = reasons.get("tensors of another kind", 0) + 1
+            self._count_stock(loc)
+            return self._stock_one(t)
+        if _is_sharded_tensor(t):
+            return self._stage_sharded(sess, t, reasons)
+        reasons["tensors of another kind"] = reasons.get("tensors of another kind", 0) + 1
+        self._count_stock(t)
+        return self._stock_one(t)
+
+    def _stage_sharded(self, sess: Any, st: Any, reasons: dict[str, int]) -> Any:
+        """A ShardedTensor: every local shard into a slab, or the whole tensor the stock way."""
+        shards = list(st.local_shards())
+        staged = []
+        for sh in shards:
+            v = self._stage_tensor(sess, sh.tensor, reasons) if type(sh.tensor) is torch.Tensor else None
+            if v is None:
+                break
+            staged.append(v)
+        if len(staged) == len(shards):
+            return _rewrap_sharded(st, staged)
+        # Give back the leases of the shards staged so far: this tensor is staged the stock way.
+        done = {v.data_ptr() for v in staged}
+        back = [self._staged.pop(p)[1] for p in done if p in self._staged]
+        for v in staged:
+            self.stage_stats["slab_tensors"] -= 1
+            self.stage_stats["slab_bytes"] -= v.numel() * v.element_size()
+        if back:
+            self._stage_session.release(back)
+        for sh in shards:
+            self._count_stock(sh.tensor)
+        return self._stock_one(st)
+
+    def _count_stock(self, t: torch.Tensor) -> None:
+        n = t.numel() * t.element_size()
+        if n:
+            self.stage_stats["stock_tensors"] += 1
+            self.stage_stats["stock_bytes"] += n
+
+    def _stock_one(self, v: Any) -> Any:
+        """``v`` staged as the installed stock stager stages it (a DTensor or ShardedTensor with
+        its local data copied to host memory)."""
+        import importlib
+
+        try:
+            sdu = importlib.import_module("torch.distributed._state_dict_utils")
+            _copy_state_dict, _create_cpu_state_dict = sdu._copy_state_dict, sdu._create_cpu_state_dict
+        except (ImportError, AttributeError):
+            return super().stage({"v": v})["v"]
+        cpu = _create_cpu_state_dict({"v": v})
+        if isinstance(cpu, tuple):  # some torch builds return (state dict, counts...)
+            cpu = cpu[0]
+        out = _copy_state_dict({"v": v}, cpu)
+        return (out[0] if isinstance(out, tuple) else out)["v"]
+
+    def _stage_tensor(self, sess: Any, t: torch.Tensor, reasons: dict[str, int]) -> torch.Tensor | None:
+        """A lease-backed copy of ``t`` (same dtype, shape, device), or None (reason counted)."""
         from gdsfs._ckpt.tensorio import DaemonMover, slab_bytes
 
         t = t.detach()
         n = t.numel() * t.element_size()
+        if n == 0:
+            return None  # nothing to copy: the stock way costs nothing
         if self._slab is None:
             self._slab = slab_bytes(sess)
-        if n == 0 or t.device.type not in ("cpu", "cuda") or n > self._slab:
-            # A lease larger than one slab would get a slab allocated (and mapped here) for it
-            # alone: stage such tensors the stock way, in host memory.
-            return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
-        mover = DaemonMover(sess)
-        dev = mover.device_for(t)
-        try:
-            ref = sess.alloc(n, device=dev, timeout=0)  # never wait: a snapshot must be quick
-        except GDSUnavailableError as e:
-            if e.errno != errno.EAGAIN:
-                raise
-            return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()  # pool full
+        why = None
+        if t.device.type not in ("cpu", "cuda"):
+            why = f"on {t.device.type}"
+        elif n > self._slab:
+            # A lease larger than one slab gets a slab allocated for it alone, which this process
+            # would map anew (and keep mapped) at every save: stage such tensors the stock way.
+            why = f"larger than a slab ({_mib(self._slab)}, --slab-size)"
+        if why is None:
+            mover = DaemonMover(sess)
+            dev = mover.device_for(t)
+            try:
+                ref = sess.alloc(n, device=dev, timeout=0)  # never wait: a snapshot must be quick
+            except GDSUnavailableError as e:
+                if e.errno != errno.EAGAIN:
+                    raise
+                why = "the pool was full (EAGAIN)"
+        if why is not None:
+            reasons[why] = reasons.get(why, 0) + 1
+            return None
         view = mover.lease_view(ref, n)
         src = t if t.is_contiguous() else t.contiguous()
-        view.copy_(byte_view(src))
-        if view.device.type == "cuda":
-            torch.cuda.synchronize(view.device)
+        if view.device.type == "cuda" and src.device.type == "cuda":
+            with torch.cuda.device(view.device):
+                view.copy_(byte_view(src), non_blocking=True)  # on the current stream, not waited for
+        else:
+            view.copy_(byte_view(src))
         staged = view.view(t.dtype).view(t.shape) if t.dim() else view.view(t.dtype).reshape(())
         self._staged[staged.data_ptr()] = (sess, ref)
+        self.stage_stats["slab_tensors"] += 1
+        self.stage_stats["slab_bytes"] += n
         return staged
+
+    def _record_copies(self) -> None:
+        """An event after the staging copies on every GPU's current stream; write_data waits."""
+        self._copies = []
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return
+        devs = {int(ref.device) for _, ref in self._staged.values() if int(getattr(ref, "device", -1)) >= 0}
+        for d in sorted(devs):
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(d))
+            self._copies.append(ev)
+
+    def _wait_copies(self) -> None:
+        for ev in getattr(self, "_copies", ()):
+            ev.synchronize()
+        self._copies = []
+
+    def _release_leases(self, keys: list[int]) -> None:
+        """Release the leases of the staged tensors at these data pointers (written already)."""
+        refs = [self._staged.pop(k)[1] for k in keys if k in self._staged]
+        if refs and self._stage_session is not None:
+            self._stage_session.release(refs)
 
     def _release_staged(self) -> None:
         # The snapshot has been written (or given up): release its leases explicitly, then close
         # the session. The staged views, if anyone still holds them, keep the session from ending
         # (gdsfs._leases.pin) but not their leases: a snapshot lives until the save writing it ends.
+        self._wait_copies()  # no lease goes back while a copy into it may still run
         staged = [ref for _, ref in self._staged.values()]
         self._staged.clear()
         if self._stage_session is not None:
@@ -344,37 +499,92 @@ class GDSFileSystemWriter(FileSystemWriter):
             self._stage_session = None
 
 
+def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every: int) -> None:
+    """The daemon writes each staged lease at its file offset, ``WRITE_THREADS`` at a time (the
+    WRITE ioctl releases the GIL), starting the file's writeback every ``flush_every`` bytes."""
+    import threading
+
+    from gdsfs._ckpt.tensorio import WRITE_THREADS, _Flusher
+
+    flusher = _Flusher(fd, flush_every) if flush_every > 0 else None
+    work = list(reversed(direct))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            while True:
+                with lock:
+                    if not work or errors:
+                        return
+                    off, sess, ref, n = work.pop()
+                sess.write(fd, ref, off, n)
+                if flusher is not None:
+                    flusher.wrote(n)
+        except BaseException as e:  # handed to the caller below
+            with lock:
+                errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=writer, daemon=True) for _ in range(min(WRITE_THREADS, len(direct)) - 1)]
+        for th in threads:
+            th.start()
+        writer()
+        for th in threads:
+            th.join()
+    finally:
+        if flusher is not None:
+            flusher.close()
+    if errors:
+        raise errors[0]
+    if flusher is not None and flusher.error is not None:
+        raise flusher.error
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _is_dtensor(t: Any) -> bool:
+    for mod in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        try:
+            cls = getattr(__import__(mod, fromlist=["DTensor"]), "DTensor")
+        except Exception:  # noqa: BLE001 - torch without (an importable) DTensor
+            continue
+        return isinstance(t, cls)
+    return False
+
+
+def _is_sharded_tensor(t: Any) -> bool:
+    return type(t).__name__ == "ShardedTensor" and hasattr(t, "local_shards") and hasattr(t, "metadata")
+
+
+def _rewrap_dtensor(d: Any, local: torch.Tensor) -> Any:
+    """The DTensor ``d`` with ``local`` as its local tensor (same mesh, placements, shape)."""
+    try:
+        cls = type(d)
+        return cls(local, d._spec, requires_grad=False)
+    except TypeError:  # a DTensor whose constructor differs: the stock stager's way
+        out = d.detach()
+        out._local_tensor = local
+        return out
+
+
+def _rewrap_sharded(st: Any, tensors: list[torch.Tensor]) -> Any:
+    """The ShardedTensor ``st`` with ``tensors`` as its local shards (same metadata)."""
+    import copy
+
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+
+    shards = [Shard(tensor=t, metadata=copy.deepcopy(sh.metadata)) for t, sh in zip(tensors, st.local_shards())]
+    return ShardedTensor._init_from_local_shards_and_global_metadata(
+        shards, sharded_tensor_metadata=copy.deepcopy(st.metadata()), process_group=getattr(st, "_process_group", None))
+
+
 def _result(wi: Any, name: str, offset: int, length: int) -> Any:
     from torch.distributed.checkpoint.storage import WriteResult
 
     return WriteResult(index=wi.index, size_in_bytes=length, storage_data=_fs._StorageInfo(name, offset, length))
-
-
-def _plain_tensors_only(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return type(obj) in (torch.Tensor, torch.nn.Parameter)
-    if isinstance(obj, dict):
-        return all(_plain_tensors_only(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return all(_plain_tensors_only(v) for v in obj)
-    return True
-
-
-def _map_tensors(obj: Any, fn: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if type(obj) not in (torch.Tensor, torch.nn.Parameter):
-            # DTensor, ShardedTensor, ...: the stock stager knows how to copy them.
-            raise ValueError(f"{type(obj).__name__} is staged the stock way")
-        return fn(obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items()) if type(obj) is not dict else {
-            k: _map_tensors(v, fn) for k, v in obj.items()
-        }
-    if isinstance(obj, list):
-        return [_map_tensors(v, fn) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_map_tensors(v, fn) for v in obj)
-    return obj
 
 
 class GDSFileSystemReader(FileSystemReader):
