@@ -14,14 +14,22 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   checkpoint writes data files of new names (``__{rank}_{n}.{save id}.distcp``), so a crash leaves
   the old checkpoint intact; once the new ``.metadata`` is committed, the data files the old one
   named, and only those, are removed. A data file missing after the save is an error naming it.
-- **Reads.** Every tensor item's pickle is decoded here; the storage bytes of all items of a file
-  are fetched in one batched request straight into the planner's target tensors when the saved
-  chunk matches the target (the common case), else into a temporary that is narrowed and copied.
+- **Reads.** Every tensor item's pickle is decoded here (without allocating its storage); the
+  storage bytes of all items of a file are fetched in one batched request. Only the bytes each
+  ReadItem covers are read: when they are one contiguous run of the saved chunk (the whole
+  chunk, or a row-slab of it: Shard(0) -> Replicate, 2 -> 1 or 1 -> 2 ranks) they land straight
+  in the planner's target; otherwise (another shard dim) the span from the first to the last
+  needed element is read into a temporary and narrowed into the target on the device.
 - **Async staging.** ``stage`` (used by ``dcp.async_save``) copies the state dict into daemon
-  slabs (leases) instead of CPU memory; ``write_data`` then writes those leases to the files
-  without another copy, and releases them. Tensors larger than one slab (``gdsfs mount
-  --slab-size``), and tensors the full pool has no room for, are staged the stock way, in host
-  memory; for DTensors and ShardedTensors, or off gdsfs, the whole state dict is.
+  slabs (leases) instead of CPU memory: plain tensors, the local tensor of each DTensor and the
+  local shards of each ShardedTensor, by a device-to-device copy on the current stream that the
+  training step does not wait for; ``write_data`` has the daemon write those leases to the files
+  without another copy, and releases them. Per tensor, never for the whole dict, what the slabs
+  cannot take is staged the stock way, in host memory (one GDSFallbackWarning per process says
+  how many bytes, and how to size ``--gpu-pool`` and ``--slab-size``: docs/operations.md):
+  tensors larger than one slab (``gdsfs mount --slab-size``) and tensors the full pool has no
+  room for. Off gdsfs, or with ``staging="cpu"`` (needed with
+  ``AsyncCheckpointerType.PROCESS``, whose snapshot must cross processes), the whole dict is.
 
 Off gdsfs, or when the daemon cannot serve, both fall back to the stock implementation after the
 one-time GDSFallbackWarning (``strict=True`` raises instead). A DataLoader's state rides along as
