@@ -167,6 +167,7 @@ class GDSFileSystemWriter(FileSystemWriter):
         self._stage_session: Any = None
         self._slab: int | None = None  # the daemon's slab size, learnt at the first stage()
         self._copies: list[Any] = []  # CUDA events after the staging copies
+        self._mover: Any = None  # the DaemonMover of the current snapshot's session
         # What the last stage() put into daemon slabs and what it staged the stock way.
         self.stage_stats: dict[str, int] = {}
 
@@ -327,6 +328,7 @@ class GDSFileSystemWriter(FileSystemWriter):
             if sess is None:
                 return super().stage(state_dict)
             self._stage_session = sess
+            self._mover = None
             out = self._stage_obj(sess, state_dict, reasons)
         except (GDSUnavailableError, OSError) as e:
             if self._strict:
@@ -371,10 +373,11 @@ class GDSFileSystemWriter(FileSystemWriter):
             return t.detach().to("cpu", copy=True) if t.device.type != "cpu" else t.detach().clone()
         if _is_dtensor(t):
             loc = t._local_tensor  # type: ignore[attr-defined]
-            staged = self._stage_tensor(sess, loc, reasons) if type(loc) is torch.Tensor else None
+            plain = type(loc) in (torch.Tensor, torch.nn.Parameter)
+            staged = self._stage_tensor(sess, loc, reasons) if plain else None
             if staged is not None:
                 return _rewrap_dtensor(t, staged)
-            if type(loc) is not torch.Tensor:
+            if not plain:
                 reasons["tensors of another kind"] = reasons.get("tensors of another kind", 0) + 1
             self._count_stock(loc)
             return self._stock_one(t)
@@ -389,7 +392,8 @@ class GDSFileSystemWriter(FileSystemWriter):
         shards = list(st.local_shards())
         staged = []
         for sh in shards:
-            v = self._stage_tensor(sess, sh.tensor, reasons) if type(sh.tensor) is torch.Tensor else None
+            plain = type(sh.tensor) in (torch.Tensor, torch.nn.Parameter)
+            v = self._stage_tensor(sess, sh.tensor, reasons) if plain else None
             if v is None:
                 break
             staged.append(v)
@@ -447,7 +451,9 @@ class GDSFileSystemWriter(FileSystemWriter):
             # would map anew (and keep mapped) at every save: stage such tensors the stock way.
             why = f"larger than a slab ({_mib(self._slab)}, --slab-size)"
         if why is None:
-            mover = DaemonMover(sess)
+            mover = self._mover
+            if mover is None:
+                mover = self._mover = DaemonMover(sess)  # one per snapshot: it asks the daemon's status
             dev = mover.device_for(t)
             try:
                 ref = sess.alloc(n, device=dev, timeout=0)  # never wait: a snapshot must be quick
@@ -500,6 +506,7 @@ class GDSFileSystemWriter(FileSystemWriter):
         self._wait_copies()  # no lease goes back while a copy into it may still run
         staged = [ref for _, ref in self._staged.values()]
         self._staged.clear()
+        self._mover = None
         if self._stage_session is not None:
             if staged:
                 self._stage_session.release(staged)
@@ -687,6 +694,11 @@ class GDSFileSystemReader(FileSystemReader):
             dec = torchzip.decode(fh, info.offset, info.length, lambda _loc: meta, weights_only=True)
         except torchzip.NotAddressable:
             return None
+        except Exception:  # noqa: BLE001 - a torch that cannot rebuild on meta: decode for real
+            real = torchzip.decode(fh, info.offset, info.length, lambda _loc: dev, weights_only=True)
+            if not isinstance(real.obj, torch.Tensor):
+                raise ValueError(f"gdsfs: item {req.storage_index} of {fh.name!r} does not hold a tensor") from None
+            return list(real.items), _narrow(real.obj, tuple(req.storage_offsets), tuple(req.lengths))
         saved = dec.obj
         if not isinstance(saved, torch.Tensor):
             raise ValueError(f"gdsfs: item {req.storage_index} of {fh.name!r} does not hold a tensor")
