@@ -24,7 +24,6 @@ import itertools
 import os
 import pickle
 import tarfile
-import tempfile
 import warnings
 from typing import Any, Iterator
 
@@ -83,9 +82,10 @@ class Data:
 
 
 @pytest.fixture(scope="module")
-def model_data(gdsfs_bin: str) -> Iterator[Data]:
+def model_data(tmp_path_factory: pytest.TempPathFactory, gdsfs_bin: str) -> Iterator[Data]:
     # A mount of its own: "the pool is idle" is then about this module only.
-    base = tempfile.mkdtemp(prefix="gdsfs-model-")
+    # Under pytest's temp root, which removes old runs' directories itself.
+    base = str(tmp_path_factory.mktemp("gdsfs-model"))
     src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
     os.mkdir(src)
     os.mkdir(mnt)
