@@ -14,6 +14,9 @@ import (
 	"github.com/dgraph-io/ristretto/v2"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/internal/fileid"
+	"github.com/gdsfs/gdsfs/internal/openflags"
 )
 
 // DefaultIndexBudget is the default memory budget of parsed indexes
@@ -153,11 +156,11 @@ func (x *Indexes) Get(ctx context.Context, path string, f *os.File) (*Index, err
 	if err := readable(f); err != nil {
 		return nil, fmt.Errorf("cache: index %q: %w", path, err)
 	}
-	id, err := IdentityOf(fi)
+	id, err := fileid.Of(fi)
 	if err != nil {
 		return nil, err
 	}
-	key := id.key()
+	key := id.Key()
 	if e, ok := x.cache.Get(key); ok {
 		x.hits.Add(1)
 		if e.path != path {
@@ -188,7 +191,7 @@ type flight struct {
 // none. The flight outlives a caller that gives up (and may then close f):
 // it reads through its own duplicate of f's descriptor, made before fly
 // returns.
-func (x *Indexes) fly(ctx context.Context, key, path string, f *os.File, id Identity, gen uint64) *flight {
+func (x *Indexes) fly(ctx context.Context, key, path string, f *os.File, id fileid.ID, gen uint64) *flight {
 	x.flights.mu.Lock()
 	fl := x.flights.m[key]
 	if fl != nil {
@@ -225,17 +228,9 @@ func (x *Indexes) fly(ctx context.Context, key, path string, f *os.File, id Iden
 
 // readable checks that f was opened for reading (O_RDONLY or O_RDWR).
 func readable(f *os.File) error {
-	rc, err := f.SyscallConn()
+	fl, err := openflags.Of(f)
 	if err != nil {
 		return err
-	}
-	var fl int
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
-		return err
-	}
-	if ferr != nil {
-		return ferr
 	}
 	if fl&unix.O_ACCMODE == unix.O_WRONLY || fl&unix.O_PATH != 0 {
 		return fmt.Errorf("descriptor not open for reading: %w", syscall.EBADF)
@@ -336,17 +331,17 @@ func (x *Indexes) slot(uid uint32) func() {
 
 // load parses the file and caches the answer unless the path was
 // invalidated meanwhile.
-func (x *Indexes) load(uid uint32, path string, f *os.File, id Identity, gen uint64) *indexEntry {
+func (x *Indexes) load(uid uint32, path string, f *os.File, id fileid.ID, gen uint64) *indexEntry {
 	done := x.slot(uid)
 	if done == nil {
 		x.busy.Add(1)
 		x.log.Warn().Str("path", path).Uint32("uid", uid).Dur("waited", x.parseWait).Msg("cache: no index parse slot free in time; answered EAGAIN (other files are being parsed)")
-		return &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, ErrBusy), key: id.key(), path: path}
+		return &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, ErrBusy), key: id.Key(), path: path}
 	}
 	x.parses.Add(1)
 	idx, err := x.parseFn(f, id.Size, path)
 	done()
-	e := &indexEntry{idx: idx, err: err, key: id.key(), path: path}
+	e := &indexEntry{idx: idx, err: err, key: id.Key(), path: path}
 	if err != nil {
 		x.parseErrors.Add(1)
 		if errors.Is(err, ErrInvalid) {

@@ -19,8 +19,8 @@ func TestCommands(t *testing.T) {
 			t.Errorf("CommandName(%#x) = %q, want %q", c.Cmd, got, c.Name)
 		}
 	}
-	if len(nums) != 9 {
-		t.Errorf("%d commands, docs/protocol.md defines 9", len(nums))
+	if len(nums) != 10 {
+		t.Errorf("%d commands, docs/protocol.md defines 10", len(nums))
 	}
 	if got := CommandName(0x5401); got != "" { // TCGETS
 		t.Errorf("CommandName(TCGETS) = %q, want none", got)

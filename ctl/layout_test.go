@@ -157,3 +157,41 @@ func TestLayoutsMatchProtocolDoc(t *testing.T) {
 		t.Errorf("record sizes %d, %d, %d; docs/protocol.md: lease 48, range 16, header 32", leaseBytes, rangeBytes, headerBytes)
 	}
 }
+
+// docSized is a command as a section heading of docs/protocol.md names it:
+// "### 3.6 `READ` (data file, 12352 bytes): ...".
+var docSized = regexp.MustCompile("`([A-Z_]+)` \\((control|data) file, ([0-9]+) bytes\\)")
+
+// TestHeadingSizesMatchCommands: each command's section heading in
+// docs/protocol.md gives the file it is issued on and the buffer size of
+// the command table (section 1.1 and ctl.Commands()).
+func TestHeadingSizesMatchCommands(t *testing.T) {
+	b, err := os.ReadFile("../docs/protocol.md")
+	if err != nil {
+		t.Fatalf("the normative protocol text: %v", err)
+	}
+	got := map[string]Command{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !docHeading.MatchString(line) {
+			continue
+		}
+		for _, m := range docSized.FindAllStringSubmatch(line, -1) {
+			size, _ := strconv.Atoi(m[3])
+			got[m[1]] = Command{Name: m[1], Size: size, File: m[2] == "data"}
+		}
+	}
+	for _, c := range Commands() {
+		h, ok := got[c.Name]
+		if !ok {
+			t.Errorf("%s: no section heading of docs/protocol.md names its size", c.Name)
+			continue
+		}
+		if h.Size != c.Size || h.File != c.File {
+			t.Errorf("%s: the heading says %d bytes, data file %v; ctl.Commands() %d bytes, data file %v", c.Name, h.Size, h.File, c.Size, c.File)
+		}
+		delete(got, c.Name)
+	}
+	for name := range got {
+		t.Errorf("docs/protocol.md has a section for %s, which ctl.Commands() lacks", name)
+	}
+}

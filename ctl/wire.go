@@ -5,6 +5,8 @@ import (
 	"hash/fnv"
 	"math"
 	"syscall"
+
+	"github.com/gdsfs/gdsfs/internal/engname"
 )
 
 // Wire constants of protocol version 1 (docs/protocol.md is normative).
@@ -79,18 +81,26 @@ func Commands() []Command {
 		{CmdReadNames, "READ_NAMES", SizeRead, true},
 		{CmdWrite, "WRITE", SizeWrite, true},
 		{CmdIndex, "INDEX", SizePage, true},
+		{CmdPin, "PIN", SizePin, true},
 	}
 }
 
 // CommandName returns cmd's name as docs/protocol.md spells it, or "" for
 // a number that is not a command of the protocol.
 func CommandName(cmd uint32) string {
+	c, _ := LookupCommand(cmd)
+	return c.Name
+}
+
+// LookupCommand returns the command of number cmd, and false for a number
+// that is not a command of the protocol.
+func LookupCommand(cmd uint32) (Command, bool) {
 	for _, c := range Commands() {
 		if c.Cmd == cmd {
-			return c.Name
+			return c, true
 		}
 	}
-	return ""
+	return Command{}, false
 }
 
 // OurCmd reports whether cmd is of gdsfs's ioctl type ('G'). Other types
@@ -142,9 +152,13 @@ const (
 	EnginePosix
 	EngineGDS
 	EngineGDSCompat
+	EngineTier // the daemon's memory tier (PIN), copied into the slab
 )
 
-var engineNames = [...]string{"none", "host", "posix", "gds", "gds-compat"}
+var engineNames = [...]string{engname.None, engname.Host, engname.Posix, engname.GDS, engname.GDSCompat, engname.Tier}
+
+// EngineNames returns the name of every engine code, in code order.
+func EngineNames() []string { return append([]string(nil), engineNames[:]...) }
 
 // String returns the engine's name as the protocol spells it.
 func (e EngineCode) String() string {

@@ -45,3 +45,28 @@ func TestDispatchFollowsCommandTable(t *testing.T) {
 		}
 	}
 }
+
+// TestHandlersCoverCommandTable: every command of ctl.Commands() has
+// exactly one handler, of the kind its File says, and nothing else has
+// one.
+func TestHandlersCoverCommandTable(t *testing.T) {
+	for _, cmd := range ctl.Commands() {
+		_, h, ok := handlerOf(cmd.Cmd)
+		if !ok {
+			t.Errorf("%s: not in ctl.LookupCommand", cmd.Name)
+			continue
+		}
+		if (h.file != nil) != cmd.File || (h.control != nil) == cmd.File {
+			t.Errorf("%s: file handler %v, control handler %v; the table says data file = %v", cmd.Name, h.file != nil, h.control != nil, cmd.File)
+		}
+		if cmd.File && (fileCommand(cmd.Cmd) == nil || controlCommand(cmd.Cmd) != nil) ||
+			!cmd.File && (fileCommand(cmd.Cmd) != nil || controlCommand(cmd.Cmd) == nil) {
+			t.Errorf("%s: served by the wrong dispatcher", cmd.Name)
+		}
+	}
+	for _, cmd := range []uint32{0, 0x5401, ctl.CmdRead ^ 1<<16, ctl.CmdHello &^ 0xff} {
+		if _, _, ok := handlerOf(cmd); ok || fileCommand(cmd) != nil || controlCommand(cmd) != nil {
+			t.Errorf("%#x: has a handler, but is no command of the protocol", cmd)
+		}
+	}
+}

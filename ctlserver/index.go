@@ -68,4 +68,5 @@ func (s *Server) Changed(path string) {
 	if s.opts.Indexes != nil {
 		s.opts.Indexes.Invalidate(path)
 	}
+	s.tierChanged(path)
 }

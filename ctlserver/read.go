@@ -67,8 +67,10 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	eng, errno := s.readEngine(f, path, plan)
-	if errno != 0 {
+	eng, view := s.tierEngine(f, plan) // a hit of the memory tier (pin.go)
+	if view != nil {
+		defer view.Release()
+	} else if eng, errno = s.readEngine(f, path, plan); errno != 0 {
 		return errno
 	}
 	leases, errno := ss.readRanges(ctx, f, eng, ctl.EngineCodeOf(eng.Name()), pdev, plan)

@@ -17,6 +17,8 @@ import (
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/internal/errname"
+	"github.com/gdsfs/gdsfs/internal/openflags"
+	"github.com/gdsfs/gdsfs/tier"
 	"github.com/rs/zerolog"
 )
 
@@ -76,6 +78,10 @@ type Options struct {
 	// serves this Server's SlabFD, announced in HELLO with CapSlabFD.
 	// Empty: none (CUDA slabs of kind SlabCUDAFD cannot be mapped then).
 	SlabSocket string
+	// Tier is the daemon's memory tier (PIN, READ hits); nil: none.
+	Tier *tier.Tier
+	// TierCopier copies tier bytes into slabs; nil disables hits.
+	TierCopier tier.Copier
 }
 
 // Validate reports every problem of o at once.
@@ -125,7 +131,7 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts:    opts,
-		host:    opts.Pool.Backend().Name() == "host",
+		host:    opts.Pool.Backend().Name() == gpubuf.HostBackendName,
 		devices: opts.Pool.Backend().Devices(),
 		pid:     uint32(os.Getpid()),
 	}
@@ -194,24 +200,16 @@ func (s *Server) wireDevice(d int) int32 {
 // FileIoctl implements fs.Control: READ, READ_NAMES, WRITE and INDEX on a
 // data file. Everything else is ENOTTY.
 func (s *Server) FileIoctl(ctx context.Context, c fs.Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno) {
-	var errno syscall.Errno
-	switch cmd {
-	case ctl.CmdRead:
-		errno = s.read(ctx, c, f, path, in, out, false)
-	case ctl.CmdReadNames:
-		errno = s.read(ctx, c, f, path, in, out, true)
-	case ctl.CmdWrite:
-		errno = s.write(ctx, c, f, path, in, out)
-	case ctl.CmdIndex:
-		errno = s.index(ctx, c, f, path, in, out)
-	default:
-		if !ctl.OurCmd(cmd) {
-			// Not a control-path command at all (Python's open() asks
-			// isatty with TCGETS): not a refusal worth counting.
-			s.counters.foreign.Add(1)
-			return 0, syscall.ENOTTY
-		}
-		errno = syscall.ENOTTY
+	h := fileCommand(cmd)
+	if h == nil && !ctl.OurCmd(cmd) {
+		// Not a control-path command at all (Python's open() asks
+		// isatty with TCGETS): not a refusal worth counting.
+		s.counters.foreign.Add(1)
+		return 0, syscall.ENOTTY
+	}
+	errno := syscall.ENOTTY
+	if h != nil {
+		errno = h(s, ctx, c, f, path, in, out)
 	}
 	s.counters.result(errno)
 	if errno != 0 {
@@ -240,16 +238,10 @@ func statFile(f *os.File) (int64, syscall.Errno) {
 }
 
 // writable reports whether f was opened for writing.
-func writable(f *os.File) bool {
-	fl, err := fcntlGetfl(f)
-	return err == nil && fl&syscall.O_ACCMODE != syscall.O_RDONLY
-}
+func writable(f *os.File) bool { return openflags.Writable(f) }
 
 // readable reports whether f was opened for reading.
-func readable(f *os.File) bool {
-	fl, err := fcntlGetfl(f)
-	return err == nil && fl&syscall.O_ACCMODE != syscall.O_WRONLY
-}
+func readable(f *os.File) bool { return openflags.Readable(f) }
 
 // caps is the HELLO capability set.
 func (s *Server) caps() uint64 {

@@ -92,42 +92,11 @@ func (ss *session) ioctl(ctx context.Context, c fs.Caller, cmd uint32, in, out [
 	if c.UID != ss.uid {
 		return syscall.EPERM
 	}
-	switch cmd {
-	case ctl.CmdHello:
-		if err := ctl.DecodeHello(in); err != nil {
-			return plainErrno(err)
-		}
-		ss.hello(out)
-		return 0
-	case ctl.CmdSlab:
-		req, err := ctl.DecodeSlabRequest(in)
-		if err != nil {
-			return plainErrno(err)
-		}
-		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.slab(req.Slab, out) })
-	case ctl.CmdAlloc:
-		req, err := ctl.DecodeAllocRequest(in)
-		if err != nil {
-			return plainErrno(err)
-		}
-		return ss.within(req.Token, c, func(t *session) syscall.Errno { return t.alloc(ctx, req, out) })
-	case ctl.CmdRelease:
-		req, err := ctl.DecodeReleaseRequest(in)
-		if err != nil {
-			return plainErrno(err)
-		}
-		return ss.within(req.Token, c, func(t *session) syscall.Errno {
-			t.release(req.IDs, out)
-			return 0
-		})
-	case ctl.CmdStatus:
-		req, err := ctl.DecodePageRequest(in)
-		if err != nil {
-			return plainErrno(err)
-		}
-		return ss.statusPage(req.Offset, out)
+	h := controlCommand(cmd)
+	if h == nil {
+		return syscall.ENOTTY
 	}
-	return syscall.ENOTTY
+	return h(ss, ctx, c, in, out)
 }
 
 // target is the session a control-file command acts on: the token's when
@@ -419,20 +388,6 @@ func (ss *session) Close() error {
 	n := ss.srv.opts.Pool.ReleaseSession(ss.id)
 	ss.srv.opts.Log.Debug().Uint64("session", ss.id).Int("leases", n).Msg("ctl: session closed")
 	return nil
-}
-
-// fcntlGetfl returns f's open flags.
-func fcntlGetfl(f *os.File) (int, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var fl int
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
-		return 0, err
-	}
-	return fl, ferr
 }
 
 // fdatasync flushes f's data to stable storage.

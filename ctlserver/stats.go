@@ -7,6 +7,7 @@ import (
 	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/tier"
 )
 
 // Stats is the document of user.gdsfs.stats and STATUS.
@@ -30,6 +31,8 @@ type Stats struct {
 	// Passthrough is the mount's kernel passthrough state; absent before
 	// the mount is up.
 	Passthrough *PassthroughState `json:"passthrough,omitempty"`
+	// Tier is the memory tier's figures; absent without one.
+	Tier *tier.Stats `json:"tier,omitempty"`
 }
 
 // EngineRefusal counts the files an engine was refused for, for one cause
@@ -77,6 +80,7 @@ func (s *Server) StatsFor(uid uint32) Stats {
 		}
 	}
 	st.Pool.UIDs = uids
+	st.Tier = s.tierStats(uid)
 	return st
 }
 
@@ -101,6 +105,7 @@ func (s *Server) Stats() Stats {
 	for _, d := range st.Pool.Devices {
 		st.Leases += d.Leases
 	}
+	st.Tier = s.tierStats(0)
 	if x, ok := s.opts.Indexes.(indexStatser); ok {
 		is := x.Stats()
 		st.Index = &is

@@ -32,6 +32,9 @@ type fileInfo struct {
 	// is corrupt: cache.ErrInvalid); user.gdsfs.index and INDEX answer
 	// ENODATA for it, as for a file of no format.
 	IndexError string `json:"index_error,omitempty"`
+	// Cached is the bytes of the file in the memory tier; absent when the
+	// mount has no tier.
+	Cached *int64 `json:"cached,omitempty"`
 }
 
 // Xattr implements fs.Control: the user.gdsfs.* names (docs/protocol.md
@@ -102,6 +105,7 @@ func (s *Server) info(ctx context.Context, c fs.Caller, t fs.XattrTarget) ([]byt
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		fi.Type = "file"
+		fi.Cached = s.tierCached(&st)
 		var eng cufile.Engine
 		if eng, fi.Reason = s.opts.Engines.Choose(f, path, 0, -1); eng != nil {
 			fi.Engine = eng.Name()

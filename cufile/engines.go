@@ -12,18 +12,19 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/engname"
 	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
 // Engine choices for Config.Engine.
 const (
 	EngineAuto = "auto"
-	EngineGDS  = "gds"
+	EngineGDS  = engname.GDS
 	// EngineGDSCompat is the gds engine's name when cuFile runs in compat
 	// mode (no nvidia-fs): POSIX reads inside libcufile, then a copy.
-	EngineGDSCompat = "gds-compat"
-	EnginePosix     = "posix"
-	EngineHost      = "host"
+	EngineGDSCompat = engname.GDSCompat
+	EnginePosix     = engname.Posix
+	EngineHost      = engname.Host
 )
 
 // Config configures Open. The zero value is usable (auto).
@@ -247,7 +248,7 @@ func (e *Engines) choose(gpuErr error) error {
 		if err != nil {
 			return err
 		}
-		e.hostBE, e.backend, r.Backend = hb, hb, "host"
+		e.hostBE, e.backend, r.Backend = hb, hb, gpubuf.HostBackendName
 	}
 	return nil
 }
@@ -266,7 +267,7 @@ func (e *Engines) Driver() *Driver { return e.drv }
 func (e *Engines) Engine(name string) (Engine, bool) {
 	switch name {
 	case EngineHost:
-		return e.host, e.report.Backend == "host"
+		return e.host, e.report.Backend == gpubuf.HostBackendName
 	case EnginePosix:
 		return e.posix, e.posix != nil
 	case EngineGDS, EngineGDSCompat:

@@ -12,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/fileid"
+	"github.com/gdsfs/gdsfs/internal/openflags"
 )
 
 // fileKey identifies a backing file and an access mode independently of
@@ -20,29 +22,26 @@ import (
 // other: a handle never reads or writes for a descriptor without that
 // right).
 type fileKey struct {
-	dev, ino uint64
-	mode     int // O_RDONLY, O_WRONLY or O_RDWR
+	fileid.Inode
+	mode int // O_RDONLY, O_WRONLY or O_RDWR
 }
 
 // keyOf returns f's key, with f's own access mode.
 func keyOf(f *os.File) (fileKey, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return fileKey{}, fmt.Errorf("stat %q: %w", f.Name(), err)
+	id, err := fileid.OfFile(f)
+	if err != nil {
+		return fileKey{}, err
 	}
 	mode, err := accessMode(f)
 	if err != nil {
 		return fileKey{}, err
 	}
-	return fileKey{dev: st.Dev, ino: st.Ino, mode: mode}, nil
+	return fileKey{Inode: id.Inode, mode: mode}, nil
 }
 
 // isWritable reports whether f was opened for writing: the kernel checked the
 // client's permission for exactly that at open.
-func isWritable(f *os.File) bool {
-	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
-	return err == nil && fl&unix.O_ACCMODE != unix.O_RDONLY
-}
+func isWritable(f *os.File) bool { return openflags.Writable(f) }
 
 // handleCacheMax bounds the registered handles (each holds a descriptor).
 const handleCacheMax = 1024

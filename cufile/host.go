@@ -24,7 +24,7 @@ func NewHostEngine(opts Options) Engine {
 	return &hostEngine{opts: opts.withDefaults()}
 }
 
-func (e *hostEngine) Name() string { return "host" }
+func (e *hostEngine) Name() string { return EngineHost }
 
 func hostBytes(m gpubuf.Memory) ([]byte, error) {
 	hm, ok := m.(gpubuf.HostMemory)

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/openflags"
 	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
@@ -99,7 +100,7 @@ func newPosixEngine(st stager, opts Options) *posixEngine {
 	return &posixEngine{st: st, opts: opts, lanes: map[int]*lanePool{}}
 }
 
-func (e *posixEngine) Name() string { return "posix" }
+func (e *posixEngine) Name() string { return EnginePosix }
 
 // bufBytes leaves room to widen a chunk to 4 KiB alignment at both ends for
 // O_DIRECT.
@@ -221,13 +222,7 @@ func openDirect(f *os.File) *os.File {
 }
 
 // accessMode returns f's O_ACCMODE bits (O_RDONLY, O_WRONLY or O_RDWR).
-func accessMode(f *os.File) (int, error) {
-	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
-	if err != nil {
-		return 0, fmt.Errorf("fcntl %q: %w", f.Name(), err)
-	}
-	return fl & unix.O_ACCMODE, nil
-}
+func accessMode(f *os.File) (int, error) { return openflags.AccessMode(f) }
 
 func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
 	if err := checkRange(dst, dstOff, fileOff, n); err != nil {

@@ -68,6 +68,18 @@ type Config struct {
 	// MetaCacheBytes is the memory for parsed shard indexes. Default
 	// DefaultMetaCacheBytes.
 	MetaCacheBytes int64
+	// TierBytes is the memory tier's budget (gdsfs mount --tier-budget):
+	// pinned host memory on a GPU machine, anonymous memory with the host
+	// backend. 0: no tier. Its per-uid share follows the pool's rule
+	// (UIDShare of it; tier.go).
+	TierBytes int64
+	// TierChunkBytes is the tier's extent size (a multiple of 4096); 0:
+	// tier.DefaultChunkBytes. Tests make it small.
+	TierChunkBytes int64
+	// GPUCacheBytes is the device tier's budget per GPU (gdsfs mount
+	// --gpu-cache): copies of pinned files in each GPU's memory. 0: none.
+	// Needs TierBytes and CUDA slabs.
+	GPUCacheBytes int64
 
 	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
 	// served at /metrics (port 0 picks a free one, see MetricsAddr).
@@ -106,7 +118,7 @@ func (c Config) Validate() error {
 		name string
 		v    int64
 	}{{"SlabBytes", c.SlabBytes}, {"GPUPoolBytes", c.GPUPoolBytes}, {"HostPoolBytes", c.HostPoolBytes},
-		{"UIDShareBytes", c.UIDShareBytes}, {"MetaCacheBytes", c.MetaCacheBytes}} {
+		{"UIDShareBytes", c.UIDShareBytes}, {"MetaCacheBytes", c.MetaCacheBytes}, {"TierBytes", c.TierBytes}, {"GPUCacheBytes", c.GPUCacheBytes}} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("daemon: %s (%d) must not be negative", f.name, f.v))
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/gdsfs/gdsfs/handoffserver"
 	"github.com/gdsfs/gdsfs/metrics"
 	"github.com/gdsfs/gdsfs/metrics/instrument"
+	"github.com/gdsfs/gdsfs/tier"
 )
 
 // Daemon is one running gdsfs mount with its control path. Its methods are
@@ -34,6 +35,7 @@ type Daemon struct {
 	engines     *cufile.Engines
 	pool        *gpubuf.Pool
 	indexes     *cache.Indexes
+	tier        *tier.Tier // nil without Config.TierBytes
 	slabs       *handoffserver.Server
 	ctl         *ctlserver.Server
 	mount       *fs.Server
@@ -71,6 +73,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.openEngines,
 		d.openPool,
 		d.openIndexes,
+		d.openTier,     // tier.go
 		d.startControl, // the control server and its slab socket
 		d.serveMetrics,
 		d.mountFS,
@@ -149,7 +152,7 @@ func (d *Daemon) openPool(context.Context) error {
 func (d *Daemon) budget(slab int64) (int64, error) {
 	be := d.engines.Backend().Name()
 	var free int64
-	if be == "host" {
+	if be == gpubuf.HostBackendName {
 		if d.cfg.HostPoolBytes != 0 {
 			return d.cfg.HostPoolBytes, nil
 		}
@@ -227,6 +230,8 @@ func (d *Daemon) startControl(context.Context) error {
 		EngineWhy:   probe.Why,
 		Refusals:    d.refusals,
 		Log:         d.cfg.Log,
+		Tier:        d.tier,
+		TierCopier:  d.engines,
 	})
 	if err != nil {
 		slabs.Close()
@@ -262,12 +267,9 @@ func (d *Daemon) serveMetrics(context.Context) error {
 		return nil
 	}
 	m := d.metrics
-	m.SetPool(func() metrics.PoolStats { return poolFigures(d.ctl.Stats().Pool) })
-	m.SetIndex(func() metrics.IndexStats {
-		x := d.indexes.Stats()
-		return metrics.IndexStats{Hits: x.Hits, Misses: x.Misses, Evictions: x.Evictions,
-			Parses: x.Parses, ParseErrors: x.ParseErrors, BudgetBytes: x.BudgetBytes, UsedBytes: x.UsedBytes}
-	})
+	m.SetPool(d.pool.Stats)
+	m.SetIndex(d.indexes.Stats)
+	d.tierMetrics(m)
 	l := d.metricsLn
 	d.metricsLn = nil // Serve closes it
 	ctx, stop := context.WithCancel(context.Background())
@@ -322,10 +324,9 @@ func (d *Daemon) mountFS(ctx context.Context) error {
 	// The components that report on the running mount get it now.
 	d.ctl.Mounted(srv)
 	if d.metrics != nil {
-		d.metrics.SetPassthrough(func() metrics.PassthroughStats {
+		d.metrics.SetPassthrough(func() metrics.Passthrough {
 			on, _ := srv.Passthrough()
-			st := srv.Stats()
-			return metrics.PassthroughStats{Enabled: on, Passthrough: st.Passthrough, Daemon: st.Daemon, Refused: st.Refused}
+			return metrics.Passthrough{Enabled: on, PassthroughStats: srv.Stats()}
 		})
 	}
 	return nil
@@ -418,23 +419,4 @@ func backingPaths(source, mountpoint string) func(string) string {
 		}
 		return filepath.Join(mountpoint, rest[i:])
 	}
-}
-
-// poolFigures converts the pool's accounting to the metrics' shape.
-func poolFigures(st gpubuf.Stats) metrics.PoolStats {
-	ps := metrics.PoolStats{Backend: st.Backend}
-	for _, d := range st.Devices {
-		dev := d.Device
-		if st.Backend == "host" {
-			dev = -1
-		}
-		ps.Devices = append(ps.Devices, metrics.DevicePool{Device: dev, BudgetBytes: d.BudgetBytes,
-			AllocatedBytes: d.AllocatedBytes, LeasedBytes: d.LeasedBytes, Slabs: d.Slabs, Leases: d.Leases,
-			UIDShareBytes: d.UIDShareBytes, FreedSlabs: d.FreedSlabs})
-	}
-	for _, u := range st.UIDs {
-		ps.UIDs = append(ps.UIDs, metrics.UIDPool{UID: u.UID, Sessions: u.Sessions, LeasedBytes: u.LeasedBytes,
-			AllocatedBytes: u.AllocatedBytes, Refused: u.Refused, FreedSlabs: u.FreedSlabs})
-	}
-	return ps
 }

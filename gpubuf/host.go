@@ -107,7 +107,11 @@ func (b *HostBackend) uidDir(uid uint32) (string, error) {
 func (b *HostBackend) Dir() string { return b.dir }
 
 // Name implements Backend.
-func (b *HostBackend) Name() string { return "host" }
+// HostBackendName is the host backend's Name: its pool's one device is
+// shared host memory.
+const HostBackendName = "host"
+
+func (b *HostBackend) Name() string { return HostBackendName }
 
 // Devices implements Backend: host memory is one device.
 func (b *HostBackend) Devices() int { return 1 }

@@ -20,7 +20,7 @@ func TestMountBadInput(t *testing.T) {
 	mp := filepath.Join(dir, "mp")
 	file := filepath.Join(dir, "file")
 	tmpfs := tmpfsDir(t)
-	gdsfsMnt, _ := mountGdsfs(t, mountOpts{})
+	gdsfsMnt, _ := startMount(t, mountOpts{}).dirs()
 	for _, d := range []string{mp} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)

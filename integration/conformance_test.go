@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -599,11 +598,7 @@ func TestConformanceChild(t *testing.T) {
 	}
 	syscall.Umask(0o022)
 	if names := os.Getenv("GDSFS_CONF_CTLWRITE"); names != "" {
-		if err := childCtlWrite(twin, mnt, strings.Split(names, ",")); err != nil {
-			fmt.Fprintln(os.Stderr, "child:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		childExit(childCtlWrite(twin, mnt, strings.Split(names, ",")))
 	}
 	uid := os.Getuid()
 	w := bufio.NewWriter(os.Stdout)
@@ -680,7 +675,7 @@ func runConformance(t *testing.T, noPassthrough bool) {
 			t.Fatal(err)
 		}
 	}
-	mnt, _ := mountGdsfs(t, mountOpts{Backing: backing, AllowOther: true, NoPassthrough: noPassthrough})
+	mnt, _ := startMount(t, mountOpts{Backing: backing, AllowOther: true, NoPassthrough: noPassthrough}).dirs()
 	for _, p := range []string{base, mnt} {
 		for d := p; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 			if err := os.Chmod(d, 0o755); err != nil {
@@ -715,12 +710,7 @@ func runConformance(t *testing.T, noPassthrough bool) {
 	bin := worldExecutable(t, os.Args[0])
 	pass, total := 0, 0
 	for _, uid := range confUIDs {
-		cmd := exec.Command(bin, "-test.run=^TestConformanceChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GDSFS_CONF_TWIN="+twin, "GDSFS_CONF_MNT="+mnt)
-		cmd.Dir = "/"
-		if uid != 0 {
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-		}
+		cmd := child{bin: bin, family: "CONF", env: map[string]string{"TWIN": twin, "MNT": mnt}, uid: uint32(uid)}.cmd(t)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -835,7 +825,7 @@ func childCtlWrite(twin, mnt string, names []string) error {
 // as a write by the caller does on the backing filesystem, for a caller
 // owning the file and one who does not, and keeps them for root.
 func TestControlWriteClearsSetID(t *testing.T) {
-	m := mountControl(t, controlOpts{})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true})
 	twin := t.TempDir()
 	for d := twin; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 		if err := os.Chmod(d, 0o755); err != nil {
@@ -877,12 +867,7 @@ func TestControlWriteClearsSetID(t *testing.T) {
 				}
 			}
 		}
-		cmd := exec.Command(bin, "-test.run=^TestConformanceChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GDSFS_CONF_TWIN="+twin, "GDSFS_CONF_MNT="+m.mnt, "GDSFS_CONF_CTLWRITE="+strings.Join(names, ","))
-		cmd.Dir = "/"
-		if uid != 0 {
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-		}
+		cmd := child{bin: bin, family: "CONF", env: map[string]string{"TWIN": twin, "MNT": m.mnt, "CTLWRITE": strings.Join(names, ",")}, uid: uint32(uid)}.cmd(t)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("child as uid %d: %v\n%s", uid, err, out)
 		}

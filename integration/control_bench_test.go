@@ -30,9 +30,9 @@ import (
 
 const benchFileBytes = 256 << 20
 
-func benchMount(b *testing.B) (*controlMount, string) {
+func benchMount(b *testing.B) (*testMount, string) {
 	b.Helper()
-	m := mountControl(b, controlOpts{SlabBytes: 64 << 20, BudgetBytes: 1 << 30})
+	m := startMount(b, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 64 << 20, BudgetBytes: 1 << 30})
 	name := "bench.bin"
 	m.addFile(b, name, benchFileBytes, 77)
 	// Warm the page cache: both sides of each pair read cached data.

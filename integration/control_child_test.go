@@ -24,11 +24,7 @@ import (
 // with GDSFS_CTL_CHILD set to run a client process (a worker, another uid,
 // a process to kill). It does nothing otherwise.
 func TestControlChild(t *testing.T) {
-	mode := os.Getenv("GDSFS_CTL_CHILD")
-	if mode == "" {
-		t.Skip("helper process for the control tests")
-	}
-	env := func(k string) string { return os.Getenv("GDSFS_CTL_" + k) }
+	mode, env := childMode(t, "CTL")
 	var err error
 	switch mode {
 	case "otheruid":
@@ -44,11 +40,7 @@ func TestControlChild(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown child mode %q", mode)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	childExit(err)
 }
 
 // childOtherUID runs as another uid: the token it was handed is refused,

@@ -21,97 +21,11 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/ctlserver"
-	"github.com/gdsfs/gdsfs/cufile"
-	"github.com/gdsfs/gdsfs/daemon"
-	"github.com/gdsfs/gdsfs/gpubuf"
 )
-
-// controlOpts configures mountControl.
-type controlOpts struct {
-	ReadOnly bool
-	// SlabBytes and BudgetBytes size the pool (0: gpubuf's defaults).
-	SlabBytes, BudgetBytes int64
-	// EntryTimeout and AttrTimeout are the kernel's name and attribute
-	// cache timeouts (0: the defaults).
-	EntryTimeout, AttrTimeout time.Duration
-}
-
-// controlMount is a mount with a control path over the host engine.
-type controlMount struct {
-	mnt, backing string
-	d            *daemon.Daemon
-}
-
-// startDaemon starts an in-process daemon the way gdsfs mount does
-// (daemon.Start) over a fresh backing directory at a fresh mountpoint: the
-// host engine, its slabs under /dev/shm (readable by other uids' clients),
-// a 64 MiB index cache; set adjusts the configuration. When the test ends
-// it unmounts, failing the test if files were left open, and closes the
-// daemon. Its log goes to the test log under -v.
-func startDaemon(t testing.TB, set func(*daemon.Config)) (d *daemon.Daemon, mnt, backing string) {
-	t.Helper()
-	requireRoot(t)
-	dir := t.TempDir()
-	backing, mnt = mountDirs(t, dir)
-	c := daemon.Config{
-		Mountpoint: mnt,
-		Source:     backing,
-		Engine: cufile.Config{Engine: cufile.EngineHost,
-			HostDir: filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-itest-%d-%s", os.Getpid(), randHex(4)))},
-		SlabBytes:      gpubuf.DefaultSlabBytes,
-		HostPoolBytes:  gpubuf.DefaultBudgetBytes,
-		MetaCacheBytes: 64 << 20,
-		Version:        "itest",
-	}
-	if testing.Verbose() {
-		c.Log = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-	}
-	if set != nil {
-		set(&c)
-	}
-	d, err := daemon.Start(context.Background(), c)
-	if err != nil {
-		t.Fatalf("start a daemon serving %s on %s: %v", backing, mnt, err)
-	}
-	t.Cleanup(func() {
-		if err := d.Unmount(); err != nil {
-			t.Errorf("unmount %s (files left open?): %v", mnt, err)
-		}
-		if err := d.Close(); err != nil {
-			t.Errorf("close the daemon: %v", err)
-		}
-	})
-	return d, mnt, backing
-}
-
-// mountControl mounts a fresh backing directory with a control path (host
-// slabs under /dev/shm, readable by other uids' clients), with allow_other
-// so that child processes of other uids can use it.
-func mountControl(t testing.TB, o controlOpts) *controlMount {
-	t.Helper()
-	d, mnt, backing := startDaemon(t, func(c *daemon.Config) {
-		if o.SlabBytes != 0 {
-			c.SlabBytes = o.SlabBytes
-		}
-		if o.BudgetBytes != 0 {
-			c.HostPoolBytes = o.BudgetBytes
-		}
-		c.ReadOnly, c.AllowOther = o.ReadOnly, true
-		c.EntryTimeout, c.AttrTimeout = o.EntryTimeout, o.AttrTimeout
-	})
-	// Let other uids reach the mount (t.TempDir makes 0700 directories).
-	for d := filepath.Dir(mnt); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return &controlMount{mnt: mnt, backing: backing, d: d}
-}
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -120,7 +34,7 @@ func randHex(n int) string {
 }
 
 // leased is the pool's lease count and leased bytes.
-func (m *controlMount) leased() (int, int64) {
+func (m *testMount) leased() (int, int64) {
 	var n int
 	var b int64
 	for _, d := range m.d.Pool().Stats().Devices {
@@ -133,7 +47,7 @@ func (m *controlMount) leased() (int, int64) {
 // waitIdle waits (up to 10s) until the pool holds no lease: sessions end
 // when the kernel sends the control file's RELEASE, after the closing
 // process is gone, and there is no event to wait on.
-func (m *controlMount) waitIdle(t testing.TB) {
+func (m *testMount) waitIdle(t testing.TB) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -149,7 +63,7 @@ func (m *controlMount) waitIdle(t testing.TB) {
 }
 
 // addFile writes n random bytes to name in the backing directory.
-func (m *controlMount) addFile(t testing.TB, name string, n int, seed uint64) []byte {
+func (m *testMount) addFile(t testing.TB, name string, n int, seed uint64) []byte {
 	t.Helper()
 	data := randomBytes(seed, n)
 	writeFile(t, filepath.Join(m.backing, name), data)
@@ -213,7 +127,7 @@ func randomRanges(r *mrand.Rand, size uint64, n int, maxLen uint64) []ctl.Range 
 }
 
 func TestControlByteExact(t *testing.T) {
-	m := mountControl(t, controlOpts{SlabBytes: 4 << 20, BudgetBytes: 256 << 20})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 4 << 20, BudgetBytes: 256 << 20})
 	ctx := context.Background()
 	cl := openSession(t, m.mnt)
 	r := mrand.New(mrand.NewPCG(1, 2))
@@ -263,7 +177,7 @@ func readReq(tok ctl.Token, dev int32, ranges ...ctl.Range) []byte {
 // TestControlRefusals: every refusal through the kernel, then the daemon
 // still serves correct bytes.
 func TestControlRefusals(t *testing.T) {
-	m := mountControl(t, controlOpts{SlabBytes: 1 << 20, BudgetBytes: 4 << 20})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 1 << 20, BudgetBytes: 4 << 20})
 	ctx := context.Background()
 	data := m.addFile(t, "data", 1<<20, 3)
 	cl := openSession(t, m.mnt)
@@ -334,7 +248,7 @@ func TestControlRefusals(t *testing.T) {
 	}
 
 	// Another uid: a token it was handed is refused, its own session works.
-	out := runChild(t, m, "otheruid", map[string]string{"TOKEN": tokenString(tok), "FILE": filepath.Join(m.mnt, "data")}, 1000)
+	out := m.child("otheruid", map[string]string{"TOKEN": tokenString(tok), "FILE": filepath.Join(m.mnt, "data")}, 1000).mustRun(t, 2*time.Minute)
 	if !strings.Contains(out, "eperm ok") || !strings.Contains(out, "own ok") {
 		t.Errorf("uid 1000 child: %s", out)
 	}
@@ -350,7 +264,7 @@ func TestControlRefusals(t *testing.T) {
 }
 
 func TestControlReadOnlyMount(t *testing.T) {
-	m := mountControl(t, controlOpts{ReadOnly: true})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, ReadOnly: true})
 	m.addFile(t, "ckpt", 100, 1)
 	cl := openSession(t, m.mnt)
 	f := openRO(t, filepath.Join(m.mnt, "ckpt"))
@@ -371,24 +285,15 @@ func parseToken(s string) (ctl.Token, error) {
 	return t, err
 }
 
-// childCmd prepares a re-exec of the test binary in control-child mode
-// (TestControlChild), as uid (0: as is).
-func childCmd(t testing.TB, m *controlMount, mode string, env map[string]string, uid uint32) *exec.Cmd {
-	t.Helper()
-	bin := os.Args[0]
-	if uid != 0 {
-		bin = worldExecutable(t, bin)
-	}
-	cmd := exec.Command(bin, "-test.run=^TestControlChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GDSFS_CTL_CHILD="+mode, "GDSFS_CTL_MNT="+m.mnt, "GDSFS_CTL_BACKING="+m.backing)
+// child is a control-client process of m (TestControlChild) in mode, as
+// uid (0: as is), with m's mountpoint and backing directory in its
+// environment (GDSFS_CTL_MNT, GDSFS_CTL_BACKING) besides env.
+func (m *testMount) child(mode string, env map[string]string, uid uint32) child {
+	e := map[string]string{"MNT": m.mnt, "BACKING": m.backing}
 	for k, v := range env {
-		cmd.Env = append(cmd.Env, "GDSFS_CTL_"+k+"="+v)
+		e[k] = v
 	}
-	if uid != 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-		cmd.Dir = "/"
-	}
-	return cmd
+	return child{family: "CTL", mode: mode, env: e, uid: uid}
 }
 
 // worldExecutable copies the executable at p to a directory every uid can
@@ -414,31 +319,11 @@ func worldExecutable(t testing.TB, p string) string {
 	return dst
 }
 
-// runChild runs a child to completion and returns its output; it fails
-// the test if the child fails.
-func runChild(t testing.TB, m *controlMount, mode string, env map[string]string, uid uint32) string {
-	t.Helper()
-	cmd := childCmd(t, m, mode, env, uid)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	go func() {
-		<-ctx.Done()
-		if cmd.Process != nil {
-			cmd.Process.Kill()
-		}
-	}()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("child %s: %v\n%s", mode, err, out)
-	}
-	return string(out)
-}
-
 // TestControlCrossProcess: a forked worker inherits the session and its
 // leases outlive it; a process handed the token uses the session too;
 // kill -9 of a client frees everything it held.
 func TestControlCrossProcess(t *testing.T) {
-	m := mountControl(t, controlOpts{SlabBytes: 1 << 20, BudgetBytes: 64 << 20})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 1 << 20, BudgetBytes: 64 << 20})
 	ctx := context.Background()
 	data := m.addFile(t, "shard", 3<<20, 9)
 	ctlFile, err := os.Open(filepath.Join(m.mnt, ctl.ControlName))
@@ -452,7 +337,7 @@ func TestControlCrossProcess(t *testing.T) {
 	defer cl.Close()
 
 	// A "DataLoader worker": inherits the control descriptor (fd 3).
-	cmd := childCmd(t, m, "worker", map[string]string{"FILE": filepath.Join(m.mnt, "shard")}, 0)
+	cmd := m.child("worker", map[string]string{"FILE": filepath.Join(m.mnt, "shard")}, 0).cmd(t)
 	cmd.ExtraFiles = []*os.File{ctlFile}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -460,7 +345,7 @@ func TestControlCrossProcess(t *testing.T) {
 	}
 	leases := parseLeases(t, string(out))
 	// Another process of the same uid, handed the token.
-	out2 := runChild(t, m, "worker", map[string]string{"FILE": filepath.Join(m.mnt, "shard"), "TOKEN": tokenString(cl.Token())}, 0)
+	out2 := m.child("worker", map[string]string{"FILE": filepath.Join(m.mnt, "shard"), "TOKEN": tokenString(cl.Token())}, 0).mustRun(t, 2*time.Minute)
 	leases = append(leases, parseLeases(t, out2)...)
 	if len(leases) == 0 {
 		t.Fatal("workers returned no leases")
@@ -483,7 +368,7 @@ func TestControlCrossProcess(t *testing.T) {
 	m.waitIdle(t)
 
 	// kill -9 of a client holding leases.
-	holder := childCmd(t, m, "hold", map[string]string{"FILE": filepath.Join(m.mnt, "shard")}, 0)
+	holder := m.child("hold", map[string]string{"FILE": filepath.Join(m.mnt, "shard")}, 0).cmd(t)
 	stdout, err := holder.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -531,7 +416,7 @@ func parseLeases(t testing.TB, out string) []workerLease {
 // file and a directory of a live mount; the daemon must answer each, keep
 // serving correct bytes and return the pool to idle.
 func TestControlRandomIoctls(t *testing.T) {
-	m := mountControl(t, controlOpts{SlabBytes: 1 << 20, BudgetBytes: 32 << 20})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 1 << 20, BudgetBytes: 32 << 20})
 	data := m.addFile(t, "data", 2<<20, 5)
 	cl := openSession(t, m.mnt)
 	tok := cl.Token()
@@ -668,7 +553,7 @@ func checkStillServes(t *testing.T, cl *ctl.Client, f *os.File, data []byte) {
 // process writes checkpoints through the write ioctl, fsyncs them and
 // checks them with sha256sum.
 func TestControlEndToEnd(t *testing.T) {
-	m := mountControl(t, controlOpts{SlabBytes: 4 << 20, BudgetBytes: 512 << 20})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 4 << 20, BudgetBytes: 512 << 20})
 	var files []string
 	for i, size := range []int{1, 100000, 7<<20 + 5, 24 << 20} {
 		name := fmt.Sprintf("shard-%d.bin", i)
@@ -680,14 +565,14 @@ func TestControlEndToEnd(t *testing.T) {
 	errs := make(chan error, readers+1)
 	for i := range readers {
 		wg.Go(func() {
-			cmd := childCmd(t, m, "e2e-read", map[string]string{"FILES": strings.Join(files, ","), "SEED": fmt.Sprint(i)}, 0)
+			cmd := m.child("e2e-read", map[string]string{"FILES": strings.Join(files, ","), "SEED": fmt.Sprint(i)}, 0).cmd(t)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				errs <- fmt.Errorf("reader %d: %v\n%s", i, err, out)
 			}
 		})
 	}
 	wg.Go(func() {
-		cmd := childCmd(t, m, "e2e-write", map[string]string{"DIR": m.mnt}, 0)
+		cmd := m.child("e2e-write", map[string]string{"DIR": m.mnt}, 0).cmd(t)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			errs <- fmt.Errorf("writer: %v\n%s", err, out)
@@ -717,7 +602,7 @@ func TestControlEndToEnd(t *testing.T) {
 // TestControlXattrs: the virtual attributes are readable, not listed, not
 // settable, and cp -a copies none of them; real user attributes pass.
 func TestControlXattrs(t *testing.T) {
-	m := mountControl(t, controlOpts{})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true})
 	m.addFile(t, "a.bin", 5000, 1)
 	p := filepath.Join(m.mnt, "a.bin")
 	if err := unix.Setxattr(p, "user.note", []byte("real"), 0); err != nil {
@@ -758,7 +643,7 @@ func TestControlXattrs(t *testing.T) {
 
 // TestControlCLI drives gdsfs read, stat and status against a mount.
 func TestControlCLI(t *testing.T) {
-	m := mountControl(t, controlOpts{SlabBytes: 1 << 20, BudgetBytes: 64 << 20})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 1 << 20, BudgetBytes: 64 << 20})
 	data := m.addFile(t, "big.bin", 20<<20+77, 21)
 	m.addFile(t, "empty", 0, 1)
 	p := filepath.Join(m.mnt, "big.bin")

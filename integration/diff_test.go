@@ -35,7 +35,7 @@ func TestDifferential(t *testing.T) {
 	}{{"passthrough", false}, {"daemon", true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Logf("seed %d", seed)
-			mnt, _ := mountGdsfs(t, mountOpts{NoPassthrough: mode.noPassthrough})
+			mnt, _ := startMount(t, mountOpts{NoPassthrough: mode.noPassthrough}).dirs()
 			ref := t.TempDir()
 			d := &differ{
 				t:    t,

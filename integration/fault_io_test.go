@@ -53,11 +53,12 @@ func (e faultyEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory
 // are counted by errno.
 func TestFaultBackingIOError(t *testing.T) {
 	requireRoot(t)
-	d, mnt, backing := startDaemon(t, func(c *daemon.Config) {
+	tm := startMount(t, mountOpts{Daemon: true, Config: func(c *daemon.Config) {
 		c.SlabBytes, c.HostPoolBytes, c.MetaCacheBytes = 8<<20, 128<<20, 16<<20
 		c.MetricsAddr = "127.0.0.1:0" // the metrics the errors are counted in
 		c.WrapEngines = func(ch ctlserver.EngineChooser) ctlserver.EngineChooser { return faultyEngines{ch} }
-	})
+	}})
+	d, mnt, backing := tm.d, tm.mnt, tm.backing
 	m, pool := d.Metrics(), d.Pool()
 	good := genBytes(7, 0, 3<<20+5)
 	writeFile(t, filepath.Join(backing, "good.bin"), good)

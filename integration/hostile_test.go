@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -38,11 +37,7 @@ const (
 // TestHostileChild is not a test: the hostile tests re-exec the test binary
 // with GDSFS_HOSTILE_CHILD set to run one attacker or bystander process.
 func TestHostileChild(t *testing.T) {
-	mode := os.Getenv("GDSFS_HOSTILE_CHILD")
-	if mode == "" {
-		t.Skip("helper process for the hostile-user tests")
-	}
-	env := func(k string) string { return os.Getenv("GDSFS_HOSTILE_" + k) }
+	mode, env := childMode(t, "HOSTILE")
 	var err error
 	switch mode {
 	case "write-only":
@@ -62,63 +57,14 @@ func TestHostileChild(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown child mode %q", mode)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	childExit(err)
 }
 
-// hostileBin copies the test binary where the test uids can run it; one
-// copy per test, made before any child starts (a copy being written while
-// another goroutine forks makes exec fail with ETXTBSY).
-func hostileBin(t testing.TB) string {
-	t.Helper()
-	return worldExecutable(t, os.Args[0])
-}
-
-// hostileCmd prepares a child of mode running bin as uid.
-func hostileCmd(bin, mode string, uid uint32, env map[string]string) *exec.Cmd {
-	cmd := exec.Command(bin, "-test.run=^TestHostileChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GDSFS_HOSTILE_CHILD="+mode)
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, "GDSFS_HOSTILE_"+k+"="+v)
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-	cmd.Dir = "/"
-	return cmd
-}
-
-// runHostile runs a child to completion (bounded to a minute) and returns
-// its output; a child that fails or hangs fails the test.
-func runHostile(t testing.TB, bin, mode string, uid uint32, env map[string]string) string {
-	t.Helper()
-	out, err := runHostileErr(bin, mode, uid, env)
-	if err != nil {
-		t.Fatalf("child %s as uid %d: %v\n%s", mode, uid, err, out)
-	}
-	return out
-}
-
-// runHostileErr runs a child to completion, killing it after a minute, and
-// returns its output and how it ended.
-func runHostileErr(bin, mode string, uid uint32, env map[string]string) (string, error) {
-	cmd := hostileCmd(bin, mode, uid, env)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return out.String(), err
-	case <-time.After(time.Minute):
-		cmd.Process.Kill()
-		<-done
-		return out.String(), errors.New("still running after a minute: killed")
-	}
+// hostile is a child of the hostile tests (TestHostileChild) running
+// bin (worldExecutable's copy, one per test, made before any child starts)
+// as uid.
+func hostile(bin, mode string, uid uint32, env map[string]string) child {
+	return child{bin: bin, family: "HOSTILE", mode: mode, env: env, uid: uid}
 }
 
 // mkdirOwned makes a directory owned by uid.
@@ -137,8 +83,8 @@ func mkdirOwned(t testing.TB, p string, uid int) {
 // (a cold read large enough for the O_DIRECT path included), READ_NAMES
 // and INDEX, and learns nothing of the contents (item 3).
 func TestHostileWriteOnlyDescriptor(t *testing.T) {
-	bin := hostileBin(t)
-	m := mountControl(t, controlOpts{SlabBytes: 64 << 20, BudgetBytes: 128 << 20})
+	bin := worldExecutable(t, os.Args[0])
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 64 << 20, BudgetBytes: 128 << 20})
 	// A tar shard (INDEX would list its members) of 40 MiB: larger than
 	// the 32 MiB from which a cold read goes through O_DIRECT.
 	p := filepath.Join(m.backing, "secret.tar")
@@ -164,7 +110,7 @@ func TestHostileWriteOnlyDescriptor(t *testing.T) {
 	if err := os.Chmod(p, 0o200); err != nil {
 		t.Fatal(err)
 	}
-	out := runHostile(t, bin, "write-only", attackerUID, map[string]string{"MNT": m.mnt, "FILE": filepath.Join(m.mnt, "secret.tar")})
+	out := hostile(bin, "write-only", attackerUID, map[string]string{"MNT": m.mnt, "FILE": filepath.Join(m.mnt, "secret.tar")}).mustRun(t, time.Minute)
 	for _, op := range []string{"open-read", "index", "read-small", "read-cold", "read-names"} {
 		want := op + " EBADF"
 		if op == "open-read" {
@@ -235,7 +181,7 @@ func childWriteOnly(mnt, file string) error {
 // times at once (item 7). The daemon must neither open the FIFO nor grow
 // its threads without bound, and must keep serving another uid.
 func TestHostileFIFOSwap(t *testing.T) {
-	bin := hostileBin(t)
+	bin := worldExecutable(t, os.Args[0])
 	if gdsfsBin(t) == "" {
 		t.Skip("GDSFS_BIN not set (make build)")
 	}
@@ -258,8 +204,8 @@ func TestHostileFIFOSwap(t *testing.T) {
 	errs := make([]error, attackers)
 	for i := range attackers {
 		wg.Go(func() {
-			outs[i], errs[i] = runHostileErr(bin, "fifo-swap", attackerUID, map[string]string{
-				"MNT": mnt, "DIR": filepath.Join(mnt, fmt.Sprintf("a%d", i)), "N": strconv.Itoa(perAttacker)})
+			outs[i], errs[i] = hostile(bin, "fifo-swap", attackerUID, map[string]string{
+				"MNT": mnt, "DIR": filepath.Join(mnt, fmt.Sprintf("a%d", i)), "N": strconv.Itoa(perAttacker)}).run(t, time.Minute)
 		})
 	}
 	wg.Wait()
@@ -270,7 +216,7 @@ func TestHostileFIFOSwap(t *testing.T) {
 		}
 	}
 	// Another uid is still served, promptly and correctly.
-	out := runHostile(t, bin, "bystander", victimUID, map[string]string{"MNT": mnt, "FILE": filepath.Join(mnt, "shared.tar")})
+	out := hostile(bin, "bystander", victimUID, map[string]string{"MNT": mnt, "FILE": filepath.Join(mnt, "shared.tar")}).mustRun(t, time.Minute)
 	if !strings.Contains(out, "bystander ok") {
 		t.Errorf("bystander: %s", out)
 	}
@@ -414,10 +360,10 @@ func procStatus(t testing.TB, pid int) map[string]int {
 // TestHostileStatsIsolation: user.gdsfs.stats and STATUS show a non-root
 // user its own sessions only (item 6), with totals; root sees everyone.
 func TestHostileStatsIsolation(t *testing.T) {
-	bin := hostileBin(t)
-	m := mountControl(t, controlOpts{SlabBytes: 1 << 20, BudgetBytes: 64 << 20})
+	bin := worldExecutable(t, os.Args[0])
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 1 << 20, BudgetBytes: 64 << 20})
 	// uid 10001 holds a lease while uid 10002 looks.
-	holder := hostileCmd(bin, "stats", attackerUID, map[string]string{"MNT": m.mnt, "WAIT": "1"})
+	holder := hostile(bin, "stats", attackerUID, map[string]string{"MNT": m.mnt, "WAIT": "1"}).cmd(t)
 	stdin, err := holder.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -438,7 +384,7 @@ func TestHostileStatsIsolation(t *testing.T) {
 		t.Fatalf("holder: %q %v\n%s", line, err, holderErr.String())
 	}
 
-	out := runHostile(t, bin, "stats", victimUID, map[string]string{"MNT": m.mnt})
+	out := hostile(bin, "stats", victimUID, map[string]string{"MNT": m.mnt}).mustRun(t, time.Minute)
 	for _, doc := range strings.Split(strings.TrimSpace(out), "\n") {
 		if !strings.HasPrefix(doc, "{") {
 			continue
@@ -573,7 +519,7 @@ func craftSafetensors(t testing.TB, p string, headerBytes int) {
 // daemon little memory, are answered with the reason, and the file is
 // parsed (refused) once (item 8).
 func TestHostileParserMemory(t *testing.T) {
-	bin := hostileBin(t)
+	bin := worldExecutable(t, os.Args[0])
 	if gdsfsBin(t) == "" {
 		t.Skip("GDSFS_BIN not set (make build)")
 	}
@@ -589,7 +535,7 @@ func TestHostileParserMemory(t *testing.T) {
 	outs := make([]string, users)
 	for i := range users {
 		wg.Go(func() {
-			outs[i] = runHostile(t, bin, "info", attackerUID, map[string]string{"FILE": filepath.Join(mnt, "crafted.safetensors"), "N": strconv.Itoa(rounds)})
+			outs[i] = hostile(bin, "info", attackerUID, map[string]string{"FILE": filepath.Join(mnt, "crafted.safetensors"), "N": strconv.Itoa(rounds)}).mustRun(t, time.Minute)
 		})
 	}
 	wg.Wait()
@@ -636,17 +582,17 @@ func childInfo(file string, n int) error {
 // (items 4 and 7, daemon side). The daemon must neither serve the root
 // file's index nor block.
 func TestHostileXattrSwap(t *testing.T) {
-	bin := hostileBin(t)
+	bin := worldExecutable(t, os.Args[0])
 	// The kernel keeps the name's node and attributes for the whole test,
 	// so the xattr requests reach the daemon for the node it knows.
-	m := mountControl(t, controlOpts{EntryTimeout: time.Hour, AttrTimeout: time.Hour})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, EntryTimeout: time.Hour, AttrTimeout: time.Hour})
 	secret := filepath.Join(m.backing, "secret.tar")
 	indexTar(t, secret, 3)
 	if err := os.Chmod(secret, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	mkdirOwned(t, filepath.Join(m.backing, "u"), attackerUID)
-	out := runHostile(t, bin, "xattr-swap", attackerUID, map[string]string{"MNT": m.mnt, "BACKING": m.backing, "SECRET": secret})
+	out := hostile(bin, "xattr-swap", attackerUID, map[string]string{"MNT": m.mnt, "BACKING": m.backing, "SECRET": secret}).mustRun(t, time.Minute)
 	// The daemon answers ESTALE (the name holds another file than the
 	// node); the kernel then looks the name up again and answers for what
 	// is there now: root's 0600 file through the symlink (EACCES), a FIFO.

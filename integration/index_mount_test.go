@@ -82,7 +82,7 @@ func xattrIndex(p string) ([]byte, error) {
 // user.gdsfs.index xattr, `gdsfs index` and read-by-name, and agrees with
 // the parser run on the backing file.
 func TestIndexThroughMount(t *testing.T) {
-	m := mountControl(t, controlOpts{})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true})
 	members := indexTar(t, filepath.Join(m.backing, "shard-000000.tar"), 5)
 	for _, name := range []string{"dtypes.safetensors", "arr_i8_fortran.npy", "nested_default.pt"} {
 		b, err := os.ReadFile(filepath.Join("..", "cache", "testdata", name))
@@ -150,7 +150,7 @@ func TestIndexThroughMount(t *testing.T) {
 // TestIndexLargePaged checks an index over the 64 KiB an xattr holds: the
 // xattr says E2BIG, and `gdsfs index` and the client page it in full.
 func TestIndexLargePaged(t *testing.T) {
-	m := mountControl(t, controlOpts{})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true})
 	indexTar(t, filepath.Join(m.backing, "big.tar"), 2000)
 	p := filepath.Join(m.mnt, "big.tar")
 	want := wantIndex(t, filepath.Join(m.backing, "big.tar"))
@@ -175,7 +175,7 @@ func TestIndexLargePaged(t *testing.T) {
 // size, so only invalidation or the identity can tell) and behind the
 // daemon's back: the index always follows the file.
 func TestIndexFollowsChanges(t *testing.T) {
-	m := mountControl(t, controlOpts{})
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true})
 	npy := func(dtype string) []byte {
 		h := fmt.Sprintf("{'descr': '%s', 'fortran_order': False, 'shape': (4,), }", dtype)
 		h += strings.Repeat(" ", 117-len(h)) + "\n"
@@ -233,7 +233,7 @@ func TestIndexFollowsChanges(t *testing.T) {
 // mount on a cache hit: a small index (an .npy header, ~200 bytes of JSON)
 // and a 250-sample tar (~45 KiB of JSON, near the xattr limit).
 func BenchmarkIndexXattrHit(b *testing.B) {
-	m := mountControl(b, controlOpts{})
+	m := startMount(b, mountOpts{Daemon: true, OtherUIDs: true})
 	indexTar(b, filepath.Join(m.backing, "s.tar"), 250)
 	npy, err := os.ReadFile(filepath.Join("..", "cache", "testdata", "arr_f4.npy"))
 	if err != nil {

@@ -21,9 +21,6 @@ import (
 	"github.com/gdsfs/gdsfs/ctl"
 )
 
-// loadChildEnv selects a load/fault client process (TestLoadChild).
-const loadChildEnv = "GDSFS_LOAD_CHILD"
-
 // loadResult is what one client process reports, as one JSON line after
 // resultPrefix on stdout.
 type loadResult struct {
@@ -44,11 +41,7 @@ const resultPrefix = "LOADRESULT "
 // binary with GDSFS_LOAD_CHILD set to run one client process. It does
 // nothing otherwise.
 func TestLoadChild(t *testing.T) {
-	mode := os.Getenv(loadChildEnv)
-	if mode == "" {
-		t.Skip("helper process for the load and fault tests")
-	}
-	env := func(k string) string { return os.Getenv("GDSFS_LOAD_" + k) }
+	mode, env := childMode(t, "LOAD")
 	id, _ := strconv.Atoi(env("ID"))
 	untilNs, _ := strconv.ParseInt(env("UNTIL"), 10, 64)
 	c := &loadClient{

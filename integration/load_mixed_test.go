@@ -49,9 +49,8 @@ func loadDuration(t *testing.T) time.Duration {
 // loadChild starts one client process in mode, running until until.
 func loadChild(t testing.TB, mode, mnt string, id int, until time.Time) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), loadChildEnv+"="+mode, "GDSFS_LOAD_MNT="+mnt,
-		"GDSFS_LOAD_ID="+strconv.Itoa(id), "GDSFS_LOAD_UNTIL="+strconv.FormatInt(until.UnixNano(), 10))
+	cmd := child{family: "LOAD", mode: mode, env: map[string]string{
+		"MNT": mnt, "ID": strconv.Itoa(id), "UNTIL": strconv.FormatInt(until.UnixNano(), 10)}}.cmd(t)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

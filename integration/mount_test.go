@@ -8,10 +8,11 @@
 //
 // Helpers for other packages' integration tests:
 //
-//   - mountGdsfs(t, mountOpts{...}) mounts a fresh backing directory
-//     in-process (package fs alone) and unmounts it when the test ends.
-//   - startDaemon(t, set) and mountControl(t, controlOpts{...}) start a
-//     whole in-process daemon (daemon.Start, as gdsfs mount does).
+//   - startMount(t, mountOpts{...}) mounts a fresh backing directory
+//     in-process, package fs alone or (Daemon) a whole daemon as gdsfs
+//     mount starts it, and unmounts it when the test ends.
+//   - child{...}.cmd/run/mustRun re-execute the test binary as a client
+//     process of another uid (child_test.go).
 //   - gdsfsBin(t) is the path of the binary to run.
 //   - runGdsfs(t, args...) runs it and returns output and exit code.
 //   - waitMounted(t, dir, want) waits until dir is (or is no longer) a
@@ -33,7 +34,10 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 func TestMain(m *testing.M) {
@@ -76,18 +80,44 @@ func requireRoot(t testing.TB) {
 	}
 }
 
-// mountOpts configures mountGdsfs; the zero value is a read-write mount
-// with default timeouts. mountGdsfs mounts fs alone, without a control
-// path; startDaemon (control_test.go) starts a whole daemon.
+// mountOpts configures startMount; the zero value is a read-write mount
+// of package fs alone (no control path) with default timeouts.
 type mountOpts struct {
 	ReadOnly      bool
 	AllowOther    bool
 	NoPassthrough bool
-	AttrTimeout   time.Duration
-	EntryTimeout  time.Duration
+	// AttrTimeout and EntryTimeout are the kernel's attribute and name
+	// cache timeouts (0: the defaults).
+	AttrTimeout  time.Duration
+	EntryTimeout time.Duration
 	// Backing, when set, is served instead of a fresh empty directory.
 	Backing string
+	// OtherUIDs lets other uids' processes use the mount: allow_other, and
+	// the directories above the mountpoint opened to them (t.TempDir
+	// makes 0700 ones).
+	OtherUIDs bool
+
+	// Daemon starts a whole in-process daemon (daemon.Start, as gdsfs
+	// mount does) with the control path: the host engine, its slabs under
+	// /dev/shm (readable by other uids' clients), a 64 MiB index cache.
+	Daemon bool
+	// SlabBytes and BudgetBytes size the daemon's pool (0: gpubuf's
+	// defaults).
+	SlabBytes, BudgetBytes int64
+	// Config, if set, adjusts the daemon's configuration last.
+	Config func(*daemon.Config)
 }
+
+// testMount is a mount a test started (startMount): at mnt, serving
+// backing, through d (with mountOpts.Daemon) or srv (package fs alone).
+type testMount struct {
+	mnt, backing string
+	d            *daemon.Daemon
+	srv          *fs.Server
+}
+
+// dirs returns the mountpoint and the backing directory.
+func (m *testMount) dirs() (mnt, backing string) { return m.mnt, m.backing }
 
 // mountDirs makes dir/backing and dir/mnt (0755), the backing directory and
 // the mountpoint of a test's mount, and returns their paths.
@@ -102,47 +132,117 @@ func mountDirs(t testing.TB, dir string) (backing, mnt string) {
 	return backing, mnt
 }
 
-// mountGdsfs mounts a backing directory (a fresh empty one unless
+// openToOtherUIDs makes dir and the directories above it, up to the
+// temporary directory, 0755, so that other uids reach what is below.
+func openToOtherUIDs(t testing.TB, dir string) {
+	t.Helper()
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// testLog is the log of a test's daemon: the test log under -v, else none.
+func testLog(t testing.TB) zerolog.Logger {
+	if testing.Verbose() {
+		return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	}
+	return zerolog.Nop()
+}
+
+// startMount mounts a backing directory (a fresh empty one unless
 // o.Backing) at a fresh mountpoint, in this process, and unmounts it when
-// the test ends (also on failure). The daemon's log goes to the test log
-// under -v.
-func mountGdsfs(t testing.TB, o mountOpts) (mnt, backing string) {
+// the test ends (also on failure), failing the test if files were left
+// open.
+func startMount(t testing.TB, o mountOpts) *testMount {
 	t.Helper()
 	requireRoot(t)
-	backing, mnt = mountDirs(t, t.TempDir())
+	dir := t.TempDir()
+	m := &testMount{}
+	m.backing, m.mnt = mountDirs(t, dir)
 	if o.Backing != "" {
-		backing = o.Backing
+		m.backing = o.Backing
 	}
-	log := zerolog.Nop()
-	if testing.Verbose() {
-		log = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	if o.OtherUIDs {
+		o.AllowOther = true
+		openToOtherUIDs(t, filepath.Dir(m.mnt))
+	}
+	if o.Daemon {
+		m.d = startDaemon(t, m, o)
+		return m
 	}
 	srv, err := fs.Mount(context.Background(), fs.Options{
-		Source:        backing,
-		Mountpoint:    mnt,
+		Source:        m.backing,
+		Mountpoint:    m.mnt,
 		ReadOnly:      o.ReadOnly,
 		AllowOther:    o.AllowOther,
 		NoPassthrough: o.NoPassthrough,
 		AttrTimeout:   o.AttrTimeout,
 		EntryTimeout:  o.EntryTimeout,
-		Logger:        log,
+		Logger:        testLog(t),
 	})
 	if err != nil {
-		t.Fatalf("mount %s on %s: %v", backing, mnt, err)
+		t.Fatalf("mount %s on %s: %v", m.backing, m.mnt, err)
 	}
 	if on, why := srv.Passthrough(); testing.Verbose() {
 		t.Logf("passthrough %v: %s", on, why)
 	}
+	m.srv = srv
 	t.Cleanup(func() {
 		if err := srv.Unmount(); err != nil {
-			t.Errorf("unmount %s (files left open?): %v", mnt, err)
+			t.Errorf("unmount %s (files left open?): %v", m.mnt, err)
 			if err := srv.UnmountLazy(); err != nil {
 				t.Errorf("lazy unmount: %v", err)
 			}
 		}
 		srv.Wait()
 	})
-	return mnt, backing
+	return m
+}
+
+// startDaemon is startMount's daemon: daemon.Start over m's directories
+// with o's settings; closed when the test ends.
+func startDaemon(t testing.TB, m *testMount, o mountOpts) *daemon.Daemon {
+	t.Helper()
+	c := daemon.Config{
+		Mountpoint: m.mnt,
+		Source:     m.backing,
+		Engine: cufile.Config{Engine: cufile.EngineHost,
+			HostDir: filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-itest-%d-%s", os.Getpid(), randHex(4)))},
+		SlabBytes:      gpubuf.DefaultSlabBytes,
+		HostPoolBytes:  gpubuf.DefaultBudgetBytes,
+		MetaCacheBytes: 64 << 20,
+		Version:        "itest",
+		ReadOnly:       o.ReadOnly,
+		AllowOther:     o.AllowOther,
+		NoPassthrough:  o.NoPassthrough,
+		AttrTimeout:    o.AttrTimeout,
+		EntryTimeout:   o.EntryTimeout,
+		Log:            testLog(t),
+	}
+	if o.SlabBytes != 0 {
+		c.SlabBytes = o.SlabBytes
+	}
+	if o.BudgetBytes != 0 {
+		c.HostPoolBytes = o.BudgetBytes
+	}
+	if o.Config != nil {
+		o.Config(&c)
+	}
+	d, err := daemon.Start(context.Background(), c)
+	if err != nil {
+		t.Fatalf("start a daemon serving %s on %s: %v", m.backing, m.mnt, err)
+	}
+	t.Cleanup(func() {
+		if err := d.Unmount(); err != nil {
+			t.Errorf("unmount %s (files left open?): %v", m.mnt, err)
+		}
+		if err := d.Close(); err != nil {
+			t.Errorf("close the daemon: %v", err)
+		}
+	})
+	return d
 }
 
 // gdsfsBin returns the gdsfs binary under test.

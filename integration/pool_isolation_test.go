@@ -51,23 +51,20 @@ const (
 // GDSFS_POOL_CHILD set to run a client process as another uid. It does
 // nothing otherwise.
 func TestPoolChild(t *testing.T) {
-	mode := os.Getenv("GDSFS_POOL_CHILD")
-	if mode == "" {
-		t.Skip("helper process for the pool tests")
-	}
-	c := &poolChild{in: bufio.NewScanner(os.Stdin), mnt: os.Getenv("GDSFS_POOL_MNT")}
+	mode, env := childMode(t, "POOL")
+	c := &poolChild{in: bufio.NewScanner(os.Stdin), mnt: env("MNT")}
 	var err error
 	switch mode {
 	case "attacker":
 		err = c.attacker()
 	case "victim":
-		err = c.victim(os.Getenv("GDSFS_POOL_FILE"), os.Getenv("GDSFS_POOL_OUT"))
+		err = c.victim(env("FILE"), env("OUT"))
 	case "alloc":
 		err = c.allocs()
 	case "hoarder":
 		err = c.hoarder()
 	case "truncator":
-		err = c.truncator(os.Getenv("GDSFS_POOL_FILE"), os.Getenv("GDSFS_POOL_OUT"))
+		err = c.truncator(env("FILE"), env("OUT"))
 	default:
 		err = fmt.Errorf("unknown child mode %q", mode)
 	}
@@ -440,13 +437,15 @@ type poolProc struct {
 	done chan struct{}
 }
 
-// startPoolChild starts the test binary in pool-child mode as uid.
-func startPoolChild(t *testing.T, bin, mnt, mode string, uid uint32, env ...string) *poolProc {
+// startPoolChild starts the test binary in pool-child mode as uid (with
+// file and outFile: the victim's and truncator's files).
+func startPoolChild(t *testing.T, bin, mnt, mode string, uid uint32, file, outFile string) *poolProc {
 	t.Helper()
-	cmd := exec.Command(bin, "-test.run=^TestPoolChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), append([]string{"GDSFS_POOL_CHILD=" + mode, "GDSFS_POOL_MNT=" + mnt}, env...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-	cmd.Dir = "/"
+	env := map[string]string{"MNT": mnt}
+	if file != "" {
+		env["FILE"], env["OUT"] = file, outFile
+	}
+	cmd := child{bin: bin, family: "POOL", mode: mode, env: env, uid: uid}.cmd(t)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -502,11 +501,7 @@ func poolMount(t *testing.T, extra ...string) (*binDaemon, string) {
 	t.Helper()
 	requireRoot(t)
 	dir := t.TempDir()
-	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	openToOtherUIDs(t, dir)
 	backing, mnt := mountDirs(t, dir)
 	args := append([]string{"--engine", "host", "--allow-other", "--host-pool", strconv.Itoa(poolSize), "--slab-size", strconv.Itoa(poolSlab)}, extra...)
 	d := startBinDaemon(t, backing, mnt, args...)
@@ -540,14 +535,13 @@ func TestPoolIsolation(t *testing.T) {
 	ownedFile(t, d.backing, "secret", secret, poolUIDB)
 	ownedFile(t, d.backing, "out", nil, poolUIDB)
 
-	a := startPoolChild(t, bin, d.mnt, "attacker", poolUIDA)
+	a := startPoolChild(t, bin, d.mnt, "attacker", poolUIDA, "", "")
 	if n := a.expect("filled"); n != "filled 2" {
 		t.Fatalf("attacker: %q, want the %d-byte pool filled with 2 slabs", n, poolSize)
 	}
 	a.expect("released")
 
-	b := startPoolChild(t, bin, d.mnt, "victim", poolUIDB,
-		"GDSFS_POOL_FILE="+filepath.Join(d.mnt, "secret"), "GDSFS_POOL_OUT="+filepath.Join(d.mnt, "out"))
+	b := startPoolChild(t, bin, d.mnt, "victim", poolUIDB, filepath.Join(d.mnt, "secret"), filepath.Join(d.mnt, "out"))
 	v := strings.Fields(b.expect("victim "))
 	a.send("probe " + strings.Join(v[1:], " "))
 	a.expect("probed")
@@ -597,8 +591,8 @@ func asUID(uid int, script, arg string) error {
 // one per refusal (item 10).
 func TestPoolFairShare(t *testing.T) {
 	d, bin := poolMount(t)
-	a := startPoolChild(t, bin, d.mnt, "alloc", poolUIDA)
-	b := startPoolChild(t, bin, d.mnt, "alloc", poolUIDB)
+	a := startPoolChild(t, bin, d.mnt, "alloc", poolUIDA, "", "")
+	b := startPoolChild(t, bin, d.mnt, "alloc", poolUIDB, "", "")
 	a.send(fmt.Sprintf("alloc %d 1", poolSlab))
 	if got := a.expect("alloc"); got != "alloc ok" {
 		t.Fatalf("uid %d's first ALLOC of its share: %q", poolUIDA, got)
@@ -705,8 +699,7 @@ func TestPoolOwnerTruncatesOwnSlab(t *testing.T) {
 	data := randomBytes(5, 1<<20)
 	ownedFile(t, d.backing, "mine", data, poolUIDA)
 	ownedFile(t, d.backing, "out", nil, poolUIDA)
-	a := startPoolChild(t, bin, d.mnt, "truncator", poolUIDA,
-		"GDSFS_POOL_FILE="+filepath.Join(d.mnt, "mine"), "GDSFS_POOL_OUT="+filepath.Join(d.mnt, "out"))
+	a := startPoolChild(t, bin, d.mnt, "truncator", poolUIDA, filepath.Join(d.mnt, "mine"), filepath.Join(d.mnt, "out"))
 	got := a.expect("survived")
 	t.Logf("uid %d truncated its own slab; READ failed, WRITE failed: %s", poolUIDA, strings.TrimPrefix(got, "survived "))
 	if !d.running() {
@@ -771,7 +764,7 @@ func (c *poolChild) hoarder() error {
 // --host-pool (eight 6 MiB slabs through an 8 MiB pool held 48 MiB before).
 func TestPoolReleasedMappingsHoldNoMemory(t *testing.T) {
 	d, bin := poolMount(t, "--uid-share", "1")
-	a := startPoolChild(t, bin, d.mnt, "hoarder", poolUIDA)
+	a := startPoolChild(t, bin, d.mnt, "hoarder", poolUIDA, "", "")
 	f := strings.Fields(a.expect("rssshmem_kib"))
 	kib, err := strconv.Atoi(f[1])
 	if err != nil {

@@ -46,7 +46,7 @@ func TestPosixtest(t *testing.T) {
 					if mode.cli {
 						mnt = mountCLI(t, o.Backing)
 					} else {
-						mnt, _ = mountGdsfs(t, o)
+						mnt, _ = startMount(t, o).dirs()
 					}
 					tests[name](t, mnt)
 				})
@@ -99,7 +99,7 @@ func TestSymlinkSwap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mnt, _ := mountGdsfs(t, mountOpts{Backing: backing, AllowOther: true, AttrTimeout: time.Hour, EntryTimeout: time.Hour})
+	mnt, _ := startMount(t, mountOpts{Backing: backing, AllowOther: true, AttrTimeout: time.Hour, EntryTimeout: time.Hour}).dirs()
 	for _, p := range []string{base, mnt} {
 		for d := p; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 			if err := os.Chmod(d, 0o755); err != nil {
@@ -146,7 +146,7 @@ func TestBackingReplacedBehindMount(t *testing.T) {
 	backing := t.TempDir()
 	writeFile(t, filepath.Join(backing, "f"), []byte("old"))
 	writeFile(t, filepath.Join(backing, "d", "old"), []byte("x"))
-	mnt, _ := mountGdsfs(t, mountOpts{Backing: backing, AttrTimeout: time.Hour, EntryTimeout: time.Hour})
+	mnt, _ := startMount(t, mountOpts{Backing: backing, AttrTimeout: time.Hour, EntryTimeout: time.Hour}).dirs()
 	if got, err := os.ReadFile(filepath.Join(mnt, "f")); err != nil || string(got) != "old" {
 		t.Fatalf("read f: %q, %v", got, err)
 	}

@@ -53,7 +53,7 @@ func makeTree(t *testing.T, dir string) {
 }
 
 func TestTar(t *testing.T) {
-	mnt, backing := mountGdsfs(t, mountOpts{})
+	mnt, backing := startMount(t, mountOpts{}).dirs()
 	src := t.TempDir()
 	makeTree(t, src)
 	archive := filepath.Join(t.TempDir(), "src.tar")
@@ -71,7 +71,7 @@ func TestTar(t *testing.T) {
 }
 
 func TestCpA(t *testing.T) {
-	mnt, backing := mountGdsfs(t, mountOpts{})
+	mnt, backing := startMount(t, mountOpts{}).dirs()
 	src := t.TempDir()
 	makeTree(t, src)
 	if err := unix.Setxattr(filepath.Join(src, "sub0/file00.bin"), "user.note", []byte("kept"), 0); err != nil {
@@ -107,7 +107,7 @@ func sha256File(t *testing.T, p string) string {
 }
 
 func TestSha256LargeFiles(t *testing.T) {
-	mnt, backing := mountGdsfs(t, mountOpts{})
+	mnt, backing := startMount(t, mountOpts{}).dirs()
 	for i, size := range []int{64 << 20, 64<<20 + 12345} {
 		data := randomBytes(uint64(100+i), size)
 		name := fmt.Sprintf("large%d", i)
@@ -125,7 +125,7 @@ func TestSha256LargeFiles(t *testing.T) {
 }
 
 func TestConcurrentReaders(t *testing.T) {
-	mnt, backing := mountGdsfs(t, mountOpts{})
+	mnt, backing := startMount(t, mountOpts{}).dirs()
 	data := randomBytes(7, 32<<20)
 	writeFile(t, filepath.Join(backing, "shard"), data)
 	sum := sha256.Sum256(data)
@@ -166,7 +166,7 @@ func TestPythonMmap(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
 		t.Skip("needs /usr/bin/python3 (scripts/install-deps.sh installs it)")
 	}
-	mnt, backing := mountGdsfs(t, mountOpts{})
+	mnt, backing := startMount(t, mountOpts{}).dirs()
 	writeFile(t, filepath.Join(backing, "m"), bytes.Repeat([]byte("0123456789abcdef"), 1<<12))
 	script := `
 import mmap, os, sys
@@ -198,7 +198,7 @@ with open(p, "rb") as f:
 }
 
 func TestLargeDirectory(t *testing.T) {
-	mnt, backing := mountGdsfs(t, mountOpts{})
+	mnt, backing := startMount(t, mountOpts{}).dirs()
 	const n = 100_000
 	dir := filepath.Join(backing, "big")
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -234,7 +234,7 @@ func TestLargeDirectory(t *testing.T) {
 
 // TestPosixExtras covers what training jobs do that posixtest does not.
 func TestPosixExtras(t *testing.T) {
-	mnt, backing := mountGdsfs(t, mountOpts{})
+	mnt, backing := startMount(t, mountOpts{}).dirs()
 	m := func(n string) string { return filepath.Join(mnt, n) }
 	b := func(n string) string { return filepath.Join(backing, n) }
 
@@ -409,7 +409,7 @@ func TestPosixExtras(t *testing.T) {
 func TestReadOnly(t *testing.T) {
 	backing := t.TempDir()
 	writeFile(t, filepath.Join(backing, "f"), []byte("data"))
-	mnt, _ := mountGdsfs(t, mountOpts{ReadOnly: true, Backing: backing})
+	mnt, _ := startMount(t, mountOpts{ReadOnly: true, Backing: backing}).dirs()
 	if got, err := os.ReadFile(filepath.Join(mnt, "f")); string(got) != "data" || err != nil {
 		t.Errorf("read on a read-only mount: %q, %v", got, err)
 	}
@@ -448,7 +448,7 @@ func TestPermissions(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(backing, "shared"), 0o777); err != nil {
 		t.Fatal(err)
 	}
-	mnt, _ := mountGdsfs(t, mountOpts{AllowOther: true, Backing: backing})
+	mnt, _ := startMount(t, mountOpts{AllowOther: true, Backing: backing}).dirs()
 	if err := os.Chmod(filepath.Dir(mnt), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -511,7 +511,7 @@ func TestPermissions(t *testing.T) {
 // TestCopyFileRange: copy_file_range between two files on the mount is
 // done by the backing filesystem and gives the same bytes.
 func TestCopyFileRange(t *testing.T) {
-	mnt, backing := mountGdsfs(t, mountOpts{})
+	mnt, backing := startMount(t, mountOpts{}).dirs()
 	data := randomBytes(11, 3<<20+5)
 	writeFile(t, filepath.Join(backing, "src"), data)
 	in, err := os.Open(filepath.Join(mnt, "src"))

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -52,11 +51,7 @@ func TestSlabSocketTwoUIDs(t *testing.T) {
 func testSlabSocketTwoUIDs(t *testing.T, pathSocket bool) {
 	dir := t.TempDir()
 	backing, mnt := mountDirs(t, dir)
-	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	openToOtherUIDs(t, dir)
 	files := map[uint32]string{slabOwnerUID: "owner.bin", slabOtherUID: "other.bin"}
 	for uid, name := range files {
 		b := make([]byte, 300000)
@@ -100,7 +95,7 @@ func testSlabSocketTwoUIDs(t *testing.T, pathSocket bool) {
 	bin := worldExecutable(t, os.Args[0])
 
 	// The owner: maps its slab through the socket and holds its session.
-	owner := slabChild(t, bin, slabOwnerUID, "owner", map[string]string{"MNT": mnt, "FILE": filepath.Join(mnt, files[slabOwnerUID])})
+	owner := slabChild(bin, slabOwnerUID, "owner", map[string]string{"MNT": mnt, "FILE": filepath.Join(mnt, files[slabOwnerUID])}).cmd(t)
 	stdin, err := owner.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -132,9 +127,9 @@ func testSlabSocketTwoUIDs(t *testing.T, pathSocket bool) {
 	}
 
 	// The other uid, with what it could have learnt of the owner's.
-	out := runSlabChild(t, bin, slabOtherUID, "other", map[string]string{
+	out := slabChild(bin, slabOtherUID, "other", map[string]string{
 		"MNT": mnt, "FILE": filepath.Join(mnt, files[slabOtherUID]),
-		"TOKEN": tokenString(tok), "SLAB": strconv.FormatUint(slab, 10)})
+		"TOKEN": tokenString(tok), "SLAB": strconv.FormatUint(slab, 10)}).mustRun(t, time.Minute)
 	for _, want := range []string{"owner's token: EPERM", "forged token: EPERM", "own token, owner's slab: EPERM", "zero token: EPERM", "own slab: ok"} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("other uid: no %q in its output:\n%s", want, out)
@@ -145,7 +140,7 @@ func testSlabSocketTwoUIDs(t *testing.T, pathSocket bool) {
 	// and after sending a request whose reply (a descriptor) they never
 	// read.
 	for _, mode := range []string{"connect", "request"} {
-		c := slabChild(t, bin, slabOwnerUID, "die-"+mode, map[string]string{"MNT": mnt, "TOKEN": tokenString(tok), "SLAB": strconv.FormatUint(slab, 10)})
+		c := slabChild(bin, slabOwnerUID, "die-"+mode, map[string]string{"MNT": mnt, "TOKEN": tokenString(tok), "SLAB": strconv.FormatUint(slab, 10)}).cmd(t)
 		cout, err := c.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -186,45 +181,15 @@ func testSlabSocketTwoUIDs(t *testing.T, pathSocket bool) {
 	t.Logf("slab socket: idle after the clients: %d fds (idle %d), %d goroutines (idle %d)", after.fds, base.fds, after.goroutines, base.goroutines)
 }
 
-// slabChild prepares the test binary as a slab-socket client of uid.
-func slabChild(t *testing.T, bin string, uid uint32, mode string, env map[string]string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(bin, "-test.run=^TestSlabFDChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GDSFS_SLABFD_CHILD="+mode)
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, "GDSFS_SLABFD_"+k+"="+v)
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-	cmd.Dir = "/"
-	return cmd
-}
-
-func runSlabChild(t *testing.T, bin string, uid uint32, mode string, env map[string]string) string {
-	t.Helper()
-	cmd := slabChild(t, bin, uid, mode, env)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	go func() {
-		<-ctx.Done()
-		if cmd.Process != nil {
-			cmd.Process.Kill()
-		}
-	}()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("child %s: %v\n%s", mode, err, out)
-	}
-	return string(out)
+// slabChild is a slab-socket client of uid (TestSlabFDChild) running bin.
+func slabChild(bin string, uid uint32, mode string, env map[string]string) child {
+	return child{bin: bin, family: "SLABFD", mode: mode, env: env, uid: uid}
 }
 
 // TestSlabFDChild is not a test: TestSlabSocketTwoUIDs runs the test
 // binary in this mode as its client processes.
 func TestSlabFDChild(t *testing.T) {
-	mode := os.Getenv("GDSFS_SLABFD_CHILD")
-	if mode == "" {
-		t.Skip("helper process for TestSlabSocketTwoUIDs")
-	}
-	env := func(k string) string { return os.Getenv("GDSFS_SLABFD_" + k) }
+	mode, env := childMode(t, "SLABFD")
 	var err error
 	switch mode {
 	case "owner":
@@ -236,11 +201,7 @@ func TestSlabFDChild(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	childExit(err)
 }
 
 // readLease reads a range of file into a lease of cl and returns it with

@@ -9,8 +9,10 @@
 // interfaces the producers define themselves (for example an observer with
 // ObserveFUSE), which *Metrics satisfies; state that already lives in a
 // producer (pool occupancy, sessions, index cache counters, passthrough) is
-// read at scrape time through callbacks registered with SetPool,
-// SetIndex and SetPassthrough. Package daemon wires the two together.
+// read at scrape time, in the producer's own type (gpubuf.Stats,
+// cache.IndexStats, fs.PassthroughStats), through callbacks registered with
+// SetPool, SetIndex and SetPassthrough: no figure is copied into a struct
+// of this package. Package daemon wires the two together.
 //
 // # Label cardinality
 //

@@ -5,6 +5,7 @@ import (
 	"syscall"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/internal/errname"
 )
 
@@ -35,7 +36,7 @@ var controlCommands = func() map[string]bool {
 // engines are the engine names of docs/protocol.md section 5, plus "fuse"
 // for bytes the daemon serves through ordinary FUSE reads and writes (files
 // without kernel passthrough).
-var engines = setOf("none", "host", "posix", "gds", "gds-compat", "fuse")
+var engines = setOf(append(ctl.EngineNames(), "fuse")...)
 
 var directions = setOf("read", "write")
 
@@ -83,10 +84,11 @@ func bounded(table map[string]bool, v string) string {
 	return other
 }
 
-// deviceLabel names a device: "host" for shared host memory (-1), the CUDA
+// deviceLabel names a device of a pool whose memory is backend's: "host"
+// for shared host memory (the host backend's one device), the CUDA
 // ordinal otherwise.
-func deviceLabel(d int) string {
-	if d < 0 {
+func deviceLabel(backend string, d int) string {
+	if backend == gpubuf.HostBackendName {
 		return "host"
 	}
 	return strconv.Itoa(d)

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 	"syscall"
 	"time"
 
@@ -36,6 +37,9 @@ type Metrics struct {
 	sessions       prometheus.Gauge
 
 	state *stateCollector
+
+	tierOnce sync.Once
+	tier     *tierCollector // registered by SetTier (tier.go)
 }
 
 // New returns a registry holding every gdsfs family plus the Go runtime

@@ -10,6 +10,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 func TestRecordingBoundsLabels(t *testing.T) {
@@ -64,7 +68,7 @@ func TestNilMetricsIsNoop(t *testing.T) {
 	m.AddBytes("host", "read", 1)
 	m.SessionOpened()
 	m.SessionClosed()
-	m.SetPool(func() PoolStats { return PoolStats{} })
+	m.SetPool(func() gpubuf.Stats { return gpubuf.Stats{} })
 	m.SetIndex(nil)
 	m.SetPassthrough(nil)
 }
@@ -86,19 +90,20 @@ func TestErrnoName(t *testing.T) {
 
 func TestStateCallbacks(t *testing.T) {
 	m := New()
-	var uids []UIDPool
+	var uids []gpubuf.UIDStats
 	for i := 0; i < MaxUIDLabels+5; i++ {
-		uids = append(uids, UIDPool{UID: uint32(1000 + i), Sessions: 1, LeasedBytes: int64(4096 * (i + 1)),
+		uids = append(uids, gpubuf.UIDStats{UID: uint32(1000 + i), Sessions: 1, LeasedBytes: int64(4096 * (i + 1)),
 			AllocatedBytes: 1 << 20, Refused: uint64(i), FreedSlabs: 1})
 	}
-	m.SetPool(func() PoolStats {
-		return PoolStats{Backend: "host", Devices: []DevicePool{
-			{Device: -1, BudgetBytes: 1 << 30, AllocatedBytes: 64 << 20, LeasedBytes: 8 << 20, Slabs: 1, Leases: 3, UIDShareBytes: 512 << 20, FreedSlabs: 4},
-			{Device: 1, BudgetBytes: 1 << 30, AllocatedBytes: 0},
+	m.SetPool(func() gpubuf.Stats {
+		return gpubuf.Stats{Backend: gpubuf.HostBackendName, Devices: []gpubuf.DeviceStats{
+			{Device: 0, BudgetBytes: 1 << 30, AllocatedBytes: 64 << 20, LeasedBytes: 8 << 20, Slabs: 1, Leases: 3, UIDShareBytes: 512 << 20, FreedSlabs: 4},
 		}, UIDs: uids}
 	})
-	m.SetIndex(func() IndexStats { return IndexStats{Hits: 7, Misses: 2, Evictions: 1, UsedBytes: 100} })
-	m.SetPassthrough(func() PassthroughStats { return PassthroughStats{Enabled: true, Passthrough: 5, Daemon: 1} })
+	m.SetIndex(func() cache.IndexStats { return cache.IndexStats{Hits: 7, Misses: 2, Evictions: 1, UsedBytes: 100} })
+	m.SetPassthrough(func() Passthrough {
+		return Passthrough{Enabled: true, PassthroughStats: fs.PassthroughStats{Passthrough: 5, Daemon: 1}}
+	})
 	m.SessionOpened()
 	m.SessionOpened()
 	m.SessionClosed()
@@ -114,7 +119,6 @@ func TestStateCallbacks(t *testing.T) {
 		{"gdsfs_pool_budget_bytes", []string{"device", "host"}, 1 << 30},
 		{"gdsfs_pool_in_use_bytes", []string{"device", "host"}, 8 << 20},
 		{"gdsfs_pool_free_bytes", []string{"device", "host"}, 1<<30 - 8<<20},
-		{"gdsfs_pool_allocated_bytes", []string{"device", "1"}, 0},
 		{"gdsfs_pool_leases", []string{"device", "host"}, 3},
 		{"gdsfs_pool_uid_in_use_bytes", []string{"uid", "1036"}, 4096 * 37},
 		// The five smallest holders are summed: uids 1000..1004.
@@ -147,6 +151,17 @@ func TestStateCallbacks(t *testing.T) {
 	}
 	if n != MaxUIDLabels+1 {
 		t.Errorf("%d uid series, want %d (MaxUIDLabels + other)", n, MaxUIDLabels+1)
+	}
+	// A CUDA pool's devices are labelled by ordinal.
+	m = New()
+	m.SetPool(func() gpubuf.Stats {
+		return gpubuf.Stats{Backend: "cuda", Devices: []gpubuf.DeviceStats{{Device: 0, AllocatedBytes: 1}, {Device: 1, BudgetBytes: 1 << 30, AllocatedBytes: 0}}}
+	})
+	if s, err = m.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := s.Get("gdsfs_pool_allocated_bytes", "device", "1"); !ok || got != 0 {
+		t.Errorf("gdsfs_pool_allocated_bytes{device=1} = %v (present %v), want 0", got, ok)
 	}
 }
 

@@ -6,93 +6,49 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gdsfs/gdsfs/cache"
+	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 // MaxUIDLabels bounds the uid label: pool figures of more uids than this
 // are summed into uid="other".
 const MaxUIDLabels = 32
 
-// PoolStats is the buffer pool's state at one instant, in the shape the
-// metrics need (package daemon converts gpubuf.Stats to it).
-type PoolStats struct {
-	// Backend names the slab memory ("host", "cuda").
-	Backend string
-	Devices []DevicePool
-	UIDs    []UIDPool
-}
-
-// DevicePool is one device's pool. Device -1 is shared host memory.
-type DevicePool struct {
-	Device int
-	// BudgetBytes is the most slab memory the device may hold.
-	BudgetBytes int64
-	// AllocatedBytes is the slab memory allocated now.
-	AllocatedBytes int64
-	// LeasedBytes is the part of it held by leases.
-	LeasedBytes int64
-	Slabs       int
-	Leases      int
-	// UIDShareBytes is the most slab memory one uid may hold on it.
-	UIDShareBytes int64
-	// FreedSlabs counts idle slabs freed to make room for another uid.
-	FreedSlabs uint64
-}
-
-// UIDPool is what the sessions of one uid hold, over all devices.
-type UIDPool struct {
-	UID         uint32
-	Sessions    int
-	LeasedBytes int64
-	// AllocatedBytes is the uid's slab memory, leased or idle: what
-	// counts against its share.
-	AllocatedBytes int64
-	// Refused counts the uid's allocations refused for lack of memory.
-	Refused uint64
-	// FreedSlabs counts the uid's idle slabs freed for other uids.
-	FreedSlabs uint64
-}
-
-// IndexStats are the shard-index cache counters.
-type IndexStats struct {
-	Hits, Misses, Evictions uint64
-	Parses, ParseErrors     uint64
-	BudgetBytes, UsedBytes  int64
-}
-
-// PassthroughStats is the mount's kernel-passthrough state.
-type PassthroughStats struct {
-	// Enabled is true while the kernel does reads and writes of opened
-	// files itself.
+// Passthrough is the mount's kernel-passthrough state: whether the kernel
+// does reads and writes of opened files itself, and the mount's counts of
+// opens by how their I/O is served.
+type Passthrough struct {
 	Enabled bool
-	// Opens of data files by how their I/O is served, and kernel refusals.
-	Passthrough, Daemon, Refused uint64
+	fs.PassthroughStats
 }
 
 // SetPool makes every scrape read the pool through f (nil removes it).
-func (m *Metrics) SetPool(f func() PoolStats) {
+func (m *Metrics) SetPool(f func() gpubuf.Stats) {
 	if m != nil {
 		m.state.set(func(s *sources) { s.pool = f })
 	}
 }
 
 // SetIndex makes every scrape read the index cache counters through f.
-func (m *Metrics) SetIndex(f func() IndexStats) {
+func (m *Metrics) SetIndex(f func() cache.IndexStats) {
 	if m != nil {
 		m.state.set(func(s *sources) { s.index = f })
 	}
 }
 
 // SetPassthrough makes every scrape read the passthrough state through f.
-func (m *Metrics) SetPassthrough(f func() PassthroughStats) {
+func (m *Metrics) SetPassthrough(f func() Passthrough) {
 	if m != nil {
 		m.state.set(func(s *sources) { s.passthrough = f })
 	}
 }
 
 type sources struct {
-	pool        func() PoolStats
-	index       func() IndexStats
-	passthrough func() PassthroughStats
+	pool        func() gpubuf.Stats
+	index       func() cache.IndexStats
+	passthrough func() Passthrough
 }
 
 // stateCollector turns the callbacks into metrics at scrape time, so the
@@ -173,7 +129,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if src.pool != nil {
 		ps := src.pool()
 		for _, dv := range ps.Devices {
-			l := deviceLabel(dv.Device)
+			l := deviceLabel(ps.Backend, dv.Device)
 			gauge(c.poolBudget, float64(dv.BudgetBytes), l)
 			gauge(c.poolAllocated, float64(dv.AllocatedBytes), l)
 			gauge(c.poolLeased, float64(dv.LeasedBytes), l)
@@ -215,14 +171,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 type labelledUID struct {
-	UIDPool
+	gpubuf.UIDStats
 	label string
 }
 
 // boundUIDs keeps the MaxUIDLabels uids holding the most bytes and sums
 // the rest into "other".
-func boundUIDs(uids []UIDPool) []labelledUID {
-	sorted := append([]UIDPool(nil), uids...)
+func boundUIDs(uids []gpubuf.UIDStats) []labelledUID {
+	sorted := append([]gpubuf.UIDStats(nil), uids...)
 	sort.Slice(sorted, func(i, j int) bool {
 		if sorted[i].LeasedBytes != sorted[j].LeasedBytes {
 			return sorted[i].LeasedBytes > sorted[j].LeasedBytes
@@ -230,7 +186,7 @@ func boundUIDs(uids []UIDPool) []labelledUID {
 		return sorted[i].UID < sorted[j].UID
 	})
 	var out []labelledUID
-	var rest UIDPool
+	var rest gpubuf.UIDStats
 	for i, u := range sorted {
 		if i < MaxUIDLabels {
 			out = append(out, labelledUID{u, strconv.FormatUint(uint64(u.UID), 10)})

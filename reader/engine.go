@@ -54,7 +54,7 @@ func engineOnly(ctx context.Context, stderr io.Writer, path string, o Options, c
 	}
 	defer pool.Close()
 	dev := int(o.Device)
-	if engines.Backend().Name() == "host" {
+	if engines.Backend().Name() == gpubuf.HostBackendName {
 		if o.Device != ctl.HostDevice {
 			return usage.Errorf("--device %d: no GPU here; leave --device out", o.Device)
 		}

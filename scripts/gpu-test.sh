@@ -8,14 +8,15 @@
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
 #   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid control dataset checkpoint dcp
-#                       dcp2 pytest; dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
+#                       dcp2 tier pytest; dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
 #                       fit them all in 10 minutes: split them across calls.
 #   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
 #   GDSFS_DCP_ARGS      extra arguments for scripts/gpu/dcp_check.py (e.g. --gib 2 --parts blocked,reshard)
+#   GDSFS_TIER_GIB      memory-tier benchmark file size in GiB (default 8)
 #   GDSFS_PYTHON        the Python with torch 2.x, safetensors, pytest, hypothesis (default python3)
 #   GDSFS_PYTEST_ARGS   extra pytest arguments for the pytest section (e.g. -k safetensors)
 set -uo pipefail
-sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp dcp2 pytest} "
+sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp dcp2 tier pytest} "
 want() { [[ "$sections" == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 bin=build/gpu
@@ -158,6 +159,13 @@ if want dcp; then
 		pyunmount dcp
 	else status=1; fi
 fi
+# ---- the daemon's memory tier (issue 14 part 3) ---------------------------
+if want tier; then
+	echo "== memory tier: ${GDSFS_TIER_GIB:-8} GiB safetensors, warm load via the page cache vs via the tier (gdsfs warm --pin) vs pinned H2D (scripts/gpu/tier_check.py)"
+	PYTHONUNBUFFERED=1 timeout "${GDSFS_TIER_TIMEOUT:-420}" python3 scripts/gpu/tier_check.py --bin "$bin/gdsfs" --work "$work/tier" \
+		--out "$out" --gib "${GDSFS_TIER_GIB:-8}" --json "$out/tier.json" 2>&1 | tee "$out/tier.txt"
+	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 # ---- the Python suite (python/tests), against the carried binary --------
 # CI runs it with torch 1.13 and no safetensors, where the DCP fixtures and
 # round trips, safe_globals and the signature mirror skip; here torch 2.x,
@@ -197,6 +205,7 @@ grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* 
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
 for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
+[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|two|table|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
 if [ -f "$out/pytest.txt" ]; then
 	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')

@@ -14,6 +14,8 @@ type controlFlags struct {
 	indexCache  string
 	slabSocket  string
 	metricsAddr string
+	tierBudget  string // tierflags.go
+	gpuCache    string // tierflags.go
 }
 
 // addControlFlags registers the control path's flags on the mount command.
@@ -25,6 +27,7 @@ func addControlFlags(cmd *cobra.Command) *controlFlags {
 	_ = cmd.Flags().MarkDeprecated("index-cache", "use --meta-cache") // cannot fail: registered above
 	cmd.Flags().StringVar(&cf.slabSocket, "slab-socket", "", "where clients fetch slab memory descriptors: a path (created mode 0666; put it where clients in other containers see it) or @name in the abstract namespace (default: @gdsfs-slabs-<pid>-<random>, reachable in the daemon's network namespace)")
 	cmd.Flags().StringVar(&cf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9477 (default: off)")
+	addTierFlags(cmd, &cf.tierBudget, &cf.gpuCache)
 	return cf
 }
 
@@ -51,6 +54,12 @@ func (cf *controlFlags) config(cmd *cobra.Command, c *mountConfig, log zerolog.L
 		return cfg, err
 	}
 	if cfg.MetaCacheBytes, err = parseSize(sizeFlag, cf.indexCache); err != nil {
+		return cfg, err
+	}
+	if cfg.TierBytes, err = parseTierBudget(cf.tierBudget); err != nil {
+		return cfg, err
+	}
+	if cfg.GPUCacheBytes, err = parseZeroOrSize("gpu-cache", cf.gpuCache); err != nil {
 		return cfg, err
 	}
 	s, err := cf.engine.parse(log)

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/gdsfs/gdsfs/doctor"
 )
 
 func TestDoctorJSON(t *testing.T) {
@@ -23,7 +25,7 @@ func TestDoctorJSON(t *testing.T) {
 	if err := cmd.Execute(); err != nil {
 		t.Fatalf("doctor failed on a host that can serve: %v\n%s", err, out.String())
 	}
-	var r doctorReport
+	var r doctor.Report
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatalf("doctor --json output does not parse: %v\n%s", err, out.String())
 	}
@@ -62,22 +64,5 @@ func TestDoctorTable(t *testing.T) {
 func TestDoctorBadPathIsUsageError(t *testing.T) {
 	if code := run([]string{"doctor", "/nonexistent/gdsfs-doctor"}); code != exitUsage {
 		t.Errorf("exit code %d, want %d", code, exitUsage)
-	}
-}
-
-func TestKernelVersion(t *testing.T) {
-	for _, tc := range []struct {
-		rel      string
-		maj, min int
-	}{
-		{"6.18.44-fc-v595", 6, 18},
-		{"6.9.0", 6, 9},
-		{"5.15.0-91-generic", 5, 15},
-		{"6.10rc1", 6, 10},
-		{"garbage", 0, 0},
-	} {
-		if maj, min := kernelVersion(tc.rel); maj != tc.maj || min != tc.min {
-			t.Errorf("kernelVersion(%q) = %d.%d, want %d.%d", tc.rel, maj, min, tc.maj, tc.min)
-		}
 	}
 }

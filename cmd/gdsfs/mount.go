@@ -17,10 +17,10 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/internal/logfile"
 )
 
 // backgroundEnv marks the re-executed daemon of `mount --background`; its
@@ -116,120 +116,15 @@ func runMount(cmd *cobra.Command, c *mountConfig, cf *controlFlags) error {
 }
 
 // prepareMount checks every argument and cleans up a stale mount of the
-// same path. It returns the absolute mountpoint and source.
+// same path (daemon.PrepareMountpoint), making mountpoint and source
+// absolute.
 func prepareMount(c *mountConfig, log zerolog.Logger) error {
 	if _, err := zerolog.ParseLevel(c.logLevel); err != nil || c.logLevel == "" {
 		return usagef("--log-level %q: use debug, info, warn or error", c.logLevel)
 	}
-	mp, err := filepath.Abs(c.mountpoint)
-	if err != nil {
-		return usagef("mountpoint %q: %v", c.mountpoint, err)
-	}
-	c.mountpoint = mp
-	if err := cleanStale(mp, log); err != nil {
-		return err
-	}
-	if err := checkDir("mountpoint", mp); err != nil {
-		return err
-	}
-	if c.source != "" {
-		src, err := filepath.Abs(c.source)
-		if err != nil {
-			return usagef("--source %q: %v", c.source, err)
-		}
-		c.source = src
-		if err := checkDir("--source", src); err != nil {
-			return err
-		}
-		if src == mp {
-			return usagef("--source %q is the mountpoint; leave --source out to overmount it", src)
-		}
-	}
-	m, mounted, err := mountAt(mp)
-	if err != nil {
-		return err
-	}
-	switch {
-	case mounted && m.FSType == gdsfsFSType:
-		return usagef("%s is already mounted by gdsfs; unmount it first: gdsfs unmount %s", mp, mp)
-	case mounted && strings.HasPrefix(m.FSType, "fuse"):
-		return usagef("%s is a %s mount; gdsfs cannot stack on another FUSE filesystem, unmount it first", mp, m.FSType)
-	case mounted && c.source != "":
-		return usagef("%s is already a mount point (%s from %s) and --source would hide it; unmount it, or leave --source out to overmount its contents", mp, m.FSType, m.Source)
-	}
-	return checkFuseAccess(c.allowOther)
-}
-
-func checkDir(what, p string) error {
-	st, err := os.Stat(p)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return usagef("%s %s does not exist; create it with mkdir -p %s", what, p, p)
-	case err != nil:
-		return usagef("%s %s: %v", what, p, err)
-	case !st.IsDir():
-		return usagef("%s %s is not a directory; name a directory", what, p)
-	}
-	return nil
-}
-
-// cleanStale detaches a FUSE mount on mp whose daemon died. Such a mount
-// answers ENOTCONN to every request; statfs is never served from the
-// kernel's caches, so it asks (a stat may still be answered from cached
-// attributes).
-func cleanStale(mp string, log zerolog.Logger) error {
-	m, mounted, err := mountAt(mp)
-	if err != nil || !mounted || !strings.HasPrefix(m.FSType, "fuse") {
-		return err
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(mp, &st); !errors.Is(err, syscall.ENOTCONN) {
-		return nil
-	}
-	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
-		if out, ferr := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); ferr != nil {
-			return fmt.Errorf("clean up stale mount %s: %v; fusermount3: %s", mp, err, strings.TrimSpace(string(out)))
-		}
-	}
-	log.Warn().Str("mountpoint", mp).Str("fstype", m.FSType).Msg("cleaned up a stale mount left by a daemon that died")
-	return nil
-}
-
-// checkFuseAccess reports, before trying, why mounting cannot work here.
-func checkFuseAccess(allowOther bool) error {
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		return usagef("/dev/fuse is missing: install fuse3 (apt-get install fuse3) and load the module (modprobe fuse)")
-	}
-	if os.Geteuid() == 0 {
-		return nil
-	}
-	if err := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); err != nil {
-		// fusermount3 is setuid root and opens /dev/fuse itself, but only
-		// where setuid works; a device closed to the user usually means
-		// user mounts are not set up.
-		if _, serr := exec.LookPath("fusermount3"); serr != nil {
-			return usagef("/dev/fuse is not accessible to uid %d and fusermount3 is missing: run gdsfs as root, or install fuse3", os.Geteuid())
-		}
-	}
-	if _, err := exec.LookPath("fusermount3"); err != nil {
-		return usagef("mounting as a non-root user needs fusermount3: install fuse3, or run gdsfs as root")
-	}
-	if allowOther {
-		b, _ := os.ReadFile("/etc/fuse.conf")
-		if !hasConfLine(string(b), "user_allow_other") {
-			return usagef("--allow-other as a non-root user needs 'user_allow_other' in /etc/fuse.conf, or run gdsfs as root")
-		}
-	}
-	return nil
-}
-
-func hasConfLine(conf, word string) bool {
-	for _, l := range strings.Split(conf, "\n") {
-		if strings.TrimSpace(l) == word {
-			return true
-		}
-	}
-	return false
+	var err error
+	c.mountpoint, c.source, err = daemon.PrepareMountpoint(c.mountpoint, c.source, c.allowOther, log)
+	return err
 }
 
 // mountForeground mounts in this process and serves until unmounted. With
@@ -241,7 +136,7 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, cf *controlFlags, repor
 	if c.background && c.logFile == "" {
 		// A background daemon's log must be findable: by default it goes
 		// where `gdsfs status` and the mount's one line of output say.
-		p, err := defaultLogPath(c.mountpoint, os.Geteuid())
+		p, err := logfile.DefaultPath(c.mountpoint, os.Geteuid())
 		if err != nil {
 			return usagef("%v", err)
 		}
@@ -252,7 +147,7 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, cf *controlFlags, repor
 		if err != nil {
 			return usagef("--log-file %s: %v", c.logFile, err)
 		}
-		f, err := openRotating(abs, logRotateBytes, perm)
+		f, err := logfile.Open(abs, logfile.RotateBytes, perm)
 		if err != nil {
 			return usagef("--log-file %s: %v; give another --log-file", abs, err)
 		}

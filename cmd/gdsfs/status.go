@@ -116,6 +116,7 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 		fmt.Fprintf(w, "index:    %d hits, %d misses, %d evictions, %d parses (%d failed), %s cached of %s\n",
 			x.Hits, x.Misses, x.Evictions, x.Parses, x.ParseErrors, humanize.IBytes(uint64(x.UsedBytes)), humanize.IBytes(uint64(x.BudgetBytes)))
 	}
+	printTierStatus(w, st.Tier) // tierflags.go
 	if c.Foreign > 0 {
 		fmt.Fprintf(w, "other:    %d ioctls of other types answered ENOTTY (isatty checks), not refusals\n", c.Foreign)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/status"
 )
 
 // gdsfs status shows the index cache's counters, the foreign ioctls apart
@@ -39,10 +40,10 @@ func TestPrintStatusIndex(t *testing.T) {
 		t.Errorf("foreign ioctls shown as refusals:\n%s", out.String())
 	}
 	now := time.Now()
-	prev := &statusView{at: now, index: &cache.IndexStats{Hits: 10, Misses: 2}}
-	cur := &statusView{at: now.Add(2 * time.Second), index: &cache.IndexStats{Hits: 30, Misses: 4, Evictions: 2}}
+	prev := &status.View{At: now, Index: &cache.IndexStats{Hits: 10, Misses: 2}}
+	cur := &status.View{At: now.Add(2 * time.Second), Index: &cache.IndexStats{Hits: 30, Misses: 4, Evictions: 2}}
 	out.Reset()
-	printRates(&out, prev, cur)
+	status.PrintRates(&out, prev, cur)
 	if want := "index/s:  10 hits/s, 1 misses/s, 1 evictions/s"; !strings.Contains(out.String(), want) {
 		t.Errorf("rates lack %q:\n%s", want, out.String())
 	}

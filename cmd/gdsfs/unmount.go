@@ -1,18 +1,9 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"syscall"
-	"time"
-
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/daemon"
 )
 
 func newUnmountCmd() *cobra.Command {
@@ -30,104 +21,9 @@ last file is closed.`,
   gdsfs unmount --force /data    # files still open: detach now`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return unmount(args[0], force)
+			return daemon.UnmountPath(args[0], force)
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "lazy unmount: detach even while files are open")
 	return cmd
-}
-
-func unmount(path string, force bool) error {
-	mp, err := filepath.Abs(path)
-	if err != nil {
-		return usagef("mountpoint %q: %v", path, err)
-	}
-	m, mounted, err := mountAt(mp)
-	if err != nil {
-		return err
-	}
-	if !mounted {
-		return usagef("%s is not a mount point; nothing to unmount", mp)
-	}
-	if m.FSType != gdsfsFSType {
-		return usagef("%s is a %s mount, not gdsfs; use umount(8)", mp, m.FSType)
-	}
-	flags := 0
-	if force {
-		flags = syscall.MNT_DETACH
-	}
-	// Hold the daemon by a pidfd from before the unmount, so that the wait
-	// below is for this mount's daemon even if its pid is reused.
-	daemon := daemonPidfd(mp)
-	if daemon >= 0 {
-		defer unix.Close(daemon)
-	}
-	err = syscall.Unmount(mp, flags)
-	if errors.Is(err, syscall.EPERM) && os.Geteuid() != 0 {
-		args := []string{"-u", mp}
-		if force {
-			args = []string{"-uz", mp}
-		}
-		out, ferr := exec.Command("fusermount3", args...).CombinedOutput()
-		if ferr != nil {
-			return fmt.Errorf("unmount %s: fusermount3: %s", mp, strings.TrimSpace(string(out)))
-		}
-		return nil
-	}
-	if errors.Is(err, syscall.EBUSY) {
-		return fmt.Errorf("unmount %s: busy (files on it are open); close them, or use --force to detach lazily", mp)
-	}
-	if err != nil {
-		return fmt.Errorf("unmount %s: %w", mp, err)
-	}
-	if !force && daemon >= 0 {
-		// The daemon holds the backing directory open until it exits:
-		// return once it has, so the backing filesystem can be unmounted
-		// right after (a lazy unmount may still serve open files: no wait).
-		waitExit(daemon, daemonExitWait)
-	}
-	return nil
-}
-
-// daemonExitWait bounds how long unmount waits for the daemon to exit.
-const daemonExitWait = 10 * time.Second
-
-// daemonPidfd returns a pidfd of the daemon serving mountpoint mp (from
-// the user.gdsfs.stats of its root), or -1 when that cannot be known.
-func daemonPidfd(mp string) int {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Getxattr(mp, "user.gdsfs.stats", buf)
-	if err != nil {
-		return -1
-	}
-	var st struct {
-		DaemonPID int `json:"daemon_pid"`
-	}
-	if json.Unmarshal(buf[:n], &st) != nil || st.DaemonPID <= 0 || st.DaemonPID == os.Getpid() {
-		return -1 // unknown, or served by this very process (nothing to wait for)
-	}
-	fd, err := unix.PidfdOpen(st.DaemonPID, 0)
-	if err != nil {
-		return -1
-	}
-	return fd
-}
-
-// waitExit waits until the process of pidfd exits, at most d.
-func waitExit(pidfd int, d time.Duration) {
-	deadline := time.Now().Add(d)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return
-		}
-		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || n > 0 {
-			return
-		}
-	}
 }

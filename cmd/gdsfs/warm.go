@@ -24,6 +24,8 @@ type warmConfig struct {
 	paths    []string
 	workers  int
 	progress string // auto, always, never
+	pin      bool   // into the daemon's memory tier (warm_pin.go)
+	unpin    bool   // out of it
 }
 
 func newWarmCmd() *cobra.Command {
@@ -41,12 +43,17 @@ of a cached dataset returns at once. A progress bar shows bytes, rate and
 ETA on a terminal. At the end warm checks how much stayed cached: a dataset
 larger than free memory cannot all stay, and warm says so.
 
-Warming into the daemon's GPU or host slab pool is not offered: the
-control path frees a session's buffers when the session ends, so they
-cannot outlive the warm command.`,
+With --pin, the gdsfs daemon serving PATH reads the files into its memory
+tier instead (pinned host memory on a GPU machine; the mount needs
+--tier-budget), where they stay after warm exits, until evicted or changed:
+READs of them are then served by one DMA copy from the tier. Only files you
+may read can be pinned; each user may hold a share of the tier
+(--uid-share). --unpin drops your files from it.`,
 		Example: `  gdsfs warm /data/imagenet/train
   gdsfs warm --workers 16 /data/shards/shard-00*.tar
-  gdsfs warm --progress never /data/ckpt/step-1000 && python train.py`,
+  gdsfs warm --progress never /data/ckpt/step-1000 && python train.py
+  gdsfs warm --pin /data/models/llama-70b/*.safetensors
+  gdsfs warm --unpin /data/models/llama-70b`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c.paths = args
@@ -56,6 +63,8 @@ cannot outlive the warm command.`,
 	f := cmd.Flags()
 	f.IntVar(&c.workers, "workers", min(max(runtime.NumCPU(), 4), 16), "parallel reads")
 	f.StringVar(&c.progress, "progress", "auto", "progress bar: auto (on a terminal), always or never")
+	f.BoolVar(&c.pin, "pin", false, "read the files into the gdsfs daemon's memory tier (mount --tier-budget) instead of the page cache")
+	f.BoolVar(&c.unpin, "unpin", false, "drop the files from the gdsfs daemon's memory tier")
 	return cmd
 }
 
@@ -85,18 +94,24 @@ func runWarm(cmd *cobra.Command, c *warmConfig) error {
 
 	errOut := cmd.ErrOrStderr()
 	out := cmd.OutOrStdout()
+	show := c.progress == "always"
+	if c.progress == "auto" {
+		if f, ok := errOut.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+			show = true
+		}
+	}
+	if c.pin || c.unpin {
+		if c.pin && c.unpin {
+			return usagef("--pin and --unpin: give one")
+		}
+		return runWarmPin(ctx, cmd, c, show)
+	}
 	plan, err := pagecache.NewPlan(ctx, c.paths)
 	if err != nil {
 		return err
 	}
 	for _, e := range plan.Skipped {
 		fmt.Fprintf(errOut, "gdsfs: warm: skipped %v\n", e)
-	}
-	show := c.progress == "always"
-	if c.progress == "auto" {
-		if f, ok := errOut.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
-			show = true
-		}
 	}
 	bar := newWarmBar(plan.ToReadBytes, errOut, show)
 	start := time.Now()

@@ -36,7 +36,7 @@ SLAB_KIND_CUDA_FD = 3  # CUDA virtual memory: fetch a descriptor from the slab s
 
 WRITE_SYNC = 1
 
-ENGINES = {0: "none", 1: "host", 2: "posix", 3: "gds", 4: "gds-compat"}
+ENGINES = {0: "none", 1: "host", 2: "posix", 3: "gds", 4: "gds-compat", 5: "tier"}
 
 
 def _iowr(nr: int, size: int) -> int:
@@ -51,6 +51,7 @@ STATUS_SIZE = 16320
 READ_SIZE = 12352
 WRITE_SIZE = 128
 INDEX_SIZE = 16320
+PIN_SIZE = 128
 
 HELLO = _iowr(0x01, HELLO_SIZE)
 SLAB = _iowr(0x02, SLAB_SIZE)
@@ -61,6 +62,8 @@ READ = _iowr(0x10, READ_SIZE)
 READ_NAMES = _iowr(0x11, READ_SIZE)
 WRITE = _iowr(0x12, WRITE_SIZE)
 INDEX = _iowr(0x13, INDEX_SIZE)
+PIN = _iowr(0x14, PIN_SIZE)
+PIN_UNPIN = 1  # PIN flags bit 0: drop the file from the daemon's memory tier
 
 _HEADER = struct.Struct("<IHHQQQ")
 _LEASE = struct.Struct("<QQQQQII")
@@ -298,6 +301,30 @@ def encode_write(token: Token, lease: int, lease_offset: int, file_offset: int, 
 def decode_write(buf: bytes) -> tuple[int, int]:
     written, engine = struct.unpack_from("<QI", buf, 32)
     return written, engine
+
+
+class PinReply(NamedTuple):
+    """The PIN reply (docs/protocol.md 3.9): the file and the daemon's memory tier."""
+
+    size: int
+    cached: int
+    filled: int
+    chunk: int
+    budget: int
+    used: int
+    yours: int
+    share: int
+
+
+def encode_pin(token: Token | None, offset: int, length: int, *, unpin: bool = False) -> bytearray:
+    """PIN carries no session (the token is ignored: None sends zeros)."""
+    buf = request(PIN_SIZE, token)
+    struct.pack_into("<QQI", buf, 32, offset, length, PIN_UNPIN if unpin else 0)
+    return buf
+
+
+def decode_pin(buf: bytes) -> PinReply:
+    return PinReply(*struct.unpack_from("<8Q", buf, 32))
 
 
 ERRNO_HINTS = {

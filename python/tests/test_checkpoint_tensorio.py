@@ -279,3 +279,32 @@ def test_a_failed_writeback_is_raised(tmp_path, monkeypatch):
     with pytest.raises(OSError) as e:
         _flush_case(tmp_path, monkeypatch, fail=True)
     assert e.value.errno == errno.EIO
+
+
+def test_read_pieces_fit_a_slab_once_widened(tmp_path):
+    """The daemon widens every range to 4 KiB: a piece of a whole slab at an unaligned offset (a
+    safetensors tensor) would need a slab of its own, allocated and mapped anew for every lease."""
+    slab = 1 << 20
+
+    class SlabSession(FakeSession):
+        ranges: list = []
+
+        def status(self):
+            return {"pool": {"slab_bytes": slab}}
+
+        def read(self, fd, ranges, **k):
+            self.ranges.extend(ranges)
+            return super().read(fd, ranges, **k)
+
+    sess = SlabSession(16 << 20, 64 << 20)
+    p = tmp_path / "f.bin"
+    data = os.urandom(3 * slab + 500)
+    p.write_bytes(data)
+    dest = torch.empty(3 * slab, dtype=torch.uint8)
+    with open(p, "rb") as f:
+        tensorio.DaemonMover(sess).read_into(f.fileno(), [(100, dest)])
+    assert bytes(dest.numpy()) == data[100 : 100 + 3 * slab]
+    align = 4096
+    for off, n in sess.ranges:
+        widened = -(-(off + n) // align) * align - off // align * align
+        assert widened <= slab, f"range ({off}, {n}) widens to {widened} bytes, more than a {slab}-byte slab"

@@ -157,8 +157,10 @@ class DaemonMover:
         cap = int(getattr(session, "max_lease", 0) or 0) or PIECE_BYTES * 8
         # A lease larger than one slab gets a slab of its own, allocated for it and freed with
         # it (and mapped anew by this process every time): keep pieces within a regular slab.
+        # The daemon widens each range to 4 KiB (one page more at an unaligned offset, as
+        # safetensors tensors are): a piece of slab - ALIGN bytes still fits one slab.
         slab = slab_bytes(session)
-        self._piece = max(ALIGN, min(PIECE_BYTES, slab, cap // 4) // ALIGN * ALIGN)
+        self._piece = max(ALIGN, min(PIECE_BYTES, slab - ALIGN, cap // 4) // ALIGN * ALIGN)
         self._batch = max(self._piece, min(BATCH_BYTES, cap // 3))
         self._write_lease = max(ALIGN, min(self._piece, cap // (2 * WRITE_THREADS)) // ALIGN * ALIGN)
         self._max_ranges = int(getattr(getattr(session, "hello", None), "max_ranges", 0) or 256)

@@ -1,4 +1,6 @@
-package main
+// Package logfile is where gdsfs mount logs: the default path of a
+// background daemon's log and a file that rotates itself when it grows.
+package logfile
 
 import (
 	"fmt"
@@ -8,15 +10,15 @@ import (
 	"sync"
 )
 
-// logRotateBytes is the size at which a log file gdsfs opens is moved to
+// RotateBytes is the size at which a log file gdsfs opens is moved to
 // FILE.1 (replacing the previous one) and started afresh.
-const logRotateBytes = 64 << 20
+const RotateBytes = 64 << 20
 
-// defaultLogPath is where `mount --background` logs without --log-file:
+// DefaultPath is where `mount --background` logs without --log-file:
 // /var/log/gdsfs/<mountpoint>.log as root, $XDG_STATE_HOME/gdsfs/ (default
 // ~/.local/state/gdsfs/) otherwise, the mountpoint's absolute path escaped
 // into one file name ("/mnt/data" -> "mnt-data.log").
-func defaultLogPath(mountpoint string, euid int) (string, error) {
+func DefaultPath(mountpoint string, euid int) (string, error) {
 	abs, err := filepath.Abs(mountpoint)
 	if err != nil {
 		return "", fmt.Errorf("log file for %s: %w", mountpoint, err)
@@ -58,10 +60,10 @@ func escapePath(p string) string {
 	return b.String()
 }
 
-// rotatingFile appends to a log file and, when a write would take it past
+// Rotating appends to a log file and, when a write would take it past
 // limit bytes, renames it to path+".1" and starts a new one, so a
 // long-running daemon's log stays bounded (two files of at most limit).
-type rotatingFile struct {
+type Rotating struct {
 	path  string
 	limit int64
 	perm  os.FileMode
@@ -71,20 +73,20 @@ type rotatingFile struct {
 	size int64    // GUARDED_BY(mu)
 }
 
-// openRotating opens (creating with perm, and its directory with 0700 if
+// Open opens (creating with perm, and its directory with 0700 if
 // missing) path for appending.
-func openRotating(path string, limit int64, perm os.FileMode) (*rotatingFile, error) {
+func Open(path string, limit int64, perm os.FileMode) (*Rotating, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	r := &rotatingFile{path: path, limit: limit, perm: perm}
+	r := &Rotating{path: path, limit: limit, perm: perm}
 	if err := r.open(); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-func (r *rotatingFile) open() error {
+func (r *Rotating) open() error {
 	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, r.perm)
 	if err != nil {
 		return err
@@ -101,7 +103,7 @@ func (r *rotatingFile) open() error {
 // Write appends p, rotating first when p would take the file past the limit.
 // A failed rotation keeps writing to the current file: losing log lines is
 // worse than a large file.
-func (r *rotatingFile) Write(p []byte) (int, error) {
+func (r *Rotating) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.size > 0 && r.size+int64(len(p)) > r.limit {
@@ -120,7 +122,7 @@ func (r *rotatingFile) Write(p []byte) (int, error) {
 }
 
 // Close closes the current file.
-func (r *rotatingFile) Close() error {
+func (r *Rotating) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.f.Close()

@@ -1,4 +1,4 @@
-package main
+package logfile
 
 import (
 	"bytes"
@@ -22,9 +22,9 @@ func TestDefaultLogPath(t *testing.T) {
 		{"/.hidden", 0, "/var/log/gdsfs/_2ehidden.log"},
 		{"/", 0, "/var/log/gdsfs/root.log"},
 	} {
-		got, err := defaultLogPath(c.mp, c.euid)
+		got, err := DefaultPath(c.mp, c.euid)
 		if err != nil || got != c.want {
-			t.Errorf("defaultLogPath(%q, %d) = %q, %v; want %q", c.mp, c.euid, got, err, c.want)
+			t.Errorf("DefaultPath(%q, %d) = %q, %v; want %q", c.mp, c.euid, got, err, c.want)
 		}
 	}
 }
@@ -33,7 +33,7 @@ func TestDefaultLogPath(t *testing.T) {
 // new file; no line is split or lost.
 func TestRotatingFile(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "sub", "gdsfs.log")
-	r, err := openRotating(p, 100, 0o600)
+	r, err := Open(p, 100, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}

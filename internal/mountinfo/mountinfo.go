@@ -1,0 +1,126 @@
+// Package mountinfo reads the kernel's mount table (/proc/self/mountinfo):
+// which filesystem is mounted where, for gdsfs mount, unmount and doctor.
+package mountinfo
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Entry is one line of /proc/self/mountinfo, the fields gdsfs needs.
+type Entry struct {
+	MountPoint string
+	FSType     string
+	Source     string
+}
+
+// ErrMalformed marks a malformed mountinfo line.
+var ErrMalformed = errors.New("gdsfs: malformed mountinfo line")
+
+// Parse parses the format of proc(5) /proc/PID/mountinfo:
+//
+//	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+//
+// The optional fields end at a lone "-"; paths escape space, tab, newline
+// and backslash as octal (\040).
+func Parse(r io.Reader) ([]Entry, error) {
+	var out []Entry
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		sep := -1
+		for i := 6; i < len(f); i++ {
+			if f[i] == "-" {
+				sep = i
+				break
+			}
+		}
+		if len(f) < 6 || sep < 0 || sep+2 >= len(f) {
+			return nil, fmt.Errorf("%w %d: %q", ErrMalformed, line, sc.Text())
+		}
+		out = append(out, Entry{
+			MountPoint: unescape(f[4]),
+			FSType:     f[sep+1],
+			Source:     unescape(f[sep+2]),
+		})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	return out, nil
+}
+
+// unescape decodes the kernel's \ooo escapes; anything else is
+// kept as is.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// At returns the topmost mount on path (the last one listed), or
+// false if path is not a mount point.
+func At(path string) (Entry, bool, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("read mount table: %w", err)
+	}
+	defer f.Close()
+	ms, err := Parse(f)
+	if err != nil {
+		return Entry{}, false, err
+	}
+	var found Entry
+	ok := false
+	for _, m := range ms {
+		if m.MountPoint == path {
+			found, ok = m, true
+		}
+	}
+	return found, ok, nil
+}
+
+// GDSFSType is the filesystem type gdsfs mounts show in the mount table.
+const GDSFSType = "fuse.gdsfs"
+
+// Containing returns the mount point of the filesystem path is on
+// (walking up to the nearest mount point) and its type.
+func Containing(path string) (Entry, bool) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return Entry{}, false
+	}
+	if st, err := os.Stat(abs); err == nil && !st.IsDir() {
+		abs = filepath.Dir(abs)
+	}
+	for d := abs; ; d = filepath.Dir(d) {
+		if m, ok, err := At(d); err == nil && ok {
+			return m, true
+		}
+		if d == "/" {
+			return Entry{}, false
+		}
+	}
+}

@@ -1,0 +1,47 @@
+// Package openflags reads a descriptor's open flags (fcntl F_GETFL): the
+// access the kernel checked and granted at open(2), which the daemon (root)
+// must never exceed on a client's behalf.
+package openflags
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Of returns f's open flags. It reads them through f's raw descriptor
+// without changing f's blocking mode (as f.Fd() would).
+func Of(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("fcntl %q: %w", f.Name(), err)
+	}
+	var fl int
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
+		return 0, fmt.Errorf("fcntl %q: %w", f.Name(), err)
+	}
+	if ferr != nil {
+		return 0, fmt.Errorf("fcntl %q: %w", f.Name(), ferr)
+	}
+	return fl, nil
+}
+
+// AccessMode returns f's O_ACCMODE bits: O_RDONLY, O_WRONLY or O_RDWR.
+func AccessMode(f *os.File) (int, error) {
+	fl, err := Of(f)
+	return fl & unix.O_ACCMODE, err
+}
+
+// Readable reports whether f was opened for reading (O_RDONLY or O_RDWR).
+func Readable(f *os.File) bool {
+	m, err := AccessMode(f)
+	return err == nil && m != unix.O_WRONLY
+}
+
+// Writable reports whether f was opened for writing (O_WRONLY or O_RDWR).
+func Writable(f *os.File) bool {
+	m, err := AccessMode(f)
+	return err == nil && m != unix.O_RDONLY
+}
