@@ -625,14 +625,18 @@ class GDSFileSystemReader(FileSystemReader):
         for req, info in zip(plan.items, infos):
             per_file.setdefault(info.relative_path, []).append(req)
         batch = _default_hooks(planner)
-        for rel, reqs in per_file.items():
-            reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
-            self._read_file(os.path.join(root, rel), reqs, planner, batch)
+        reads = _Reads(self._strict)  # one session for every file: its slab mappings are made once
+        try:
+            for rel, reqs in per_file.items():
+                reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
+                self._read_file(os.path.join(root, rel), reqs, planner, batch, reads)
+        finally:
+            reads.close()
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
-    def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool) -> None:
+    def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool, io_: "_Reads") -> None:
         with open(path, "rb", buffering=_BUFFER) as fh:
             fd = fh.fileno()
             # (req, target, source to copy into the target or None when the bytes land in it)
@@ -643,7 +647,7 @@ class GDSFileSystemReader(FileSystemReader):
             def flush() -> None:
                 nonlocal held
                 if items:
-                    transfer(path, fd, list(items), write=False, strict=self._strict)
+                    io_.read(path, fd, list(items))
                 for req, target, src in pending:
                     if src is not None:
                         if src.size() != target.size():
@@ -733,6 +737,48 @@ class GDSFileSystemReader(FileSystemReader):
         if saved.is_neg():
             src = torch._neg_view(src)  # type: ignore[attr-defined]
         return [(base + first * es, byte_view(temp))], src
+
+
+class _Reads:
+    """Reads of one ``read_data`` call through one daemon session (what ``transfer`` does per
+    file: each session that closes drops this process's mappings of the mount's slabs, so a
+    session per file would map the slabs anew for every file of a resharded load).
+
+    When the daemon cannot serve, the rest of the call reads with plain I/O after the one-time
+    GDSFallbackWarning (``strict=True`` raises instead); positional reads make a redo safe.
+    """
+
+    def __init__(self, strict: bool) -> None:
+        self._strict = strict
+        self._mover: Any = None
+        self._plain = False
+
+    def read(self, path: str, fd: int, items: list[tuple[int, torch.Tensor]]) -> None:
+        from gdsfs._ckpt.tensorio import PosixMover, open_mover
+
+        if not self._plain:
+            if self._mover is None:
+                self._mover = open_mover(path, strict=self._strict)
+            if isinstance(self._mover, PosixMover):
+                self._plain = True
+            else:
+                try:
+                    self._mover.read_into(fd, items)
+                    return
+                except GDSUnavailableError as e:
+                    if self._strict:
+                        raise
+                    self.close()
+                    self._plain = True
+                    warn_fallback(f"the daemon could not serve {path!r} ({e})", cause=f"transfer errno {e.errno}")
+        PosixMover().read_into(fd, items)
+
+    def close(self) -> None:
+        from gdsfs._ckpt.tensorio import close_mover
+
+        if self._mover is not None:
+            close_mover(self._mover)
+            self._mover = None
 
 
 def span(storage_offset: int, strides: tuple[int, ...] | Any, offsets: tuple[int, ...],
