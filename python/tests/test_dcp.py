@@ -29,6 +29,14 @@ if not REAL:
 import gdsfs.dcp as gdcp  # noqa: E402  (after the stand-in is installed)
 
 
+@pytest.fixture(autouse=True)
+def _close_staging():
+    """The staging session a snapshot keeps for the next one is closed after each test, so that
+    no test's mount is left with an open session."""
+    yield
+    gdcp.close_staging()
+
+
 @pytest.fixture
 def mdir(gdsfs_mount, request):
     yield from daemon_dir(gdsfs_mount, request, "dcp")

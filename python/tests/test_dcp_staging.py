@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 import warnings
 
 import pytest
@@ -36,6 +37,14 @@ if not REAL:
 import gdsfs.dcp as gdcp  # noqa: E402  (after the stand-in is installed)
 
 MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _close_staging():
+    """The staging session a snapshot keeps for the next one is closed after each test, so that
+    no test's mount is left with an open session."""
+    yield
+    gdcp.close_staging()
 
 
 @pytest.fixture
@@ -133,8 +142,6 @@ def _staged_saver(path: str, seed: int, moment: str, conn) -> None:
     """Stage a new snapshot of ``tensors(seed)`` into slabs and start writing it; tell the parent
     (who SIGKILLs us) once at ``moment``: "staged" (before any write) or "writing" (after the
     daemon wrote the first lease)."""
-    import time
-
     import gdsfs._core as core
 
     warnings.simplefilter("ignore")
@@ -238,3 +245,28 @@ def test_daemon_killed_during_staged_save(tmp_path, gdsfs_bin):
         assert m2.wait_leases(0) == 0
     finally:
         unmount(gdsfs_bin, str(mnt))
+
+
+def test_next_snapshot_reuses_the_kept_session(small_mount, monkeypatch):
+    """A second snapshot, of a new writer, stages through the session the first one kept (its
+    slab mappings with it) instead of opening another; close_staging closes it."""
+    import gdsfs._core as core
+
+    opened = []
+    real = core.Session.open
+    monkeypatch.setattr(core.Session, "open", classmethod(lambda cls, *a, **k: (opened.append(a), real(*a, **k))[1]))
+    sessions0 = int(small_mount.stats()["sessions"])
+    src = {k: v for k, v in tensors(4, mib3=2).items() if k != "big"}
+    for i in range(3):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Detected an existing checkpoint")
+            w = gdcp.GDSFileSystemWriter(small_mount.path(f"reuse-{i}"))
+            finish_save(w, w.stage(src))
+        assert same(read_dcp_raw(small_mount.path(f"reuse-{i}")), src)
+    assert len(opened) == 1, f"{len(opened)} staging sessions for 3 snapshots"
+    assert small_mount.wait_leases(0) == 0
+    gdcp.close_staging()
+    deadline = time.monotonic() + 10
+    while int(small_mount.stats()["sessions"]) != sessions0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert int(small_mount.stats()["sessions"]) == sessions0
