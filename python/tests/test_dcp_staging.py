@@ -270,3 +270,24 @@ def test_next_snapshot_reuses_the_kept_session(small_mount, monkeypatch):
     while int(small_mount.stats()["sessions"]) != sessions0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert int(small_mount.stats()["sessions"]) == sessions0
+
+
+def test_large_staged_snapshot_goes_to_parallel_files(gdsfs_mount, monkeypatch):
+    """A staged snapshot of at least 2 x _STAGED_FILE_BYTES is written to up to 4 data files in
+    parallel (one file's writeback is slower than the disk); the stock and gdsfs readers load it."""
+    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)
+    d = gdsfs_mount.path("staging-files")
+    src = {k: v for k, v in tensors(5, mib3=5).items() if k != "big"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
+        w = gdcp.GDSFileSystemWriter(d)
+        staged = w.stage(src)
+        assert w.stage_stats["stock_bytes"] == 0
+        finish_save(w, staged)
+    names = sorted(n for n in os.listdir(d) if n.endswith(".distcp"))
+    assert names == [f"__0_{i}.distcp" for i in range(4)], names
+    assert same(read_dcp_raw(d), src)
+    got = {k: torch.zeros_like(v) for k, v in src.items()}
+    S.load(got, [], gdcp.GDSFileSystemReader(d))
+    assert same(got, src)
+    assert gdsfs_mount.wait_leases(0) == 0
