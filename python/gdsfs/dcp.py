@@ -405,13 +405,16 @@ class GDSFileSystemWriter(FileSystemWriter):
         st = self.stage_stats
         if st["stock_bytes"]:
             why = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+            if self._strict:
+                self._discard_staged()
             warn_fallback(
                 f"dcp.async_save staged {st['stock_tensors']} tensors ({_mib(st['stock_bytes'])}) the stock way, in host "
                 f"memory, and {st['slab_tensors']} ({_mib(st['slab_bytes'])}) into daemon slabs ({why}); the training "
                 f"step waits for the stock copies: mount with --gpu-pool (--host-pool for CPU tensors) of at least twice "
                 f"the bytes each GPU saves (with the default --uid-share 50%) plus what loaders hold, and --slab-size of "
                 f"at least the largest tensor shard (docs/operations.md, sizing the pool)",
-                cause="dcp staging: stock staging of some tensors", doing="this save still completes")
+                cause="dcp staging: stock staging of some tensors", doing="this save still completes",
+                strict=self._strict)
         return out
 
     def _stage_obj(self, sess: Any, obj: Any, reasons: dict[str, int]) -> Any:

@@ -291,3 +291,14 @@ def test_large_staged_snapshot_goes_to_parallel_files(gdsfs_mount, monkeypatch):
     S.load(got, [], gdcp.GDSFileSystemReader(d))
     assert same(got, src)
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_strict_writer_refuses_stock_staging(small_mount):
+    """strict=True: a snapshot the pool cannot hold raises instead of staging some tensors the
+    stock way, and gives back the leases it took."""
+    from gdsfs import GDSUnavailableError
+
+    w = gdcp.GDSFileSystemWriter(small_mount.path("strict"), strict=True)
+    with pytest.raises(GDSUnavailableError, match="the stock way"):
+        w.stage(tensors(6))
+    assert small_mount.wait_leases(0) == 0
