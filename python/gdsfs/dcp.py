@@ -627,6 +627,14 @@ class _IdleStaging:
             self._idle[mount] = entry
             return True
 
+    def after_fork(self) -> None:
+        # A forked child (a DataLoader worker) neither reuses nor closes the parent's sessions,
+        # and a lock another thread of the parent held must not stay held in it.
+        import threading
+
+        self._lock = threading.Lock()
+        self._idle = {}
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, {}
@@ -640,6 +648,8 @@ class _IdleStaging:
 # The only process-wide state of gdsfs.dcp, like the client's slab mapping cache it serves.
 _IDLE = _IdleStaging()
 atexit.register(_IDLE.close)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_IDLE.after_fork)
 
 
 def close_staging() -> None:
