@@ -13,7 +13,7 @@ FUZZTIME  ?= 10s
 STATICCHECK ?= v0.8.2
 export GDSFS_BIN := $(abspath $(BIN))
 
-.PHONY: all build test unit integration pytest pycheck fuzz lint demo bench gpu-build install install-check wheel clean
+.PHONY: all build test unit integration pytest pycheck fuzz lint demo bench bench-dataset gpu-build install install-check wheel clean
 
 all: build
 
@@ -21,7 +21,7 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/gdsfs
 
-test: build lint pycheck unit integration pytest fuzz install-check
+test: build lint pycheck unit integration pytest bench-dataset fuzz install-check
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -62,6 +62,13 @@ install-check:
 
 bench: build
 	$(BIN) bench
+
+# The per-sample path of GDSShardDataset on the host engine (issue 15): samples/s per sample size
+# vs a plain tarfile loader, and the daemon's per-range cost; printed for review, never asserted.
+# A few seconds; scripts/bench-dataset.py --profile --compare DIR for the full picture.
+bench-dataset: build
+	$(PYTHON) scripts/bench-dataset.py --quick
+	$(GO) test -run '^$$' -bench ServerReadSmallSamples -benchtime 200x ./ctlserver
 
 # Static binaries for the GPU machine (scripts/gpu-test.sh runs them there; nothing builds there).
 gpu-build: build

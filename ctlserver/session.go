@@ -323,6 +323,11 @@ func (ss *session) readRanges(ctx context.Context, f *os.File, eng cufile.Engine
 			todo = append(todo, i)
 		}
 	}
+	if vr, ok := eng.(cufile.VecReader); ok && len(todo) > 1 {
+		// Many ranges: the engine reads them together (issue 15).
+		readVec(ctx, vr, f, plan, held, todo, got, errs)
+		todo = nil
+	}
 	var next atomic.Int64
 	readSome := func() {
 		for {

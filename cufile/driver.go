@@ -17,9 +17,10 @@ import (
 type Driver struct {
 	lib  *library
 	fn   driverFuncs
-	vmm  vmmFuncs  // virtual memory management (vmm.go); zero where the driver lacks it
-	ctxs []uintptr // primary context per device ordinal
-	devs []int32   // CUdevice per ordinal
+	vmm  vmmFuncs     // virtual memory management (vmm.go); zero where the driver lacks it
+	reg  hostRegFuncs // host memory registration (hostreg.go); zero where the driver lacks it
+	ctxs []uintptr    // primary context per device ordinal
+	devs []int32      // CUdevice per ordinal
 }
 
 type driverFuncs struct {
@@ -61,6 +62,7 @@ func LoadDriver() (*Driver, error) {
 		return nil, err
 	}
 	d.bindVMM()
+	d.bindHostRegister()
 	if err := d.check("cuInit", cuCall(f.cuInit, 0)); err != nil {
 		return nil, err
 	}

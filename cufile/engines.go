@@ -103,6 +103,8 @@ type Engines struct {
 	files map[fileKey]choice // GUARDED_BY(mu): per-file decisions
 
 	refused *refusals // files cuFile refused or failed on, per cause and filesystem
+
+	tierStreams streamPool // the memory tier's copy streams (tierstreams.go)
 }
 
 type choice struct {
@@ -452,6 +454,9 @@ func (e *Engines) Close() error {
 	}
 	if e.hostBE != nil {
 		errs = append(errs, e.hostBE.Close())
+	}
+	if e.drv != nil {
+		errs = append(errs, e.tierStreams.close(e.drv))
 	}
 	return errors.Join(errs...)
 }

@@ -30,6 +30,9 @@ func TestGPUTierCopyIn(t *testing.T) {
 	}()
 	r := rand.NewChaCha8([32]byte{14})
 	_, _ = r.Read(src)
+	if err := e.TierSeal(src); err != nil { // as the tier does once an extent is filled
+		t.Fatal(err)
+	}
 	m, err := e.Backend().Alloc(context.Background(), 0, n+2*gpubuf.Align, 0)
 	if err != nil {
 		t.Fatal(err)

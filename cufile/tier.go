@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 // The daemon's memory tier (package tier) keeps file extents in memory
 // this file allocates, and has hits copied into slabs by CopyIn: on a GPU
 // machine the extents are pinned host memory (cuMemHostAlloc, portable to
-// every device's context) and a hit is one DMA host-to-device copy per
+// every device's context; registered after the fill where the driver
+// can, hostreg.go) and a hit is one DMA host-to-device copy per
 // extent, no CPU copy; with the host backend the extents are plain memory
 // (the tier's own) and a hit is a memcpy. Tier memory is not
 // cuFileBufRegister'ed: no cuFile call reads or writes it (pins fill it with
@@ -23,25 +26,42 @@ func (e *Engines) TierPinned() bool {
 	return e.drv != nil && e.backend != nil && e.backend.Name() == "cuda"
 }
 
-// TierAlloc allocates n bytes of pinned host memory for the tier.
+// TierAlloc allocates n bytes of host memory for the tier: anonymous
+// memory to TierSeal once filled where the driver registers host memory
+// (TierSealed, hostreg.go), else pinned memory (cuMemHostAlloc).
 func (e *Engines) TierAlloc(n int64) ([]byte, error) {
 	if e.drv == nil {
 		return nil, fmt.Errorf("cufile: pinned tier memory needs a GPU")
 	}
+	if e.TierSealed() {
+		return mapAnon(n)
+	}
 	return e.drv.HostAlloc(0, n)
 }
 
-// TierFree frees memory from TierAlloc.
+// TierFree frees memory from TierAlloc, sealed or not. Memory the driver
+// fails to unregister is left mapped (its pages may still be pinned for
+// DMA): a leak, never a reuse of pinned addresses.
 func (e *Engines) TierFree(b []byte) error {
 	if e.drv == nil {
 		return fmt.Errorf("cufile: pinned tier memory needs a GPU")
 	}
-	return e.drv.HostFree(0, b)
+	if !e.TierSealed() {
+		return e.drv.HostFree(0, b)
+	}
+	if _, err := e.drv.HostUnregister(b); err != nil {
+		return fmt.Errorf("cufile: unpin %d bytes of tier memory (left mapped): %w", len(b), err)
+	}
+	if err := unix.Munmap(b); err != nil {
+		return fmt.Errorf("cufile: munmap tier memory: %w", err)
+	}
+	return nil
 }
 
 // CopyIn copies src (host memory; pinned for a DMA) into slab memory dst
-// at dstOff: cuMemcpyHtoD into CUDA slabs, memcpy into host slabs. It
-// implements the tier's Copier.
+// at dstOff: cuMemcpyHtoDAsync on a pooled stream, waited for, into CUDA
+// slabs (tierstreams.go), memcpy into host slabs. It implements the tier's
+// Copier; concurrent calls overlap.
 func (e *Engines) CopyIn(ctx context.Context, dst gpubuf.Memory, dstOff int64, src []byte) error {
 	if dstOff < 0 || dstOff+int64(len(src)) > dst.Size() {
 		return fmt.Errorf("cufile: copy of %d bytes at %d into a %d-byte slab: %w", len(src), dstOff, dst.Size(), ErrRange)
@@ -57,7 +77,7 @@ func (e *Engines) CopyIn(ctx context.Context, dst gpubuf.Memory, dstOff int64, s
 	if !ok || e.drv == nil {
 		return fmt.Errorf("cufile: tier copy into %T: neither host nor CUDA memory", dst)
 	}
-	if err := e.drv.CopyHtoD(dm.Device(), dm.DevicePtr()+uintptr(dstOff), src); err != nil {
+	if err := e.copyHtoDStream(dm.Device(), dm.DevicePtr()+uintptr(dstOff), src); err != nil {
 		return fmt.Errorf("cufile: tier copy to device %d: %w", dm.Device(), err)
 	}
 	return nil

@@ -22,9 +22,16 @@ func (d *Daemon) openTier(context.Context) error {
 		}
 		return nil
 	}
+	pinning := "none"
 	cfg := tier.Config{BudgetBytes: d.cfg.TierBytes, UIDShareBytes: d.tierShare(), ChunkBytes: d.cfg.TierChunkBytes, Log: d.cfg.Log}
 	if d.engines.TierPinned() {
-		cfg.Alloc = tier.FuncAllocator{Kind: "pinned", New: d.engines.TierAlloc, Free: d.engines.TierFree}
+		a := tier.FuncAllocator{Kind: "pinned", New: d.engines.TierAlloc, Free: d.engines.TierFree}
+		pinning = "cuMemHostAlloc"
+		if d.engines.TierSealed() {
+			a.Seal = d.engines.TierSeal // registered once filled (cufile/hostreg.go)
+			pinning = "cuMemHostRegister once filled"
+		}
+		cfg.Alloc = a
 		if d.cfg.GPUCacheBytes != 0 {
 			cfg.DeviceBytes, cfg.DeviceAlloc = d.cfg.GPUCacheBytes, deviceAlloc{d.engines}
 		}
@@ -40,7 +47,7 @@ func (d *Daemon) openTier(context.Context) error {
 	st := t.Stats()
 	d.cfg.Log.Info().Str("memory", st.Memory).Str("budget", humanize.IBytes(uint64(st.BudgetBytes))).
 		Str("uid_share", humanize.IBytes(uint64(st.UIDShareBytes))).Str("gpu_cache", humanize.IBytes(uint64(st.DeviceBudgetBytes))).
-		Msg("memory tier")
+		Str("pinning", pinning).Msg("memory tier")
 	return nil
 }
 

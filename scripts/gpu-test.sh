@@ -15,6 +15,8 @@
 #   GDSFS_TIER_GIB      memory-tier benchmark file size in GiB (default 8)
 #   GDSFS_PYTHON        the Python with torch 2.x, safetensors, pytest, hypothesis (default python3)
 #   GDSFS_PYTEST_ARGS   extra pytest arguments for the pytest section (e.g. -k safetensors)
+#   GDSFS_DATASET_ARGS  dataset_check.py arguments (default: issue 15's table, --sizes 16,64,256,4096
+#                       --batch 16 --features-sizes 4096; about 3.5 minutes)
 set -uo pipefail
 sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp dcp2 tier pytest} "
 want() { [[ "$sections" == *" $1 "* ]]; }
@@ -119,7 +121,7 @@ if want dataset; then
 	echo "== datasets: GDSShardDataset, num_workers=8, pin_memory=True (scripts/gpu/dataset_check.py)"
 	if pymount dataset 8GiB; then
 		PYTHONUNBUFFERED=1 timeout 420 python3 scripts/gpu/dataset_check.py "$work/dataset/mnt" "$work/dataset/src" \
-			${GDSFS_DATASET_ARGS:-} --json "$out/dataset.json" 2>&1 | tee "$out/dataset.txt"
+			${GDSFS_DATASET_ARGS:---sizes 16,64,256,4096 --batch 16 --features-sizes 4096} --json "$out/dataset.json" 2>&1 | tee "$out/dataset.txt"
 		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 		"$bin/gdsfs" status "$work/dataset/mnt" 2>&1 | tail -5
 		pyunmount dataset
@@ -162,6 +164,9 @@ fi
 # ---- the daemon's memory tier (issue 14 part 3) ---------------------------
 if want tier; then
 	echo "== memory tier: ${GDSFS_TIER_GIB:-8} GiB safetensors, warm load via the page cache vs via the tier (gdsfs warm --pin) vs pinned H2D (scripts/gpu/tier_check.py)"
+	if [ -x "$bin/cufile.test" ]; then # the tier's pinned memory: copies, and what a fill costs (cufile/hostreg.go)
+		timeout 120 "$bin/cufile.test" -test.v -test.count=1 -test.run 'TestGPUTier' 2>&1 | grep -E '^(---|ok|FAIL|PASS)|gpu_(tier|hostreg)_test' | tee "$out/tier-cufile.txt"
+	fi
 	PYTHONUNBUFFERED=1 timeout "${GDSFS_TIER_TIMEOUT:-420}" python3 scripts/gpu/tier_check.py --bin "$bin/gdsfs" --work "$work/tier" \
 		--out "$out" --gib "${GDSFS_TIER_GIB:-8}" --json "$out/tier.json" 2>&1 | tee "$out/tier.txt"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -205,7 +210,7 @@ grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* 
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
 for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
-[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|two|table|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
+[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
 if [ -f "$out/pytest.txt" ]; then
 	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')

@@ -27,12 +27,14 @@ type hostMemory []byte
 func (m hostMemory) Bytes() []byte { return m }
 func (m hostMemory) Close() error  { return unix.Munmap(m) }
 
-// FuncAllocator is an Allocator over two functions (the daemon's pinned
-// memory: cufile's Driver.HostAlloc and HostFree).
+// FuncAllocator is an Allocator over functions (the daemon's pinned
+// memory: cufile's Engines.TierAlloc, TierSeal and TierFree).
 type FuncAllocator struct {
 	Kind string                        // Name's answer
 	New  func(n int64) ([]byte, error) // n bytes
-	Free func(b []byte) error          // frees what New returned
+	Free func(b []byte) error          // frees what New returned, sealed or not
+	// Seal, when set, is called on the memory once filled (Sealer).
+	Seal func(b []byte) error
 }
 
 // Name implements Allocator.
@@ -44,6 +46,9 @@ func (a FuncAllocator) Alloc(n int64) (Memory, error) {
 	if err != nil {
 		return nil, err
 	}
+	if a.Seal != nil {
+		return sealedMemory{funcMemory{b: b, free: a.Free}, a.Seal}, nil
+	}
 	return funcMemory{b: b, free: a.Free}, nil
 }
 
@@ -54,3 +59,10 @@ type funcMemory struct {
 
 func (m funcMemory) Bytes() []byte { return m.b }
 func (m funcMemory) Close() error  { return m.free(m.b) }
+
+type sealedMemory struct {
+	funcMemory
+	seal func([]byte) error
+}
+
+func (m sealedMemory) Seal() error { return m.seal(m.b) }

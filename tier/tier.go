@@ -49,6 +49,14 @@ type Memory interface {
 	Close() error
 }
 
+// Sealer is Memory that must be sealed once filled, before any hit copies
+// out of it (the pinned tier's memory registered for DMA after the read:
+// cufile's TierSeal). Seal is called once, never under a lock; an error
+// fails the fill and the memory is closed.
+type Sealer interface {
+	Seal() error
+}
+
 // Allocator supplies extent memory: Alloc returns n bytes (n a multiple of
 // 4096), not necessarily zeroed. Called concurrently, never under a lock.
 type Allocator interface {
@@ -598,6 +606,11 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 			err = serr
 		} else if serr == nil && now != e.id {
 			err = fmt.Errorf("%w: %s; pin it again", ErrChanged, f.Name())
+		}
+	}
+	if s, ok := mem.(Sealer); ok && err == nil {
+		if serr := s.Seal(); serr != nil {
+			err = fmt.Errorf("tier: seal %s of %s: %w", humanize.IBytes(uint64(size)), f.Name(), serr)
 		}
 	}
 	t.mu.Lock()

@@ -21,13 +21,12 @@ import tarfile
 import threading
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
 
-from . import _core, _layout
+from . import _core, _layout, _leases
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _release_refs, collate
@@ -46,7 +45,7 @@ __all__ = ["DataLoader", "GDSShardDataset", "StatefulDataLoader", "default_decod
 
 
 def _npy_tensor(b: bytes) -> torch.Tensor:
-    h = _layout.parse_npy_header(b)
+    h = _layout.npy_header_cached(b)
     dt = _torch_dtype(h.dtype)
     data = bytearray(b[h.data_offset :])
     t = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
@@ -118,9 +117,9 @@ def _mds_decode(encoding: str, data: bytes) -> Any:
 # The dataset.
 
 
-@dataclass(frozen=True)
-class _FieldPlan:
-    """How to produce one field of one sample."""
+class _FieldPlan(NamedTuple):
+    """How to produce one field of one sample (a NamedTuple: one is made per field per sample,
+    and a frozen dataclass costs several times more to build)."""
 
     name: str
     offset: int
@@ -784,7 +783,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             return int(x["data_offset"]), int(x["data_length"]), dt, shape, bool(x.get("fortran_order"))
         if fp.kind == "npy":
             head = os.pread(st.fd, min(fp.length, 4096), fp.offset)
-            h = _layout.parse_npy_header(head)
+            h = _layout.npy_header_cached(head)
             dt = _torch_dtype(h.dtype)
             nb = _numel(h.shape) * torch.empty((), dtype=dt).element_size()
             return fp.offset + h.data_offset, nb, dt, h.shape, h.fortran_order
@@ -961,12 +960,15 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
 
     def _read_group(self, group: list[Any], slot: int, lo: int, slots: int, epoch: int) -> Iterator[GDSSample]:
         wanted: dict[int, list[tuple[int, int]]] = {}
-        for _pos, shard, _st, _key, fields, geo in group:
+        names: dict[int, list[tuple[str, str, str]]] = {}  # (field, sample, shard) of each range, for errors
+        for _pos, shard, st_, key_, fields, geo in group:
             for fp in fields:
                 if fp.name in geo:
                     g = geo[fp.name]
                     wanted.setdefault(shard, []).append((g[0], g[1]))
+                    names.setdefault(shard, []).append((fp.name, key_, st_.path))
         refs: dict[int, list[Ref]] = {}
+        holds: dict[int, list[Optional[_leases.Hold]]] = {}
         session = self._session
         held: dict[int, Ref] = {}  # lease id -> Ref, of samples not yet handed out
         try:
@@ -980,6 +982,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
                     continue
                 held.update((r.lease, r) for r in refs[shard] if r.lease)
+                # This process's Holds of the group's leases, in one pass over the lease book.
+                holds[shard] = _leases.hold_many([(r, *n) for r, n in zip(refs[shard], names[shard])])
             cursor = {s: 0 for s in refs}
             out: list[GDSSample] = []
             for pos, shard, st, key, fields, geo in group:
@@ -987,12 +991,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 for fp in fields:
                     if fp.name in geo and shard in refs:
                         _off, nb, dt, shape, fortran = geo[fp.name]
-                        r = refs[shard][cursor[shard]]
+                        r, h = refs[shard][cursor[shard]], holds[shard][cursor[shard]]
                         cursor[shard] += 1
                         if r.valid < nb:
                             raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({r.valid} of {nb} bytes): "
                                                 "rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
-                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran, field=fp.name, sample=key, path=st.path)
+                        sample[fp.name] = TensorRef(r, dt, shape, 0, fortran, fp.name, key, st.path, h)
                     elif fp.gpu:
                         sample[fp.name] = self._plain_tensor(st, fp, key)
                     else:

@@ -9,6 +9,7 @@ code has one input format. Standard library only.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import tarfile
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-__all__ = ["NpyHeader", "parse_npy_header", "local_index", "detect_format", "mds_ndarray_prefix", "MDS_FIXED"]
+__all__ = ["NpyHeader", "npy_header_cached", "parse_npy_header", "local_index", "detect_format", "mds_ndarray_prefix", "MDS_FIXED"]
 
 # WebDataset's base_plus_ext: the key is the path up to the first dot of the
 # last path component, the field everything after it.
@@ -48,6 +49,21 @@ class NpyHeader:
     dtype: str
     shape: tuple[int, ...]
     fortran_order: bool
+
+
+def npy_header_cached(b: bytes) -> NpyHeader:
+    """parse_npy_header, remembering recent headers: the samples of a dataset field usually share
+    one header, and parsing it (ast.literal_eval) costs more than reading the sample."""
+    if len(b) >= 12 and b[:6] == b"\x93NUMPY" and b[6] in (1, 2, 3):
+        end = 10 + struct.unpack_from("<H", b, 8)[0] if b[6] == 1 else 12 + struct.unpack_from("<I", b, 8)[0]
+        if end <= len(b):
+            return _npy_header_of(bytes(b[:end]))
+    return parse_npy_header(b)
+
+
+@functools.lru_cache(maxsize=256)
+def _npy_header_of(header: bytes) -> NpyHeader:
+    return parse_npy_header(header)
 
 
 def parse_npy_header(b: bytes) -> NpyHeader:

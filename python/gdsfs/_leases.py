@@ -43,7 +43,7 @@ from ._errors import GDSLeaseError, GDSUnavailableError
 if TYPE_CHECKING:
     from ._core import Ref, Session
 
-__all__ = ["Hold", "adopt", "check", "close_when_free", "drain", "end_free_sessions", "hold", "live", "mark_released", "pin", "release", "view"]
+__all__ = ["Hold", "adopt", "check", "close_when_free", "drain", "end_free_sessions", "hold", "hold_many", "live", "mark_released", "pin", "release", "view"]
 
 # How often the background thread drains the queue of collected leases.
 DRAIN_PERIOD_S = 0.1
@@ -88,10 +88,22 @@ class Hold:
     one for the lease).
     """
 
-    __slots__ = ("entry", "__weakref__")
+    __slots__ = ("entry", "gen", "pid", "__weakref__")
 
-    def __init__(self, entry: _Entry) -> None:
+    def __init__(self, entry: _Entry, gen: int = 0, pid: int = 0) -> None:
         self.entry = entry
+        self.gen, self.pid = gen, pid  # the entry's gen and the book's pid when this Hold took it
+
+    def __del__(self) -> None:
+        # The last holder let go: queue the lease (a finalizer: it runs
+        # inside the garbage collector, so it only queues; see _gone). A
+        # __del__ rather than a weakref.finalize per Hold: a sample's
+        # handle costs a few microseconds less, and small samples pay it
+        # per sample.
+        try:
+            _gone(self.pid, self.entry, self.gen, "hold")
+        except Exception:  # noqa: BLE001 - interpreter teardown: the exit ends the sessions
+            pass
 
     def __reduce__(self) -> Any:
         e = self.entry
@@ -220,39 +232,52 @@ def hold(ref: "Ref", field: str = "", sample: str = "", path: str = "") -> Optio
     """The Hold of ref's lease in this process (made on first use); None
     when ref needed no memory (lease 0). field, sample and path name what
     the bytes are, for GDSLeaseError."""
-    if not ref.lease:
-        return None
+    return hold_many(((ref, field, sample, path),))[0]
+
+
+def hold_many(items: Iterable[tuple["Ref", str, str, str]]) -> list[Optional[Hold]]:
+    """hold() for each (ref, field, sample, path), in one pass over the book
+    (a batch of samples arriving from a worker)."""
     drain()
     b = _book
-    key = _key(ref)
+    out: list[Optional[Hold]] = []
+    owners: dict[tuple[str, int, int], Any] = {}
+    owned = False
     with b.lock:
-        h = b.holds.get(key)
-        if h is not None:
-            held = h.entry
-            if not held.field and field:
-                held.field, held.sample, held.path = field, sample, path
-            return h
-        found = b.entries.get(key)
-        if found is None:
-            e = _Entry(ref, _owner(ref), field, sample, path)
-            if e.session is not None:
-                sk = (ref.mount, ref.session)
-                b.live[sk] = b.live.get(sk, 0) + 1
-            b.entries[key] = e
-        else:
-            e = found
-            # Its last Hold was collected, the release not drained yet: the
-            # new holder takes the entry over, the queued release is void.
-            e.gen += 1
-        h = Hold(e)
-        b.holds[key] = h
-        gen = e.gen
-        owned = e.session is not None
-    f = weakref.finalize(h, _gone, b.pid, e, gen, "hold")
-    f.atexit = False
+        for ref, field, sample, path in items:
+            if not ref.lease:
+                out.append(None)
+                continue
+            key = _key(ref)
+            h = b.holds.get(key)
+            if h is not None:
+                held = h.entry
+                if not held.field and field:
+                    held.field, held.sample, held.path = field, sample, path
+                out.append(h)
+                continue
+            found = b.entries.get(key)
+            if found is None:
+                sk = (ref.mount, ref.session, ref.daemon_pid)
+                if sk not in owners:
+                    owners[sk] = _owner(ref)
+                e = _Entry(ref, owners[sk], field, sample, path)
+                if e.session is not None:
+                    lk = (ref.mount, ref.session)
+                    b.live[lk] = b.live.get(lk, 0) + 1
+                b.entries[key] = e
+            else:
+                e = found
+                # Its last Hold was collected, the release not drained yet: the
+                # new holder takes the entry over, the queued release is void.
+                e.gen += 1
+            h = Hold(e, e.gen, b.pid)
+            b.holds[key] = h
+            owned = owned or e.session is not None
+            out.append(h)
     if owned:
         _start_thread(b)
-    return h
+    return out
 
 
 def adopt(ref: "Ref", field: str = "", sample: str = "", path: str = "") -> Optional[Hold]:

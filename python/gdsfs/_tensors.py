@@ -66,6 +66,16 @@ def _torch_dtype(descr: str) -> torch.dtype:
     return _DTYPES[code]
 
 
+_ITEMSIZE: dict[torch.dtype, int] = {}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    n = _ITEMSIZE.get(dtype)
+    if n is None:
+        n = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return n
+
+
 def _target_device(device: Device) -> Optional[torch.device]:
     """The device to materialize on (gdsfs._devices.parse_device); None: where the bytes are."""
     if device is None or device == "":
@@ -324,7 +334,7 @@ class TensorRef:
 
     @property
     def nbytes(self) -> int:
-        return _numel(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        return _numel(self.shape) * _itemsize(self.dtype)
 
     @property
     def held(self) -> bool:
@@ -375,9 +385,57 @@ class GDSSample(dict):
 
 @dataclass
 class _RefColumn:
-    """A batched field still in daemon memory: gathered in one copy."""
+    """A batched field still in daemon memory: gathered in one copy.
+
+    Pickles (a worker's batch on its way to the main process) as one
+    compact descriptor: the leases once each, then per sample a row of
+    numbers; unpickling takes this process's Holds of all of them in one
+    pass over the lease book (_leases.hold_many).
+    """
 
     refs: list[TensorRef]
+
+    def __reduce__(self) -> Any:
+        leases: dict[Ref, int] = {}
+        rows = []
+        for t in self.refs:
+            i = leases.setdefault(t.ref, len(leases))
+            rows.append((i, t.dtype, t.shape, t.start, t.fortran, t.field, t.sample, t.path))
+        return (_rebuild_column, ([tuple(getattr(r, n) for n in _REF_FIELDS) for r in leases], rows))
+
+
+_REF_FIELDS = tuple(f.name for f in dataclasses.fields(Ref))
+
+
+def _rebuild_column(leases: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> _RefColumn:
+    refs = [Ref(*r) for r in leases]
+    holds = _leases.hold_many([(refs[row[0]], row[5], row[6], row[7]) for row in rows])
+    return _RefColumn([TensorRef(refs[i], dt, shape, start, fortran, field, sample, path, h)
+                       for (i, dt, shape, start, fortran, field, sample, path), h in zip(rows, holds)])
+
+
+def _byte_views(trs: Sequence[TensorRef]) -> list[torch.Tensor]:
+    """uint8 views of the TensorRefs' bytes (t._bytes() for each, with the slab lookups shared)."""
+    slabs: dict[tuple[str, int, int], torch.Tensor] = {}
+    out = []
+    for t in trs:
+        r = t.ref
+        n = _numel(t.shape) * _itemsize(t.dtype)
+        if t.start < 0 or t.start + n > r.valid:
+            raise ValueError(f"gdsfs: bytes [{t.start}, {t.start + n}) outside lease {r.lease} of {r.valid} valid bytes")
+        if n == 0:
+            out.append(torch.empty(0, dtype=torch.uint8))
+            continue
+        k = (r.mount, r.daemon_pid, r.slab)
+        slab = slabs.get(k)
+        if slab is None:
+            try:
+                slab = slabs[k] = _slab_tensor(_core.session_for(r), r.slab)
+            except GDSUnavailableError as e:
+                raise _lease_error(t._hold, r, e) from e
+        at = r.offset + t.start
+        out.append(slab[at : at + n])
+    return out
 
 
 def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor, list[torch.Tensor]]:
@@ -387,7 +445,7 @@ def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor
     first = trs[0]
     if not all(t.dtype == first.dtype and t.shape == first.shape and t.fortran == first.fortran for t in trs):
         return [_gather(_RefColumn([t]), device, pin=pin)[0] for t in trs]
-    views = [t._bytes() for t in trs]
+    views = _byte_views(trs)
     src = views[0].device
     target = _target_device(device) or src
     if src.type == "cpu" and target.type == "cuda":
@@ -406,6 +464,53 @@ def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor
         out = out.reshape((len(trs),) + tuple(reversed(first.shape)))
         return out.permute(0, *[len(first.shape) - i for i in range(len(first.shape))])
     return out.reshape((len(trs),) + tuple(first.shape))
+
+
+# CPU tensors up to this size cross processes (a worker's batch to the main process) as their
+# bytes in the pickle: torch's own reduction sends each one as a shared-memory descriptor, which
+# costs a socket connection with a challenge per tensor (~0.4 ms on the CPU test machine, more than
+# a whole small batch's payload).
+INLINE_TENSOR_BYTES = 256 << 10
+
+
+class _InlineTensor:
+    """A small CPU tensor pickled as its bytes (see INLINE_TENSOR_BYTES)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+    def __reduce__(self) -> Any:
+        t = self.t.contiguous()
+        return (_rebuild_tensor, (t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"", str(t.dtype)[len("torch."):], tuple(t.shape)))
+
+
+def _rebuild_tensor(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    dt = getattr(torch, dtype)
+    if not data:
+        return torch.empty(shape, dtype=dt)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).reshape(shape)
+
+
+def _inlinable(v: Any) -> bool:
+    return (type(v) is torch.Tensor and v.device.type == "cpu" and not v.requires_grad and v.layout == torch.strided
+            and not v.is_quantized and not v.is_complex() and v.dtype != torch.bool and v.numel() * v.element_size() <= INLINE_TENSOR_BYTES)
+
+
+def _pack(v: Any) -> Any:
+    if _inlinable(v):
+        return _InlineTensor(v)
+    if type(v) is list and v and _inlinable(v[0]):
+        return [_InlineTensor(x) if _inlinable(x) else x for x in v]
+    return v
+
+
+def _rebuild_batch(cls: "type[GDSBatch]", data: dict[str, Any], state: dict[str, Any]) -> "GDSBatch":
+    b = cls.__new__(cls)
+    b.__dict__.update(state)
+    b.data = data
+    return b
 
 
 class GDSBatch:
@@ -429,6 +534,11 @@ class GDSBatch:
         self.progress = dict(progress or {})
         self.epoch = epoch
         self.slots = slots
+
+    def __reduce__(self) -> Any:
+        # Pickled by a DataLoader worker for the main process: small CPU tensors as bytes.
+        state = {k: v for k, v in self.__dict__.items() if k != "data"}
+        return (_rebuild_batch, (type(self), {k: _pack(v) for k, v in self.data.items()}, state))
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]

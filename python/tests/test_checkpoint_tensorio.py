@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -43,6 +44,7 @@ class FakeSession:
         self.reads = 0
         self.eagain = 0
         self.max_live = 0
+        self.lock = threading.RLock()  # the mover reads from helper threads
 
     def _take(self, n: int, timeout: float | None) -> int:
         for i, (off, size) in enumerate(self.free):
@@ -53,6 +55,10 @@ class FakeSession:
         raise GDSUnavailableError("pool full", errno=errno.EAGAIN)
 
     def read(self, fd, ranges, *, device=None, timeout=None):
+        with self.lock:
+            return self._read(fd, ranges, timeout)
+
+    def _read(self, fd, ranges, timeout):
         self.reads += 1
         need = sum(n for _, n in ranges)
         if sum(s for _, s in self.free) < need or not any(s >= need for _, s in self.free):
@@ -72,6 +78,10 @@ class FakeSession:
         return refs
 
     def alloc(self, n, *, device=None, timeout=None):
+        with self.lock:
+            return self._alloc(n, timeout)
+
+    def _alloc(self, n, timeout):
         assert n <= self.max_lease
         at = self._take(n, timeout)
         lid = self.next_id
@@ -86,6 +96,10 @@ class FakeSession:
         return os.pwrite(fd, bytes(self.pool[at : at + k]), offset)
 
     def release(self, refs):
+        with self.lock:
+            self._release(refs)
+
+    def _release(self, refs):
         for r in refs:
             at, n = self.leases.pop(r.lease)
             self.free.append((at, n))
@@ -308,3 +322,91 @@ def test_read_pieces_fit_a_slab_once_widened(tmp_path):
     for off, n in sess.ranges:
         widened = -(-(off + n) // align) * align - off // align * align
         assert widened <= slab, f"range ({off}, {n}) widens to {widened} bytes, more than a {slab}-byte slab"
+
+
+class GatedSession(FakeSession):
+    """Counts READs in flight at once; READ number ``fail_at`` (1-based) raises ``fail``."""
+
+    def __init__(self, pool_bytes, max_lease, fail_at=0, fail=None):
+        super().__init__(pool_bytes, max_lease)
+        self.fail_at, self.fail = fail_at, fail
+        self.calls = 0
+        self.inflight = 0
+        self.max_inflight = 0
+        self.both = threading.Barrier(2, timeout=5)
+
+    def read(self, fd, ranges, **k):
+        with self.lock:
+            self.calls += 1
+            call = self.calls
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+        try:
+            if call <= 2:
+                self.both.wait()  # the first two READs must be in flight together
+            if call == self.fail_at:
+                raise self.fail
+            return super().read(fd, ranges, **k)
+        finally:
+            with self.lock:
+                self.inflight -= 1
+
+
+def _pieces_file(tmp_path, n_pieces, piece):
+    data = os.urandom(n_pieces * piece + 777)
+    p = tmp_path / "f.bin"
+    p.write_bytes(data)
+    return p, data
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_reads_in_flight_keep_order(tmp_path, monkeypatch, depth):
+    """READ_DEPTH READs at once: every destination gets its own bytes, every lease comes back, and
+    what is held stays inside the pool."""
+    monkeypatch.setattr(tensorio, "READ_DEPTH", depth)
+    monkeypatch.setattr(tensorio, "PIECE_BYTES", 16 << 10)
+    monkeypatch.setattr(tensorio, "BATCH_BYTES", 48 << 10)
+    sess = (GatedSession if depth > 1 else FakeSession)(1 << 20, 1 << 20)
+    p, data = _pieces_file(tmp_path, 40, 16 << 10)
+    offs = [13 + i * (16 << 10) for i in range(40)]
+    dests = [torch.empty((16 << 10) - (i % 3), dtype=torch.uint8) for i in range(40)]
+    with open(p, "rb") as f:
+        tensorio.DaemonMover(sess).read_into(f.fileno(), list(zip(offs, dests)))
+    for o, d in zip(offs, dests):
+        assert bytes(d.numpy()) == data[o : o + d.numel()]
+    assert not sess.leases
+    assert sess.reads > depth
+    if depth > 1:
+        assert 2 <= sess.max_inflight <= depth, f"{sess.max_inflight} READs in flight at once, want 2..{depth}"
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 3])
+def test_reads_in_flight_release_leases_on_error(tmp_path, monkeypatch, fail_at):
+    """A READ failing while others are in flight: the error reaches the caller and no lease stays
+    held (those of READs still running are released when they finish)."""
+    monkeypatch.setattr(tensorio, "READ_DEPTH", 2)
+    monkeypatch.setattr(tensorio, "PIECE_BYTES", 16 << 10)
+    monkeypatch.setattr(tensorio, "BATCH_BYTES", 32 << 10)
+    sess = GatedSession(1 << 20, 1 << 20, fail_at=fail_at, fail=GDSUnavailableError("EIO", errno=errno.EIO))
+    p, _ = _pieces_file(tmp_path, 12, 16 << 10)
+    items = [(i * (16 << 10), torch.empty(16 << 10, dtype=torch.uint8)) for i in range(12)]
+    with open(p, "rb") as f, pytest.raises(GDSUnavailableError):
+        tensorio.DaemonMover(sess).read_into(f.fileno(), items)
+    assert not sess.leases
+
+
+def test_reads_in_flight_fall_back_on_a_full_pool(tmp_path, monkeypatch):
+    """EAGAIN from a READ in flight: the pipeline stops, and the one-at-a-time path (which waits or
+    shrinks its batches) finishes the job, bytes exact, every lease back."""
+    monkeypatch.setattr(tensorio, "READ_DEPTH", 2)
+    monkeypatch.setattr(tensorio, "PIECE_BYTES", 16 << 10)
+    monkeypatch.setattr(tensorio, "BATCH_BYTES", 32 << 10)
+    sess = GatedSession(1 << 20, 1 << 20, fail_at=4, fail=GDSUnavailableError("pool full", errno=errno.EAGAIN))
+    p, data = _pieces_file(tmp_path, 12, 16 << 10)
+    dests = [torch.empty(16 << 10, dtype=torch.uint8) for _ in range(12)]
+    with open(p, "rb") as f:
+        tensorio.DaemonMover(sess).read_into(f.fileno(), [(i * (16 << 10), d) for i, d in enumerate(dests)])
+    for i, d in enumerate(dests):
+        assert bytes(d.numpy()) == data[i * (16 << 10) : (i + 1) * (16 << 10)]
+    assert not sess.leases
+    assert sess.calls > 4, "the rest was not read after the EAGAIN"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,10 +56,40 @@ def status(gdsfs: str, mnt: str) -> dict:
     return json.loads(run([gdsfs, "status", "--json", mnt]))
 
 
-def load_best(path: str, device: str, runs: int) -> tuple[float, dict]:
+def read_rate(line: str) -> float:
+    """The GB/s figure of a `gdsfs read` summary line (0 when it has none)."""
+    m = re.search(r"([0-9.]+) GB/s", line)
+    return float(m.group(1)) if m else 0.0
+
+
+def warm(gdsfs: str, path: str) -> tuple[str, float]:
+    """`gdsfs warm` of path (reads only what is not cached): its line and the % cached after."""
+    line = run([gdsfs, "warm", "--progress", "never", path]).strip().splitlines()[-1]
+    m = re.search(r"cached now \(([0-9.]+)%\)", line)
+    return line, float(m.group(1)) if m else 0.0
+
+
+def tier_counts(gdsfs: str, mnt: str) -> tuple[int, int]:
+    st = status(gdsfs, mnt).get("tier", {})
+    return int(st.get("hits", 0)), int(st.get("misses", 0))
+
+
+def load_best(path: str, device: str, runs: int, depth: int | None = None) -> tuple[float, dict]:
+    """Best of runs loads (gdsfs.safetensors.load_file); depth: the loader's READs in flight."""
     import torch
     import gdsfs.safetensors as gst
+    from gdsfs._ckpt import tensorio
 
+    saved = tensorio.READ_DEPTH
+    if depth is not None:
+        tensorio.READ_DEPTH = depth
+    try:
+        return _load_best(gst, torch, path, device, runs)
+    finally:
+        tensorio.READ_DEPTH = saved
+
+
+def _load_best(gst, torch, path: str, device: str, runs: int) -> tuple[float, dict]:
     best, sd = float("inf"), {}
     for _ in range(runs):
         sd = {}
@@ -68,6 +99,66 @@ def load_best(path: str, device: str, runs: int) -> tuple[float, dict]:
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     return best, sd
+
+
+def profile_load(path: str, device: str, depth: int) -> str:
+    """One load with the loader's READ, copy-wait and release calls timed: where the wall time went
+    (READ busy close to the wall time: the daemon bounds the load; far below: this process does)."""
+    import threading
+
+    import torch
+    import gdsfs.safetensors as gst
+    from gdsfs import _core
+    from gdsfs._ckpt import tensorio
+
+    lock = threading.Lock()
+    spans: list[tuple[float, float]] = []
+    acc = {"release_s": 0.0, "finish_s": 0.0}
+    real_read, real_release, real_finish = _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish
+
+    def read(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real_read(self, *a, **k)
+        finally:
+            with lock:
+                spans.append((t0, time.perf_counter()))
+
+    def release(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real_release(self, *a, **k)
+        finally:
+            acc["release_s"] += time.perf_counter() - t0
+
+    def finish(self, refs):
+        t0 = time.perf_counter()
+        try:
+            return real_finish(self, refs)
+        finally:
+            acc["finish_s"] += time.perf_counter() - t0
+
+    saved = tensorio.READ_DEPTH
+    _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish = read, release, finish
+    tensorio.READ_DEPTH = depth
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gst.load_file(path, device=device)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    finally:
+        _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish = real_read, real_release, real_finish
+        tensorio.READ_DEPTH = saved
+    busy, end = 0.0, 0.0  # the union of the READs' spans: time with at least one READ in flight
+    for a, b in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    total = sum(b - a for a, b in spans)
+    return (f"{depth} in flight: wall {wall * 1e3:.0f} ms; {len(spans)} READs, a READ in flight {busy * 1e3:.0f} ms "
+            f"({total * 1e3:.0f} ms summed), waiting for copies and releasing {acc['finish_s'] * 1e3:.0f} ms "
+            f"({acc['release_s'] * 1e3:.0f} ms of it in RELEASE)")
 
 
 def child(path: str, device: str, go: str, runs: int) -> None:
@@ -150,13 +241,20 @@ def main() -> int:
         del h, d
         log(f"pinned H2D (torch, {min(nbytes, 4 * GIB) / GIB:g} GiB): {pinned:.1f} GB/s")
 
-        # 2. warm page-cache path.
-        run([gdsfs, "warm", "--progress", "never", path])
+        # 2. warm page-cache path: the file synced above (clean pages) and warmed (every page
+        # cached, checked before and after), the tier enabled but not holding it (a miss is a
+        # lookup, as for any unpinned file on a mount with a tier).
+        wline, before_pct = warm(gdsfs, path)
+        log(f"gdsfs warm (page cache): {wline}")
+        h0, m0 = tier_counts(gdsfs, mnt)
         t, sd = load_best(path, "cuda:0", a.runs)
         page = gbps(payload, t)
         ok &= same(sd)
         del sd
-        log(f"gdsfs.safetensors.load_file, page-cache path (warm): {page:.1f} GB/s, byte-equal {ok}")
+        _, after_pct = warm(gdsfs, path)
+        h1, m1 = tier_counts(gdsfs, mnt)
+        log(f"gdsfs.safetensors.load_file, page-cache path (warm): {page:.1f} GB/s, byte-equal {ok}, "
+            f"page cache held {before_pct:.0f}% before / {after_pct:.0f}% after, tier hits {h1 - h0} misses {m1 - m0}")
         rd_page = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, page cache: {rd_page}")
 
@@ -165,27 +263,51 @@ def main() -> int:
         out = run([gdsfs, "warm", "--pin", "--progress", "never", path])
         pin_s = time.perf_counter() - t0
         log(f"gdsfs warm --pin: {out.strip()} ({gbps(payload, pin_s):.1f} GB/s)")
-        hits0 = status(gdsfs, mnt).get("tier", {}).get("hits", 0)
+        try:  # how the daemon pins its tier memory (cufile/hostreg.go): its "memory tier" log line
+            with open(os.path.join(a.out, "tier-mount.log")) as lf:
+                pinning = next((json.loads(ln).get("pinning") for ln in lf if '"memory tier"' in ln), None)
+        except (OSError, ValueError):
+            pinning = None
+        log(f"tier memory pinning: {pinning or 'not logged'}")
+        from gdsfs._ckpt import tensorio
+
+        h0, m0 = tier_counts(gdsfs, mnt)
         t, sd = load_best(path, "cuda:0", a.runs)
         tier = gbps(payload, t)
         eq = same(sd)
         ok &= eq
         del sd
-        st = status(gdsfs, mnt).get("tier", {})
-        served = st.get("hits", 0) > hits0
+        h1, m1 = tier_counts(gdsfs, mnt)
+        # Counters are cumulative (the page-cache phase above missed): these are this load's.
+        # Every READ of it should hit; a miss is reported, the check is that the tier served.
+        served = h1 > h0
         ok &= served
-        log(f"gdsfs.safetensors.load_file, tier: {tier:.1f} GB/s, byte-equal {eq}, served by the tier {served} "
-            f"(hits {st.get('hits')}, misses {st.get('misses')}, {st.get('memory')} memory)")
+        st = status(gdsfs, mnt).get("tier", {})
+        log(f"gdsfs.safetensors.load_file, tier: {tier:.1f} GB/s ({tensorio.READ_DEPTH} READs in flight), "
+            f"byte-equal {eq}, served by the tier {served} (this load: {h1 - h0} hits, {m1 - m0} misses; "
+            f"{st.get('memory')} memory)")
+        # The same load with one READ at a time (the loader before READ_DEPTH), for comparison.
+        t1, sd = load_best(path, "cuda:0", a.runs, depth=1)
+        tier1 = gbps(payload, t1)
+        ok &= same(sd)
+        del sd
+        log(f"gdsfs.safetensors.load_file, tier, 1 READ in flight: {tier1:.1f} GB/s")
+        for depth in (1, tensorio.READ_DEPTH):  # where a load's time goes (the daemon, or this process)
+            log(f"tier load profile, {profile_load(path, 'cuda:0', depth)}")
         rd_tier = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, tier: {rd_tier}")
-        res.update(pinned_h2d_gbps=pinned, page_cache_gbps=page, tier_gbps=tier, pin_seconds=pin_s,
-                   read_page=rd_page, read_tier=rd_tier)
-        # The pin's own rate, again, on a clean page cache, with 1 and 16 parallel pins.
+        res.update(pinned_h2d_gbps=pinned, page_cache_gbps=page, tier_gbps=tier, tier_depth1_gbps=tier1,
+                   pin_seconds=pin_s, read_page=rd_page, read_tier=rd_tier)
+        # The pin's own rate, again (the page cache still holds the file: this is the tier's fill
+        # cost, not the disk's), with 16 and 1 parallel pins.
+        pin_rates = {}
         for workers in (16, 1):
             run([gdsfs, "warm", "--unpin", "--progress", "never", path])
             t0 = time.perf_counter()
             run([gdsfs, "warm", "--pin", "--workers", str(workers), "--progress", "never", path])
-            log(f"gdsfs warm --pin again, --workers {workers}: {gbps(payload, time.perf_counter() - t0):.1f} GB/s")
+            pin_rates[workers] = gbps(payload, time.perf_counter() - t0)
+            log(f"gdsfs warm --pin again, --workers {workers}: {pin_rates[workers]:.1f} GB/s")
+        res.update(pin16_gbps=pin_rates[16], pin1_gbps=pin_rates[1])
 
         # 4. a change of a pinned file is never served stale: a small file, pinned, then
         # rewritten through the mount (gdsfs.safetensors.save_file: WRITE ioctls).
@@ -261,6 +383,12 @@ def main() -> int:
     log(f"tier vs page-cache path: {r2:.2f}x (target >= 1.6x: {'PASS' if r2 >= 1.6 else 'MISS'})")
     log(f"table: pinned H2D {pinned:.1f} GB/s | page-cache load {page:.1f} GB/s | tier load {tier:.1f} GB/s"
         f" | device tier load {res.get('device_tier_gbps', 0):.1f} GB/s")
+    # One line to paste (GB/s): the loads, the daemon alone (gdsfs read), the pins, the targets.
+    log("row: | pinned H2D | page-cache load | tier load (1 READ) | gdsfs read page/tier | pin x16/x1 | tier/H2D | tier/page |")
+    log(f"row: | {pinned:.1f} | {page:.1f} | {tier:.1f} ({res.get('tier_depth1_gbps', 0):.1f}) "
+        f"| {read_rate(res.get('read_page', '')):.1f}/{read_rate(res.get('read_tier', '')):.1f} "
+        f"| {res.get('pin16_gbps', 0):.1f}/{res.get('pin1_gbps', 0):.1f} "
+        f"| {r1:.2f}x {'PASS' if r1 >= 0.85 else 'MISS'} | {r2:.2f}x {'PASS' if r2 >= 1.6 else 'MISS'} |")
     res.update(ratio_pinned=r1, ratio_page=r2, ok=ok)
     if a.json:
         with open(a.json, "w") as f:

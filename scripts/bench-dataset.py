@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""Host-engine benchmark of GDSShardDataset's per-sample path (issue 15).
+
+Usage: bench-dataset.py [--quick] [--sizes 16,64,256] [--workers 0,2] [--batch 16]
+                        [--mount MNT --source SRC] [--profile] [--compare PKGDIR] [--json PATH]
+
+Writes WebDataset tars of float32 .npy samples (plus a .cls) on a host-mode
+gdsfs mount and prints, per sample size and worker count, samples/s and GB/s
+of a plain tarfile IterableDataset through the mount and of
+GDSShardDataset + gdsfs.torch.DataLoader (batch 16, every batch
+materialized), with their ratio measured in the same run. Warm page cache;
+each figure is the best of a few passes after a warm-up pass.
+
+Without --mount it mounts one itself (the binary: $GDSFS_BIN, else
+bin/gdsfs; as root, or with fusermount3) in a temp dir and unmounts it.
+--compare PKGDIR also runs the gdsfs rows with the gdsfs package in PKGDIR
+(e.g. an older commit's python/ from `git archive`), in a child process,
+and prints after/before ratios. --profile prints where the time of one
+process (num_workers=0) goes per sample: planning, the READ and RELEASE
+round trips, the lease book, the gather, CPU decoding, and what pickling a
+batch from a worker to the main process costs.
+
+`make bench-dataset` runs it with --quick (a few seconds; CI runs it and
+asserts nothing about the figures: they are for review). Exits non-zero only
+when the run itself fails (wrong bytes, a missing sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pickle
+import pstats
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Any, Iterator
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _setup_path(pkg: str) -> None:
+    sys.path.insert(0, pkg)
+
+
+def log(msg: str) -> None:
+    print(f"bench-dataset: {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Data and the plain baseline.
+
+
+def make_tars(d: str, kib: int, nsamples: int, nshards: int = 4) -> list[str]:
+    import numpy as np
+
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(kib)
+    per = nsamples // nshards
+    paths = []
+    for s in range(nshards):
+        p = os.path.join(d, f"shard-{s:03d}.tar")
+        with tarfile.open(p, "w") as tf:
+            for i in range(per):
+                b = io.BytesIO()
+                np.save(b, rng.standard_normal((kib << 10) // 4, dtype=np.float32))
+                for ext, data in (("cls", str(i % 1000).encode()), ("x.npy", b.getvalue())):
+                    ti = tarfile.TarInfo(f"{s:03d}_{i:06d}.{ext}")
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+        paths.append(p)
+    return paths
+
+
+def plain_dataset(shards: list[str]) -> Any:
+    import numpy as np
+    import torch
+    import torch.utils.data
+
+    class PlainTarDataset(torch.utils.data.IterableDataset):
+        """What users write without gdsfs: tarfile, split shards across workers, numpy .npy."""
+
+        def __iter__(self) -> Iterator[dict[str, Any]]:
+            wi = torch.utils.data.get_worker_info()
+            mine = shards if wi is None else shards[wi.id :: wi.num_workers]
+            for p in mine:
+                with open(p, "rb", buffering=1 << 20) as f, tarfile.open(fileobj=f, mode="r|") as tf:
+                    cur: dict[str, Any] = {}
+                    for m in tf:
+                        key, _, ext = m.name.partition(".")
+                        data = tf.extractfile(m).read()  # type: ignore[union-attr]
+                        if cur and cur["__key__"] != key:
+                            yield cur
+                            cur = {}
+                        cur["__key__"] = key
+                        cur[ext] = torch.from_numpy(np.load(io.BytesIO(data))) if ext == "x.npy" else int(data)
+                    if cur:
+                        yield cur
+
+    return PlainTarDataset()
+
+
+# ----------------------------------------------------------------------------
+# Measurements.
+
+
+def _loader(kind: str, shards: list[str], batch: int, workers: int) -> Any:
+    import torch.utils.data
+
+    if kind == "plain":
+        return torch.utils.data.DataLoader(plain_dataset(shards), batch_size=batch, num_workers=workers, persistent_workers=workers > 0)
+    import gdsfs.torch as gt
+
+    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
+    return gt.DataLoader(ds, batch_size=batch, num_workers=workers, persistent_workers=workers > 0)
+
+
+def _pass(dl: Any) -> tuple[int, int]:
+    n = nbytes = 0
+    for b in dl:
+        x = b["x.npy"]
+        n += x.shape[0]
+        nbytes += x.numel() * x.element_size()
+    return n, nbytes
+
+
+def measure(kind: str, shards: list[str], batch: int, workers: int, nsamples: int, min_s: float) -> dict[str, Any]:
+    """Best samples/s of passes over the shards (a warm-up pass first, then until min_s)."""
+    dl = _loader(kind, shards, batch, workers)
+    n, _ = _pass(dl)
+    if n != nsamples:
+        raise RuntimeError(f"{kind}: one pass gave {n} samples, expected {nsamples}")
+    best = 0.0
+    total = 0.0
+    nb = 0
+    while total < min_s or best == 0.0:
+        t0 = time.perf_counter()
+        n, nb = _pass(dl)
+        dt = time.perf_counter() - t0
+        total += dt
+        best = max(best, n / dt)
+    ds = getattr(dl, "dataset", None)
+    del dl
+    if hasattr(ds, "close"):
+        ds.close()  # type: ignore[union-attr]
+    return {"samples_per_s": best, "GBps": best * nb / nsamples / 1e9}
+
+
+def check_bytes(shards: list[str], batch: int) -> None:
+    """Every sample once, its bytes the file's (num_workers=0)."""
+    import numpy as np
+
+    import gdsfs.torch as gt
+
+    want: dict[str, bytes] = {}
+    for p in shards:
+        with tarfile.open(p) as tf:
+            for m in tf:
+                if m.name.endswith(".x.npy"):
+                    want[m.name[: -len(".x.npy")]] = np.load(io.BytesIO(tf.extractfile(m).read())).tobytes()  # type: ignore[union-attr]
+    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
+    got: dict[str, bytes] = {}
+    for b in gt.DataLoader(ds, batch_size=batch):
+        for i, k in enumerate(b["__key__"]):
+            if k in got:
+                raise RuntimeError(f"sample {k} delivered twice")
+            got[k] = b["x.npy"][i].numpy().tobytes()
+    ds.close()
+    if got != want:
+        raise RuntimeError(f"{sum(got.get(k) != v for k, v in want.items())} samples differ from the file or are missing")
+
+
+# Functions whose cumulative time makes the profile's rows (one process: worker and main).
+PROFILE_ROWS = [
+    ("planning (fields, npy headers, groups)", ("_dataset.py", "_emit"), ("_dataset.py", "_read_group")),
+    ("READ round trip", ("_core.py", "_read_chunk"), None),
+    ("lease book: take (hold, hold_many)", ("_leases.py", "hold"), None),
+    ("gather (slab views, stack)", ("_tensors.py", "_gather"), None),
+    ("release: RELEASE round trip", ("_core.py", "_release_ids"), None),
+    ("release: lease book", ("_leases.py", "release"), ("_core.py", "_release_ids")),
+    ("CPU field decode (.cls)", ("_dataset.py", "_decode_cpu"), None),
+    ("collate", ("_collate.py", "collate"), None),
+]
+
+
+def profile(shards: list[str], batch: int, nsamples: int) -> list[tuple[str, float]]:
+    """(row, microseconds per sample) of a num_workers=0 pass under cProfile, then the
+    pickling of one batch between processes, timed without the profiler."""
+    import gdsfs.torch as gt
+    from torch.multiprocessing.reductions import ForkingPickler
+
+    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
+    dl = gt.DataLoader(ds, batch_size=batch)
+    _pass(dl)
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    _pass(dl)
+    pr.disable()
+    wall = time.perf_counter() - t0
+    st = pstats.Stats(pr)
+    cum: dict[tuple[str, str], float] = {}
+    for (fn, _line, name), (_cc, _nc, _tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        k = (os.path.basename(fn), name)
+        cum[k] = cum.get(k, 0.0) + ct
+    rows = [("whole pass (under the profiler)", wall / nsamples * 1e6)]
+    # hold() is hold_many() of one now; before hold_many existed, hold() was the whole cost.
+    cum[("_leases.py", "hold")] = max(cum.get(("_leases.py", "hold"), 0.0), cum.get(("_leases.py", "hold_many"), 0.0))
+    for label, add, sub in PROFILE_ROWS:
+        v = cum.get(add, 0.0) - (cum.get(sub, 0.0) if sub else 0.0)
+        rows.append((label, v / nsamples * 1e6))
+    # A worker's batch to the main process: pickled there, unpickled here (no profiler). A
+    # tensor sent as a shared-memory descriptor unpickles once: each dump is loaded once.
+    import torch.utils.data
+
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=batch, collate_fn=gt.collate))
+    raw = next(it)
+    del it
+    reps = 50
+    dump = load = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        buf = io.BytesIO()
+        ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(raw)
+        t1 = time.perf_counter()
+        pickle.loads(buf.getvalue())
+        dump, load = dump + t1 - t0, load + time.perf_counter() - t1
+    rows.append((f"pickle a batch in the worker ({len(buf.getvalue())} bytes)", dump / reps / batch * 1e6))
+    rows.append(("unpickle it in the main process", load / reps / batch * 1e6))
+    raw.release()
+    ds.close()
+    return rows
+
+
+def run_gdsfs(sets: list[tuple[int, list[str], int]], workers: list[int], batch: int, min_s: float, with_profile: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"gdsfs": {}, "profile": {}}
+    for kib, shards, n in sets:
+        for w in workers:
+            out["gdsfs"][f"{kib}/{w}"] = measure("gdsfs", shards, batch, w, n, min_s)
+        if with_profile:
+            out["profile"][str(kib)] = profile(shards, batch, n)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Mount and main.
+
+
+def _bin() -> str:
+    return os.environ.get("GDSFS_BIN") or os.path.join(ROOT, "bin", "gdsfs")
+
+
+def own_mount(base: str) -> tuple[str, str]:
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.makedirs(src)
+    os.makedirs(mnt)
+    cmd = [_bin(), "mount", "--source", src, "--engine", "host", "--background", "--log-file", os.path.join(base, "daemon.log"), mnt]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 or not os.path.ismount(mnt):
+        raise RuntimeError(f"gdsfs mount failed (rc {r.returncode}): {r.stderr.strip()}")
+    return src, mnt
+
+
+def unmount(mnt: str) -> None:
+    for cmd in ([_bin(), "unmount", mnt], ["fusermount3", "-u", mnt], ["umount", "-l", mnt]):
+        if not os.path.ismount(mnt):
+            return
+        try:
+            subprocess.run(cmd, capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small data, short passes (CI: a few seconds)")
+    ap.add_argument("--sizes", default="16,64,256", help="sample sizes in KiB (default 16,64,256)")
+    ap.add_argument("--workers", default="0,2", help="DataLoader num_workers values (default 0,2)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--mount", help="an existing host-mode gdsfs mount (with --source: the directory it serves)")
+    ap.add_argument("--source", help="the backing directory of --mount")
+    ap.add_argument("--profile", action="store_true", help="also print where one process's time goes per sample")
+    ap.add_argument("--compare", metavar="PKGDIR", help="also run the gdsfs rows with the gdsfs package in PKGDIR (a child process)")
+    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+
+    if a.child:  # --compare's child: {"pkg", "sets", "workers", "batch", "min_s", "profile"} -> JSON on stdout
+        job = json.loads(a.child)
+        _setup_path(job["pkg"])
+        res = run_gdsfs([tuple(x) for x in job["sets"]], job["workers"], job["batch"], job["min_s"], job["profile"])
+        print(json.dumps(res))
+        return 0
+
+    _setup_path(os.path.join(ROOT, "python"))
+    sizes = [int(x) for x in a.sizes.split(",") if x.strip()]
+    workers = [int(x) for x in a.workers.split(",") if x.strip()]
+    min_s = 0.25 if a.quick else 1.5
+    base = tempfile.mkdtemp(prefix="gdsfs-bench-dataset-")
+    mounted = None
+    try:
+        if a.mount:
+            if not a.source:
+                ap.error("--mount needs --source (the directory the mount serves)")
+            src, mnt = a.source, a.mount
+            sub = f"bench-dataset-{os.getpid()}"
+        else:
+            if not os.access(_bin(), os.X_OK):
+                log(f"no gdsfs binary at {_bin()}: run `make build` (or set GDSFS_BIN)")
+                return 2
+            if not os.path.exists("/dev/fuse") or (os.geteuid() != 0 and shutil.which("fusermount3") is None):
+                log("no /dev/fuse (or, not as root, no fusermount3): nothing to measure here, skipped")
+                return 0
+            src, mnt = own_mount(base)
+            mounted = mnt
+            sub = "data"
+        sets: list[tuple[int, list[str], int]] = []
+        for kib in sizes:
+            n = max(64, (8 << 20) // (kib << 10)) if a.quick else max(512, (128 << 20) // (kib << 10))
+            n -= n % 4
+            make_tars(os.path.join(src, sub, f"{kib}KiB"), kib, n)
+            sets.append((kib, [os.path.join(mnt, sub, f"{kib}KiB", f"shard-{s:03d}.tar") for s in range(4)], n))
+        check_bytes(sets[0][1], a.batch)
+        plain = {f"{kib}/{w}": measure("plain", shards, a.batch, w, n, min_s) for kib, shards, n in sets for w in workers}
+        mine = run_gdsfs(sets, workers, a.batch, min_s, a.profile)
+        before = None
+        if a.compare:
+            job = {"pkg": os.path.abspath(a.compare), "sets": sets, "workers": workers, "batch": a.batch, "min_s": min_s, "profile": a.profile}
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)], capture_output=True, text=True, timeout=1800)
+            if r.returncode != 0:
+                log(f"--compare run failed: {r.stderr.strip()[-2000:]}")
+                return 1
+            before = json.loads(r.stdout.strip().splitlines()[-1])
+
+        print(f"host engine, batch {a.batch}, warm page cache; ratios from this run")
+        hdr = f"{'sample':>7} {'workers':>7} {'plain samples/s':>15} {'gdsfs samples/s':>15} {'gdsfs GB/s':>10} {'vs plain':>8}"
+        print(hdr + (f" {'before samples/s':>16} {'after/before':>12}" if before else ""))
+        for kib, _shards, _n in sets:
+            for w in workers:
+                k = f"{kib}/{w}"
+                p, g = plain[k], mine["gdsfs"][k]
+                line = (f"{str(kib) + ' KiB':>7} {w:>7} {p['samples_per_s']:>15,.0f} {g['samples_per_s']:>15,.0f} {g['GBps']:>10.2f} "
+                        f"{g['samples_per_s'] / p['samples_per_s']:>7.2f}x")
+                if before:
+                    bg = before["gdsfs"][k]
+                    line += f" {bg['samples_per_s']:>16,.0f} {g['samples_per_s'] / bg['samples_per_s']:>11.2f}x"
+                print(line)
+        if a.profile:
+            for kib, _shards, _n in sets:
+                print(f"\nprofile, {kib} KiB samples, num_workers=0: microseconds per sample" + (" (before | after)" if before else ""))
+                rows = mine["profile"][str(kib)]
+                old = dict((r[0].split(" (")[0], r[1]) for r in before["profile"][str(kib)]) if before else {}
+                for label, us in rows:
+                    b = old.get(label.split(" (")[0])
+                    print(f"  {label:<58} " + (f"{b:8.1f} | " if before and b is not None else "") + f"{us:8.1f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"plain": plain, "after": mine, "before": before}, f, indent=1)
+        return 0
+    finally:
+        if mounted:
+            unmount(mounted)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
