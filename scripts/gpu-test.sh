@@ -7,17 +7,18 @@
 #   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
-#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid control dataset checkpoint dcp2
-#                       tier pytest; dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
+#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid control dataset checkpoint dcp
+#                       dcp2 tier pytest; dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
 #                       fit them all in 10 minutes: split them across calls.
 #   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
+#   GDSFS_DCP_ARGS      extra arguments for scripts/gpu/dcp_check.py (e.g. --gib 2 --parts blocked,reshard)
 #   GDSFS_TIER_GIB      memory-tier benchmark file size in GiB (default 8)
 #   GDSFS_PYTHON        the Python with torch 2.x, safetensors, pytest, hypothesis (default python3)
 #   GDSFS_PYTEST_ARGS   extra pytest arguments for the pytest section (e.g. -k safetensors)
 #   GDSFS_DATASET_ARGS  dataset_check.py arguments (default: issue 15's table, --sizes 16,64,256,4096
 #                       --batch 16 --features-sizes 4096; about 3.5 minutes)
 set -uo pipefail
-sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp2 tier pytest} "
+sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp dcp2 tier pytest} "
 want() { [[ "$sections" == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 bin=build/gpu
@@ -148,6 +149,19 @@ if want checkpoint; then
 		pyunmount ckpt
 	else status=1; fi
 fi
+# ---- DCP on one GPU (issue 14): async_save blocking and completion, a training
+# loop with saves, resharded loads; stock vs gdsfs in the same run.
+if want dcp; then
+	echo "== DCP on one GPU: async_save, training loop with saves, resharded loads (scripts/gpu/dcp_check.py)"
+	if pymount dcp 16GiB; then
+		# shellcheck disable=SC2086
+		PYTHONUNBUFFERED=1 timeout "${GDSFS_DCP_TIMEOUT:-480}" python3 scripts/gpu/dcp_check.py "$work/dcp/mnt" "$work/dcp/src" \
+			${GDSFS_DCP_ARGS:-} --json "$out/dcp.json" 2>&1 | tee "$out/dcp.txt"
+		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+		"$bin/gdsfs" status "$work/dcp/mnt" 2>&1 | tail -5
+		pyunmount dcp
+	else status=1; fi
+fi
 # ---- the daemon's memory tier (issue 14 part 3) ---------------------------
 if want tier; then
 	echo "== memory tier: ${GDSFS_TIER_GIB:-8} GiB safetensors, warm load via the page cache vs via the tier (gdsfs warm --pin) vs pinned H2D (scripts/gpu/tier_check.py)"
@@ -195,7 +209,7 @@ grep -E '^verdict' "$out/doctor.txt" 2>/dev/null
 grep -hE '^ipc_uid_check: (FAIL.*|PASS)$|slab handles' "$out/ipc-uid.txt" 2>/dev/null
 grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* GB/s|^control.sh:' "$out/control.txt" 2>/dev/null
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
-for f in dataset checkpoint; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
+for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
 [ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.

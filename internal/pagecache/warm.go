@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	iofs "io/fs"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
+
+	"github.com/gdsfs/gdsfs/internal/walk"
 )
 
 // ChunkBytes is one read task of Warm: large enough for sequential disk
@@ -40,39 +40,23 @@ type Plan struct {
 // early, without an error, when ctx is done.
 func NewPlan(ctx context.Context, paths []string) (*Plan, error) {
 	plan := &Plan{}
-	seen := map[string]bool{}
-	for _, root := range paths {
-		err := filepath.WalkDir(root, func(p string, d iofs.DirEntry, err error) error {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if err != nil {
-				plan.Skipped = append(plan.Skipped, err)
-				if d != nil && d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			if !d.Type().IsRegular() || seen[p] {
-				return nil
-			}
-			seen[p] = true
-			wf, resident, err := planFile(p)
-			if err != nil {
-				plan.Skipped = append(plan.Skipped, err)
-				return nil
-			}
-			plan.Files = append(plan.Files, wf)
-			plan.TotalBytes += wf.Size
-			plan.ResidentBytes += resident
-			for _, r := range wf.Ranges {
-				plan.ToReadBytes += r.Len
-			}
+	skipped, err := walk.Files(ctx, paths, func(p string) error {
+		wf, resident, err := planFile(p)
+		if err != nil {
+			plan.Skipped = append(plan.Skipped, err)
 			return nil
-		})
-		if err != nil && ctx.Err() == nil {
-			return nil, fmt.Errorf("walk %s: %w", root, err)
 		}
+		plan.Files = append(plan.Files, wf)
+		plan.TotalBytes += wf.Size
+		plan.ResidentBytes += resident
+		for _, r := range wf.Ranges {
+			plan.ToReadBytes += r.Len
+		}
+		return nil
+	})
+	plan.Skipped = append(skipped, plan.Skipped...)
+	if err != nil && ctx.Err() == nil {
+		return nil, fmt.Errorf("walk %v: %w", paths, err)
 	}
 	return plan, nil
 }

@@ -15,9 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	iofs "io/fs"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/internal/usage"
+	"github.com/gdsfs/gdsfs/internal/walk"
 )
 
 // File is one regular file to pin and what the tier held of it when planned.
@@ -97,41 +96,25 @@ func query(ctx context.Context, path string) (ctl.PinReply, error) {
 // usage.Error; other unreadable files are listed in Skipped.
 func NewPlan(ctx context.Context, paths []string) (*Plan, error) {
 	plan := &Plan{}
-	seen := map[string]bool{}
-	for _, root := range paths {
-		err := filepath.WalkDir(root, func(p string, d iofs.DirEntry, err error) error {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if err != nil {
-				plan.Skipped = append(plan.Skipped, err)
-				if d != nil && d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			if !d.Type().IsRegular() || seen[p] {
-				return nil
-			}
-			seen[p] = true
-			r, err := query(ctx, p)
-			if usage.Is(err) {
-				return err
-			}
-			if err != nil {
-				plan.Skipped = append(plan.Skipped, err)
-				return nil
-			}
-			plan.Last = r
-			plan.Files = append(plan.Files, File{Path: p, Size: int64(r.Size), Cached: int64(r.Cached)})
-			plan.Total += int64(r.Size)
-			plan.Cached += int64(r.Cached)
-			plan.Chunk = int64(r.Chunk)
-			return nil
-		})
-		if err != nil && ctx.Err() == nil {
-			return nil, err
+	skipped, err := walk.Files(ctx, paths, func(p string) error {
+		r, err := query(ctx, p)
+		if usage.Is(err) {
+			return err
 		}
+		if err != nil {
+			plan.Skipped = append(plan.Skipped, err)
+			return nil
+		}
+		plan.Last = r
+		plan.Files = append(plan.Files, File{Path: p, Size: int64(r.Size), Cached: int64(r.Cached)})
+		plan.Total += int64(r.Size)
+		plan.Cached += int64(r.Cached)
+		plan.Chunk = int64(r.Chunk)
+		return nil
+	})
+	plan.Skipped = append(skipped, plan.Skipped...)
+	if err != nil && ctx.Err() == nil {
+		return nil, err
 	}
 	return plan, nil
 }

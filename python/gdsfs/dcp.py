@@ -14,14 +14,27 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   checkpoint writes data files of new names (``__{rank}_{n}.{save id}.distcp``), so a crash leaves
   the old checkpoint intact; once the new ``.metadata`` is committed, the data files the old one
   named, and only those, are removed. A data file missing after the save is an error naming it.
-- **Reads.** Every tensor item's pickle is decoded here; the storage bytes of all items of a file
-  are fetched in one batched request straight into the planner's target tensors when the saved
-  chunk matches the target (the common case), else into a temporary that is narrowed and copied.
+- **Reads.** Every tensor item's pickle is decoded here (without allocating its storage); the
+  storage bytes of all items of a file are fetched in one batched request. Only the bytes each
+  ReadItem covers are read: when they are one contiguous run of the saved chunk (the whole
+  chunk, or a row-slab of it: Shard(0) -> Replicate, 2 -> 1 or 1 -> 2 ranks) they land straight
+  in the planner's target; otherwise (another shard dim) the span from the first to the last
+  needed element is read into a temporary and narrowed into the target on the device.
 - **Async staging.** ``stage`` (used by ``dcp.async_save``) copies the state dict into daemon
-  slabs (leases) instead of CPU memory; ``write_data`` then writes those leases to the files
-  without another copy, and releases them. Tensors larger than one slab (``gdsfs mount
-  --slab-size``), and tensors the full pool has no room for, are staged the stock way, in host
-  memory; for DTensors and ShardedTensors, or off gdsfs, the whole state dict is.
+  slabs (leases) instead of CPU memory: plain tensors, the local tensor of each DTensor and the
+  local shards of each ShardedTensor, by a device-to-device copy on the current stream that the
+  training step does not wait for; ``write_data`` has the daemon write those leases to the files
+  without another copy, and releases them. Per tensor, never for the whole dict, what the slabs
+  cannot take is staged the stock way, in host memory (one GDSFallbackWarning per process says
+  how many bytes, and how to size ``--gpu-pool`` and ``--slab-size``: docs/operations.md):
+  tensors larger than one slab (``gdsfs mount --slab-size``) and tensors the full pool has no
+  room for. Off gdsfs, or with ``staging="cpu"`` (needed with
+  ``AsyncCheckpointerType.PROCESS``, whose snapshot must cross processes), the whole dict is.
+  A staged snapshot of 512 MiB or more per rank goes to up to 4 data files of a rank (the
+  layout ``thread_count=4`` gives), written in parallel: one file's writeback is slower than
+  the disk. The session of a finished snapshot stays open, holding no lease, for the next snapshot of the
+  process (of any writer), so that its slabs need not be mapped again; ``close_staging()``
+  closes it.
 
 Off gdsfs, or when the daemon cannot serve, both fall back to the stock implementation after the
 one-time GDSFallbackWarning (``strict=True`` raises instead). A DataLoader's state rides along as
@@ -37,10 +50,12 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import errno
 import io
 import os
 import re
+import threading
 from typing import Any
 
 import torch
@@ -61,11 +76,20 @@ from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, byte_view, transfer, untyped
 from gdsfs._core import on_gdsfs
 from gdsfs._errors import GDSUnavailableError, warn_fallback
 
-__all__ = ["GDSFileSystemWriter", "GDSFileSystemReader"]
+__all__ = ["GDSFileSystemWriter", "GDSFileSystemReader", "close_staging"]
 
 _OFF_MOUNT = "off-mount dcp"
 _SUFFIX = getattr(_fs, "DEFAULT_SUFFIX", ".distcp")
 _ALIGN = 4096
+# A staged snapshot of a rank goes to up to _STAGED_FILES data files of at least
+# _STAGED_FILE_BYTES each, written in parallel (see write_data).
+_STAGED_FILES = 4
+_STAGED_FILE_BYTES = 256 << 20
+# A staged snapshot's writes start the file's writeback this often (FLUSH_BYTES is for writes
+# that copy as they go): the leases are ready at once, so the disk should start at once too.
+_STAGED_FLUSH_BYTES = 128 << 20
+# Temporaries (of resharded reads) that one batch of a file's reads may hold before it is flushed.
+_BATCH_TEMP = 1 << 30
 # Data files this writer names over an existing checkpoint: __{rank}_{n}.{save id prefix}.distcp.
 # Stock DCP never makes such names, so one that no .metadata names is left by a crashed save.
 _OWN_NAME = re.compile(r"__\d+_\d+\.[0-9a-f]{1,8}" + re.escape(_SUFFIX))
@@ -156,6 +180,12 @@ class GDSFileSystemWriter(FileSystemWriter):
         self._written: list[str] = []  # data files this process wrote in the current save
         self._stage_session: Any = None
         self._slab: int | None = None  # the daemon's slab size, learnt at the first stage()
+        self._copies: list[Any] = []  # CUDA events after the staging copies
+        self._mover: Any = None  # the DaemonMover of the current snapshot's session
+        self._staged_lock = threading.Lock()  # data files of a staged snapshot are written in parallel
+        self._stage_mount = ""  # the mount of that session
+        # What the last stage() put into daemon slabs and what it staged the stock way.
+        self.stage_stats: dict[str, int] = {}
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -180,16 +210,33 @@ class GDSFileSystemWriter(FileSystemWriter):
         # files until the new .metadata replaces it: a crash leaves the old checkpoint or the new.
         tag = f".{str(getattr(self, 'save_id', ''))[:8] or os.getpid()}" if _has_metadata(root) else ""
         files: list[tuple[str, list[Any]]] = []
-        if self.single_file_per_rank:
-            for bucket in _buckets(max(1, int(getattr(self, "thread_count", 1))), plan.items):
+        threads = max(1, int(getattr(self, "thread_count", 1)))
+        nstaged = self._staged_files() if self.single_file_per_rank and threads == 1 else 1
+        if nstaged > 1:
+            # A staged snapshot: its bytes are ready at once, and one file's writeback is slower
+            # than the disk (GPU run 1: 1.47 GB/s buffered to one file, 2.09 to four, 2.35 with
+            # O_DIRECT), so it goes to several files (the layout of thread_count=N), in parallel.
+            for bucket in self._split_staged(nstaged, plan.items, planner):
+                files.append((f"{prefix}{len(files)}{tag}{_SUFFIX}", bucket))
+        elif self.single_file_per_rank:
+            for bucket in _buckets(threads, plan.items):
                 files.append((f"{prefix}{len(files)}{tag}{_SUFFIX}", bucket))
         else:
             for item in plan.items:
                 files.append((f"{prefix}{len(files)}{tag}{_SUFFIX}", [item]))
         results: list[Any] = []
         try:
-            for name, items in files:
-                results += self._write_file(os.path.join(root, name), name, items, planner)
+            if nstaged > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(len(files), thread_name_prefix="gdsfs-dcp-write") as ex:
+                    futs = [ex.submit(self._write_file, os.path.join(root, name), name, items, planner)
+                            for name, items in files]
+                    for f in futs:
+                        results += f.result()
+            else:
+                for name, items in files:
+                    results += self._write_file(os.path.join(root, name), name, items, planner)
         finally:
             self._release_staged()
         self._written = [name for name, _ in files]
@@ -200,6 +247,31 @@ class GDSFileSystemWriter(FileSystemWriter):
         fut.set_result(results)
         return fut
 
+    def _staged_files(self) -> int:
+        """How many data files this rank's staged snapshot goes to (1: not staged, or small)."""
+        with self._staged_lock:
+            nbytes = sum(int(ref.valid) for _, ref in self._staged.values())
+        return max(1, min(_STAGED_FILES, nbytes // _STAGED_FILE_BYTES))
+
+    @staticmethod
+    def _split_staged(n: int, items: list[Any], planner: Any) -> list[list[Any]]:
+        """``items`` in ``n`` buckets of about equal tensor bytes (byte items in the first), each
+        in the plan's order."""
+        sized = []
+        for k, wi in enumerate(items):
+            if wi.type == WriteItemType.BYTE_IO:
+                sized.append((0, k, wi))
+                continue
+            t = planner.resolve_data(wi)
+            sized.append((t.numel() * t.element_size(), k, wi))
+        buckets: list[list[tuple[int, Any]]] = [[] for _ in range(n)]
+        load = [0] * n
+        for size, k, wi in sorted(sized, key=lambda x: (-x[0], x[1])):
+            b = 0 if wi.type == WriteItemType.BYTE_IO else min(range(n), key=lambda i: (load[i], i))
+            buckets[b].append((k, wi))
+            load[b] += size
+        return [[wi for _, wi in sorted(b, key=lambda x: x[0])] for b in buckets if b]
+
     def _write_file(self, path: str, name: str, items: list[Any], planner: Any) -> list[Any]:
         byte_items = [wi for wi in items if wi.type == WriteItemType.BYTE_IO]
         tensor_items = [wi for wi in items if wi.type != WriteItemType.BYTE_IO]
@@ -207,6 +279,7 @@ class GDSFileSystemWriter(FileSystemWriter):
         small: list[tuple[int, bytes]] = []
         data: list[tuple[int, torch.Tensor]] = []
         direct: list[tuple[int, Any, Any, int]] = []  # (file offset, session, ref, nbytes) of staged leases
+        direct_keys: list[tuple[int, Any, Any, int]] = []  # (data_ptr, ...) of the same, for their release
         pos = 0
         for wi in byte_items:  # raw bytes first, as the stock writer orders them
             buf = planner.resolve_data(wi)
@@ -227,6 +300,7 @@ class GDSFileSystemWriter(FileSystemWriter):
                 arc = torchzip.build(torch.empty(t.shape, dtype=t.dtype), "archive", alignment=_ALIGN, location="cpu")
                 rec = arc.storages[0][0]
                 direct.append((pos + rec.data_offset, staged[0], staged[1], rec.size))
+                direct_keys.append((t.data_ptr(), staged[0], staged[1], rec.size))
             else:
                 if not t.is_contiguous() or t.storage_offset() != 0 or untyped_storage(t).nbytes() != nbytes:
                     # An item holds exactly its tensor's bytes, as stock DCP's host copy does.
@@ -237,10 +311,14 @@ class GDSFileSystemWriter(FileSystemWriter):
             results.append(_result(wi, name, pos, arc.size))
             pos += arc.size
         with atomic.replace(path, sync=bool(self.sync_files)) as (tmp, fd):
+            if direct:
+                self._wait_copies()  # the staging copies into the leases are done
+                _write_leases(fd, direct, _STAGED_FLUSH_BYTES if self.sync_files else 0)
+                # Written: their leases go back now, so that the tensors staged the stock way
+                # (written next, through leases of their own) find room in the pool.
+                self._release_leases([k for k, _, _, _ in direct_keys])
             if data:
                 transfer(tmp, fd, data, write=True, strict=self._strict, sync=bool(self.sync_files))
-            for off, sess, ref, n in direct:
-                sess.write(fd, ref, off, n)
             for off, b in small:
                 torchzip.pwrite_all(fd, b, off)
             os.ftruncate(fd, pos)  # through the mount, last: sets the size the kernel caches
@@ -277,102 +355,395 @@ class GDSFileSystemWriter(FileSystemWriter):
     # -- async staging -------------------------------------------------------------------------
 
     def stage(self, state_dict: Any) -> Any:
-        """Snapshot ``state_dict`` into daemon slabs (``dcp.async_save``); stock staging otherwise."""
-        if self._staging != "gdsfs" or not _plain_tensors_only(state_dict):
-            # DTensor, ShardedTensor, ...: the stock stager knows how to copy those.
+        """Snapshot ``state_dict`` for ``dcp.async_save``: tensors into daemon slabs, by a
+        device-to-device (or host) copy, the stock way for what the slabs cannot take.
+
+        Plain tensors, the local tensor of each DTensor and the local shards of each
+        ShardedTensor are copied into leases of this writer's session (on the tensor's own
+        GPU; host slabs for CPU tensors); the snapshot holds views of them, rewrapped as the
+        same DTensor / ShardedTensor. The copies are queued on each GPU's current stream and
+        not waited for here: kernels queued after them (the next training step) cannot change
+        what they copy, and ``write_data`` waits for them before the daemon writes. Falls back
+        per tensor, never for the whole dict: a tensor larger than one slab, one the pool has no
+        room for (EAGAIN, never waited for), or of another kind is staged the stock way (host
+        memory), with one GDSFallbackWarning per process saying how many bytes and how to size
+        the pool (docs/operations.md). Off gdsfs, with ``staging="cpu"``, or for a storage
+        format only the stock writer writes, the whole dict is staged the stock way.
+        """
+        self.stage_stats = {"slab_tensors": 0, "slab_bytes": 0, "stock_tensors": 0, "stock_bytes": 0}
+        if self._staging != "gdsfs" or self._stock_only():
             return super().stage(state_dict)
         root = os.fspath(self.path)
         from gdsfs._core import Session, find_mount
 
         probe = root if os.path.exists(root) else os.path.dirname(os.path.abspath(root))
-        if find_mount(probe) is None:
+        mount = find_mount(probe)
+        if mount is None:
             return super().stage(state_dict)
         self._release_staged()
-        try:
-            sess = Session.open(probe, strict=self._strict)
-            if sess is None:
+        for attempt in (0, 1):
+            reasons: dict[str, int] = {}
+            self.stage_stats = {"slab_tensors": 0, "slab_bytes": 0, "stock_tensors": 0, "stock_bytes": 0}
+            try:
+                idle = _IDLE.take(mount)
+                sess = idle[0] if idle is not None else Session.open(probe, strict=self._strict)
+                if sess is None:
+                    return super().stage(state_dict)
+                self._stage_session, self._stage_mount = sess, mount
+                self._mover, self._slab = idle[1:] if idle is not None else (None, None)
+                out = self._stage_obj(sess, state_dict, reasons)
+                break
+            except (GDSUnavailableError, OSError) as e:
+                self._discard_staged()
+                if idle is not None and attempt == 0:
+                    continue  # the kept session died with its daemon: once more, with a new one
+                if self._strict:
+                    raise
+                warn_fallback(f"staging into daemon slabs failed ({e})", doing="staging the stock way, in host memory")
                 return super().stage(state_dict)
-            self._stage_session = sess
-            return _map_tensors(state_dict, lambda t: self._stage_tensor(sess, t))
-        except (GDSUnavailableError, ValueError, OSError) as e:
+        self._record_copies()
+        st = self.stage_stats
+        if st["stock_bytes"]:
+            why = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
             if self._strict:
-                raise
-            self._release_staged()
-            warn_fallback(f"staging into daemon slabs failed ({e})")
-            return super().stage(state_dict)
+                self._discard_staged()
+            warn_fallback(
+                f"dcp.async_save staged {st['stock_tensors']} tensors ({_mib(st['stock_bytes'])}) the stock way, in host "
+                f"memory, and {st['slab_tensors']} ({_mib(st['slab_bytes'])}) into daemon slabs ({why}); the training "
+                f"step waits for the stock copies: mount with --gpu-pool (--host-pool for CPU tensors) of at least twice "
+                f"the bytes each GPU saves (with the default --uid-share 50%) plus what loaders hold, and --slab-size of "
+                f"at least the largest tensor shard (docs/operations.md, sizing the pool)",
+                cause="dcp staging: stock staging of some tensors", doing="this save still completes",
+                strict=self._strict)
+        return out
 
-    def _stage_tensor(self, sess: Any, t: torch.Tensor) -> torch.Tensor:
+    def _stage_obj(self, sess: Any, obj: Any, reasons: dict[str, int]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._stage_any_tensor(sess, obj, reasons)
+        if isinstance(obj, dict):
+            if type(obj) is dict:
+                return {k: self._stage_obj(sess, v, reasons) for k, v in obj.items()}
+            return type(obj)((k, self._stage_obj(sess, v, reasons)) for k, v in obj.items())
+        if isinstance(obj, list):
+            return [self._stage_obj(sess, v, reasons) for v in obj]
+        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+            return tuple(self._stage_obj(sess, v, reasons) for v in obj)
+        if _is_sharded_tensor(obj):
+            return self._stage_sharded(sess, obj, reasons)
+        return obj  # ints, strings, BytesIO, ...: as the stock stager, by reference
+
+    def _stage_any_tensor(self, sess: Any, t: torch.Tensor, reasons: dict[str, int]) -> Any:
+        if type(t) in (torch.Tensor, torch.nn.Parameter):
+            staged = self._stage_tensor(sess, t, reasons)
+            if staged is not None:
+                return staged
+            self._count_stock(t)
+            return t.detach().to("cpu", copy=True) if t.device.type != "cpu" else t.detach().clone()
+        if _is_dtensor(t):
+            loc = t._local_tensor  # type: ignore[attr-defined]
+            plain = type(loc) in (torch.Tensor, torch.nn.Parameter)
+            staged = self._stage_tensor(sess, loc, reasons) if plain else None
+            if staged is not None:
+                return _rewrap_dtensor(t, staged)
+            if not plain:
+                reasons["tensors of another kind"] = reasons.get("tensors of another kind", 0) + 1
+            self._count_stock(loc)
+            return self._stock_one(t)
+        if _is_sharded_tensor(t):
+            return self._stage_sharded(sess, t, reasons)
+        reasons["tensors of another kind"] = reasons.get("tensors of another kind", 0) + 1
+        self._count_stock(t)
+        return self._stock_one(t)
+
+    def _stage_sharded(self, sess: Any, st: Any, reasons: dict[str, int]) -> Any:
+        """A ShardedTensor: every local shard into a slab, or the whole tensor the stock way."""
+        shards = list(st.local_shards())
+        staged = []
+        for sh in shards:
+            plain = type(sh.tensor) in (torch.Tensor, torch.nn.Parameter)
+            v = self._stage_tensor(sess, sh.tensor, reasons) if plain else None
+            if v is None:
+                break
+            staged.append(v)
+        if len(staged) == len(shards):
+            return _rewrap_sharded(st, staged)
+        # Give back the leases of the shards staged so far: this tensor is staged the stock way.
+        done = {v.data_ptr() for v in staged}
+        back = [self._staged.pop(p)[1] for p in done if p in self._staged]
+        for v in staged:
+            self.stage_stats["slab_tensors"] -= 1
+            self.stage_stats["slab_bytes"] -= v.numel() * v.element_size()
+        if back:
+            self._stage_session.release(back)
+        for sh in shards:
+            self._count_stock(sh.tensor)
+        return self._stock_one(st)
+
+    def _count_stock(self, t: torch.Tensor) -> None:
+        n = t.numel() * t.element_size()
+        if n:
+            self.stage_stats["stock_tensors"] += 1
+            self.stage_stats["stock_bytes"] += n
+
+    def _stock_one(self, v: Any) -> Any:
+        """``v`` staged as the installed stock stager stages it (a DTensor or ShardedTensor with
+        its local data copied to host memory)."""
+        import importlib
+
+        try:
+            sdu = importlib.import_module("torch.distributed._state_dict_utils")
+            _copy_state_dict, _create_cpu_state_dict = sdu._copy_state_dict, sdu._create_cpu_state_dict
+        except (ImportError, AttributeError):
+            return super().stage({"v": v})["v"]
+        cpu = _create_cpu_state_dict({"v": v})
+        if isinstance(cpu, tuple):  # some torch builds return (state dict, counts...)
+            cpu = cpu[0]
+        out = _copy_state_dict({"v": v}, cpu)
+        return (out[0] if isinstance(out, tuple) else out)["v"]
+
+    def _stage_tensor(self, sess: Any, t: torch.Tensor, reasons: dict[str, int]) -> torch.Tensor | None:
+        """A lease-backed copy of ``t`` (same dtype, shape, device), or None (reason counted)."""
         from gdsfs._ckpt.tensorio import DaemonMover, slab_bytes
 
         t = t.detach()
         n = t.numel() * t.element_size()
+        if n == 0:
+            return None  # nothing to copy: the stock way costs nothing
         if self._slab is None:
             self._slab = slab_bytes(sess)
-        if n == 0 or t.device.type not in ("cpu", "cuda") or n > self._slab:
-            # A lease larger than one slab would get a slab allocated (and mapped here) for it
-            # alone: stage such tensors the stock way, in host memory.
-            return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
-        mover = DaemonMover(sess)
-        dev = mover.device_for(t)
-        try:
-            ref = sess.alloc(n, device=dev, timeout=0)  # never wait: a snapshot must be quick
-        except GDSUnavailableError as e:
-            if e.errno != errno.EAGAIN:
-                raise
-            return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()  # pool full
+        why = None
+        if t.device.type not in ("cpu", "cuda"):
+            why = f"on {t.device.type}"
+        elif n > self._slab:
+            # A lease larger than one slab gets a slab allocated for it alone, which this process
+            # would map anew (and keep mapped) at every save: stage such tensors the stock way.
+            why = f"larger than a slab ({_mib(self._slab)}, --slab-size)"
+        if why is None:
+            mover = self._mover
+            if mover is None:
+                mover = self._mover = DaemonMover(sess)  # one per snapshot: it asks the daemon's status
+            dev = mover.device_for(t)
+            try:
+                ref = sess.alloc(n, device=dev, timeout=0)  # never wait: a snapshot must be quick
+            except GDSUnavailableError as e:
+                if e.errno != errno.EAGAIN:
+                    raise
+                why = "the pool was full (EAGAIN)"
+        if why is not None:
+            reasons[why] = reasons.get(why, 0) + 1
+            return None
         view = mover.lease_view(ref, n)
         src = t if t.is_contiguous() else t.contiguous()
-        view.copy_(byte_view(src))
-        if view.device.type == "cuda":
-            torch.cuda.synchronize(view.device)
+        if view.device.type == "cuda" and src.device.type == "cuda":
+            with torch.cuda.device(view.device):
+                view.copy_(byte_view(src), non_blocking=True)  # on the current stream, not waited for
+        else:
+            view.copy_(byte_view(src))
         staged = view.view(t.dtype).view(t.shape) if t.dim() else view.view(t.dtype).reshape(())
         self._staged[staged.data_ptr()] = (sess, ref)
+        self.stage_stats["slab_tensors"] += 1
+        self.stage_stats["slab_bytes"] += n
         return staged
+
+    def _record_copies(self) -> None:
+        """An event after the staging copies on every GPU's current stream; write_data waits."""
+        self._copies = []
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return
+        devs = {int(ref.device) for _, ref in self._staged.values() if int(getattr(ref, "device", -1)) >= 0}
+        for d in sorted(devs):
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(d))
+            self._copies.append(ev)
+
+    def _wait_copies(self) -> None:
+        for ev in getattr(self, "_copies", ()):
+            ev.synchronize()
+        self._copies = []
+
+    def _release_leases(self, keys: list[int]) -> None:
+        """Release the leases of the staged tensors at these data pointers (written already)."""
+        with self._staged_lock:
+            refs = [self._staged.pop(k)[1] for k in keys if k in self._staged]
+        if refs and self._stage_session is not None:
+            self._stage_session.release(refs)
 
     def _release_staged(self) -> None:
         # The snapshot has been written (or given up): release its leases explicitly, then close
         # the session. The staged views, if anyone still holds them, keep the session from ending
         # (gdsfs._leases.pin) but not their leases: a snapshot lives until the save writing it ends.
+        self._wait_copies()  # no lease goes back while a copy into it may still run
         staged = [ref for _, ref in self._staged.values()]
         self._staged.clear()
-        if self._stage_session is not None:
+        sess, self._stage_session = self._stage_session, None
+        if sess is not None:
             if staged:
-                self._stage_session.release(staged)
-            self._stage_session.close()
-            self._stage_session = None
+                sess.release(staged)
+            # Kept for the next snapshot of this process (closing a session drops this process's
+            # mappings of the mount's slabs: the next snapshot would map them all again).
+            if not _IDLE.keep(self._stage_mount, (sess, self._mover, self._slab)):
+                sess.close()
+        self._mover = None
+
+    def _discard_staged(self) -> None:
+        """Drop a snapshot being staged whose session failed: close it, errors ignored."""
+        self._copies = []
+        self._staged.clear()
+        sess, self._stage_session, self._mover = self._stage_session, None, None
+        if sess is not None:
+            try:
+                sess.close()
+            except (GDSUnavailableError, OSError):
+                pass
+
+
+class _IdleStaging:
+    """The staging session of the last finished snapshot, per mount, kept for the next one.
+
+    A snapshot maps the slabs its leases lie in; closing its session drops those mappings (so
+    that memory the daemon frees does not stay mapped here), and the next snapshot, often of a
+    new writer, would map every slab again: about 1 ms each, most of the time async_save blocks
+    (GPU run 1: 47 ms for 1 GiB in 16 slabs). At most one session per mount is kept, holding no
+    lease; :func:`close_staging` (and interpreter exit) closes them.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._idle: dict[str, tuple[Any, Any, Any]] = {}
+
+    def take(self, mount: str) -> tuple[Any, Any, Any] | None:
+        with self._lock:
+            got = self._idle.pop(mount, None)
+        if got is not None and getattr(got[0], "closed", False):
+            return None
+        return got
+
+    def keep(self, mount: str, entry: tuple[Any, Any, Any]) -> bool:
+        with self._lock:
+            if not mount or mount in self._idle:
+                return False
+            self._idle[mount] = entry
+            return True
+
+    def after_fork(self) -> None:
+        # A forked child (a DataLoader worker) neither reuses nor closes the parent's sessions,
+        # and a lock another thread of the parent held must not stay held in it.
+        import threading
+
+        self._lock = threading.Lock()
+        self._idle = {}
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for sess, _, _ in idle.values():
+            try:
+                sess.close()
+            except (GDSUnavailableError, OSError):
+                pass
+
+
+# The only process-wide state of gdsfs.dcp, like the client's slab mapping cache it serves.
+_IDLE = _IdleStaging()
+atexit.register(_IDLE.close)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_IDLE.after_fork)
+
+
+def close_staging() -> None:
+    """Close the staging sessions ``GDSFileSystemWriter.stage`` keeps between snapshots (one per
+    mount, holding no lease), with their slab mappings in this process."""
+    _IDLE.close()
+
+
+def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every: int) -> None:
+    """The daemon writes each staged lease at its file offset, ``WRITE_THREADS`` at a time (the
+    WRITE ioctl releases the GIL), starting the file's writeback every ``flush_every`` bytes."""
+    import threading
+
+    from gdsfs._ckpt.tensorio import WRITE_THREADS, _Flusher
+
+    flusher = _Flusher(fd, flush_every) if flush_every > 0 else None
+    work = list(reversed(direct))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            while True:
+                with lock:
+                    if not work or errors:
+                        return
+                    off, sess, ref, n = work.pop()
+                sess.write(fd, ref, off, n)
+                if flusher is not None:
+                    flusher.wrote(n)
+        except BaseException as e:  # handed to the caller below
+            with lock:
+                errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=writer, daemon=True) for _ in range(min(WRITE_THREADS, len(direct)) - 1)]
+        for th in threads:
+            th.start()
+        writer()
+        for th in threads:
+            th.join()
+    finally:
+        if flusher is not None:
+            flusher.close()
+    if errors:
+        raise errors[0]
+    if flusher is not None and flusher.error is not None:
+        raise flusher.error
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _is_dtensor(t: Any) -> bool:
+    for mod in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        try:
+            cls = getattr(__import__(mod, fromlist=["DTensor"]), "DTensor")
+        except Exception:  # noqa: BLE001 - torch without (an importable) DTensor
+            continue
+        return isinstance(t, cls)
+    return False
+
+
+def _is_sharded_tensor(t: Any) -> bool:
+    return type(t).__name__ == "ShardedTensor" and hasattr(t, "local_shards") and hasattr(t, "metadata")
+
+
+def _rewrap_dtensor(d: Any, local: torch.Tensor) -> Any:
+    """The DTensor ``d`` with ``local`` as its local tensor (same mesh, placements, shape)."""
+    try:
+        cls = type(d)
+        return cls(local, d._spec, requires_grad=False)
+    except TypeError:  # a DTensor whose constructor differs: the stock stager's way
+        out = d.detach()
+        out._local_tensor = local
+        return out
+
+
+def _rewrap_sharded(st: Any, tensors: list[torch.Tensor]) -> Any:
+    """The ShardedTensor ``st`` with ``tensors`` as its local shards (same metadata)."""
+    import copy
+
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+
+    shards = [Shard(tensor=t, metadata=copy.deepcopy(sh.metadata)) for t, sh in zip(tensors, st.local_shards())]
+    return ShardedTensor._init_from_local_shards_and_global_metadata(
+        shards, sharded_tensor_metadata=copy.deepcopy(st.metadata()), process_group=getattr(st, "_process_group", None))
 
 
 def _result(wi: Any, name: str, offset: int, length: int) -> Any:
     from torch.distributed.checkpoint.storage import WriteResult
 
     return WriteResult(index=wi.index, size_in_bytes=length, storage_data=_fs._StorageInfo(name, offset, length))
-
-
-def _plain_tensors_only(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return type(obj) in (torch.Tensor, torch.nn.Parameter)
-    if isinstance(obj, dict):
-        return all(_plain_tensors_only(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return all(_plain_tensors_only(v) for v in obj)
-    return True
-
-
-def _map_tensors(obj: Any, fn: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if type(obj) not in (torch.Tensor, torch.nn.Parameter):
-            # DTensor, ShardedTensor, ...: the stock stager knows how to copy them.
-            raise ValueError(f"{type(obj).__name__} is staged the stock way")
-        return fn(obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items()) if type(obj) is not dict else {
-            k: _map_tensors(v, fn) for k, v in obj.items()
-        }
-    if isinstance(obj, list):
-        return [_map_tensors(v, fn) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_map_tensors(v, fn) for v in obj)
-    return obj
 
 
 class GDSFileSystemReader(FileSystemReader):
@@ -398,31 +769,38 @@ class GDSFileSystemReader(FileSystemReader):
         for req, info in zip(plan.items, infos):
             per_file.setdefault(info.relative_path, []).append(req)
         batch = _default_hooks(planner)
-        for rel, reqs in per_file.items():
-            reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
-            self._read_file(os.path.join(root, rel), reqs, planner, batch)
+        reads = _Reads(self._strict)  # one session for every file: its slab mappings are made once
+        try:
+            for rel, reqs in per_file.items():
+                reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
+                self._read_file(os.path.join(root, rel), reqs, planner, batch, reads)
+        finally:
+            reads.close()
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
-    def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool) -> None:
+    def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool, io_: "_Reads") -> None:
         with open(path, "rb", buffering=_BUFFER) as fh:
             fd = fh.fileno()
-            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []  # (req, target, temp to narrow)
+            # (req, target, source to copy into the target or None when the bytes land in it)
+            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
             items: list[tuple[int, torch.Tensor]] = []
+            held = 0  # bytes of temporaries the pending items hold
 
             def flush() -> None:
+                nonlocal held
                 if items:
-                    transfer(path, fd, list(items), write=False, strict=self._strict)
-                for req, target, temp in pending:
-                    if temp is not None:
-                        src = _narrow(temp, req.storage_offsets, req.lengths)
+                    io_.read(path, fd, list(items))
+                for req, target, src in pending:
+                    if src is not None:
                         if src.size() != target.size():
                             raise ValueError(f"gdsfs: {req.storage_index} has size {tuple(src.size())}, the target {tuple(target.size())}")
                         target.copy_(src)
                     planner.commit_tensor(req, target)
                 items.clear()
                 pending.clear()
+                held = 0
 
             for req in reqs:
                 info = self.storage_data[req.storage_index]
@@ -431,39 +809,153 @@ class GDSFileSystemReader(FileSystemReader):
                     continue
                 target = planner.resolve_tensor(req).detach()
                 dev = target.device if target.device.type in ("cpu", "cuda") else torch.device("cpu")
-                try:
-                    dec = torchzip.decode(fh, info.offset, info.length, lambda _loc: dev, weights_only=True)
-                except torchzip.NotAddressable:
+                got = self._plan_read(fh, info, req, target, dev)
+                if got is None:  # the archive needs torch.load: read it whole, then narrow
                     fh.seek(info.offset)
                     saved = torch.load(io.BytesIO(fh.read(info.length)), map_location="cpu", weights_only=True)
-                    src = _narrow(saved, req.storage_offsets, req.lengths)
-                    target.copy_(src)
+                    target.copy_(_narrow(saved, req.storage_offsets, req.lengths))
                     planner.commit_tensor(req, target)
                     continue
-                saved = dec.obj
-                if not isinstance(saved, torch.Tensor):
-                    raise ValueError(f"gdsfs: item {req.storage_index} of {path!r} does not hold a tensor")
-                whole = all(o == 0 for o in req.storage_offsets) and tuple(req.lengths) == tuple(saved.shape)
-                if (
-                    whole
-                    and len(dec.items) == 1
-                    and type(target) is torch.Tensor
-                    and target.device == dev
-                    and target.dtype == saved.dtype
-                    and target.is_contiguous()
-                    and saved.is_contiguous()
-                    and saved.storage_offset() == 0
-                    and dec.items[0][1].numel() == target.numel() * target.element_size()
-                    and not (target.is_conj() or target.is_neg())
-                ):
-                    items.append((dec.items[0][0], byte_view(target)))  # straight into the target
-                    pending.append((req, target, None))
-                else:
-                    items.extend(dec.items)
-                    pending.append((req, target, saved))
-                if not batch:
+                reads, src = got
+                items.extend(reads)
+                pending.append((req, target, src))
+                if src is not None:
+                    held += sum(t.numel() for _, t in reads)
+                if not batch or held >= _BATCH_TEMP:
                     flush()
             flush()
+
+    def _plan_read(self, fh: Any, info: Any, req: Any, target: torch.Tensor,
+                   dev: torch.device) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None] | None:
+        """The byte ranges to read for ``req`` and where they land.
+
+        Returns ``(reads, src)``: ``reads`` are ``(file offset, uint8 destination)``; ``src`` is
+        None when they land straight in ``target``, else the view (over a temporary the reads
+        fill) to copy into ``target`` afterwards. Only the bytes of the saved chunk's storage
+        that the request covers are read: for a request whose elements are one contiguous run
+        of the storage (a row-slab of a row-major chunk, the chunk itself), that run straight
+        into the target; otherwise the span from its first to its last element into a
+        temporary, narrowed on the device. None: the archive must go through torch.load.
+        """
+        meta = torch.device("meta")
+        try:
+            dec = torchzip.decode(fh, info.offset, info.length, lambda _loc: meta, weights_only=True)
+        except torchzip.NotAddressable:
+            return None
+        except Exception:  # noqa: BLE001 - a torch that cannot rebuild on meta: decode for real
+            real = torchzip.decode(fh, info.offset, info.length, lambda _loc: dev, weights_only=True)
+            if not isinstance(real.obj, torch.Tensor):
+                raise ValueError(f"gdsfs: item {req.storage_index} of {fh.name!r} does not hold a tensor") from None
+            return list(real.items), _narrow(real.obj, tuple(req.storage_offsets), tuple(req.lengths))
+        saved = dec.obj
+        if not isinstance(saved, torch.Tensor):
+            raise ValueError(f"gdsfs: item {req.storage_index} of {fh.name!r} does not hold a tensor")
+        offsets = tuple(req.storage_offsets) or (0,) * saved.dim()
+        lengths = tuple(req.lengths) or tuple(saved.shape)
+        if len(offsets) != saved.dim() or len(lengths) != saved.dim() or any(
+                o < 0 or n < 0 or o + n > s for o, n, s in zip(offsets, lengths, saved.shape)):
+            raise ValueError(f"gdsfs: {req.storage_index} asks for {lengths} at {offsets} of a saved chunk of size {tuple(saved.shape)}")
+        if len(dec.items) != 1 or any(n == 0 for n in lengths):
+            if len(dec.items) > 1:  # several storages: decode them for real, narrow afterwards
+                real = torchzip.decode(fh, info.offset, info.length, lambda _loc: dev, weights_only=True)
+                return list(real.items), _narrow(real.obj, offsets, lengths)
+            # Nothing to read (an empty request or tensor): the target gets what narrowing gives.
+            return [], torch.empty(lengths, dtype=saved.dtype, device=dev)
+        base = dec.items[0][0]
+        first, count, dense = span(saved.storage_offset(), saved.stride(), offsets, lengths)
+        es = saved.element_size()
+        if (
+            dense
+            and type(target) is torch.Tensor
+            and target.device == dev
+            and target.dtype == saved.dtype
+            and target.is_contiguous()
+            and tuple(target.shape) == lengths
+            and not (target.is_conj() or target.is_neg() or saved.is_conj() or saved.is_neg())
+        ):
+            return [(base + first * es, byte_view(target))], None  # straight into the target
+        temp = torch.empty((count,), dtype=saved.dtype, device=dev)
+        src = temp.as_strided(lengths, saved.stride(), 0)
+        if saved.is_conj():
+            src = src.conj()
+        if saved.is_neg():
+            src = torch._neg_view(src)  # type: ignore[attr-defined]
+        return [(base + first * es, byte_view(temp))], src
+
+
+class _Reads:
+    """Reads of one ``read_data`` call through one daemon session (what ``transfer`` does per
+    file: each session that closes drops this process's mappings of the mount's slabs, so a
+    session per file would map the slabs anew for every file of a resharded load).
+
+    When the daemon cannot serve, the rest of the call reads with plain I/O after the one-time
+    GDSFallbackWarning (``strict=True`` raises instead); positional reads make a redo safe.
+    """
+
+    def __init__(self, strict: bool) -> None:
+        self._strict = strict
+        self._mover: Any = None
+        self._plain = False
+
+    def read(self, path: str, fd: int, items: list[tuple[int, torch.Tensor]]) -> None:
+        from gdsfs._ckpt.tensorio import PosixMover, open_mover
+
+        if not self._plain:
+            if self._mover is None:
+                self._mover = open_mover(path, strict=self._strict)
+            if isinstance(self._mover, PosixMover):
+                self._plain = True
+            else:
+                try:
+                    self._mover.read_into(fd, items)
+                    return
+                except GDSUnavailableError as e:
+                    if self._strict:
+                        raise
+                    self.close()
+                    self._plain = True
+                    warn_fallback(f"the daemon could not serve {path!r} ({e})", cause=f"transfer errno {e.errno}")
+        PosixMover().read_into(fd, items)
+
+    def close(self) -> None:
+        from gdsfs._ckpt.tensorio import close_mover
+
+        if self._mover is not None:
+            close_mover(self._mover)
+            self._mover = None
+
+
+def span(storage_offset: int, strides: tuple[int, ...] | Any, offsets: tuple[int, ...],
+         lengths: tuple[int, ...]) -> tuple[int, int, bool]:
+    """The elements of a storage a sub-box of a strided tensor covers.
+
+    The box ``offsets``/``lengths`` of a tensor whose element ``i`` sits at storage element
+    ``storage_offset + sum(i[d] * strides[d])`` (strides >= 0) touches storage elements from
+    ``first`` to ``first + count - 1``. ``dense`` is True when those are exactly the box's
+    elements in row-major order, so reading them is reading the box (a row-slab of a row-major
+    tensor, or the tensor itself); then ``count`` is the box's element count.
+
+    Returns:
+        ``(first, count, dense)``; ``count`` is 0 for an empty box.
+    """
+    strides = tuple(int(x) for x in strides)
+    if any(n == 0 for n in lengths):
+        return storage_offset + sum(o * st for o, st in zip(offsets, strides)), 0, True
+    first = storage_offset + sum(o * st for o, st in zip(offsets, strides))
+    last = first + sum((n - 1) * st for n, st in zip(lengths, strides))
+    count = last - first + 1
+    numel = 1
+    for n in lengths:
+        numel *= n
+    # Row-major: each dim of length > 1 steps by the product of the lengths after it.
+    want = 1
+    dense = True
+    for n, st in zip(reversed(lengths), reversed(strides)):
+        if n > 1 and st != want:
+            dense = False
+            break
+        want *= n
+    return first, count, dense and count == numel
 
 
 def _narrow(t: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:

@@ -88,6 +88,10 @@ class ReadItem:
     storage_index: MetadataIndex
     storage_offsets: tuple[int, ...] = ()
     lengths: tuple[int, ...] = ()
+    # As torch 2.11's ReadItem: where in the target (the local chunk dest_index names) the
+    # lengths land; None: at storage_offsets (this stand-in's older, one-chunk use).
+    dest_index: MetadataIndex | None = None
+    dest_offsets: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -129,7 +133,8 @@ class DefaultLoadPlanner:
 
     def resolve_tensor(self, req: ReadItem) -> torch.Tensor:
         t = self.targets[req.storage_index.fqn]
-        for dim, (off, n) in enumerate(zip(req.storage_offsets, req.lengths)):
+        dest = req.storage_offsets if req.dest_offsets is None else req.dest_offsets
+        for dim, (off, n) in enumerate(zip(dest, req.lengths)):
             t = t.narrow(dim, off, n)
         return t
 
@@ -333,6 +338,76 @@ def load(targets: dict[str, torch.Tensor], byte_keys: list[str], storage_reader:
         for offs, lens in (chunks or {}).get(k, [((0,) * v.dim(), tuple(v.shape))]):
             reqs.append(ReadItem(LoadItemType.TENSOR, MetadataIndex(k), offs, lens))
     storage_reader.read_data(LoadPlan(reqs), planner).wait()
+    return planner
+
+
+Chunk = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) of a chunk in the global tensor
+
+
+def save_ranks(per_rank: list[dict[str, dict[Chunk, torch.Tensor]]], make_writer: Any) -> Metadata:
+    """dcp.save's calls for ``len(per_rank)`` ranks, one writer each (``make_writer(rank)``).
+
+    ``per_rank[r]`` maps fqn -> {chunk: local tensor} (a rank's shards of a sharded tensor,
+    saved as torch 2.11 saves DTensor shards: one item per chunk, indexed by fqn and offsets).
+    Returns the metadata, with ``chunks``: fqn -> the saved chunks.
+    """
+    writers = [make_writer(r) for r in range(len(per_rank))]
+    local = []
+    for r, w in enumerate(writers):
+        w.set_up_storage_writer(r == 0, rank=r, use_collectives=True)
+        items = [WriteItem(MetadataIndex(fqn, offs), WriteItemType.TENSOR)
+                 for fqn, chunks in per_rank[r].items() for (offs, _) in chunks]
+        local.append(w.prepare_local_plan(SavePlan(items)))
+    plans = writers[0].prepare_global_plan(local)
+    results = []
+    for r, w in enumerate(writers):
+        data = {MetadataIndex(fqn, offs): t for fqn, chunks in per_rank[r].items() for (offs, _), t in chunks.items()}
+        results.append(w.write_data(plans[r], _IndexPlanner(data)).wait())
+    md = Metadata()
+    writers[0].finish(md, results)
+    md.chunks = {}  # type: ignore[attr-defined]
+    for rank in per_rank:
+        for fqn, chunks in rank.items():
+            md.chunks.setdefault(fqn, []).extend(chunks)  # type: ignore[attr-defined]
+    return md
+
+
+class _IndexPlanner:
+    def __init__(self, data: dict[MetadataIndex, torch.Tensor]) -> None:
+        self.data = data
+
+    def resolve_data(self, item: WriteItem) -> Any:
+        return self.data[item.index]
+
+
+def read_items(fqn: str, saved: list[Chunk], local: Chunk) -> list[ReadItem]:
+    """The ReadItems torch 2.11's planner makes (create_read_items_for_chunk_list) for loading the
+    local chunk ``local`` of ``fqn`` from a checkpoint whose saved chunks are ``saved``: one per
+    overlapping saved chunk, with the overlap's offsets within the saved chunk (storage_offsets)
+    and within the local chunk (dest_offsets)."""
+    out = []
+    loffs, lsizes = local
+    for soffs, ssizes in saved:
+        lo = [max(a, b) for a, b in zip(loffs, soffs)]
+        hi = [min(a + n, b + m) for a, n, b, m in zip(loffs, lsizes, soffs, ssizes)]
+        if any(h <= a for a, h in zip(lo, hi)):
+            continue
+        out.append(ReadItem(
+            LoadItemType.TENSOR, MetadataIndex(fqn, tuple(soffs)),
+            storage_offsets=tuple(a - b for a, b in zip(lo, soffs)),
+            lengths=tuple(h - a for a, h in zip(lo, hi)),
+            dest_index=MetadataIndex(fqn, tuple(loffs)),
+            dest_offsets=tuple(a - b for a, b in zip(lo, loffs)),
+        ))
+    return out
+
+
+def load_items(targets: dict[str, torch.Tensor], items: list[ReadItem], storage_reader: Any) -> DefaultLoadPlanner:
+    """dcp.load's calls on one rank for explicit ReadItems into ``targets`` (fqn -> local chunk)."""
+    md = storage_reader.read_metadata()
+    storage_reader.set_up_storage_reader(md, True)
+    planner = DefaultLoadPlanner(targets)
+    storage_reader.read_data(LoadPlan(items), planner).wait()
     return planner
 
 
