@@ -9,7 +9,8 @@ import pickle
 
 import pytest
 import torch
-from torch.multiprocessing.reductions import ForkingPickler
+import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
+from multiprocessing.reduction import ForkingPickler
 
 from gdsfs import _layout
 from gdsfs._tensors import INLINE_TENSOR_BYTES, GDSBatch
@@ -97,7 +98,7 @@ def test_small_samples_through_a_dataloader_arrive_once_with_their_bytes(gdsfs_m
         assert isinstance(cls, torch.Tensor) and cls.dtype == torch.int64 and x.dtype == torch.float32
         for i, key in enumerate(b["__key__"]):
             assert key not in seen, f"{key} delivered twice"
-            seen[key] = x[i].numpy().tobytes()
+            seen[key] = x[i].cpu().numpy().tobytes()
             assert int(cls[i]) == int(key.rsplit("_", 1)[1]) % 7
     assert seen == truth
     del dl, b, x
@@ -125,7 +126,7 @@ def test_a_batch_column_pickles_compactly_and_holds_its_leases(gdsfs_mount) -> N
     gc.collect()
     _leases.drain()
     out = copy.materialize()
-    assert [out["x.npy"][i].numpy().tobytes() for i in range(16)] == [truth[k] for k in out["__key__"]]
+    assert [out["x.npy"][i].cpu().numpy().tobytes() for i in range(16)] == [truth[k] for k in out["__key__"]]
     with pytest.raises(gdsfs_lease_error()):
         copy.materialize()  # spent: never bytes twice
     ds.close()
@@ -171,7 +172,7 @@ def test_a_batchs_adjacent_samples_share_one_read_range(gdsfs_mount, how: str) -
         batches += 1
         for i, key in enumerate(b["__key__"]):
             assert key not in seen, f"{key} delivered twice"
-            seen[key] = b["x.npy"][i].numpy().tobytes()
+            seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
     ranges = _read_ranges(paths[0]) - before
     assert seen == truth
     if how == "dataloader":
@@ -198,7 +199,7 @@ def test_resume_is_exact_with_shared_ranges(gdsfs_mount) -> None:
     it = iter(dl)
     for _ in range(3):
         b = next(it)
-        seen.update((k, b["x.npy"][i].numpy().tobytes()) for i, k in enumerate(b["__key__"]))
+        seen.update((k, b["x.npy"][i].cpu().numpy().tobytes()) for i, k in enumerate(b["__key__"]))
     state = dl.state_dict()
     del it, b
     ds2 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=7)
@@ -207,7 +208,7 @@ def test_resume_is_exact_with_shared_ranges(gdsfs_mount) -> None:
     for b in dl2:
         for i, k in enumerate(b["__key__"]):
             assert k not in seen, f"{k} delivered twice"
-            seen[k] = b["x.npy"][i].numpy().tobytes()
+            seen[k] = b["x.npy"][i].cpu().numpy().tobytes()
     assert seen == truth
     del dl, dl2, b
     ds.close()
@@ -239,7 +240,7 @@ def test_a_shared_range_gathers_as_one_strided_copy(gdsfs_mount) -> None:
         out = b.materialize()
         x = out["x.npy"]
         assert not (slab.data_ptr() <= x.data_ptr() < slab.data_ptr() + slab.numel()), "the gather aliases the slab"
-        assert [x[i].numpy().tobytes() for i in range(8)] == [truth[k] for k in out["__key__"]]
+        assert [x[i].cpu().numpy().tobytes() for i in range(8)] == [truth[k] for k in out["__key__"]]
         with pytest.raises(gdsfs.GDSLeaseError):
             b.materialize()
     it.close()
@@ -262,7 +263,7 @@ def test_a_later_epoch_reuses_the_sample_plans(gdsfs_mount, monkeypatch) -> None
     for epoch in range(2):
         ds.set_epoch(epoch)
         calls.clear()
-        got = {s["__key__"]: (s["cls"], s["x.npy"].materialize().numpy().tobytes()) for s in ds}
+        got = {s["__key__"]: (s["cls"], s["x.npy"].materialize().cpu().numpy().tobytes()) for s in ds}
         epochs.append(len(calls))
         assert {k: v[1] for k, v in got.items()} == truth
     assert epochs == [2 * len(truth), len(truth)], epochs  # header + .cls, then .cls only
