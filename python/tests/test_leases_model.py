@@ -431,7 +431,11 @@ class TextUnraisables:
         self.prev: Any = None
 
     def hook(self, u: Any) -> None:
-        where = f"{u.err_msg or 'Exception ignored in'}: {u.object!r}"
+        try:
+            what = repr(u.object)
+        except Exception:  # noqa: BLE001 - a report must not raise in the hook
+            what = f"<{type(u.object).__name__}>"
+        where = f"{u.err_msg or 'Exception ignored in'}: {what}"
         self.reports.append(where + "\n" + "".join(traceback.format_exception(u.exc_type, u.exc_value, u.exc_traceback)))
 
     def __enter__(self) -> "TextUnraisables":
