@@ -123,10 +123,7 @@ func runWarm(cmd *cobra.Command, c *warmConfig) error {
 	}
 	elapsed := time.Since(start)
 
-	rate := ""
-	if elapsed > 0 && read > 0 {
-		rate = fmt.Sprintf(" at %s/s", humanize.IBytes(uint64(float64(read)/elapsed.Seconds())))
-	}
+	rate := rateSuffix(read, elapsed)
 	if ctx.Err() != nil {
 		fmt.Fprintf(out, "interrupted: read %s of %s%s in %s; run the same command again to resume (cached pages are skipped)\n",
 			humanize.IBytes(uint64(read)), humanize.IBytes(uint64(plan.ToReadBytes)), rate, elapsed.Round(time.Millisecond))
@@ -171,4 +168,12 @@ func newWarmBar(total int64, w io.Writer, visible bool) *progressbar.ProgressBar
 			}
 		}),
 	)
+}
+
+// rateSuffix is " at N/s" for a warm's progress line, or "" when nothing was read.
+func rateSuffix(read int64, elapsed time.Duration) string {
+	if elapsed <= 0 || read <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" at %s/s", humanize.IBytes(uint64(float64(read)/elapsed.Seconds())))
 }

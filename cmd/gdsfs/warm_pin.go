@@ -55,10 +55,7 @@ func runWarmPin(ctx context.Context, cmd *cobra.Command, c *warmConfig, show boo
 		_ = bar.Finish()
 	}
 	elapsed := time.Since(start)
-	rate := ""
-	if elapsed > 0 && read > 0 {
-		rate = fmt.Sprintf(" at %s/s", humanize.IBytes(uint64(float64(read)/elapsed.Seconds())))
-	}
+	rate := rateSuffix(read, elapsed)
 	if first != nil {
 		fmt.Fprintf(out, "stopped: read %s of %s into the tier%s; what was pinned stays\n",
 			humanize.IBytes(uint64(read)), humanize.IBytes(uint64(want)), rate)

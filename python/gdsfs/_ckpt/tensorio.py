@@ -274,13 +274,7 @@ class DaemonMover:
                 if nxt < len(batches):
                     submit(nxt)
                     nxt += 1
-                for ref, (off, t) in zip(refs, batches[k]):
-                    n = t.numel()
-                    if n == 0:
-                        continue
-                    if int(ref.valid) < n:
-                        raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
-                    t.copy_(self.lease_view(ref, n), non_blocking=True)
+                self._copy_out(refs, batches[k])
             return len(pieces)
         finally:
             try:
@@ -294,6 +288,16 @@ class DaemonMover:
                         continue
                     self._release_quietly(refs)
                 ex.shutdown(wait=True)
+
+    def _copy_out(self, refs: list[Any], batch: list[tuple[int, torch.Tensor]]) -> None:
+        """Start the copies of a READ's leases into their tensors (asynchronous; _finish waits)."""
+        for ref, (off, t) in zip(refs, batch):
+            n = t.numel()
+            if n == 0:
+                continue
+            if int(ref.valid) < n:
+                raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
+            t.copy_(self.lease_view(ref, n), non_blocking=True)
 
     def _release_quietly(self, refs: list[Any]) -> None:
         """Release leases nothing was copied out of (cleanup on an error path)."""
@@ -340,13 +344,7 @@ class DaemonMover:
                     continue
                 self._finish(pending)
                 pending = list(refs)
-                for ref, (off, t) in zip(refs, batch):
-                    n = t.numel()
-                    if n == 0:
-                        continue
-                    if int(ref.valid) < n:
-                        raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
-                    t.copy_(self.lease_view(ref, n), non_blocking=True)
+                self._copy_out(refs, batch)
                 i += len(batch)
         finally:
             self._finish(pending)
