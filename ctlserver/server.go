@@ -18,6 +18,7 @@ import (
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/internal/errname"
 	"github.com/gdsfs/gdsfs/internal/openflags"
+	"github.com/gdsfs/gdsfs/internal/readahead"
 	"github.com/gdsfs/gdsfs/tier"
 	"github.com/rs/zerolog"
 )
@@ -82,6 +83,9 @@ type Options struct {
 	Tier *tier.Tier
 	// TierCopier copies tier bytes into slabs; nil disables hits.
 	TierCopier tier.Copier
+	// Readahead is the policy of the readahead after sequential READs
+	// (readahead.go); the zero value is the default, MaxBytes < 0 off.
+	Readahead readahead.Config
 }
 
 // Validate reports every problem of o at once.
@@ -115,6 +119,7 @@ type Server struct {
 	shards      [sessionShards]sessionShard
 	counters    counters
 	mount       atomic.Pointer[fs.Server]
+	ra          *readaheads
 }
 
 type sessionShard struct {
@@ -134,6 +139,7 @@ func NewServer(opts Options) (*Server, error) {
 		host:    opts.Pool.Backend().Name() == gpubuf.HostBackendName,
 		devices: opts.Pool.Backend().Devices(),
 		pid:     uint32(os.Getpid()),
+		ra:      newReadaheads(opts.Readahead),
 	}
 	s.maxLease = opts.Pool.MaxLeaseBytes()
 	for i := range s.shards {

@@ -122,6 +122,10 @@ type engine struct {
 	r Recorder
 }
 
+// Unwrap implements cufile.Wrapper: the engine's optional abilities stay
+// reachable through the wrapper.
+func (e *engine) Unwrap() cufile.Engine { return e.Engine }
+
 func (e *engine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
 	got, err := e.Engine.ReadAt(ctx, f, dst, dstOff, fileOff, n)
 	e.r.AddBytes(e.Name(), "read", got)

@@ -1,0 +1,105 @@
+package ctlserver
+
+import (
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/internal/pagecache"
+	"github.com/gdsfs/gdsfs/internal/readahead"
+)
+
+// readaheadJobs bounds the readahead requests in flight (each a few
+// posix_fadvise calls of at most the policy's largest window): more are
+// dropped, readahead being a hint.
+const readaheadJobs = 8
+
+// probeBytes is how much of each end of a readahead range is measured: a
+// range whose two ends are cached is taken as cached (warm data costs two
+// cachestat calls of a few pages, not a walk of the whole window).
+const probeBytes = 256 << 10
+
+// readaheads is the control path's readahead (package internal/readahead):
+// READs of small ranges are buffered preads, which get no kernel
+// readahead worth the name (the next READ comes after the client has
+// worked through the batch), so a sequential run of READs on one open
+// file reads its next window into the page cache while the client works.
+type readaheads struct {
+	t      *readahead.Tracker[*os.File]
+	pieces pagecache.Pieces
+	jobs   chan struct{}
+	wg     sync.WaitGroup // jobs in flight (tests wait on it)
+
+	started, dropped, failed atomic.Int64 // jobs
+	bytes                    atomic.Int64 // asked to read ahead
+}
+
+func newReadaheads(c readahead.Config) *readaheads {
+	return &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs)}
+}
+
+// afterRead records a READ of plan of f (size bytes), served by eng, and
+// starts reading the window after it into the page cache when the READ
+// continues a sequential run. Only f is read ahead: the caller's own open
+// of the file, which the READ was checked to be allowed to read. Keyed by
+// f, so one open's run never reads ahead another's file.
+func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size int64) {
+	if ra == nil || ra.t.Config().Off() {
+		return
+	}
+	lo, hi, longest := int64(-1), int64(0), int64(0)
+	for _, sp := range plan {
+		if sp.valid == 0 {
+			continue
+		}
+		if lo < 0 || sp.start < lo {
+			lo = sp.start
+		}
+		hi = max(hi, sp.end)
+		longest = max(longest, sp.end-sp.start)
+	}
+	if lo < 0 {
+		return
+	}
+	br, ok := cufile.BufferedReaderOf(eng)
+	if !ok || !br.ReadsBuffered(longest) {
+		// Direct reads (or a tier hit) do not use the page cache: a
+		// window read into it would be read twice.
+		ra.t.Forget(f)
+		return
+	}
+	r := ra.t.Read(f, lo, min(hi, size), size)
+	if r.Len() == 0 || cached(f, r) {
+		return
+	}
+	select {
+	case ra.jobs <- struct{}{}:
+	default:
+		ra.dropped.Add(1)
+		return // enough in flight: a hint, dropped
+	}
+	ra.started.Add(1)
+	ra.bytes.Add(r.Len())
+	ra.wg.Add(1)
+	go func() {
+		defer ra.wg.Done()
+		defer func() { <-ra.jobs }()
+		// An error is a file closed since (its opener went away) or a
+		// filesystem without fadvise: nothing to do but count it.
+		if err := pagecache.WillNeed(f, r.Off, r.Len(), ra.pieces.Of(f)); err != nil {
+			ra.failed.Add(1)
+		}
+	}()
+}
+
+// cached reports whether both ends of r are in the page cache.
+func cached(f *os.File, r readahead.Range) bool {
+	for _, p := range []readahead.Range{{Off: r.Off, End: min(r.End, r.Off+probeBytes)}, {Off: max(r.Off, r.End-probeBytes), End: r.End}} {
+		c, ok := pagecache.Cached(f, p.Off, p.Len())
+		if !ok || c < p.Len() {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,205 @@
+package ctlserver
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/internal/pagecache"
+	"golang.org/x/sys/unix"
+)
+
+// coldFile writes a file of n bytes, flushes it and drops it from the page
+// cache (posix_fadvise DONTNEED on this file only: other tests' files stay
+// cached), and opens it read-only with the kernel's own readahead off
+// (POSIX_FADV_RANDOM), so what is cached after a READ is the READ's bytes
+// and what the daemon read ahead.
+func (e *testEnv) coldFile(name string, n int) (*os.File, []byte) {
+	e.t.Helper()
+	f, data := e.file(name, n, os.O_RDONLY)
+	if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
+		e.t.Fatal(err)
+	}
+	if c, ok := pagecache.Cached(f, 0, int64(n)); !ok {
+		e.t.Skip("no cachestat(2) on this kernel: residency cannot be checked")
+	} else if c > int64(n)/16 {
+		e.t.Skipf("%d of %d bytes still cached after POSIX_FADV_DONTNEED", c, n)
+	}
+	return f, data
+}
+
+// batch is one READ of a batch of k samples of sample bytes each from
+// off, one tar header apart: the ranges a dataset worker asks for.
+func batch(off uint64, k int, sample uint64) []ctl.Range {
+	var rs []ctl.Range
+	for i := range k {
+		rs = append(rs, ctl.Range{Offset: off + uint64(i)*(sample+512), Length: sample})
+	}
+	return rs
+}
+
+// cachedFrac is the part of [off, off+n) of f in the page cache.
+func cachedFrac(t *testing.T, f *os.File, off, n int64) float64 {
+	t.Helper()
+	c, ok := pagecache.Cached(f, off, n)
+	if !ok {
+		t.Fatal("cachestat failed")
+	}
+	return float64(min(c, n)) / float64(n)
+}
+
+// Sequential READs of small ranges of a cold file read the file ahead of
+// them, and the bytes every READ returns are the file's. Random READs, warm data and engines that do not
+// read through the page cache read nothing ahead; two opens of one file
+// are two streams.
+func TestReadahead(t *testing.T) {
+	const (
+		fileBytes = 48 << 20
+		sample    = 60 << 10
+		k         = 16 // samples per READ: about 1 MiB
+		step      = k * (sample + 512)
+	)
+	buffered := cufile.NewHostEngine(cufile.Options{})
+	seq := func(off uint64, n int) []uint64 { // n READs one after the other from off
+		var offs []uint64
+		for i := range n {
+			offs = append(offs, off+uint64(i)*step)
+		}
+		return offs
+	}
+	cases := []struct {
+		name   string
+		engine cufile.Engine
+		warm   bool
+		offs   []uint64 // first sample of each READ
+		jobs   bool     // readahead expected
+		ahead  [2]int64 // a range expected cached (jobs) or not
+	}{
+		{"sequential", buffered, false, seq(0, 6), true, [2]int64{8 << 20, 36 << 20}},
+		{"sequential from mid-file", buffered, false, seq(16<<20, 8), true, [2]int64{26 << 20, 46 << 20}},
+		{"random", buffered, false, []uint64{40 << 20, 3 << 20, 20 << 20, 9 << 20}, false, [2]int64{31 << 20, 39 << 20}},
+		{"warm", buffered, true, seq(0, 4), false, [2]int64{0, 0}},
+		{"direct engine", &vecEngine{Engine: buffered}, false, seq(0, 6), false, [2]int64{8 << 20, 36 << 20}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{slabBytes: 16 << 20, budgetBytes: 64 << 20, noIndexes: true})
+			e.srv.opts.Engines = fixedEngine{c.engine}
+			cl := e.client(1000, ctl.Token{})
+			f, data := e.coldFile("a.bin", fileBytes)
+			if c.warm {
+				if _, err := f.ReadAt(make([]byte, fileBytes), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, off := range c.offs {
+				rs := batch(off, k, sample)
+				ls, err := cl.Read(context.Background(), f, ctl.HostDevice, rs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkLeases(t, cl, rs, ls, data)
+				releaseAll(t, cl, ls)
+				e.srv.ra.wg.Wait() // the readahead this READ started is submitted
+			}
+			started := e.srv.ra.started.Load()
+			if c.jobs != (started > 0) {
+				t.Errorf("%d readahead jobs, want any: %v", started, c.jobs)
+			}
+			if n := e.srv.ra.failed.Load(); n != 0 {
+				t.Errorf("%d readahead jobs failed", n)
+			}
+			if c.ahead[1] > 0 {
+				got := cachedFrac(t, f, c.ahead[0], c.ahead[1]-c.ahead[0])
+				if c.jobs && got < 0.9 {
+					t.Errorf("[%d MiB, %d MiB) is %.0f%% cached after the READs, want read ahead", c.ahead[0]>>20, c.ahead[1]>>20, 100*got)
+				}
+				if !c.jobs && got > 0.1 {
+					t.Errorf("[%d MiB, %d MiB) is %.0f%% cached after the READs, want nothing read ahead", c.ahead[0]>>20, c.ahead[1]>>20, 100*got)
+				}
+			}
+			e.checkIdle()
+		})
+	}
+	// Two opens of one file, read in turns: each is its own sequential
+	// stream (a shared one would see jumps and read nothing ahead). A
+	// second file that is never READ stays cold: only the file a READ
+	// came with is read ahead.
+	t.Run("two opens", func(t *testing.T) {
+		e := newEnv(t, envOptions{slabBytes: 16 << 20, budgetBytes: 64 << 20, noIndexes: true})
+		e.srv.opts.Engines = fixedEngine{buffered}
+		cl := e.client(1000, ctl.Token{})
+		f1, data := e.coldFile("a.bin", fileBytes)
+		other, _ := e.coldFile("b.bin", 8<<20)
+		f2, err := os.Open(f1.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f2.Close()
+		if err := unix.Fadvise(int(f2.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			for j, f := range []*os.File{f1, f2} {
+				rs := batch(uint64(j)*(24<<20)+uint64(i)*step, k, sample)
+				ls, err := cl.Read(context.Background(), f, ctl.HostDevice, rs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkLeases(t, cl, rs, ls, data)
+				releaseAll(t, cl, ls)
+				e.srv.ra.wg.Wait()
+			}
+		}
+		for j, r := range [][2]int64{{5 << 20, 11 << 20}, {27 << 20, 31 << 20}} {
+			if got := cachedFrac(t, f1, r[0], r[1]-r[0]); got < 0.9 {
+				t.Errorf("open %d: [%d MiB, %d MiB) is %.0f%% cached, want read ahead", j+1, r[0]>>20, r[1]>>20, 100*got)
+			}
+		}
+		if got := cachedFrac(t, other, 0, 8<<20); got > 0.1 {
+			t.Errorf("a file never READ is %.0f%% cached", 100*got)
+		}
+	})
+	// The opener goes away (a killed worker: its descriptor closed) while
+	// readahead of its file is pending: the job fails quietly.
+	t.Run("closed file", func(t *testing.T) {
+		e := newEnv(t, envOptions{slabBytes: 16 << 20, budgetBytes: 64 << 20, noIndexes: true})
+		e.srv.opts.Engines = fixedEngine{buffered}
+		cl := e.client(1000, ctl.Token{})
+		f, _ := e.coldFile("a.bin", 8<<20)
+		ls, err := cl.Read(context.Background(), f, ctl.HostDevice, batch(0, k, sample))
+		if err != nil {
+			t.Fatal(err)
+		}
+		releaseAll(t, cl, ls)
+		e.srv.ra.wg.Wait()
+		f.Close()
+		if err := pagecache.WillNeed(f, 0, 1<<20, 128<<10); err == nil {
+			t.Error("readahead of a closed file succeeded")
+		}
+		e.srv.ra.afterRead(f, buffered, []span{{off: 1 << 20, length: 4096, valid: 4096, start: 1 << 20, end: 1<<20 + 4096}}, 8<<20)
+		e.srv.ra.wg.Wait()
+	})
+}
+
+// releaseAll releases the leases of a READ.
+func releaseAll(t *testing.T, cl *ctl.Client, ls []ctl.Lease) {
+	t.Helper()
+	var ids []uint64
+	for _, l := range ls {
+		if l.ID != 0 {
+			ids = append(ids, l.ID)
+		}
+	}
+	if err := cl.Release(context.Background(), ids...); err != nil {
+		t.Fatal(err)
+	}
+}
