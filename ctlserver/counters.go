@@ -26,6 +26,12 @@ type CounterStats struct {
 	// TCGETS from Python's open()): answered ENOTTY, not in Errors.
 	Foreign uint64            `json:"foreign_ioctls"`
 	Errors  map[string]uint64 `json:"errors"`
+	// Readaheads counts the readahead requests after sequential READs
+	// (readahead.go) and ReadaheadBytes their bytes; ReadaheadDropped
+	// those not made because enough were in flight.
+	Readaheads       uint64 `json:"readaheads"`
+	ReadaheadBytes   uint64 `json:"readahead_bytes"`
+	ReadaheadDropped uint64 `json:"readahead_dropped"`
 }
 
 // result counts a refused or failed request.

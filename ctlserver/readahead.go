@@ -93,6 +93,14 @@ func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size
 	}()
 }
 
+// count adds the readahead figures to c.
+func (ra *readaheads) count(c *CounterStats) {
+	if ra == nil {
+		return
+	}
+	c.Readaheads, c.ReadaheadBytes, c.ReadaheadDropped = uint64(ra.started.Load()), uint64(ra.bytes.Load()), uint64(ra.dropped.Load())
+}
+
 // cached reports whether both ends of r are in the page cache.
 func cached(f *os.File, r readahead.Range) bool {
 	for _, p := range []readahead.Range{{Off: r.Off, End: min(r.End, r.Off+probeBytes)}, {Off: max(r.Off, r.End-probeBytes), End: r.End}} {

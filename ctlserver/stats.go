@@ -89,6 +89,7 @@ func (s *Server) StatsFor(uid uint32) Stats {
 func (s *Server) Stats() Stats {
 	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, LogFile: s.opts.LogFile, Engine: s.opts.Engine, EngineWhy: s.opts.EngineWhy,
 		Pool: s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
+	s.ra.count(&st.Counters)
 	if s.opts.Refusals != nil {
 		st.Refusals = s.opts.Refusals()
 	}

@@ -80,6 +80,10 @@ type Config struct {
 	// --gpu-cache): copies of pinned files in each GPU's memory. 0: none.
 	// Needs TierBytes and CUDA slabs.
 	GPUCacheBytes int64
+	// ReadaheadBytes is the most the control path reads ahead of a run of
+	// sequential READs (gdsfs mount --readahead; ctlserver readahead.go):
+	// 0: readahead.DefaultMaxBytes, negative: off.
+	ReadaheadBytes int64
 
 	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
 	// served at /metrics (port 0 picks a free one, see MetricsAddr).

@@ -19,6 +19,7 @@ import (
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/handoffserver"
+	"github.com/gdsfs/gdsfs/internal/readahead"
 	"github.com/gdsfs/gdsfs/metrics"
 	"github.com/gdsfs/gdsfs/metrics/instrument"
 	"github.com/gdsfs/gdsfs/tier"
@@ -232,6 +233,7 @@ func (d *Daemon) startControl(context.Context) error {
 		Log:         d.cfg.Log,
 		Tier:        d.tier,
 		TierCopier:  d.engines,
+		Readahead:   readahead.Config{MaxBytes: d.cfg.ReadaheadBytes},
 	})
 	if err != nil {
 		slabs.Close()

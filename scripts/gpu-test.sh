@@ -120,7 +120,9 @@ pyunmount() { "$bin/gdsfs" unmount "$work/$1/mnt" 2>/dev/null || umount -l "$wor
 if want dataset; then
 	echo "== datasets: GDSShardDataset, num_workers=8, pin_memory=True (scripts/gpu/dataset_check.py)"
 	# --metrics-addr: the worker profile (issue 15) reads the daemon's own time per READ there.
-	if pymount dataset 8GiB --metrics-addr 127.0.0.1:19478; then
+	# GDSFS_DATASET_MOUNT_FLAGS: more mount flags, e.g. "--readahead 0" for the cold path without
+	# the daemon's readahead (issue 15).
+	if pymount dataset 8GiB --metrics-addr 127.0.0.1:19478 ${GDSFS_DATASET_MOUNT_FLAGS:-}; then
 		PYTHONUNBUFFERED=1 timeout 480 python3 scripts/gpu/dataset_check.py "$work/dataset/mnt" "$work/dataset/src" \
 			${GDSFS_DATASET_ARGS:---sizes 16,64,256,4096 --batch 16 --features-sizes 4096} --metrics 127.0.0.1:19478 --json "$out/dataset.json" 2>&1 | tee "$out/dataset.txt"
 		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1

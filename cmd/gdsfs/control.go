@@ -16,6 +16,7 @@ type controlFlags struct {
 	metricsAddr string
 	tierBudget  string // tierflags.go
 	gpuCache    string // tierflags.go
+	readahead   string
 }
 
 // addControlFlags registers the control path's flags on the mount command.
@@ -27,6 +28,7 @@ func addControlFlags(cmd *cobra.Command) *controlFlags {
 	_ = cmd.Flags().MarkDeprecated("index-cache", "use --meta-cache") // cannot fail: registered above
 	cmd.Flags().StringVar(&cf.slabSocket, "slab-socket", "", "where clients fetch slab memory descriptors: a path (created mode 0666; put it where clients in other containers see it) or @name in the abstract namespace (default: @gdsfs-slabs-<pid>-<random>, reachable in the daemon's network namespace)")
 	cmd.Flags().StringVar(&cf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9477 (default: off)")
+	cmd.Flags().StringVar(&cf.readahead, "readahead", "32MiB", "most the daemon reads ahead of a run of sequential control-path READs of small ranges (a dataset worker's batches), e.g. 64MiB; 0 turns it off")
 	addTierFlags(cmd, &cf.tierBudget, &cf.gpuCache)
 	return cf
 }
@@ -61,6 +63,12 @@ func (cf *controlFlags) config(cmd *cobra.Command, c *mountConfig, log zerolog.L
 	}
 	if cfg.GPUCacheBytes, err = parseZeroOrSize("gpu-cache", cf.gpuCache); err != nil {
 		return cfg, err
+	}
+	if cfg.ReadaheadBytes, err = parseZeroOrSize("readahead", cf.readahead); err != nil {
+		return cfg, err
+	}
+	if cfg.ReadaheadBytes == 0 {
+		cfg.ReadaheadBytes = -1 // --readahead 0: off
 	}
 	s, err := cf.engine.parse(log)
 	if err != nil {
