@@ -2,7 +2,7 @@
 """Host-engine benchmark of GDSShardDataset's per-sample path (issue 15).
 
 Usage: bench-dataset.py [--quick] [--sizes 16,64,256] [--workers 0,2] [--batch 16]
-                        [--mount MNT --source SRC] [--profile] [--compare PKGDIR] [--json PATH]
+                        [--mount MNT --source SRC] [--profile] [--compare PKGDIR] [--cold] [--json PATH]
 
 Writes WebDataset tars of float32 .npy samples (plus a .cls) on a host-mode
 gdsfs mount and prints, per sample size and worker count, samples/s and GB/s
@@ -19,6 +19,12 @@ and prints after/before ratios. --profile prints where the time of one
 process (num_workers=0) goes per sample: planning, the READ and RELEASE
 round trips, the lease book, the gather, CPU decoding, and what pickling a
 batch from a worker to the main process costs.
+
+--cold adds the cold page cache: per size, the disk's sequential read rate over
+the shards (8 MiB reads, as dd) and a fresh loader's pass with the shards'
+pages dropped (posix_fadvise DONTNEED on this run's files only), through the
+mount (the daemon reading ahead of sequential READs) and through a second
+mount with --readahead 0.
 
 `make bench-dataset` runs it with --quick (a few seconds; CI runs it and
 asserts nothing about the figures: they are for review). Exits non-zero only
@@ -250,6 +256,78 @@ def run_gdsfs(sets: list[tuple[int, list[str], int]], workers: list[int], batch:
 
 
 # ----------------------------------------------------------------------------
+# Cold page cache (--cold): the daemon's readahead against the disk's sequential rate.
+
+
+def drop(paths: list[str]) -> None:
+    """Drops these files' pages from the page cache (posix_fadvise DONTNEED, this benchmark's own
+    files only: a machine shared with others keeps its caches)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def sequential_rate(paths: list[str]) -> float:
+    """GB/s of one pass over the files with 8 MiB reads (what dd does), their pages dropped first."""
+    drop(paths)
+    buf = memoryview(bytearray(8 << 20))
+    n = 0
+    t0 = time.perf_counter()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            while (k := os.readv(fd, [buf])) > 0:
+                n += k
+        finally:
+            os.close(fd)
+    return n / (time.perf_counter() - t0) / 1e9
+
+
+def cold_pass(shards: list[str], backing: list[str], batch: int, workers: int, nsamples: int) -> float:
+    """GB/s of one pass of a fresh GDSShardDataset loader, the shards' pages dropped first (the
+    mount's and the backing files'), timed from its first batch (worker start-up is not the
+    disk's business; dataset_check.py on the GPU machine times it all)."""
+    drop(backing + shards)
+    n = nb = 0
+    t0 = 0.0
+    for b in _loader("gdsfs", shards, batch, workers):
+        x = b["x.npy"]
+        if not t0:
+            t0 = time.perf_counter()
+        else:
+            n, nb = n + x.shape[0], nb + x.numel() * x.element_size()
+    if n + batch < nsamples:
+        raise RuntimeError(f"cold pass: {n + batch} samples, expected {nsamples}")
+    return nb / (time.perf_counter() - t0) / 1e9
+
+
+def run_cold(src: str, mounts: dict[str, str], sizes: list[int], batch: int, workers: int, quick: bool, reps: int) -> list[dict[str, Any]]:
+    """Per size: the disk's sequential rate over the shards and a cold gdsfs pass through each
+    mount (label -> mountpoint serving src), best of reps, interleaved."""
+    rows = []
+    for kib in sizes:
+        n = ((32 if quick else 256) << 20) // (kib << 10)
+        n -= n % 4
+        d = os.path.join(src, "cold", f"{kib}KiB")
+        backing = make_tars(d, kib, n)
+        for m in mounts.values():
+            # The daemon parses the shards' indexes (reading every tar header) before the runs.
+            _pass(_loader("gdsfs", [p.replace(src, m, 1) for p in backing], batch, 0))
+        row: dict[str, Any] = {"kib": kib, "workers": workers, "sequential": 0.0}
+        for _ in range(reps):
+            row["sequential"] = max(row["sequential"], sequential_rate(backing))
+            for label, m in mounts.items():
+                row[label] = max(row.get(label, 0.0), cold_pass([p.replace(src, m, 1) for p in backing], backing, batch, workers, n))
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------
 # Mount and main.
 
 
@@ -257,11 +335,11 @@ def _bin() -> str:
     return os.environ.get("GDSFS_BIN") or os.path.join(ROOT, "bin", "gdsfs")
 
 
-def own_mount(base: str) -> tuple[str, str]:
-    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
-    os.makedirs(src)
+def own_mount(base: str, name: str = "mnt", flags: tuple[str, ...] = ()) -> tuple[str, str]:
+    src, mnt = os.path.join(base, "src"), os.path.join(base, name)
+    os.makedirs(src, exist_ok=True)
     os.makedirs(mnt)
-    cmd = [_bin(), "mount", "--source", src, "--engine", "host", "--background", "--log-file", os.path.join(base, "daemon.log"), mnt]
+    cmd = [_bin(), "mount", "--source", src, "--engine", "host", "--background", *flags, "--log-file", os.path.join(base, f"daemon-{name}.log"), mnt]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if r.returncode != 0 or not os.path.ismount(mnt):
         raise RuntimeError(f"gdsfs mount failed (rc {r.returncode}): {r.stderr.strip()}")
@@ -288,6 +366,9 @@ def main() -> int:
     ap.add_argument("--source", help="the backing directory of --mount")
     ap.add_argument("--profile", action="store_true", help="also print where one process's time goes per sample")
     ap.add_argument("--compare", metavar="PKGDIR", help="also run the gdsfs rows with the gdsfs package in PKGDIR (a child process)")
+    ap.add_argument("--cold", action="store_true",
+                    help="also the cold page cache: per size, the disk's sequential rate over the shards and a fresh loader's pass with "
+                         "their pages dropped, with the daemon's readahead and (a second mount) without it")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -360,9 +441,28 @@ def main() -> int:
                 for label, us in rows:
                     b = old.get(label.split(" (")[0])
                     print(f"  {label:<58} " + (f"{b:8.1f} | " if before and b is not None else "") + f"{us:8.1f}")
+        cold: list[dict[str, Any]] = []
+        if a.cold and not a.mount:
+            mounts = {"readahead": mnt}
+            try:
+                mounts["no readahead"] = own_mount(base, "mnt-no-readahead", ("--readahead", "0"))[1]
+            except RuntimeError as e:
+                log(f"cold: no second mount without readahead ({e})")
+            try:
+                cold = run_cold(src, mounts, sizes, a.batch, max(workers), a.quick, 2 if a.quick else 3)
+            finally:
+                if "no readahead" in mounts:
+                    unmount(mounts["no readahead"])
+            print(f"\ncold page cache (this run's files dropped), num_workers={max(workers)}, GB/s of tensor payload; best of a few interleaved passes")
+            print(f"{'sample':>7} {'disk sequential':>15} {'gdsfs':>7} {'vs disk':>7} {'no readahead':>12} {'vs disk':>7}")
+            for r in cold:
+                g, o = r["readahead"], r.get("no readahead", 0.0)
+                print(f"{str(r['kib']) + ' KiB':>7} {r['sequential']:>15.2f} {g:>7.2f} {g / r['sequential']:>6.2f}x {o:>12.2f} {o / r['sequential']:>6.2f}x")
+        elif a.cold:
+            log("--cold needs its own mounts (leave out --mount)")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"plain": plain, "after": mine, "before": before}, f, indent=1)
+                json.dump({"plain": plain, "after": mine, "before": before, "cold": cold}, f, indent=1)
         return 0
     finally:
         if mounted:
