@@ -10,10 +10,10 @@ import (
 	"github.com/gdsfs/gdsfs/internal/readahead"
 )
 
-// readaheadJobs bounds the readahead requests in flight (each a few
-// posix_fadvise calls of at most the policy's largest window): more are
-// dropped, readahead being a hint.
-const readaheadJobs = 8
+// readaheadJobs bounds the readahead requests in flight (each a reader of
+// at most the policy's largest window): more are dropped, readahead being
+// a hint.
+const readaheadJobs = 16
 
 // probeBytes is how much of each end of a readahead range is measured: a
 // range whose two ends are cached is taken as cached (warm data costs two
@@ -26,10 +26,10 @@ const probeBytes = 256 << 10
 // worked through the batch), so a sequential run of READs on one open
 // file reads its next window into the page cache while the client works.
 type readaheads struct {
-	t      *readahead.Tracker[*os.File]
-	pieces pagecache.Pieces
-	jobs   chan struct{}
-	wg     sync.WaitGroup // jobs in flight (tests wait on it)
+	t     *readahead.Tracker[*os.File]
+	fills pagecache.Fills
+	jobs  chan struct{}
+	wg    sync.WaitGroup // jobs in flight (tests wait on it)
 
 	started, dropped, failed atomic.Int64 // jobs
 	bytes                    atomic.Int64 // asked to read ahead
@@ -85,9 +85,10 @@ func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size
 	go func() {
 		defer ra.wg.Done()
 		defer func() { <-ra.jobs }()
-		// An error is a file closed since (its opener went away) or a
-		// filesystem without fadvise: nothing to do but count it.
-		if err := pagecache.WillNeed(f, r.Off, r.Len(), ra.pieces.Of(f)); err != nil {
+		// An error is a file closed since (its opener went away) or one
+		// that fails to read: nothing to do but count it (its READs
+		// will say what is wrong).
+		if _, err := ra.fills.Fill(f, r.Off, r.Len()); err != nil {
 			ra.failed.Add(1)
 		}
 	}()

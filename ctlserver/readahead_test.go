@@ -2,12 +2,15 @@ package ctlserver
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/internal/pagecache"
+	"github.com/gdsfs/gdsfs/internal/readahead"
 	"golang.org/x/sys/unix"
 )
 
@@ -182,7 +185,8 @@ func TestReadahead(t *testing.T) {
 		releaseAll(t, cl, ls)
 		e.srv.ra.wg.Wait()
 		f.Close()
-		if err := pagecache.WillNeed(f, 0, 1<<20, 128<<10); err == nil {
+		var fl pagecache.Fills
+		if _, err := fl.Fill(f, 0, 1<<20); err == nil {
 			t.Error("readahead of a closed file succeeded")
 		}
 		e.srv.ra.afterRead(f, buffered, []span{{off: 1 << 20, length: 4096, valid: 4096, start: 1 << 20, end: 1<<20 + 4096}}, 8<<20)
@@ -202,4 +206,95 @@ func releaseAll(t *testing.T, cl *ctl.Client, ls []ctl.Lease) {
 	if err := cl.Release(context.Background(), ids...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// BenchmarkReadahead is a dataset worker's stream of READs of batches of
+// 16 small samples through a 64 MiB file, one after the other, with the
+// daemon's readahead and without ("off"): warm (the readahead's cost on
+// cached data: it must be none) and cold (the file's pages dropped before
+// every pass; the "disk-MB/s" metric is one sequential pass of 8 MiB
+// preads over the same cold file, what dd gets). Not a test: no figure is
+// asserted.
+//
+//	go test -run '^$' -bench Readahead ./ctlserver
+func BenchmarkReadahead(b *testing.B) {
+	const fileBytes = 64 << 20
+	for _, sample := range []uint64{16 << 10, 256 << 10} {
+		for _, cold := range []bool{false, true} {
+			for _, on := range []bool{true, false} {
+				name := fmt.Sprintf("%dKiB/warm", sample>>10)
+				if cold {
+					name = fmt.Sprintf("%dKiB/cold", sample>>10)
+				}
+				if !on {
+					name += "/off"
+				}
+				b.Run(name, func(b *testing.B) {
+					e := newEnv(b, envOptions{slabBytes: 16 << 20, budgetBytes: 64 << 20, noIndexes: true})
+					e.srv.opts.Engines = fixedEngine{cufile.NewHostEngine(cufile.Options{})}
+					if !on {
+						e.srv.ra = newReadaheads(readahead.Config{MaxBytes: -1})
+					}
+					cl := e.client(1000, ctl.Token{})
+					f, _ := e.file("a.bin", fileBytes, os.O_RDONLY)
+					drop := func() {
+						if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if cold {
+						if err := unix.Fdatasync(int(f.Fd())); err != nil {
+							b.Fatal(err)
+						}
+						drop()
+						b.ReportMetric(sequentialMBps(b, f), "disk-MB/s")
+						drop()
+					}
+					ctx := context.Background()
+					step := 16 * (sample + 512)
+					b.SetBytes(int64(16 * sample))
+					off := uint64(0)
+					for b.Loop() {
+						if off+step > fileBytes {
+							off = 0
+							if cold {
+								b.StopTimer()
+								e.srv.ra.wg.Wait()
+								drop()
+								b.StartTimer()
+							}
+						}
+						ls, err := cl.Read(ctx, f, ctl.HostDevice, batch(off, 16, sample))
+						if err != nil {
+							b.Fatal(err)
+						}
+						off += step
+						ids := make([]uint64, len(ls))
+						for i, l := range ls {
+							ids[i] = l.ID
+						}
+						if err := cl.Release(ctx, ids...); err != nil {
+							b.Fatal(err)
+						}
+					}
+					e.srv.ra.wg.Wait()
+				})
+			}
+		}
+	}
+}
+
+// sequentialMBps reads f once from the start with 8 MiB preads.
+func sequentialMBps(b *testing.B, f *os.File) float64 {
+	buf := make([]byte, 8<<20)
+	t0 := time.Now()
+	var n int64
+	for {
+		k, err := f.ReadAt(buf, n)
+		n += int64(k)
+		if err != nil {
+			break
+		}
+	}
+	return float64(n) / time.Since(t0).Seconds() / 1e6
 }

@@ -1,0 +1,87 @@
+package pagecache
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// fillBufBytes is the size of one read of Fill: large enough that the
+// kernel reads ahead at the device's largest request size, small enough
+// to keep the scratch memory of many fills small.
+const fillBufBytes = 4 << 20
+
+// Fills reads file ranges into the page cache, discarding the bytes: what
+// the control path's readahead does (package internal/readahead). The
+// zero value is ready; safe for concurrent use.
+type Fills struct {
+	bufs sync.Pool // *[]byte of fillBufBytes
+}
+
+// Fill reads [off, off+n) of f and drops the bytes, so that the range is
+// in the page cache when it is read next. It reads through a new open of
+// f's file (/proc/self/fd, read-only, so never more than f grants), whose
+// own readahead state sees one sequential stream: the kernel reads it
+// ahead at its own pace and in large folios. (posix_fadvise(WILLNEED)
+// would queue all of it at once, but as single pages, which every later
+// read copies at about half the speed.) It blocks until the bytes are
+// read; short at end of file. f closed before is an error; f's offset is
+// not moved.
+func (fl *Fills) Fill(f *os.File, off, n int64) (int64, error) {
+	if n <= 0 {
+		return 0, nil
+	}
+	r, err := reopen(f)
+	if err != nil {
+		return 0, fmt.Errorf("pagecache: fill %q: %w", f.Name(), err)
+	}
+	defer r.Close()
+	// The kernel doubles the stream's readahead window for a file
+	// declared sequential; an error only leaves it at its default.
+	_ = unix.Fadvise(int(r.Fd()), off, n, unix.FADV_SEQUENTIAL)
+	bp, _ := fl.bufs.Get().(*[]byte)
+	if bp == nil {
+		b := make([]byte, fillBufBytes)
+		bp = &b
+	}
+	defer fl.bufs.Put(bp)
+	var got int64
+	for got < n {
+		k, err := r.ReadAt((*bp)[:min(int64(len(*bp)), n-got)], off+got)
+		got += int64(k)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return got, fmt.Errorf("pagecache: fill %q: %w", f.Name(), err)
+		}
+	}
+	return got, nil
+}
+
+// reopen opens f's file again for reading, through f's descriptor (held
+// for the call: a concurrent Close cannot give its number to another file
+// meanwhile).
+func reopen(f *os.File) (*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var (
+		r    *os.File
+		oerr error
+	)
+	if err := rc.Control(func(fd uintptr) {
+		r, oerr = os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOATIME, 0)
+		if errors.Is(oerr, unix.EPERM) { // O_NOATIME on a file the daemon does not own
+			r, oerr = os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_CLOEXEC, 0)
+		}
+	}); err != nil {
+		return nil, err
+	}
+	return r, oerr
+}
