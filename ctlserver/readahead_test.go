@@ -132,14 +132,15 @@ func TestReadahead(t *testing.T) {
 			e.checkIdle()
 		})
 	}
-	// Two opens of one file, read in turns: each is its own sequential
-	// stream (a shared one would see jumps and read nothing ahead). A
-	// second file that is never READ stays cold: only the file a READ
-	// came with is read ahead.
-	t.Run("two opens", func(t *testing.T) {
+	// Two opens of one file by two users, read in turns: each is its
+	// own sequential stream (a shared one would see jumps and read
+	// nothing ahead, and one user's READs would steer the readahead of
+	// the other's open). A second file that is never READ stays cold:
+	// only the file a READ came with is read ahead.
+	t.Run("two users' opens", func(t *testing.T) {
 		e := newEnv(t, envOptions{slabBytes: 16 << 20, budgetBytes: 64 << 20, noIndexes: true})
 		e.srv.opts.Engines = fixedEngine{buffered}
-		cl := e.client(1000, ctl.Token{})
+		clients := []*ctl.Client{e.client(1001, ctl.Token{}), e.client(1002, ctl.Token{})}
 		f1, data := e.coldFile("a.bin", fileBytes)
 		other, _ := e.coldFile("b.bin", 8<<20)
 		f2, err := os.Open(f1.Name())
@@ -152,6 +153,7 @@ func TestReadahead(t *testing.T) {
 		}
 		for i := range 4 {
 			for j, f := range []*os.File{f1, f2} {
+				cl := clients[j]
 				rs := batch(uint64(j)*(24<<20)+uint64(i)*step, k, sample)
 				ls, err := cl.Read(context.Background(), f, ctl.HostDevice, rs)
 				if err != nil {
@@ -164,7 +166,7 @@ func TestReadahead(t *testing.T) {
 		}
 		for j, r := range [][2]int64{{5 << 20, 11 << 20}, {27 << 20, 31 << 20}} {
 			if got := cachedFrac(t, f1, r[0], r[1]-r[0]); got < 0.9 {
-				t.Errorf("open %d: [%d MiB, %d MiB) is %.0f%% cached, want read ahead", j+1, r[0]>>20, r[1]>>20, 100*got)
+				t.Errorf("uid %d's open: [%d MiB, %d MiB) is %.0f%% cached, want read ahead", 1001+j, r[0]>>20, r[1]>>20, 100*got)
 			}
 		}
 		if got := cachedFrac(t, other, 0, 8<<20); got > 0.1 {
