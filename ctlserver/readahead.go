@@ -1,6 +1,7 @@
 package ctlserver
 
 import (
+	"context"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -26,17 +27,30 @@ const probeBytes = 256 << 10
 // worked through the batch), so a sequential run of READs on one open
 // file reads its next window into the page cache while the client works.
 type readaheads struct {
-	t     *readahead.Tracker[*os.File]
-	fills pagecache.Fills
-	jobs  chan struct{}
-	wg    sync.WaitGroup // jobs in flight (tests wait on it)
+	t      *readahead.Tracker[*os.File]
+	fills  pagecache.Fills
+	jobs   chan struct{}
+	wg     sync.WaitGroup // jobs in flight (tests wait on it)
+	ctx    context.Context
+	cancel context.CancelFunc // stop: the Server closes
 
 	started, dropped, failed atomic.Int64 // jobs
 	bytes                    atomic.Int64 // asked to read ahead
 }
 
 func newReadaheads(c readahead.Config) *readaheads {
-	return &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs)}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), ctx: ctx, cancel: cancel}
+}
+
+// stop ends the jobs in flight (each after at most one more read) and
+// waits for them; later READs start none.
+func (ra *readaheads) stop() {
+	if ra == nil {
+		return
+	}
+	ra.cancel()
+	ra.wg.Wait()
 }
 
 // afterRead records a READ of plan of f (size bytes), served by eng, and
@@ -70,7 +84,7 @@ func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size
 		return
 	}
 	r := ra.t.Read(f, lo, min(hi, size), size)
-	if r.Len() == 0 || cached(f, r) {
+	if r.Len() == 0 || ra.ctx.Err() != nil || cached(f, r) {
 		return
 	}
 	select {
@@ -88,7 +102,7 @@ func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size
 		// An error is a file closed since (its opener went away) or one
 		// that fails to read: nothing to do but count it (its READs
 		// will say what is wrong).
-		if _, err := ra.fills.Fill(f, r.Off, r.Len()); err != nil {
+		if _, err := ra.fills.Fill(ra.ctx, f, r.Off, r.Len()); err != nil && ra.ctx.Err() == nil {
 			ra.failed.Add(1)
 		}
 	}()

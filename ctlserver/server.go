@@ -283,5 +283,6 @@ func (s *Server) Close() error {
 	for _, ss := range all {
 		ss.Close()
 	}
+	s.ra.stop()
 	return nil
 }

@@ -1,6 +1,7 @@
 package pagecache
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -29,9 +30,9 @@ type Fills struct {
 // ahead at its own pace and in large folios. (posix_fadvise(WILLNEED)
 // would queue all of it at once, but as single pages, which every later
 // read copies at about half the speed.) It blocks until the bytes are
-// read; short at end of file. f closed before is an error; f's offset is
-// not moved.
-func (fl *Fills) Fill(f *os.File, off, n int64) (int64, error) {
+// read (or ctx is done, checked between reads); short at end of file. f
+// closed before is an error; f's offset is not moved.
+func (fl *Fills) Fill(ctx context.Context, f *os.File, off, n int64) (int64, error) {
 	if n <= 0 {
 		return 0, nil
 	}
@@ -51,6 +52,9 @@ func (fl *Fills) Fill(f *os.File, off, n int64) (int64, error) {
 	defer fl.bufs.Put(bp)
 	var got int64
 	for got < n {
+		if err := ctx.Err(); err != nil {
+			return got, err
+		}
 		k, err := r.ReadAt((*bp)[:min(int64(len(*bp)), n-got)], off+got)
 		got += int64(k)
 		if errors.Is(err, io.EOF) {
