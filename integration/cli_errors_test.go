@@ -64,6 +64,7 @@ func TestCLIErrors(t *testing.T) {
 		{"too many io workers", []string{"mount", "--io-workers", "999", d("m")}, "--io-workers 999: give 1 to 256, or 0 for the default"},
 		{"bad direct-io", []string{"mount", "--direct-io", "sometimes", d("m")}, `--direct-io "sometimes": use auto, always or never`},
 		{"bad meta cache", []string{"mount", "--meta-cache", "lots", d("m")}, `--meta-cache "lots": give a size such as 64MiB or 2GiB`},
+		{"bad readahead", []string{"mount", "--readahead", "lots", d("m")}, `--readahead "lots": give a size such as 64MiB or 2GiB`},
 		{"metrics address without port", []string{"mount", "--metrics-addr", "nonsense", d("m")}, `--metrics-addr "nonsense": address nonsense: missing port in address; give a free HOST:PORT such as 127.0.0.1:9477`},
 		{"metrics port busy", []string{"mount", "--metrics-addr", busy.Addr().String(), d("m")}, fmt.Sprintf("--metrics-addr %q: listen tcp %s: bind: address already in use; give a free HOST:PORT such as 127.0.0.1:9477", busy.Addr().String(), busy.Addr().String())},
 		{"unmount without mountpoint", []string{"unmount"}, "accepts 1 arg(s), received 0 (see gdsfs unmount --help)"},

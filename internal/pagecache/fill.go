@@ -14,7 +14,7 @@ import (
 // fillBufBytes is the size of one read of Fill: large enough that the
 // kernel reads ahead at the device's largest request size, small enough
 // to keep the scratch memory of many fills small.
-const fillBufBytes = 4 << 20
+const fillBufBytes = 2 << 20
 
 // Fills reads file ranges into the page cache, discarding the bytes: what
 // the control path's readahead does (package internal/readahead). The
