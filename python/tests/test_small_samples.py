@@ -369,20 +369,23 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
             self._pin_memory_thread = threading.Thread(target=self.pin_loop, daemon=True)
             self._pin_memory_thread.start()
 
+        def put(self, item) -> None:
+            while not self.stop:
+                try:
+                    self.q.put(item, timeout=0.05)
+                    return
+                except queue.Full:
+                    continue
+
         def pin_loop(self) -> None:
             for raw in self.inner:
                 out = raw.pin_memory()
                 deferred.append(out._pending is not None)
-                while not self.stop:
-                    try:
-                        self.q.put(out, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
+                self.put(out)
                 del raw, out
                 if self.stop:
                     break
-            self.q.put(None)
+            self.put(None)
 
         def __iter__(self):
             return self
@@ -439,4 +442,20 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
     assert sum(deferred) >= len(deferred) // 2, deferred  # the loader marked its pin thread
     del b
     ds2.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_single_sample_batch_pinned_for_the_loader_settles(gdsfs_mount) -> None:
+    """batch_size=None: the one-sample batch keeps its pending release through its reshaping."""
+    import gdsfs.torch as gt
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=1, per=2)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    sample = next(iter(ds))
+    out = _pin_in_loader_thread(gt.collate(sample))
+    assert out._pending is not None and out["x.npy"].numpy().tobytes() == truth[out["__key__"]]
+    out._settle()
+    assert out._pending is None
+    del sample, out
+    ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
