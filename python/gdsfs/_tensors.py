@@ -467,17 +467,27 @@ class _RefColumn:
         self.fields: list[str] = []
         self.samples: list[str] = []
         self.paths: list[str] = []
+        last_ref: Optional[Ref] = None
+        last_geo: tuple[Any, ...] = ()
+        i = j = 0
         for t in self._refs:
-            i = at.get(t.ref)
-            if i is None:
-                i = at[t.ref] = len(self.leases)
-                self.leases.append(t.ref)
-                self.holds.append(t._hold)
-            g = (t.dtype, t.shape, t.fortran)
-            j = geo_at.get(g)
-            if j is None:
-                j = geo_at[g] = len(self.geos)
-                self.geos.append(g)
+            # A batch's samples of one range share its Ref object, and usually one geometry:
+            # compare with the previous sample's before hashing.
+            if t.ref is not last_ref:
+                last_ref = t.ref
+                found = at.get(t.ref)
+                if found is None:
+                    found = at[t.ref] = len(self.leases)
+                    self.leases.append(t.ref)
+                    self.holds.append(t._hold)
+                i = found
+            if not last_geo or t.dtype is not last_geo[0] or t.shape != last_geo[1] or t.fortran != last_geo[2]:
+                last_geo = (t.dtype, t.shape, t.fortran)
+                g = geo_at.get(last_geo)
+                if g is None:
+                    g = geo_at[last_geo] = len(self.geos)
+                    self.geos.append(last_geo)
+                j = g
             self.idx.append(i)
             self.gidx.append(j)
             self.starts.append(t.start)
