@@ -532,6 +532,18 @@ def main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
         N.clear()
         if sess is not None and sess.timing is not None:
             sess.timing.clear()
+        gcs: dict[int, list[float]] = {}  # generation -> [collections, seconds]
+        gc_t0 = [0.0]
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                gc_t0[0] = time.perf_counter()
+            else:
+                row = gcs.setdefault(int(info.get("generation", 0)), [0, 0.0])
+                row[0] += 1
+                row[1] += time.perf_counter() - gc_t0[0]
+
+        gc.callbacks.append(on_gc)
         it_obj = getattr(dl, "_iterator", None)
         pin = getattr(it_obj, "_pin_memory_thread", None)
         pin_tid = getattr(pin, "native_id", None)
@@ -554,6 +566,7 @@ def main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
         if Opts.cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+        gc.callbacks.remove(on_gc)
         c1 = _task_cpu()
         d1 = _proc_cpu(sess.hello.daemon_pid) if sess is not None else -1.0
         rel = (sess.timing or {}).get("RELEASE", [0, 0.0, 0]) if sess is not None else [0, 0.0, 0]
@@ -578,6 +591,8 @@ def main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
                      + f"), pin_memory {per.get('pin_memory', 0.0):,.0f}, materialize in the loop {per.get('materialize', 0.0) - per.get('pin_memory', 0.0) if pin_tid is None else 0.0:,.0f}, "
                      f"settle {per.get('settle', 0.0):,.0f} (RELEASE ioctl {rel[1] / nb * 1e6:,.0f}, {rel[0]} RELEASEs of {rel[2] / max(1, rel[0]):.1f} ids); "
                      f"next() in the loop (torch's queues, then gdsfs.torch.DataLoader's materialize or settle) {wait / nb * 1e6:,.0f}")
+        lines.append(f"main process's garbage collections during the epoch ({gc.get_count()} pending now, objects tracked {len(gc.get_objects()):,}): "
+                     + (", ".join(f"generation {g}: {int(c)} taking {t * 1e3:,.1f} ms in all" for g, (c, t) in sorted(gcs.items())) or "none"))
     finally:
         for obj, name, real in reals:
             setattr(obj, name, real)
