@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import signal
 
 import pytest
 import torch
@@ -347,11 +348,11 @@ def test_settling_checks_that_the_daemon_still_held_the_leases(gdsfs_mount) -> N
     assert gdsfs_mount.wait_leases(0) == 0
 
 
-@pytest.mark.parametrize("stop", ["islice", "break", "del"])
+@pytest.mark.parametrize("stop", ["islice", "break", "del", "kill"])
 def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatch, stop: str) -> None:
     """gdsfs.torch.DataLoader marks its pin-memory thread (CUDA only: simulated here by a thread
     that pins each batch as torch's does), settles every batch it yields, and after islice, break
-    or del of its iterator every lease returns."""
+    or del of its iterator, or a killed worker, every lease returns."""
     import itertools
     import queue
     import threading
@@ -378,13 +379,17 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
                     continue
 
         def pin_loop(self) -> None:
-            for raw in self.inner:
-                out = raw.pin_memory()
-                deferred.append(out._pending is not None)
-                self.put(out)
-                del raw, out
-                if self.stop:
-                    break
+            try:
+                for raw in self.inner:
+                    out = raw.pin_memory()
+                    deferred.append(out._pending is not None)
+                    self.put(out)
+                    del raw, out
+                    if self.stop:
+                        break
+            except Exception as e:  # noqa: BLE001 - handed to the loop, as torch's pin thread does
+                self.put(e)
+                return
             self.put(None)
 
         def __iter__(self):
@@ -394,6 +399,8 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
             b = self.q.get()
             if b is None:
                 raise StopIteration
+            if isinstance(b, Exception):
+                raise b
             return b
 
         def _shutdown_workers(self) -> None:
@@ -404,7 +411,8 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
                 shutdown()
 
     deferred: list[bool] = []
-    monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", lambda self: PinningIter(self))
+    made: list[PinningIter] = []
+    monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", lambda self: made.append(PinningIter(self)) or made[-1])
     paths, truth = _small_shards(gdsfs_mount, nshards=3, per=40)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     dl = gt.DataLoader(ds, batch_size=8, num_workers=2)
@@ -412,6 +420,12 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
     it = iter(dl)
     if stop == "islice":
         got = list(itertools.islice(it, 3))
+    elif stop == "kill":
+        got = list(itertools.islice(it, 3))
+        os.kill(made[-1].inner._workers[1].pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) [0-9, ]+\) exited unexpectedly|killed by signal"):
+            for _b in it:
+                pass
     else:
         got = []
         for b in it:
@@ -427,6 +441,7 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
         del it
     else:
         it.close()
+    made.clear()  # the test's own reference to the stopped iterator (and the batches it queued)
     del got, b
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
