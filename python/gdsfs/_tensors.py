@@ -514,11 +514,21 @@ class _RefColumn:
 _REF_FIELDS = tuple(f.name for f in dataclasses.fields(Ref))
 
 
+def _new_ref(values: Sequence[Any]) -> Ref:
+    """Ref(*values) without the frozen dataclass's __init__ (one attribute set at a time through
+    object.__setattr__): one is made per lease of every batch a worker sends."""
+    if len(values) != len(_REF_FIELDS):
+        return Ref(*values)
+    r = object.__new__(Ref)
+    r.__dict__.update(zip(_REF_FIELDS, values))
+    return r
+
+
 def _rebuild_column(leases: list[tuple[Any, ...]], geos: list[tuple[Any, ...]], idx: list[int], gidx: list[int], starts: list[int],
                     fields: list[str], samples: list[str], paths: list[str]) -> _RefColumn:
     col = _RefColumn.__new__(_RefColumn)
     col._refs = None
-    col.leases = [Ref(*r) for r in leases]
+    col.leases = [_new_ref(r) for r in leases]
     first: dict[int, int] = {}  # lease index -> its first sample (names it in errors)
     for row, i in enumerate(idx):
         if i not in first:
@@ -587,14 +597,58 @@ def _strided_run(col: Union[_RefColumn, Sequence[TensorRef]]) -> Optional[torch.
     return slab.as_strided((rows, n), (step, 1), slab.storage_offset() + r.offset + s0)
 
 
-def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor, list[torch.Tensor]]:
+def _typed_run(col: _RefColumn) -> Optional[torch.Tensor]:
+    """_strided_run already shaped and typed: a (len(col),) + shape view of dtype over the slab
+    (one as_strided of the slab's typed view), when the starts, their spacing and the slab
+    offset are aligned for dtype and the bytes are C-ordered; else None. Its clone is the field:
+    two tensor calls per gather instead of four (each releases and retakes the GIL, which the
+    pin-memory thread shares with the loop's thread)."""
+    run = _strided_run(col)
+    if run is None:
+        return None
+    dtype, shape, fortran = col.geos[0]
+    size = _itemsize(dtype)
+    off, step = run.storage_offset(), run.stride(0)
+    if fortran or off % size or step % size or not all(int(d) > 0 for d in shape):
+        return None
+    base = run if dtype == torch.uint8 else _typed_slab(col.leases[0], dtype)
+    if base is None:
+        return None
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= int(d)
+    return base.as_strided((len(col.idx),) + tuple(shape), (step // size,) + tuple(reversed(strides)), off // size)
+
+
+def _typed_slab(r: Ref, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """The whole slab of r viewed as dtype, or None when its size or start is not a multiple of
+    dtype's. Cached on the slab's tensor itself, so it lives exactly as long as that mapping
+    does (_core._ProcessSlabs.drop_vmm lets a closed session's mappings go)."""
+    slab = _slab_of(r, None, {})
+    typed = slab.__dict__.setdefault("_gdsfs_typed", {})
+    t = typed.get(dtype)
+    if t is None:
+        size = _itemsize(dtype)
+        if slab.numel() % size or slab.storage_offset() % size:
+            return None
+        t = typed[dtype] = slab.view(dtype)
+    return t
+
+
+def _gather(col: _RefColumn, device: Device, *, pin: bool, parsed: bool = False) -> Union[torch.Tensor, list[torch.Tensor]]:
     """One gather per field: stack the byte views (or copy one strided view of a shared
     range), then reinterpret. Fields whose samples differ in dtype or shape become a list of
-    tensors."""
+    tensors. parsed: device is already a torch.device from _target_device (or None)."""
     if len(col.geos) != 1:
-        return [_gather(_RefColumn([t]), device, pin=pin)[0] for t in col.refs]
+        return [_gather(_RefColumn([t]), device, pin=pin, parsed=parsed)[0] for t in col.refs]
     dtype, shape, fortran = col.geos[0]
     rows = len(col.idx)
+    target0: Optional[torch.device] = device if (parsed and not isinstance(device, (int, str))) else _target_device(device)
+    typed = _typed_run(col)
+    if typed is not None and (target0 is None or target0 == typed.device) and not (pin and typed.device.type == "cpu"):
+        # The field in one copy, already typed and shaped (the lease is released after it).
+        return typed.clone(memory_format=torch.contiguous_format)
     run = _strided_run(col)
     views = [run] if run is not None else _byte_views(col)
     src = views[0].device
@@ -603,7 +657,7 @@ def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor
         # Always a copy: the lease is released once the gather is done.
         return run.clone(memory_format=torch.contiguous_format) if run is not None else torch.stack(views)
 
-    target = _target_device(device) or src
+    target = target0 or src
     if src.type == "cpu" and target.type == "cuda":
         host = stacked()
         if pin:
@@ -646,7 +700,9 @@ def _rebuild_tensor(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Te
     dt = getattr(torch, dtype)
     if not data:
         return torch.empty(shape, dtype=dt)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).reshape(shape)
+    # One tensor call for the common 1-D case (labels, ids): each releases and retakes the GIL.
+    t = torch.frombuffer(bytearray(data), dtype=dt)
+    return t if len(shape) == 1 and shape[0] == t.numel() else t.reshape(shape)
 
 
 def _inlinable(v: Any) -> bool:
@@ -774,7 +830,7 @@ class GDSBatch:
             tgt = torch.device("cuda", torch.cuda.current_device())
         for k, v in self.data.items():
             if isinstance(v, _RefColumn):
-                out[k] = _gather(v, tgt, pin=pin)
+                out[k] = _gather(v, tgt, pin=pin, parsed=True)
             elif k in self.gpu_fields and isinstance(v, torch.Tensor):
                 if tgt is not None and tgt != v.device:
                     src = v.pin_memory() if pin and tgt.type == "cuda" else v

@@ -474,3 +474,34 @@ def test_a_single_sample_batch_pinned_for_the_loader_settles(gdsfs_mount) -> Non
     del sample, out
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_shared_range_gathers_typed_or_bytewise_by_alignment(gdsfs_mount) -> None:
+    """A shared range's column is copied as one typed strided view when its starts and spacing
+    are aligned for its dtype, else byte-wise and reinterpreted: the same bytes either way."""
+    import itertools
+
+    import gdsfs.torch as gt
+    from gdsfs import _tensors
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=1, per=8)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=8)
+    ds._batched = 8
+    it = iter(ds)
+    b = gt.collate(list(itertools.islice(it, 8)))
+    refs = b["x.npy"].refs
+    n = refs[0].nbytes
+    aligned = _tensors._RefColumn(refs)
+    assert _tensors._typed_run(aligned) is not None
+    shifted = _tensors._RefColumn([gt.TensorRef(t.ref, torch.float32, (n // 4 - 1,), t.start + 2, False, t.field, t.sample, t.path, t._hold)
+                                   for t in refs])
+    assert _tensors._strided_run(shifted) is not None and _tensors._typed_run(shifted) is None
+    for col, lo in ((aligned, 0), (shifted, 2)):
+        x = _tensors._gather(col, None, pin=False)
+        want = [truth[k][lo : lo + x.shape[1] * 4] for k in b["__key__"]]
+        assert x.dtype == torch.float32 and [x[i].numpy().tobytes() for i in range(8)] == want
+    it.close()
+    b.release()
+    del b, refs, aligned, shifted, x
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
