@@ -308,7 +308,7 @@ def test_a_batch_pinned_for_the_loader_keeps_its_leases_until_settled(gdsfs_moun
     out._settle()
     assert gdsfs_mount.stats()["leases"] == 0
     out._settle()  # idempotent
-    assert [out["x.npy"][i].numpy().tobytes() for i in range(16)] == [truth[k] for k in out["__key__"]]
+    assert [out["x.npy"][i].cpu().numpy().tobytes() for i in range(16)] == [truth[k] for k in out["__key__"]]
     with pytest.raises(gdsfs_lease_error()):
         raw.materialize()  # spent
     del raw, out
@@ -415,7 +415,8 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
     monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", lambda self: made.append(PinningIter(self)) or made[-1])
     paths, truth = _small_shards(gdsfs_mount, nshards=3, per=40)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
-    dl = gt.DataLoader(ds, batch_size=8, num_workers=2)
+    # pin_memory=False: torch's own pin-memory thread (CUDA present) would materialize before ours.
+    dl = gt.DataLoader(ds, batch_size=8, num_workers=2, pin_memory=False)
     seen = {}
     it = iter(dl)
     if stop == "islice":
@@ -435,7 +436,7 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
     for b in got:
         assert b._pending is None, "a batch was yielded before its leases were released"
         for i, key in enumerate(b["__key__"]):
-            seen[key] = b["x.npy"][i].numpy().tobytes()
+            seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
     assert seen and all(truth[k] == v for k, v in seen.items())
     if stop == "del":
         del it
@@ -448,11 +449,11 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
     # A whole pass through the same loader: every sample once.
     ds2 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     whole = {}
-    for b in gt.DataLoader(ds2, batch_size=8, num_workers=2):
+    for b in gt.DataLoader(ds2, batch_size=8, num_workers=2, pin_memory=False):
         assert b._pending is None
         for i, key in enumerate(b["__key__"]):
             assert key not in whole
-            whole[key] = b["x.npy"][i].numpy().tobytes()
+            whole[key] = b["x.npy"][i].cpu().numpy().tobytes()
     assert whole == truth
     assert sum(deferred) >= len(deferred) // 2, deferred  # the loader marked its pin thread
     del b
@@ -468,7 +469,7 @@ def test_a_single_sample_batch_pinned_for_the_loader_settles(gdsfs_mount) -> Non
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     sample = next(iter(ds))
     out = _pin_in_loader_thread(gt.collate(sample))
-    assert out._pending is not None and out["x.npy"].numpy().tobytes() == truth[out["__key__"]]
+    assert out._pending is not None and out["x.npy"].cpu().numpy().tobytes() == truth[out["__key__"]]
     out._settle()
     assert out._pending is None
     del sample, out
@@ -499,7 +500,7 @@ def test_a_shared_range_gathers_typed_or_bytewise_by_alignment(gdsfs_mount) -> N
     for col, lo in ((aligned, 0), (shifted, 2)):
         x = _tensors._gather(col, None, pin=False)
         want = [truth[k][lo : lo + x.shape[1] * 4] for k in b["__key__"]]
-        assert x.dtype == torch.float32 and [x[i].numpy().tobytes() for i in range(8)] == want
+        assert x.dtype == torch.float32 and [x[i].cpu().numpy().tobytes() for i in range(8)] == want
     it.close()
     b.release()
     del b, refs, aligned, shifted, x
