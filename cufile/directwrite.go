@@ -31,6 +31,19 @@ import (
 // than the page cache's copy saves.
 const writeDirectMin = 1 << 20
 
+// DirectWriteMinBytes is the smallest 4 KiB-aligned write body the posix
+// and host engines write with O_DIRECT under the Direct policy direct
+// (Options.Direct); 0 when they write every body buffered.
+func DirectWriteMinBytes(direct string) int64 {
+	switch direct {
+	case "always":
+		return gpubuf.Align
+	case "never":
+		return 0
+	}
+	return writeDirectMin
+}
+
 // directWrite reports whether a write whose aligned body is body bytes
 // goes through O_DIRECT under opts.Direct.
 func (opts Options) directWrite(body int64) bool {

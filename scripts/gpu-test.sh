@@ -153,6 +153,10 @@ fi
 # loop with saves, resharded loads; stock vs gdsfs in the same run.
 if want dcp; then
 	echo "== DCP on one GPU: async_save, training loop with saves, resharded loads (scripts/gpu/dcp_check.py)"
+	if [ -x "$bin/cufile.test" ]; then # the daemon's WRITE path: O_DIRECT from device memory (cufile/directwrite.go)
+		GDSFS_GPU_TEST_DIR="$work" timeout 120 "$bin/cufile.test" -test.v -test.count=1 -test.run 'TestGPUWrite' 2>&1 |
+			grep -E '^(---|ok|FAIL|PASS)|gpu_test' | tee "$out/dcp-cufile.txt"
+	fi
 	if pymount dcp 16GiB; then
 		# shellcheck disable=SC2086
 		PYTHONUNBUFFERED=1 timeout "${GDSFS_DCP_TIMEOUT:-480}" python3 scripts/gpu/dcp_check.py "$work/dcp/mnt" "$work/dcp/src" \

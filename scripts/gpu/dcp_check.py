@@ -237,10 +237,14 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
         bl, dn = [], []
         for r in range(rounds):
             d = os.path.join(env.base, f"async-{kind}-{which}-{r}")
+            t_call = time.perf_counter()
             blocked, done, w = one_async_save(env, sd, which, d)
             stats = getattr(w, "stage_stats", None)
             log(f"async_save {kind:7s} {which:5s} round {r}: blocked {blocked * 1e3:8.1f} ms, done in {done:6.2f} s "
                 f"({gbs(env.payload, done):.2f} GB/s){f', staged {stats}' if stats else ''}")
+            if getattr(w, "save_times", None):
+                log(f"async_save {kind:7s} {which:5s} round {r}: " + save_detail(
+                    {"t_call": t_call, "blocked_s": blocked, "times": w.save_times, "t_done": t_call + done}))
             bl.append(blocked)
             dn.append(done)
             if r == 0:
@@ -272,6 +276,29 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
 # training loop
 
 
+def save_detail(rec: dict[str, Any]) -> str:
+    """One save's timeline, in ms from the async_save call (gdsfs writers report their
+    phases in save_times; stock ones only blocked, done and waited)."""
+    ms = lambda x: f"{x * 1e3:.0f}"  # noqa: E731
+    out = [f"blocked {rec['blocked_s'] * 1e3:.1f}"]
+    st = rec.get("times") or {}
+    t0 = rec["t_call"]
+    if "t_write_data" in st:
+        out.append(f"stage {st.get('stage_s', 0) * 1e3:.1f}")
+        out.append(f"write_data at +{ms(st['t_write_data'] - t0)} (planning {ms(st['t_write_data'] - st.get('t_staged', t0))})")
+        for k, name in (("copies_wait_s", "copies"), ("lease_writes_s", "lease writes"), ("other_writes_s", "other writes"),
+                        ("commit_s", "fsync+rename"), ("finish_s", "finish")):
+            if k in st:
+                out.append(f"{name} {ms(st[k])}")
+        if "t_written" in st:
+            out.append(f"written at +{ms(st['t_written'] - t0)}")
+    if "t_done" in rec:
+        out.append(f"done at +{ms(rec['t_done'] - t0)}")
+    if "waited_s" in rec:
+        out.append(f"the loop waited {ms(rec['waited_s'])} for it")
+    return ", ".join(out) + " (ms)"
+
+
 def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None:
     import torch.distributed.checkpoint as dcp
 
@@ -298,10 +325,12 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
         torch.cuda.synchronize()
 
     waited: list[float] = []
+    saves: list[dict[str, Any]] = []  # per save of the current run: where its time went
 
     def run(which: str | None) -> list[float]:
         times = []
         waited.clear()
+        saves.clear()
         pending = None
         for i in range(1, steps + 1):
             t = time.perf_counter()
@@ -311,12 +340,24 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
                     w0 = time.perf_counter()
                     pending.result()  # the previous save first, as a training loop must
                     waited.append(time.perf_counter() - w0)
+                    saves[-1]["waited_s"] = waited[-1]
                 d = os.path.join(env.base, f"loop-{which}-{i}")
-                fut = dcp.async_save(sd, storage_writer=writer_for(which, d))
+                w = writer_for(which, d)
+                rec: dict[str, Any] = {"step": i, "t_call": time.perf_counter()}
+                fut = dcp.async_save(sd, storage_writer=w)
+                rec["blocked_s"] = time.perf_counter() - rec["t_call"]
                 pending = getattr(fut, "upload_completion", fut)
+                pending.add_done_callback(lambda _f, rec=rec: rec.__setitem__("t_done", time.perf_counter()))
+                rec["writer"] = w
+                saves.append(rec)
             times.append(time.perf_counter() - t)
         if pending is not None:
             pending.result()
+        for rec in saves:
+            rec["times"] = dict(getattr(rec.pop("writer"), "save_times", {}) or {})
+            log(f"loop: {which} save at step {rec['step']}: {save_detail(rec)}")
+        RESULTS.setdefault("loop_saves", {})[which or "none"] = [
+            {k: v for k, v in r.items() if k != "writer"} for r in saves]
         for n in os.listdir(env.base):
             if n.startswith("loop-"):
                 shutil.rmtree(os.path.join(env.base, n), ignore_errors=True)
@@ -328,7 +369,8 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
         times = run(which)
         res[which or "none"] = statistics.mean(times)
         log(f"loop: saves {which or 'none':5s}: mean step {statistics.mean(times) * 1e3:.1f} ms, "
-            f"max {max(times) * 1e3:.1f} ms, waiting for the previous save {sum(waited) * 1e3:.0f} ms in all")
+            f"max {max(times) * 1e3:.1f} ms, waiting for the previous save {sum(waited) * 1e3:.0f} ms in all; "
+            f"steps (ms): {' '.join(f'{x * 1e3:.0f}' for x in times)}")
     RESULTS["loop_step_s"] = res
     base = res["none"]
     rise = {k: res[k] / base - 1 for k in ("stock", "gdsfs")}

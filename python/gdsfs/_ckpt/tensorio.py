@@ -572,3 +572,13 @@ def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, w
     else:
         plain.read_into(fd, items)
     return plain.engine
+
+
+def direct_write_min(session: Any) -> int | None:
+    """The smallest 4 KiB-aligned WRITE the daemon writes around the page cache (O_DIRECT), from
+    its status document; None when it does not say (an older daemon) or writes buffered."""
+    try:
+        n = int(session.status().get("direct_write_min_bytes") or 0)
+    except (AttributeError, KeyError, TypeError, ValueError, OSError, GDSUnavailableError):
+        return None
+    return n if n > 0 else None
