@@ -489,18 +489,40 @@ class _ProcessSlabs:
         self.descs: dict[tuple[str, int, int], proto.SlabDesc] = {}
         self.host: dict[tuple[str, int, int], _HostMapping] = {}
         self.tensors: dict[tuple[str, int, int], Any] = {}  # slab -> torch tensor (gdsfs.torch)
-        # Slabs mapped from descriptors (CUDA virtual memory): dropped when a
-        # session of their mount closes in this process, so the mapping
-        # goes once the last tensor over it does (legacy IPC mappings stay:
-        # CUDA cannot open one handle twice in a process).
-        self.vmm: set[tuple[str, int, int]] = set()
+        # Slabs mapped from descriptors (CUDA virtual memory), with the ids of
+        # this process's sessions that used each: a slab is dropped when the
+        # last of them closes, so the mapping goes once the last tensor over
+        # it does (legacy IPC mappings stay: CUDA cannot open one handle
+        # twice in a process). Closing one session never drops what another
+        # session of the process still uses (it would map it again).
+        self.vmm: dict[tuple[str, int, int], set[int]] = {}
 
-    def drop_vmm(self, mount: str) -> None:
+    def keep_vmm(self, key: tuple[str, int, int], tensor: Any, session: "Session") -> None:
+        """Cache ``tensor``, a fresh mapping of slab ``key``, for ``session``."""
+        with self.lock:
+            self.tensors[key] = tensor
+            self.vmm.setdefault(key, set()).add(session.token.session)
+
+    def vmm_tensor(self, key: tuple[str, int, int], session: "Session") -> Any:
+        """The cached mapping of slab ``key`` (None: not mapped), now also used by ``session``."""
+        with self.lock:
+            t = self.tensors.get(key)
+            users = self.vmm.get(key)
+            if t is not None and users is not None:
+                users.add(session.token.session)
+            return t
+
+    def drop_vmm(self, mount: str, session: int) -> None:
+        """Forget ``session`` (an id) of ``mount`` as a user of its slab mappings, and drop those
+        no open session of this process uses any more."""
         with self.lock:
             for key in [k for k in self.vmm if k[0] == mount]:
-                self.vmm.discard(key)
-                self.tensors.pop(key, None)
-                self.descs.pop(key, None)
+                users = self.vmm[key]
+                users.discard(session)
+                if not users:
+                    del self.vmm[key]
+                    self.tensors.pop(key, None)
+                    self.descs.pop(key, None)
 
     def reset(self) -> None:
         # After fork: CUDA mappings do not survive, host mmaps do but a child
@@ -509,7 +531,7 @@ class _ProcessSlabs:
         self.descs = {}
         self.host = {}
         self.tensors = {}
-        self.vmm = set()
+        self.vmm = {}
 
 
 _slabs = _ProcessSlabs()
@@ -671,7 +693,7 @@ class Session:
             elif self._cfd is not None:
                 _close_quietly(self._cfd)
             self._cfd = None
-        _slabs.drop_vmm(self.mount)
+        _slabs.drop_vmm(self.mount, self.token.session)
 
     @property
     def closed(self) -> bool:

@@ -623,8 +623,8 @@ class GDSFileSystemWriter(FileSystemWriter):
         if sess is not None:
             if staged:
                 sess.release(staged)
-            # Kept for the next snapshot of this process (closing a session drops this process's
-            # mappings of the mount's slabs: the next snapshot would map them all again).
+            # Kept for the next snapshot of this process (closing the session would drop the slab
+            # mappings it used: the next snapshot would map them all again).
             if not _IDLE.keep(self._stage_mount, (sess, self._mover, self._slab, self._direct_min)):
                 sess.close()
         self._mover = None
@@ -936,8 +936,8 @@ class GDSFileSystemReader(FileSystemReader):
 
 class _Reads:
     """Reads of one ``read_data`` call through one daemon session (what ``transfer`` does per
-    file: each session that closes drops this process's mappings of the mount's slabs, so a
-    session per file would map the slabs anew for every file of a resharded load).
+    file: each session that closes drops the slab mappings no other open session of the process
+    uses, so a session per file would map the slabs anew for every file of a resharded load).
 
     When the daemon cannot serve, the rest of the call reads with plain I/O after the one-time
     GDSFallbackWarning (``strict=True`` raises instead); positional reads make a redo safe.
