@@ -302,3 +302,47 @@ def test_strict_writer_refuses_stock_staging(small_mount):
     with pytest.raises(GDSUnavailableError, match="the stock way"):
         w.stage(tensors(6))
     assert small_mount.wait_leases(0) == 0
+
+
+@pytest.mark.parametrize("direct_io", ["auto", "never"])
+def test_staged_leases_written_direct_are_not_flushed(tmp_path, gdsfs_bin, monkeypatch, direct_io):
+    """The daemon writes staged leases of >= 1 MiB around the page cache (--direct-io auto, its
+    STATUS says from what size): the writer starts no writeback flushes for them, only the final
+    fsync; with --direct-io never the leases land in the page cache and it flushes as it goes.
+    The checkpoint is exact either way, and save_times says where the save's time went."""
+    from gdsfs._ckpt import tensorio
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    m = mount(gdsfs_bin, str(src), str(mnt), str(tmp_path / "daemon.log"),
+              "--host-pool", "16MiB", "--slab-size", "4MiB", "--uid-share", "100%", "--direct-io", direct_io)
+    flushers: list[object] = []
+
+    class Recording(tensorio._Flusher):
+        def __init__(self, fd: int, every: int) -> None:
+            flushers.append(self)
+            super().__init__(fd, every)
+
+    monkeypatch.setattr(tensorio, "_Flusher", Recording)
+    monkeypatch.setattr(gdcp, "_STAGED_FLUSH_BYTES", 2 * MIB)  # flush every 2 MiB of cached bytes
+    try:
+        d = m.path("ckpt")
+        data = {k: v for k, v in tensors(5, mib3=3).items() if k.startswith("w")}  # 3 x 3 MiB
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GDSFallbackWarning)
+            w = gdcp.GDSFileSystemWriter(d)
+            staged = w.stage(data)
+            finish_save(w, staged)
+        assert w._direct_min == (MIB if direct_io == "auto" else None)
+        if direct_io == "auto":
+            assert not flushers, "the writer flushed leases the daemon wrote with O_DIRECT"
+        else:
+            assert flushers, "leases written through the page cache were never flushed before the fsync"
+        assert same(read_dcp_raw(d), data)
+        for k in ("stage_s", "t_write_data", "lease_writes_s", "commit_s", "finish_s", "t_written"):
+            assert k in w.save_times, (k, w.save_times)
+        assert m.wait_leases(0) == 0
+    finally:
+        gdcp.close_staging()
+        unmount(gdsfs_bin, m.mnt)
