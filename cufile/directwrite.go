@@ -25,6 +25,13 @@ import (
 // direct write), so readers through the mount see the new bytes. O_DIRECT
 // does not make the write durable: the file's metadata (its size, its
 // allocated extents) still needs the caller's fsync, as before.
+//
+// ext4 runs direct writes of one file in parallel only where they overwrite
+// allocated (or preallocated) blocks inside the file's size; writes into
+// holes or past the end take the inode lock one at a time. A client that
+// knows the file's final size preallocates it first (gdsfs.dcp does). The
+// daemon does not fallocate per WRITE: ext4's fallocate waits for every
+// direct write in flight on the file, which would serialize them again.
 
 // writeDirectMin is the smallest aligned body that Direct "auto" writes
 // with O_DIRECT: below it, a synchronous direct write costs more latency
@@ -82,23 +89,6 @@ func openDirectWrite(f *os.File) *os.File {
 		return nil
 	}
 	return d
-}
-
-// preallocate allocates [off, off+n) of f ahead of direct writes into it
-// (the size it leaves, at least off+n, is what the writes leave): a direct
-// write into allocated (or unwritten) blocks is an overwrite, which ext4
-// lets run in parallel with the other writes of the file, while writes into
-// holes or past end of file take the inode lock one at a time. A refusal
-// (EOPNOTSUPP, ENOSPC) is ignored: the writes report their own errors.
-func preallocate(f *os.File, off, n int64) {
-	if n <= 0 {
-		return
-	}
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return
-	}
-	_ = rc.Control(func(fd uintptr) { _ = unix.Fallocate(int(fd), 0, off, n) })
 }
 
 // isAligned reports whether b starts at a 4 KiB-aligned address and holds

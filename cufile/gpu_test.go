@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
@@ -368,7 +370,8 @@ func TestGPUWriteDirect(t *testing.T) {
 		})
 	}
 	const n = 256 << 20
-	for _, policy := range []string{"never", "always"} {
+	for _, mode := range []string{"never", "always", "always/preallocated"} {
+		policy, prealloc := strings.CutSuffix(mode, "/preallocated")
 		eng := newPosixEngine(cudaStager{d: e.drv}, Options{Direct: policy})
 		p := filepath.Join(filepath.Dir(f.Name()), "gpu-write-rate.dat")
 		w, err := os.Create(p)
@@ -376,6 +379,11 @@ func TestGPUWriteDirect(t *testing.T) {
 			t.Fatal(err)
 		}
 		start := time.Now()
+		if prealloc {
+			if err := unix.Fallocate(int(w.Fd()), 0, 0, n); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if _, err := eng.WriteAt(ctx, w, mem, 0, 0, n); err != nil {
 			t.Fatal(err)
 		}
@@ -386,6 +394,6 @@ func TestGPUWriteDirect(t *testing.T) {
 		w.Close()
 		os.Remove(p)
 		eng.Close()
-		t.Logf("posix WriteAt+fsync of 256 MiB, --direct-io %s: %.2f GB/s", policy, float64(n)/secs/1e9)
+		t.Logf("posix WriteAt+fsync of 256 MiB, --direct-io %s: %.2f GB/s", mode, float64(n)/secs/1e9)
 	}
 }

@@ -83,7 +83,6 @@ func (e *hostEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory,
 		head, body, tail = n, 0, 0
 	} else {
 		defer direct.Close()
-		preallocate(direct, fileOff+head, body)
 	}
 	for _, p := range []struct {
 		off, n int64
