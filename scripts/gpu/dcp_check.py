@@ -127,6 +127,25 @@ def fsync_tree(p: str) -> None:
                 os.close(fd)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` used so far (all its threads); 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def daemon_pid(mount: str) -> int:
+    try:
+        import gdsfs
+
+        return int(gdsfs.status(mount)["daemon_pid"])
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return 0
+
+
 # --------------------------------------------------------------------------------------------
 # disk
 
@@ -232,19 +251,23 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
     import torch.distributed.checkpoint as dcp
 
     sd = env.state(kind)
+    dpid = daemon_pid(env.mount)
     res: dict[str, dict[str, float]] = {}
     for which in ("stock", "gdsfs"):
         bl, dn = [], []
         for r in range(rounds):
             d = os.path.join(env.base, f"async-{kind}-{which}-{r}")
+            cpu0 = cpu_now(dpid)
             t_call = time.perf_counter()
             blocked, done, w = one_async_save(env, sd, which, d)
+            cpu1 = cpu_now(dpid)
             stats = getattr(w, "stage_stats", None)
             log(f"async_save {kind:7s} {which:5s} round {r}: blocked {blocked * 1e3:8.1f} ms, done in {done:6.2f} s "
                 f"({gbs(env.payload, done):.2f} GB/s){f', staged {stats}' if stats else ''}")
             if getattr(w, "save_times", None):
                 log(f"async_save {kind:7s} {which:5s} round {r}: " + save_detail(
-                    {"t_call": t_call, "blocked_s": blocked, "times": w.save_times, "t_done": t_call + done}))
+                    {"t_call": t_call, "blocked_s": blocked, "times": w.save_times, "t_done": t_call + done,
+                     "cpu_call": cpu0, "cpu_done": cpu1}))
             bl.append(blocked)
             dn.append(done)
             if r == 0:
@@ -296,7 +319,16 @@ def save_detail(rec: dict[str, Any]) -> str:
         out.append(f"done at +{ms(rec['t_done'] - t0)}")
     if "waited_s" in rec:
         out.append(f"the loop waited {ms(rec['waited_s'])} for it")
-    return ", ".join(out) + " (ms)"
+    text = ", ".join(out) + " (ms)"
+    if "cpu_done" in rec:
+        (d0, p0), (d1, p1) = rec["cpu_call"], rec["cpu_done"]
+        text += f"; CPU s from call to done: daemon {d1 - d0:.2f}, trainer {p1 - p0:.2f}"
+    return text
+
+
+def cpu_now(dpid: int) -> tuple[float, float]:
+    """(daemon, this process) CPU seconds so far."""
+    return cpu_seconds(dpid) if dpid else 0.0, cpu_seconds(os.getpid())
 
 
 def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None:
@@ -326,6 +358,7 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
 
     waited: list[float] = []
     saves: list[dict[str, Any]] = []  # per save of the current run: where its time went
+    dpid = daemon_pid(env.mount)
 
     def run(which: str | None) -> list[float]:
         times = []
@@ -343,11 +376,16 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
                     saves[-1]["waited_s"] = waited[-1]
                 d = os.path.join(env.base, f"loop-{which}-{i}")
                 w = writer_for(which, d)
-                rec: dict[str, Any] = {"step": i, "t_call": time.perf_counter()}
+                rec: dict[str, Any] = {"step": i, "cpu_call": cpu_now(dpid), "t_call": time.perf_counter()}
                 fut = dcp.async_save(sd, storage_writer=w)
                 rec["blocked_s"] = time.perf_counter() - rec["t_call"]
                 pending = getattr(fut, "upload_completion", fut)
-                pending.add_done_callback(lambda _f, rec=rec: rec.__setitem__("t_done", time.perf_counter()))
+
+                def done(_f: Any, rec: dict[str, Any] = rec) -> None:
+                    rec["t_done"] = time.perf_counter()
+                    rec["cpu_done"] = cpu_now(dpid)
+
+                pending.add_done_callback(done)
                 rec["writer"] = w
                 saves.append(rec)
             times.append(time.perf_counter() - t)
