@@ -187,6 +187,9 @@ class GDSFileSystemWriter(FileSystemWriter):
         self._copies: list[Any] = []  # CUDA events after the staging copies
         self._mover: Any = None  # the DaemonMover of the current snapshot's session
         self._staged_lock = threading.Lock()  # data files of a staged snapshot are written in parallel
+        # Whether _write_file releases a file's leases as soon as they are written (a tensor of
+        # the save needs pool room of its own), or write_data releases them all at its end.
+        self._release_early = True
         self._stage_mount = ""  # the mount of that session
         # What the last stage() put into daemon slabs and what it staged the stock way.
         self.stage_stats: dict[str, int] = {}
@@ -244,6 +247,7 @@ class GDSFileSystemWriter(FileSystemWriter):
             for item in plan.items:
                 files.append((f"{prefix}{len(files)}{tag}{_SUFFIX}", [item]))
         results: list[Any] = []
+        self._release_early = not self._all_staged(plan.items, planner)
         try:
             if nstaged > 1:
                 from concurrent.futures import ThreadPoolExecutor
@@ -266,6 +270,24 @@ class GDSFileSystemWriter(FileSystemWriter):
         fut: Future = Future()
         fut.set_result(results)
         return fut
+
+    def _all_staged(self, items: list[Any], planner: Any) -> bool:
+        """True when every tensor item with bytes sits in a lease staged by stage() (as
+        _write_file decides), so that no write of this save needs room in the pool."""
+        with self._staged_lock:
+            if not self._staged:
+                return False
+            for wi in items:
+                if wi.type == WriteItemType.BYTE_IO:
+                    continue
+                t = planner.resolve_data(wi).detach()
+                n = t.numel() * t.element_size()
+                if not n:
+                    continue
+                got = self._staged.get(t.data_ptr()) if t.device.type in ("cpu", "cuda") and t.is_contiguous() else None
+                if got is None or int(got[1].valid) < n:
+                    return False
+        return True
 
     def _staged_files(self) -> int:
         """How many data files this rank's staged snapshot goes to (1: not staged, or small)."""
@@ -332,27 +354,38 @@ class GDSFileSystemWriter(FileSystemWriter):
             pos += arc.size
         import time
 
-        t0 = time.perf_counter()
+        last = [time.perf_counter()]
+
+        def phase(name: str) -> None:
+            now = time.perf_counter()
+            self._timed(name, now - last[0], most=True)
+            last[0] = now
+
         with atomic.replace(path, sync=bool(self.sync_files)) as (tmp, fd):
+            phase("create_s")
             if direct:
                 _preallocate(fd, pos)
+                phase("prealloc_s")
                 self._wait_copies()  # the staging copies into the leases are done
-                t1 = time.perf_counter()
-                self._timed("copies_wait_s", t1 - t0, most=True)
+                phase("copies_wait_s")
                 _write_leases(fd, direct, _STAGED_FLUSH_BYTES if self.sync_files else 0, self._direct_min)
-                t0 = time.perf_counter()
-                self._timed("lease_writes_s", t0 - t1, most=True)
-                # Written: their leases go back now, so that the tensors staged the stock way
-                # (written next, through leases of their own) find room in the pool.
-                self._release_leases([k for k, _, _, _ in direct_keys])
+                phase("lease_writes_s")
+                if self._release_early:
+                    # Tensors of this save not in leases are written through leases of their
+                    # own: the written leases go back first so that those find room in the
+                    # pool. Only then: a RELEASE waits for every WRITE of the session in flight
+                    # (the other data files' too) and holds back new ones; otherwise
+                    # write_data releases them all once every file is written.
+                    self._release_leases([k for k, _, _, _ in direct_keys])
+                    phase("release_s")
             if data:
                 transfer(tmp, fd, data, write=True, strict=self._strict, sync=bool(self.sync_files))
+                phase("stock_writes_s")
             for off, b in small:
                 torchzip.pwrite_all(fd, b, off)
             os.ftruncate(fd, pos)  # through the mount, last: sets the size the kernel caches
-            t1 = time.perf_counter()
-            self._timed("other_writes_s", t1 - t0, most=True)
-        self._timed("commit_s", time.perf_counter() - t1, most=True)  # fsync, rename, directory fsync
+            phase("other_writes_s")
+        phase("commit_s")  # fsync, rename, directory fsync
         return results
 
     def finish(self, metadata: Any, results: Any) -> None:

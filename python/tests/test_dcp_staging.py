@@ -346,3 +346,45 @@ def test_staged_leases_written_direct_are_not_flushed(tmp_path, gdsfs_bin, monke
     finally:
         gdcp.close_staging()
         unmount(gdsfs_bin, m.mnt)
+
+
+def test_a_fully_staged_save_releases_its_leases_after_every_write(small_mount, monkeypatch):
+    """A RELEASE waits for every WRITE of the session in flight and holds back new ones, so a
+    save whose tensors all sit in leases (nothing needs pool room mid-save) releases them only
+    once every data file is written, not file by file between the other files' writes."""
+    from gdsfs import _core
+
+    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)  # 4 data files written in parallel
+    events: list[str] = []
+    lock = __import__("threading").Lock()
+    write, release = _core.Session.write, _core.Session.release
+
+    def recording_write(self, *a, **k):  # type: ignore[no-untyped-def]
+        n = write(self, *a, **k)
+        with lock:
+            events.append("write")
+        return n
+
+    def recording_release(self, refs, *a, **k):  # type: ignore[no-untyped-def]
+        with lock:
+            events.append(f"release {len(list(refs))}")
+        return release(self, refs, *a, **k)
+
+    monkeypatch.setattr(_core.Session, "write", recording_write)
+    monkeypatch.setattr(_core.Session, "release", recording_release)
+    d = small_mount.path("ckpt-all-staged")
+    src = {k: v for k, v in tensors(7, mib3=4).items() if k.startswith("w")}  # 4 x 3 MiB, one per slab
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
+        w = gdcp.GDSFileSystemWriter(d)
+        staged = w.stage(src)
+        assert w.stage_stats["slab_tensors"] == len(src), w.stage_stats
+        events.clear()
+        finish_save(w, staged)
+    assert len([n for n in os.listdir(d) if n.endswith(".distcp")]) == 4
+    writes = [i for i, e in enumerate(events) if e == "write"]
+    releases = [i for i, e in enumerate(events) if e.startswith("release") and e != "release 0"]
+    assert len(writes) == len(src) and releases, events
+    assert min(releases) > max(writes), f"leases released between the writes: {events}"
+    assert same(read_dcp_raw(d), src)
+    assert small_mount.wait_leases(0) == 0
