@@ -153,6 +153,7 @@ fi
 # loop with saves, resharded loads; stock vs gdsfs in the same run.
 if want dcp; then
 	echo "== DCP on one GPU: async_save, training loop with saves, resharded loads (scripts/gpu/dcp_check.py)"
+	echo "backing filesystem options (discard makes deletes cost later writes): $(findmnt -no OPTIONS -T "$work")"
 	if [ -x "$bin/cufile.test" ]; then # the daemon's WRITE path: O_DIRECT from device memory (cufile/directwrite.go)
 		GDSFS_GPU_TEST_DIR="$work" timeout 120 "$bin/cufile.test" -test.v -test.count=1 -test.run 'TestGPUWrite' 2>&1 |
 			grep -E '^(---|ok|FAIL|PASS)|gpu_test' | tee "$out/dcp-cufile.txt"
