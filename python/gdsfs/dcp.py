@@ -746,9 +746,9 @@ def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every:
     final fsync still makes the file durable."""
     import threading
 
-    from gdsfs._ckpt.tensorio import WRITE_THREADS, _Flusher
+    from gdsfs._ckpt.tensorio import WRITE_THREADS, _Flusher, written_direct
 
-    cached = [n for off, _, _, n in direct if direct_min is None or n < direct_min or off % _ALIGN]
+    cached = [n for off, _, _, n in direct if not written_direct(off, n, direct_min)]
     if sum(cached) < flush_every:
         flush_every = 0  # fewer bytes in the page cache than one flush's worth: the fsync will do
     flusher = _Flusher(fd, flush_every) if flush_every > 0 else None
@@ -764,7 +764,7 @@ def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every:
                         return
                     off, sess, ref, n = work.pop()
                 sess.write(fd, ref, off, n)
-                if flusher is not None and (direct_min is None or n < direct_min or off % _ALIGN):
+                if flusher is not None and not written_direct(off, n, direct_min):
                     flusher.wrote(n)
         except BaseException as e:  # handed to the caller below
             with lock:

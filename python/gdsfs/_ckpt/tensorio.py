@@ -174,6 +174,9 @@ class DaemonMover:
         self._write_lease = max(ALIGN, min(self._piece, cap // (2 * WRITE_THREADS)) // ALIGN * ALIGN)
         self._max_ranges = int(getattr(getattr(session, "hello", None), "max_ranges", 0) or 256)
         self.engine = "gdsfs"
+        # The smallest aligned WRITE the daemon writes with O_DIRECT (None: none), asked once.
+        self._direct_min: int | None = None
+        self._direct_known = False
 
     def lease_view(self, ref: Any, n: int) -> torch.Tensor:
         """A uint8 tensor over the first ``n`` bytes of a lease, without copying.
@@ -371,7 +374,11 @@ class DaemonMover:
             by_dev.setdefault(self.device_for(p[1]), []).append(p)
         for d in {t.device for _, t in pieces if t.device.type == "cuda"}:
             torch.cuda.current_stream(d).synchronize()  # the producers' work is done before we copy
-        flusher = _Flusher(fd, flush_every) if flush_every > 0 else None
+        if flush_every > 0 and not self._direct_known:
+            self._direct_min, self._direct_known = direct_write_min(self._s), True
+        # Pieces the daemon writes with O_DIRECT leave nothing in the page cache to flush.
+        cached = sum(t.numel() for off, t in pieces if not written_direct(off, t.numel(), self._direct_min))
+        flusher = _Flusher(fd, flush_every) if flush_every > 0 and cached >= flush_every else None
         try:
             for dev, group in by_dev.items():
                 self._write_group(fd, dev, group, flusher)
@@ -420,7 +427,7 @@ class DaemonMover:
                         else:
                             view.copy_(t)
                         self._s.write(fd, ref, off, n)
-                        if flusher is not None:
+                        if flusher is not None and not written_direct(off, n, self._direct_min):
                             flusher.wrote(n)
                 except BaseException as e:  # handed to the caller below
                     with lock:
@@ -582,3 +589,9 @@ def direct_write_min(session: Any) -> int | None:
     except (AttributeError, KeyError, TypeError, ValueError, OSError, GDSUnavailableError):
         return None
     return n if n > 0 else None
+
+
+def written_direct(off: int, n: int, direct_min: int | None) -> bool:
+    """Whether the daemon writes ``n`` bytes at file offset ``off`` around the page cache: the
+    write starts 4 KiB-aligned and is at least ``direct_min`` (direct_write_min) bytes."""
+    return direct_min is not None and off % ALIGN == 0 and n >= direct_min
