@@ -127,12 +127,43 @@ def fsync_tree(p: str) -> None:
                 os.close(fd)
 
 
-def settle() -> None:
-    """Let the filesystem finish with what a part just deleted (journal commits of freed
-    blocks) before the next save is timed: run 1 of the loop part had one gdsfs save of four
-    take 1.85 s instead of 0.6 (1.0 s of it in fsync) right after the stock run's 4 GiB of
-    checkpoints were removed. Every save, stock or gdsfs, starts on a settled filesystem."""
+def _disk_stat(path: str) -> list[int] | None:
+    """The block device counters (/sys/dev/block/M:m/stat) of the filesystem holding path."""
+    try:
+        dev = os.stat(path).st_dev
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return None
+
+
+def settle(backing: str, limit_s: float = 10.0) -> None:
+    """Let the disk finish with what a part just deleted before the next save is timed: the
+    backing filesystem of the GPU machine is mounted with discard, so removing a checkpoint
+    queues discards of its blocks, which slow the next saves' allocations and fsyncs (run of
+    14:00: one gdsfs save of four took 1.85 s instead of 0.6, 1.0 s of it in fsync, right after
+    the stock run's 4 GiB were removed; 14:25: fallocate 333 ms, fsync 611 ms, with os.sync()
+    alone). sync, then wait (at most limit_s) until the device has no I/O in flight and its
+    discard count stopped moving. Every save, stock or gdsfs, starts on an idle disk."""
     os.sync()
+    t0 = time.perf_counter()
+    last = _disk_stat(backing)
+    if last is None or len(last) < 12:
+        return
+    quiet = 0
+    while time.perf_counter() - t0 < limit_s:
+        time.sleep(0.05)
+        now = _disk_stat(backing)
+        if now is None:
+            return
+        idle = now[8] == 0 and now[11] == last[11] and now[4] == last[4]
+        quiet = quiet + 1 if idle else 0
+        last = now
+        if quiet >= 4:  # 200 ms without a discard or a write completing, nothing in flight
+            break
+    waited = time.perf_counter() - t0
+    if waited > 0.5:
+        log(f"settle: the disk took {waited:.1f} s to go idle after deleting checkpoints")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -210,6 +241,7 @@ class Env:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mount = mount
+        self.backing = args.backing
         self.base = os.path.join(mount, SUBDIR)
         self.n, self.rows, self.cols = sizes(args.gib, args.tensor_mib)
         self.payload = self.n * self.rows * self.cols * 2
@@ -287,7 +319,7 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
                 if bad:
                     raise AssertionError(f"{which} async_save of {kind}: {len(bad)} tensors differ after loading back, e.g. {bad[0]}")
             shutil.rmtree(d, ignore_errors=True)
-            settle()
+            settle(env.backing)
         # The first round pays one-time costs (thread pool, slab mappings): report the median of the rest.
         keep = slice(1, None) if rounds > 1 else slice(None)
         res[which] = {"blocked_s": statistics.median(bl[keep]), "done_s": statistics.median(dn[keep]),
@@ -409,7 +441,7 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
         for n in os.listdir(env.base):
             if n.startswith("loop-"):
                 shutil.rmtree(os.path.join(env.base, n), ignore_errors=True)
-        settle()
+        settle(env.backing)
         return times
 
     run(None)  # warm-up
