@@ -227,6 +227,7 @@ def disk_rate(backing: str, nbytes: int) -> float:
         best = max(best, rate)
         for p in paths:
             os.unlink(p)
+        settle(backing)  # the next probe, like every timed save, starts on an idle disk
     RESULTS["disk_write_fsync_gbs"] = best
     return best
 
