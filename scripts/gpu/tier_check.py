@@ -101,64 +101,144 @@ def _load_best(gst, torch, path: str, device: str, runs: int) -> tuple[float, di
     return best, sd
 
 
-def profile_load(path: str, device: str, depth: int) -> str:
-    """One load with the loader's READ, copy-wait and release calls timed: where the wall time went
-    (READ busy close to the wall time: the daemon bounds the load; far below: this process does)."""
+def profile_load(path: str, device: str, depth: int, retain: str | None = None) -> str:
+    """One load with its parts timed: where the wall time went (READ busy close to the wall time:
+    the daemon bounds the load; far below: this process does). retain: GDSFS_SLAB_RETAIN_S for
+    the load ("0": the slabs are mapped anew and unmapped at the end, as before retention).
+
+    The parts, in ms: head (open, header parse, allocating the tensors, the session), first READ
+    (its latency: submit to answer), READ busy (time with a READ in flight) and summed, mapping
+    (slabs imported: SLAB, slab socket, cuMemImport/Map/SetAccess), copy-out (starting the
+    device copies, mapping excluded), waits for copies and RELEASE, tail (last READ's answer to
+    the end), close (the session's end: unmapping when nothing is retained)."""
     import threading
 
     import torch
     import gdsfs.safetensors as gst
-    from gdsfs import _core
+    from gdsfs import _core, _cuda
     from gdsfs._ckpt import tensorio
 
     lock = threading.Lock()
     spans: list[tuple[float, float]] = []
-    acc = {"release_s": 0.0, "finish_s": 0.0}
-    real_read, real_release, real_finish = _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish
+    acc = {k: 0.0 for k in ("header", "alloc", "open", "map", "copy", "wait", "release", "close", "unmap")}
+    cnt = {"map": 0, "unmap": 0}
+    marks: dict[str, float] = {}
+    saved: list[tuple[object, str, object]] = []
 
-    def read(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return real_read(self, *a, **k)
-        finally:
-            with lock:
-                spans.append((t0, time.perf_counter()))
+    def patch(obj: object, name: str, wrap) -> None:
+        real = getattr(obj, name)
+        saved.append((obj, name, real))
+        setattr(obj, name, wrap(real))
 
-    def release(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return real_release(self, *a, **k)
-        finally:
-            acc["release_s"] += time.perf_counter() - t0
+    def timed(key: str, count: str | None = None):
+        def wrap(real):
+            def f(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return real(*a, **k)
+                finally:
+                    with lock:
+                        acc[key] += time.perf_counter() - t0
+                        if count:
+                            cnt[count] += 1
+            return f
+        return wrap
 
-    def finish(self, refs):
-        t0 = time.perf_counter()
-        try:
-            return real_finish(self, refs)
-        finally:
-            acc["finish_s"] += time.perf_counter() - t0
+    def read_wrap(real):
+        def f(self, *a, **k):
+            t0 = time.perf_counter()
+            marks.setdefault("first_submit", t0)
+            try:
+                return real(self, *a, **k)
+            finally:
+                t1 = time.perf_counter()
+                with lock:
+                    spans.append((t0, t1))
+        return f
 
-    saved = tensorio.READ_DEPTH
-    _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish = read, release, finish
+    def load_tensors_wrap(real):
+        def f(*a, **k):
+            marks["alloc0"] = time.perf_counter()
+            return real(*a, **k)
+        return f
+
+    def transfer_wrap(real):
+        def f(*a, **k):
+            marks["alloc1"] = time.perf_counter()
+            return real(*a, **k)
+        return f
+
+    def copy_wrap(real):
+        def f(self, *a, **k):
+            m0 = acc["map"]
+            t0 = time.perf_counter()
+            try:
+                return real(self, *a, **k)
+            finally:
+                acc["copy"] += time.perf_counter() - t0 - (acc["map"] - m0)
+        return f
+
+    def finish_wrap(real):
+        def f(self, *a, **k):
+            r0 = acc["release"]
+            t0 = time.perf_counter()
+            try:
+                return real(self, *a, **k)
+            finally:
+                acc["wait"] += time.perf_counter() - t0 - (acc["release"] - r0)
+        return f
+
+    patch(_core.Session, "read", read_wrap)
+    patch(_core.Session, "release", timed("release"))
+    patch(gst, "_read_header", timed("header"))
+    patch(gst, "_load_tensors", load_tensors_wrap)
+    patch(gst, "transfer", transfer_wrap)
+    patch(tensorio, "open_mover", timed("open"))
+    patch(tensorio, "close_mover", timed("close"))
+    patch(tensorio.DaemonMover, "_copy_out", copy_wrap)
+    patch(tensorio.DaemonMover, "_finish", finish_wrap)
+    patch(_cuda, "import_fd", timed("map", "map"))
+    patch(_core.Session, "slab_fd", timed("map"))
+    patch(_core.Session, "slab_info", timed("map"))
+    patch(_cuda.VmmMapping, "close", timed("unmap", "unmap"))
+    old_depth, old_retain = tensorio.READ_DEPTH, os.environ.get(_core.SLAB_RETAIN_ENV)
     tensorio.READ_DEPTH = depth
+    if retain is not None:
+        os.environ[_core.SLAB_RETAIN_ENV] = retain
     try:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         gst.load_file(path, device=device)
         torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        t1 = time.perf_counter()
     finally:
-        _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish = real_read, real_release, real_finish
-        tensorio.READ_DEPTH = saved
+        for obj, name, real in reversed(saved):
+            setattr(obj, name, real)
+        tensorio.READ_DEPTH = old_depth
+        if retain is not None:
+            if old_retain is None:
+                os.environ.pop(_core.SLAB_RETAIN_ENV, None)
+            else:
+                os.environ[_core.SLAB_RETAIN_ENV] = old_retain
+    wall = t1 - t0
     busy, end = 0.0, 0.0  # the union of the READs' spans: time with at least one READ in flight
     for a, b in sorted(spans):
         if b > end:
             busy += b - max(a, end)
             end = b
     total = sum(b - a for a, b in spans)
-    return (f"{depth} in flight: wall {wall * 1e3:.0f} ms; {len(spans)} READs, a READ in flight {busy * 1e3:.0f} ms "
-            f"({total * 1e3:.0f} ms summed), waiting for copies and releasing {acc['finish_s'] * 1e3:.0f} ms "
-            f"({acc['release_s'] * 1e3:.0f} ms of it in RELEASE)")
+    first = min(spans, key=lambda s: s[1]) if spans else (t0, t0)
+    last_end = max((b for _, b in spans), default=t1)
+    head = marks.get("first_submit", t1) - t0
+    alloc = marks.get("alloc1", t0) - marks.get("alloc0", t0)
+    ms = lambda x: f"{x * 1e3:.1f}"  # noqa: E731
+    tag = f"retain {retain}s" if retain is not None else "retained mappings"
+    return (f"{depth} in flight, {tag}: wall {ms(wall)} ms = head {ms(head)} (header {ms(acc['header'])}, "
+            f"alloc {ms(alloc)}, session {ms(acc['open'])}) + READs busy {ms(busy)} ({len(spans)} READs, "
+            f"{ms(total)} summed; first READ {ms(first[1] - first[0])}) + gaps {ms(wall - head - busy - (t1 - last_end))} "
+            f"+ tail {ms(t1 - last_end)} (close {ms(acc['close'])}); this thread: mapping {ms(acc['map'])} "
+            f"({cnt['map']} slabs imported, {cnt['unmap']} unmapped in {ms(acc['unmap'])}), copy-out {ms(acc['copy'])}, "
+            f"waits for copies {ms(acc['wait'])}, RELEASE {ms(acc['release'])}")
 
 
 def child(path: str, device: str, go: str, runs: int) -> None:
@@ -292,8 +372,23 @@ def main() -> int:
         ok &= same(sd)
         del sd
         log(f"gdsfs.safetensors.load_file, tier, 1 READ in flight: {tier1:.1f} GB/s")
-        for depth in (1, tensorio.READ_DEPTH):  # where a load's time goes (the daemon, or this process)
-            log(f"tier load profile, {profile_load(path, 'cuda:0', depth)}")
+        # The same load with every slab mapped anew and unmapped at the end (no retention: each
+        # load_file before GDSFS_SLAB_RETAIN_S), for comparison.
+        from gdsfs import _core as gcore
+        os.environ[gcore.SLAB_RETAIN_ENV] = "0"
+        try:
+            t0r, sd = load_best(path, "cuda:0", a.runs)
+        finally:
+            os.environ.pop(gcore.SLAB_RETAIN_ENV, None)
+        tier_remap = gbps(payload, t0r)
+        ok &= same(sd)
+        del sd
+        log(f"gdsfs.safetensors.load_file, tier, slabs mapped anew by every load ({gcore.SLAB_RETAIN_ENV}=0): "
+            f"{tier_remap:.1f} GB/s")
+        res.update(tier_remap_gbps=tier_remap)
+        # Where a load's time goes (the daemon, or this process): retained mappings, then none.
+        for depth, retain in ((1, None), (tensorio.READ_DEPTH, None), (tensorio.READ_DEPTH, "0")):
+            log(f"tier load profile, {profile_load(path, 'cuda:0', depth, retain)}")
         rd_tier = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, tier: {rd_tier}")
         res.update(pinned_h2d_gbps=pinned, page_cache_gbps=page, tier_gbps=tier, tier_depth1_gbps=tier1,

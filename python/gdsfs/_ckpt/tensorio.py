@@ -221,8 +221,12 @@ class DaemonMover:
         by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
         for p in pieces:
             by_dev.setdefault(self.device_for(p[1]), []).append(p)
-        for dev, group in by_dev.items():
-            self._read_group(fd, dev, group)
+        streams = _CopyStreams()
+        try:
+            for dev, group in by_dev.items():
+                self._read_group(fd, dev, group, streams)
+        finally:
+            streams.close()
 
     def _batches(self, pieces: list[tuple[int, torch.Tensor]], budget: int) -> list[list[tuple[int, torch.Tensor]]]:
         """Consecutive pieces cut into requests of at most ``budget`` bytes and max_ranges ranges."""
@@ -236,7 +240,8 @@ class DaemonMover:
             size += t.numel()
         return out
 
-    def _read_pipelined(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> int:
+    def _read_pipelined(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]],
+                        streams: "_CopyStreams") -> int:
         """Read ``pieces`` with up to READ_DEPTH READs in flight, copying each batch out (in order)
         while the next ones are read. Returns how many leading pieces are done: all of them, or,
         when the pool ran full (EAGAIN), those before the batch it refused, for the one-at-a-time
@@ -248,7 +253,7 @@ class DaemonMover:
         for b in batches:
             starts.append(starts[-1] + len(b))
         inflight: list[tuple[int, Future]] = []
-        pending: list[Any] = []  # refs of the batch whose copies may still be running
+        pending = _Copies([])  # the batch whose copies may still be running
         ex = ThreadPoolExecutor(max_workers=self._depth, thread_name_prefix="gdsfs-read")
 
         def submit(k: int) -> None:
@@ -269,12 +274,12 @@ class DaemonMover:
                     if e.errno != _errno.EAGAIN:
                         raise
                     return starts[k]  # the finally below releases what later READs got
-                done, pending = pending, list(refs)
+                done, pending = pending, _Copies(list(refs))
                 self._finish(done)  # raising, it leaves refs to the finally below, not done again
                 if nxt < len(batches):
                     submit(nxt)
                     nxt += 1
-                self._copy_out(refs, batches[k])
+                self._copy_out(pending, batches[k], streams)
             return len(pieces)
         finally:
             try:
@@ -289,15 +294,32 @@ class DaemonMover:
                     self._release_quietly(refs)
                 ex.shutdown(wait=True)
 
-    def _copy_out(self, refs: list[Any], batch: list[tuple[int, torch.Tensor]]) -> None:
-        """Start the copies of a READ's leases into their tensors (asynchronous; _finish waits)."""
-        for ref, (off, t) in zip(refs, batch):
-            n = t.numel()
-            if n == 0:
-                continue
-            if int(ref.valid) < n:
-                raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
-            t.copy_(self.lease_view(ref, n), non_blocking=True)
+    def _copy_out(self, copies: "_Copies", batch: list[tuple[int, torch.Tensor]], streams: "_CopyStreams") -> None:
+        """Start the copies of a READ's leases into their tensors (asynchronous: each GPU's on a
+        side stream of this call, an event recorded after them in ``copies``; _finish waits)."""
+        touched: dict[int, Any] = {}
+        try:
+            for ref, (off, t) in zip(copies.refs, batch):
+                n = t.numel()
+                if n == 0:
+                    continue
+                if int(ref.valid) < n:
+                    raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
+                view = self.lease_view(ref, n)
+                gpu = t.device.index if t.device.type == "cuda" else None
+                if gpu is None and int(getattr(ref, "device", -1)) >= 0:
+                    gpu = int(ref.device)  # a GPU slab into host memory: that GPU copies
+                if gpu is None:
+                    t.copy_(view)
+                    continue
+                stream = streams.get(gpu)
+                touched[gpu] = stream
+                with torch.cuda.stream(stream):
+                    t.copy_(view, non_blocking=True)
+        finally:
+            # Even when a copy failed to start, those started are waited for before any release.
+            for gpu, stream in touched.items():
+                copies.events.append(streams.record(gpu, stream))
 
     def _release_quietly(self, refs: list[Any]) -> None:
         """Release leases nothing was copied out of (cleanup on an error path)."""
@@ -308,14 +330,15 @@ class DaemonMover:
             except (OSError, GDSUnavailableError):
                 pass  # the session's end releases them; the caller sees the first error
 
-    def _read_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> None:
+    def _read_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]],
+                    streams: "_CopyStreams") -> None:
         if self._depth > 1 and len(self._batches(pieces, self._deep_batch)) > 1:
-            done = self._read_pipelined(fd, dev, pieces)
+            done = self._read_pipelined(fd, dev, pieces, streams)
             if done == len(pieces):
                 return
             pieces = pieces[done:]
         budget = self._batch
-        pending: list[Any] = []  # refs whose copies may still be running
+        pending = _Copies([])  # refs whose copies may still be running
         i = 0
         try:
             while i < len(pieces):
@@ -330,33 +353,35 @@ class DaemonMover:
                 ranges = [(off, t.numel()) for off, t in batch]
                 # Fail fast on a full pool while we hold the previous batch or could ask for less;
                 # only a single-piece request waits for other sessions to free memory.
-                alone = not pending and budget <= self._piece
+                alone = not pending.refs and budget <= self._piece
                 try:
                     refs = self._s.read(fd, ranges, device=dev, **({} if alone else {"timeout": 0}))
                 except GDSUnavailableError as e:
                     if e.errno != _errno.EAGAIN or alone:
                         raise
-                    if pending:  # free the previous batch, then retry at the same size
+                    if pending.refs:  # free the previous batch, then retry at the same size
                         self._finish(pending)
-                        pending = []
+                        pending = _Copies([])
                         continue
                     budget = max(self._piece, budget // 2)
                     continue
                 self._finish(pending)
-                pending = list(refs)
-                self._copy_out(refs, batch)
+                pending = _Copies(list(refs))
+                self._copy_out(pending, batch, streams)
                 i += len(batch)
         finally:
             self._finish(pending)
 
-    def _finish(self, refs: list[Any]) -> None:
-        """Wait for the copies out of ``refs`` (on every GPU they landed on), then release them,
-        checking the daemon's answer: a lease it no longer held (its session ended meanwhile)
-        raises GDSLeaseError, since the bytes copied out of it cannot be trusted."""
+    def _finish(self, copies: "_Copies") -> None:
+        """Wait for the copies out of a batch's leases (its events: the host waits for those
+        copies only, not for the rest of the GPU's work), then release the leases, checking the
+        daemon's answer: a lease it no longer held (its session ended meanwhile) raises
+        GDSLeaseError, since the bytes copied out of it cannot be trusted."""
+        refs = copies.refs
         if not refs:
             return
-        for d in sorted({int(r.device) for r in refs if int(getattr(r, "device", -1)) >= 0}):
-            torch.cuda.synchronize(d)
+        for ev in copies.events:
+            ev.synchronize()
         live = [r for r in refs if int(getattr(r, "lease", 1) or 0) != 0]
         if live:
             if isinstance(self._s, Session):
@@ -436,6 +461,49 @@ class DaemonMover:
                 raise errors[0]
         finally:
             self._s.release(leases)
+
+
+class _Copies:
+    """A READ's leases and the events recorded after the copies out of them (one per GPU)."""
+
+    __slots__ = ("refs", "events")
+
+    def __init__(self, refs: list[Any]) -> None:
+        self.refs = refs
+        self.events: list[Any] = []
+
+
+class _CopyStreams:
+    """The side streams one read_into call copies out of slabs on, one per GPU.
+
+    Each starts after the work queued on its GPU's current stream (the destinations were
+    allocated, maybe last used, there) and, at close, that current stream waits for it, so the
+    caller's later work sees the bytes. Copies on a stream of their own overlap the caller's work,
+    and each batch is waited for by its event, not by a synchronize of the whole device.
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[int, Any] = {}
+
+    def get(self, gpu: int) -> Any:
+        s = self._streams.get(gpu)
+        if s is None:
+            s = torch.cuda.Stream(device=gpu)
+            s.wait_stream(torch.cuda.current_stream(gpu))
+            self._streams[gpu] = s
+        return s
+
+    @staticmethod
+    def record(gpu: int, stream: Any) -> Any:
+        ev = torch.cuda.Event()
+        with torch.cuda.device(gpu):
+            ev.record(stream)
+        return ev
+
+    def close(self) -> None:
+        for gpu, s in self._streams.items():
+            torch.cuda.current_stream(gpu).wait_stream(s)
+        self._streams = {}
 
 
 class _Flusher:
