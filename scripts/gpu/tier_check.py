@@ -63,10 +63,42 @@ def read_rate(line: str) -> float:
 
 
 def warm(gdsfs: str, path: str) -> tuple[str, float]:
-    """`gdsfs warm` of path (reads only what is not cached): its line and the % cached after."""
-    line = run([gdsfs, "warm", "--progress", "never", path]).strip().splitlines()[-1]
-    m = re.search(r"cached now \(([0-9.]+)%\)", line)
-    return line, float(m.group(1)) if m else 0.0
+    """`gdsfs warm` of path (reads only what is not cached): its output and the % it says is
+    cached after (-1 when it says none: the summary line, not a note after it, carries it)."""
+    out = run([gdsfs, "warm", "--progress", "never", path]).strip()
+    m = re.search(r"cached now \(([0-9.]+)%\)", out)
+    return " | ".join(out.splitlines()), float(m.group(1)) if m else -1.0
+
+
+def resident_pct(path: str) -> float:
+    """The % of path's pages in the page cache by mincore(2) on a mapping of the file itself
+    (run on the backing file: the oracle for what `gdsfs warm` reports of the mount's file)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = os.fstat(fd).st_size
+        if n == 0:
+            return 100.0
+        addr = libc.mmap(None, n, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return -1.0
+        try:
+            pages = (n + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(addr, n, vec) != 0:
+                return -1.0
+            return 100.0 * sum(v & 1 for v in vec) / pages
+        finally:
+            libc.munmap(addr, n)
+    finally:
+        os.close(fd)
 
 
 def tier_counts(gdsfs: str, mnt: str) -> tuple[int, int]:
@@ -325,16 +357,25 @@ def main() -> int:
         # cached, checked before and after), the tier enabled but not holding it (a miss is a
         # lookup, as for any unpinned file on a mount with a tier).
         wline, before_pct = warm(gdsfs, path)
+        backing = os.path.join(src, name)
+        before_real = resident_pct(backing)
         log(f"gdsfs warm (page cache): {wline}")
         h0, m0 = tier_counts(gdsfs, mnt)
         t, sd = load_best(path, "cuda:0", a.runs)
         page = gbps(payload, t)
         ok &= same(sd)
         del sd
+        after_real = resident_pct(backing)
         _, after_pct = warm(gdsfs, path)
         h1, m1 = tier_counts(gdsfs, mnt)
         log(f"gdsfs.safetensors.load_file, page-cache path (warm): {page:.1f} GB/s, byte-equal {ok}, "
-            f"page cache held {before_pct:.0f}% before / {after_pct:.0f}% after, tier hits {h1 - h0} misses {m1 - m0}")
+            f"page cache held {before_pct:.0f}% before / {after_pct:.0f}% after (gdsfs warm; the backing "
+            f"file's mincore: {before_real:.0f}% / {after_real:.0f}%), tier hits {h1 - h0} misses {m1 - m0}")
+        # gdsfs warm must say what the backing file's own residency says (within a page or two).
+        probe_ok = min(before_pct, after_pct) >= 0 and abs(before_pct - before_real) <= 2 and abs(after_pct - after_real) <= 2
+        ok &= probe_ok
+        if not probe_ok:
+            log("residency: FAIL: what gdsfs warm says is cached is not what the backing file holds")
         rd_page = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, page cache: {rd_page}")
 
