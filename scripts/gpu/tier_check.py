@@ -353,6 +353,8 @@ def main() -> int:
         del h, d
         log(f"pinned H2D (torch, {min(nbytes, 4 * GIB) / GIB:g} GiB): {pinned:.1f} GB/s")
 
+        from gdsfs._ckpt import tensorio
+
         # 2. warm page-cache path: the file synced above (clean pages) and warmed (every page
         # cached, checked before and after), the tier enabled but not holding it (a miss is a
         # lookup, as for any unpinned file on a mount with a tier).
@@ -376,6 +378,7 @@ def main() -> int:
         ok &= probe_ok
         if not probe_ok:
             log("residency: FAIL: what gdsfs warm says is cached is not what the backing file holds")
+        log(f"page-cache load profile, {profile_load(path, 'cuda:0', tensorio.READ_DEPTH)}")
         rd_page = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, page cache: {rd_page}")
 
@@ -390,7 +393,6 @@ def main() -> int:
         except (OSError, ValueError):
             pinning = None
         log(f"tier memory pinning: {pinning or 'not logged'}")
-        from gdsfs._ckpt import tensorio
 
         h0, m0 = tier_counts(gdsfs, mnt)
         t, sd = load_best(path, "cuda:0", a.runs)
@@ -427,9 +429,17 @@ def main() -> int:
         log(f"gdsfs.safetensors.load_file, tier, slabs mapped anew by every load ({gcore.SLAB_RETAIN_ENV}=0): "
             f"{tier_remap:.1f} GB/s")
         res.update(tier_remap_gbps=tier_remap)
-        # Where a load's time goes (the daemon, or this process): retained mappings, then none.
-        for depth, retain in ((1, None), (tensorio.READ_DEPTH, None), (tensorio.READ_DEPTH, "0")):
-            log(f"tier load profile, {profile_load(path, 'cuda:0', depth, retain)}")
+        # Where a load's time goes (the daemon, or this process): retained mappings (one load
+        # first maps again what the loads above unmapped), then none.
+        load_best(path, "cuda:0", 1)
+        for depth in (1, tensorio.READ_DEPTH):
+            log(f"tier load profile, {profile_load(path, 'cuda:0', depth)}")
+        os.environ[gcore.SLAB_RETAIN_ENV] = "0"  # one load to drop the mappings, then one that maps
+        try:
+            load_best(path, "cuda:0", 1)
+        finally:
+            os.environ.pop(gcore.SLAB_RETAIN_ENV, None)
+        log(f"tier load profile, {profile_load(path, 'cuda:0', tensorio.READ_DEPTH, '0')}")
         rd_tier = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, tier: {rd_tier}")
         res.update(pinned_h2d_gbps=pinned, page_cache_gbps=page, tier_gbps=tier, tier_depth1_gbps=tier1,
