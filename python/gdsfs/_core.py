@@ -532,6 +532,8 @@ class _ProcessSlabs:
         self.retired: dict[tuple[str, int, int], float] = {}
         self.timer: threading.Timer | None = None
         self.timer_at = 0.0
+        # The pool's slab size per daemon run (mount, pid, slab socket): one STATUS per run.
+        self.slab_sizes: dict[tuple[str, int, str], int] = {}
 
     def add_vmm(self, key: tuple[str, int, int], run: str, tensor: Any) -> None:
         """Cache tensor, the mapping of a slab from a descriptor of daemon run ``run``."""
@@ -619,6 +621,7 @@ class _ProcessSlabs:
         self.retired = {}
         self.timer = None
         self.timer_at = 0.0
+        self.slab_sizes = {}
 
 
 _slabs = _ProcessSlabs()

@@ -140,3 +140,27 @@ def test_a_real_session_end_retires_its_mounts_mappings(gdsfs_mount, monkeypatch
     finally:
         with _core._slabs.lock:
             _core._slabs._drop(k)
+
+
+def test_slab_size_is_asked_once_per_daemon_run(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from gdsfs._ckpt import tensorio
+
+    monkeypatch.setattr(_core, "_slabs", _core._ProcessSlabs())
+    asked = []
+
+    def session(run: str, size: int = 32 << 20) -> SimpleNamespace:
+        def status() -> dict:
+            asked.append(run)
+            return {"pool": {"slab_bytes": size}}
+        return SimpleNamespace(mount="/mnt/a", hello=SimpleNamespace(daemon_pid=7, slab_socket=run), status=status)
+
+    assert tensorio.slab_bytes(session("@r1")) == 32 << 20
+    assert tensorio.slab_bytes(session("@r1")) == 32 << 20
+    assert asked == ["@r1"]  # the second load asked nothing
+    assert tensorio.slab_bytes(session("@r2", 16 << 20)) == 16 << 20  # a restarted daemon: asked again
+    assert tensorio.slab_bytes(session("@r3", -1)) == tensorio.DEFAULT_SLAB_BYTES  # malformed: the default
+    assert tensorio.slab_bytes(session("", 8 << 20)) == 8 << 20  # no run to key on: asked every time
+    assert tensorio.slab_bytes(session("", 8 << 20)) == 8 << 20
+    assert asked == ["@r1", "@r2", "@r3", "", ""]

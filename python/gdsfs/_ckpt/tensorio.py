@@ -560,12 +560,30 @@ class _Flusher:
 
 
 def slab_bytes(session: Any) -> int:
-    """The daemon's regular slab size (from its status document), or its default."""
+    """The daemon's regular slab size (from its status document), or its default.
+
+    Asked once per daemon run in a process (it is fixed for the run): a STATUS opens the control
+    file (a session of its own in the daemon) and pages the whole status document, for every
+    load otherwise.
+    """
+    from gdsfs import _core
+
+    hello = getattr(session, "hello", None)
+    run = getattr(hello, "slab_socket", "") if hello is not None else ""
+    key = (str(getattr(session, "mount", "")), int(getattr(hello, "daemon_pid", 0) or 0), run) if run else None
+    if key is not None:
+        n = _core._slabs.slab_sizes.get(key)
+        if n:
+            return n
     try:
         n = int(session.status()["pool"]["slab_bytes"])
     except (AttributeError, KeyError, TypeError, ValueError, OSError, GDSUnavailableError):
         return DEFAULT_SLAB_BYTES
-    return n if n > 0 else DEFAULT_SLAB_BYTES
+    if n <= 0:
+        return DEFAULT_SLAB_BYTES
+    if key is not None:
+        _core._slabs.slab_sizes[key] = n
+    return n
 
 
 def open_mover(path: str, *, strict: bool = False, device: int | None = None) -> Mover:
