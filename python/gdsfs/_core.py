@@ -481,8 +481,8 @@ class _HostMapping:
 # to unmap at once). Every load_file and checkpoint load is a session of its
 # own: a load that follows within the window (the next shard, the next
 # load) finds its slabs still mapped, instead of importing, mapping and
-# unmapping every slab again (GPU run of issue 14: 136 slabs of 64 MiB for
-# an 8 GiB file, about a third of the load's wall time).
+# unmapping every slab again (H200, 8 GiB safetensors file from the memory
+# tier: 49 slab imports, 1.5 ms each, made a load take 240 ms instead of 168).
 SLAB_RETAIN_ENV = "GDSFS_SLAB_RETAIN_S"
 SLAB_RETAIN_S = 10.0
 
