@@ -216,7 +216,7 @@ grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* 
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
 for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
-[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
+[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|tier load profile|fresh|page-cache load profile|residency|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
 if [ -f "$out/pytest.txt" ]; then
 	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')
