@@ -218,20 +218,21 @@ func (d *Daemon) startControl(context.Context) error {
 	}
 	probe := d.engines.Probe()
 	srv, err := ctlserver.NewServer(ctlserver.Options{
-		SlabSocket:  slabs.Addr(),
-		BackingPath: backingPaths(d.cfg.Source, d.cfg.Mountpoint),
-		Pool:        d.pool,
-		Engines:     chooser,
-		Indexes:     d.indexes,
-		Engine:      probe.Engine,
-		ReadOnly:    d.cfg.ReadOnly,
-		Version:     d.cfg.Version,
-		LogFile:     d.cfg.LogFile,
-		EngineWhy:   probe.Why,
-		Refusals:    d.refusals,
-		Log:         d.cfg.Log,
-		Tier:        d.tier,
-		TierCopier:  d.engines,
+		SlabSocket:          slabs.Addr(),
+		BackingPath:         backingPaths(d.cfg.Source, d.cfg.Mountpoint),
+		Pool:                d.pool,
+		Engines:             chooser,
+		Indexes:             d.indexes,
+		Engine:              probe.Engine,
+		ReadOnly:            d.cfg.ReadOnly,
+		Version:             d.cfg.Version,
+		LogFile:             d.cfg.LogFile,
+		EngineWhy:           probe.Why,
+		DirectWriteMinBytes: cufile.DirectWriteMinBytes(d.cfg.Engine.Direct),
+		Refusals:            d.refusals,
+		Log:                 d.cfg.Log,
+		Tier:                d.tier,
+		TierCopier:          d.engines,
 	})
 	if err != nil {
 		slabs.Close()

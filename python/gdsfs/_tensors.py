@@ -94,12 +94,13 @@ _slab_lock = threading.Lock()
 def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
     """A uint8 tensor over a whole slab: mapped once per process."""
     key = (session.mount, session.hello.daemon_pid, slab)
-    t = _core._slabs.tensors.get(key)
+    run = session.hello.slab_socket  # the daemon's run: a restart that reused its pid has another
+    t = _core._slabs.cached(key, run, session)
     if t is not None:
         return t
     d = session.slab_info(slab)
     with _slab_lock:
-        t = _core._slabs.tensors.get(key)
+        t = _core._slabs.cached(key, run, session)
         if t is not None:
             return t
         if d.kind == proto.SLAB_KIND_HOST:
@@ -118,7 +119,8 @@ def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
                 # The tensor keeps the mapping: it goes when the last view does.
                 arr = _cuda.CudaArray(vm.ptr + d.map_offset, d.size, owner=vm)
                 t = torch.as_tensor(arr, device=torch.device("cuda", d.device))
-            _core._slabs.vmm.add(key)
+            _core._slabs.add_vmm(key, run, t, session)
+            return t
         elif d.kind == proto.SLAB_KIND_CUDA:
             from . import _cuda
 
