@@ -17,7 +17,9 @@
 //   - S5: no engine touches memory that is not leased: a session's leases go
 //     back to the pool only after its operations in flight finished (Close
 //     waits), a READ's leases become releasable only once their bytes are in
-//     place, and RELEASE waits for WRITEs of the session in flight.
+//     place, and RELEASE of a lease waits for the WRITEs in flight from
+//     that lease (only those: the session's other leases are written and
+//     released meanwhile).
 //   - S6: a data-file request uses only the access the caller's descriptor
 //     grants: READ, READ_NAMES and INDEX need it open for reading, WRITE
 //     for writing (EBADF otherwise); the server never opens a backing

@@ -66,6 +66,11 @@ type Options struct {
 	LogFile string
 	// EngineWhy says why Engine is the default engine, for STATUS.
 	EngineWhy string
+	// DirectWriteMinBytes is the smallest aligned WRITE body the posix
+	// and host engines write with O_DIRECT (cufile.DirectWriteMinBytes;
+	// 0: none), reported in STATUS so clients skip flushing what the
+	// daemon writes around the page cache.
+	DirectWriteMinBytes int64
 	// Refusals, if set, reports the files an engine was refused for, per
 	// cause and filesystem, for STATUS.
 	Refusals func() []EngineRefusal

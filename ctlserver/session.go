@@ -31,15 +31,17 @@ type session struct {
 	// released (and perhaps handed to another session or uid).
 	active sync.WaitGroup
 
-	// pin is held shared by WRITE while it reads a lease's memory and
-	// exclusively by RELEASE, so a lease is never released under a write.
-	pin sync.RWMutex
-
 	mu sync.Mutex
 	// GUARDED_BY(mu)
 	closed bool
 	leases map[uint64]leaseInfo // what the client was told about each lease
-	status []byte               // STATUS snapshot taken at offset 0
+	// writing counts the WRITEs reading each lease's memory; RELEASE of a
+	// lease waits (on unpinned) until its count is 0, so a lease is never
+	// released under a write, and waits for nothing else: the session's
+	// other leases are written and released meanwhile. GUARDED_BY(mu)
+	writing  map[uint64]int
+	unpinned *sync.Cond // on mu: a lease's writing count fell to 0
+	status   []byte     // STATUS snapshot taken at offset 0
 }
 
 // enter registers an operation in flight; it fails once the session is
@@ -228,8 +230,6 @@ func (ss *session) record(l *gpubuf.Lease, li leaseInfo) {
 
 // release serves RELEASE for this session.
 func (ss *session) release(ids []uint64, out []byte) {
-	ss.pin.Lock()
-	defer ss.pin.Unlock()
 	r := ctl.ReleaseReply{Status: make([]syscall.Errno, len(ids))}
 	for i, id := range ids {
 		if ss.forget(id) {
@@ -243,29 +243,51 @@ func (ss *session) release(ids []uint64, out []byte) {
 	r.Encode(out)
 }
 
-// forget removes lease id from the session's table and reports whether it
-// was there.
+// forget removes lease id from the session's table, once no WRITE reads
+// its memory, and reports whether it was there. From then on no WRITE can
+// pin it (lease answers ENOENT).
 func (ss *session) forget(id uint64) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	for ss.writing[id] > 0 {
+		ss.unpinned.Wait()
+	}
 	_, ok := ss.leases[id]
 	delete(ss.leases, id)
 	return ok
 }
 
-// lease returns what the session knows about lease id and the pool's lease.
-func (ss *session) lease(id uint64) (leaseInfo, *gpubuf.Lease, syscall.Errno) {
+// pinLease returns what the session knows about lease id and the pool's
+// lease, pinned against RELEASE until unpin is called (WRITE reads its
+// memory meanwhile).
+func (ss *session) pinLease(id uint64) (leaseInfo, *gpubuf.Lease, func(), syscall.Errno) {
 	ss.mu.Lock()
 	li, ok := ss.leases[id]
+	if ok {
+		if ss.writing == nil {
+			ss.writing = make(map[uint64]int)
+			ss.unpinned = sync.NewCond(&ss.mu)
+		}
+		ss.writing[id]++
+	}
 	ss.mu.Unlock()
 	if !ok {
-		return leaseInfo{}, nil, syscall.ENOENT
+		return leaseInfo{}, nil, nil, syscall.ENOENT
+	}
+	unpin := func() {
+		ss.mu.Lock()
+		if ss.writing[id]--; ss.writing[id] == 0 {
+			delete(ss.writing, id)
+			ss.unpinned.Broadcast()
+		}
+		ss.mu.Unlock()
 	}
 	l, err := ss.srv.opts.Pool.Lookup(ss.owner(), id)
 	if err != nil {
-		return leaseInfo{}, nil, syscall.ENOENT
+		unpin()
+		return leaseInfo{}, nil, nil, syscall.ENOENT
 	}
-	return li, l, 0
+	return li, l, unpin, 0
 }
 
 // statusPage serves STATUS: a snapshot at offset 0, pages from it after.

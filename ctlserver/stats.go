@@ -26,6 +26,10 @@ type Stats struct {
 	LogFile string `json:"log_file,omitempty"`
 	// EngineWhy says why Engine serves by default.
 	EngineWhy string `json:"engine_why,omitempty"`
+	// DirectWriteMinBytes is the smallest 4 KiB-aligned WRITE body the
+	// posix and host engines write with O_DIRECT; absent (0) when they
+	// write through the page cache (--direct-io never).
+	DirectWriteMinBytes int64 `json:"direct_write_min_bytes,omitempty"`
 	// Refusals counts files an engine refused, per cause and filesystem.
 	Refusals []EngineRefusal `json:"engine_refusals,omitempty"`
 	// Passthrough is the mount's kernel passthrough state; absent before
@@ -88,7 +92,8 @@ func (s *Server) StatsFor(uid uint32) Stats {
 // included (see StatsFor).
 func (s *Server) Stats() Stats {
 	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, LogFile: s.opts.LogFile, Engine: s.opts.Engine, EngineWhy: s.opts.EngineWhy,
-		Pool: s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
+		DirectWriteMinBytes: s.opts.DirectWriteMinBytes,
+		Pool:                s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
 	s.ra.count(&st.Counters)
 	if s.opts.Refusals != nil {
 		st.Refusals = s.opts.Refusals()

@@ -33,9 +33,6 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 		return syscall.EPERM
 	}
 	defer ss.leave()
-	// The lease stays allocated until the write is done (RELEASE waits).
-	ss.pin.RLock()
-	defer ss.pin.RUnlock()
 	if ctl.AddOverflows(req.FileOffset, req.Length) || ctl.AddOverflows(req.LeaseOffset, req.Length) {
 		return syscall.ERANGE
 	}
@@ -45,10 +42,12 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if !writable(f) {
 		return syscall.EBADF
 	}
-	li, l, errno := ss.lease(req.Lease)
+	// The lease stays allocated until the write is done (its RELEASE waits).
+	li, l, unpin, errno := ss.pinLease(req.Lease)
 	if errno != 0 {
 		return errno
 	}
+	defer unpin()
 	if req.LeaseOffset+req.Length > uint64(li.valid) {
 		return syscall.EINVAL
 	}

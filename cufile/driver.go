@@ -32,7 +32,7 @@ type driverFuncs struct {
 	cuIpcOpenMemHandle, cuIpcCloseMemHandle                          uintptr
 	cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync uintptr
 	cuStreamCreate, cuStreamSynchronize, cuStreamDestroy             uintptr
-	cuMemcpyDtoD                                                     uintptr // the device tier (tier.go)
+	cuMemcpyDtoDAsync                                                uintptr // the device tier (tier.go)
 }
 
 // LoadDriver dlopens libcuda.so.1, initialises the driver and retains the
@@ -57,7 +57,7 @@ func LoadDriver() (*Driver, error) {
 		"cuMemcpyHtoDAsync_v2": &f.cuMemcpyHtoDAsync, "cuMemcpyDtoHAsync_v2": &f.cuMemcpyDtoHAsync,
 		"cuStreamCreate": &f.cuStreamCreate, "cuStreamSynchronize": &f.cuStreamSynchronize,
 		"cuStreamDestroy_v2|cuStreamDestroy": &f.cuStreamDestroy,
-		"cuMemcpyDtoD_v2":                    &f.cuMemcpyDtoD,
+		"cuMemcpyDtoDAsync_v2":               &f.cuMemcpyDtoDAsync,
 	}, nil); err != nil {
 		return nil, err
 	}

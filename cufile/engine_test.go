@@ -64,7 +64,7 @@ func (s *fakeStager) newLane(device, slots int, bufBytes int64) (lane, error) {
 	s.mu.Unlock()
 	l := &fakeLane{s: s, pending: make([][]pendingCopy, slots)}
 	for range slots {
-		l.bufs = append(l.bufs, make([]byte, bufBytes))
+		l.bufs = append(l.bufs, mmapBytes(int(bufBytes))) // page-aligned, as cuMemHostAlloc's
 	}
 	return l, nil
 }

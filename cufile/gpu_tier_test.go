@@ -90,4 +90,33 @@ func TestGPUTierCopyIn(t *testing.T) {
 		t.Fatal("device tier copy: slab bytes differ from the source")
 	}
 	t.Logf("device tier copy byte-exact: GPU copy -> CUDA slab, 256 MiB in %v (%.1f GB/s)", best, float64(n)/best.Seconds()/1e9)
+
+	// Concurrent device-tier copies (as the ranges of concurrent READs), each on a pooled stream:
+	// 8 pieces in reverse order into the slab, byte-exact.
+	if err := e.drv.Memset(0, dm.DevicePtr(), 0, m.Size()); err != nil {
+		t.Fatal(err)
+	}
+	const pieces = 8
+	errs := make(chan error, pieces)
+	for i := range pieces {
+		go func(i int) {
+			off := int64(pieces-1-i) * (n / pieces)
+			errs <- e.DeviceToSlab(ctx, m, gpubuf.Align+off, dev.Ptr()+uintptr(off), n/pieces)
+		}(i)
+	}
+	for range pieces {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	clear(back)
+	if err := e.drv.CopyDtoH(dm.Device(), back, dm.DevicePtr()+gpubuf.Align); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, src) {
+		t.Fatal("concurrent device tier copies: slab bytes differ from the source")
+	}
+	if err := e.DeviceToSlab(ctx, m, m.Size()-gpubuf.Align, dev.Ptr(), 2*gpubuf.Align); err == nil {
+		t.Fatal("DeviceToSlab past the slab's end succeeded")
+	}
 }

@@ -62,6 +62,10 @@ func (e *hostEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, 
 	return got, nil
 }
 
+// WriteAt writes straight from the slab: the 4 KiB-aligned body through an
+// O_DIRECT twin of f when Options.Direct allows and the memory lines up
+// with the file (slab memory is page-aligned, so a lease written at an
+// aligned file offset does), the unaligned head and tail buffered.
 func (e *hostEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error) {
 	if err := checkRange(src, srcOff, fileOff, n); err != nil {
 		return 0, err
@@ -70,14 +74,32 @@ func (e *hostEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory,
 	if err != nil {
 		return 0, err
 	}
-	w := funcWorker{doFn: func(c chunk) (int64, error) {
-		return c.n, pwriteFull(f, b[srcOff+c.off:srcOff+c.off+c.n], fileOff+c.off)
-	}}
-	got, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(context.Context) (worker, error) { return w, nil })
-	if err != nil {
-		return 0, fmt.Errorf("host write %q: %w", f.Name(), err)
+	head, body, tail := alignedSplit(fileOff, n)
+	var direct *os.File
+	if e.opts.directWrite(body) && isAligned(b[srcOff+head:srcOff+head+body]) {
+		direct = openDirectWrite(f)
 	}
-	return got, nil
+	if direct == nil {
+		head, body, tail = n, 0, 0
+	} else {
+		defer direct.Close()
+	}
+	for _, p := range []struct {
+		off, n int64
+		direct *os.File
+	}{{0, head, nil}, {head, body, direct}, {head + body, tail, nil}} {
+		if p.n == 0 {
+			continue
+		}
+		from, to := b[srcOff+p.off:srcOff+p.off+p.n], fileOff+p.off
+		w := funcWorker{doFn: func(c chunk) (int64, error) {
+			return c.n, writePiece(f, p.direct, from[c.off:c.off+c.n], to+c.off)
+		}}
+		if _, err := runChunks(ctx, p.n, e.opts.ChunkBytes, e.opts.Workers, func(context.Context) (worker, error) { return w, nil }); err != nil {
+			return 0, fmt.Errorf("host write %q: %w", f.Name(), err)
+		}
+	}
+	return n, nil
 }
 
 // readHostChunk reads len(b) bytes at off into b: the 4 KiB-aligned middle

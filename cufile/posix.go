@@ -278,30 +278,88 @@ func readChunk(f, direct *os.File, b []byte, off, n int64) ([]byte, int64, error
 	return b[:m], m, err
 }
 
+// WriteAt writes the 4 KiB-aligned body of the range through an O_DIRECT
+// twin of f when Options.Direct allows (directwrite.go), its unaligned head
+// and tail buffered; each worker copies its next chunk to the host while it
+// writes the previous one.
 func (e *posixEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error) {
 	if err := checkRange(src, srcOff, fileOff, n); err != nil {
 		return 0, err
 	}
+	head, body, tail := alignedSplit(fileOff, n)
+	var direct *os.File
+	if e.opts.directWrite(body) {
+		direct = openDirectWrite(f)
+	}
+	if direct == nil {
+		head, body, tail = n, 0, 0
+	} else {
+		defer direct.Close()
+	}
+	for _, p := range []struct {
+		off, n int64
+		direct *os.File
+	}{{0, head, nil}, {head, body, direct}, {head + body, tail, nil}} {
+		if p.n == 0 {
+			continue
+		}
+		if err := e.writeChunks(ctx, f, p.direct, src, srcOff+p.off, fileOff+p.off, p.n); err != nil {
+			return 0, fmt.Errorf("posix write %q: %w", f.Name(), err)
+		}
+	}
+	return n, nil
+}
+
+// writeChunks writes n bytes of src at srcOff to fileOff in chunks, through
+// direct when it is not nil (then fileOff and n are 4 KiB-aligned). With two
+// or more slots a worker queues the copy of chunk k to the host before it
+// writes chunk k-1, so the copy runs during the write.
+func (e *posixEngine) writeChunks(ctx context.Context, f, direct *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) error {
+	type queued struct {
+		slot int
+		c    chunk
+	}
 	device := deviceOf(src)
-	got, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(ctx context.Context) (worker, error) {
-		return e.startWorker(ctx, device, func(l lane, slot int, c chunk) (int64, error) {
-			b := l.buf(slot)[:c.n]
-			if err := l.d2h(slot, b, src, srcOff+c.off); err != nil {
+	pipelined := e.opts.Slots > 1
+	_, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(ctx context.Context) (worker, error) {
+		var prev *queued // the chunk whose copy is queued, not yet written (this worker's)
+		write := func(l lane, q *queued) error {
+			if err := l.sync(q.slot); err != nil {
+				return err
+			}
+			return writePiece(f, direct, l.buf(q.slot)[:q.c.n], fileOff+q.c.off)
+		}
+		flush := func(l lane) error {
+			q := prev
+			prev = nil
+			if q == nil {
+				return nil
+			}
+			return write(l, q)
+		}
+		w, err := e.startWorker(ctx, device, func(l lane, slot int, c chunk) (int64, error) {
+			if err := l.d2h(slot, l.buf(slot)[:c.n], src, srcOff+c.off); err != nil {
 				return 0, err
 			}
-			if err := l.sync(slot); err != nil {
+			if !pipelined {
+				return c.n, write(l, &queued{slot, c})
+			}
+			// The slot's previous chunk was written before this one was
+			// queued: slots alternate, and each chunk is written by the
+			// next call or by finish.
+			if err := flush(l); err != nil {
 				return 0, err
 			}
-			if err := pwriteFull(f, b, fileOff+c.off); err != nil {
-				return 0, err
-			}
+			prev = &queued{slot, c}
 			return c.n, nil
 		})
+		if err != nil {
+			return nil, err
+		}
+		w.(*pipeWorker).flush = flush
+		return w, nil
 	})
-	if err != nil {
-		return 0, fmt.Errorf("posix write %q: %w", f.Name(), err)
-	}
-	return got, nil
+	return err
 }
 
 // pipeWorker runs on a locked OS thread with the device current, cycling its
@@ -313,6 +371,9 @@ type pipeWorker struct {
 	step    func(l lane, slot int, c chunk) (int64, error)
 	k       int
 	pending []bool
+	// flush, when set, completes work step left queued (a write's last
+	// chunk); finish calls it first.
+	flush func(l lane) error
 }
 
 func (e *posixEngine) startWorker(ctx context.Context, device int, step func(l lane, slot int, c chunk) (int64, error)) (worker, error) {
@@ -344,6 +405,10 @@ func (w *pipeWorker) do(c chunk) (int64, error) {
 
 func (w *pipeWorker) finish() error {
 	defer runtime.UnlockOSThread()
+	var flushErr error
+	if w.flush != nil {
+		flushErr = w.flush(w.l)
+	}
 	var errs []error
 	for slot, p := range w.pending {
 		if p {
@@ -356,10 +421,10 @@ func (w *pipeWorker) finish() error {
 		// back as a token, which also wakes a transfer waiting in acquire
 		// (lowering p.created instead left it waiting for a release that
 		// would never come once every lane had failed).
-		errs = append(errs, w.l.close())
+		errs = append(errs, w.l.close(), flushErr)
 		w.e.pool(w.device).free <- nil
 		return errors.Join(errs...)
 	}
 	w.e.release(w.device, w.l)
-	return nil
+	return flushErr
 }

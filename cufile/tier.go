@@ -112,7 +112,8 @@ func (e *Engines) AllocDevice(device int, n int64) (interface {
 	return deviceExtent{d: e.drv, device: device, ptr: p}, nil
 }
 
-// HostToDevice copies src (pinned host memory) to device memory dst.
+// HostToDevice copies src (pinned host memory) to device memory dst, on a
+// pooled stream of device (tierstreams.go), and waits.
 func (e *Engines) HostToDevice(ctx context.Context, device int, dst uintptr, src []byte) error {
 	if e.drv == nil {
 		return fmt.Errorf("cufile: the device tier needs a GPU")
@@ -120,38 +121,37 @@ func (e *Engines) HostToDevice(ctx context.Context, device int, dst uintptr, src
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return e.drv.CopyHtoD(device, dst, src)
+	if err := e.copyHtoDStream(device, dst, src); err != nil {
+		return fmt.Errorf("cufile: device tier fill on device %d: %w", device, err)
+	}
+	return nil
 }
 
 // DeviceToSlab copies n bytes of device memory src into the CUDA slab dst
-// at dstOff, on dst's device, and waits.
+// at dstOff, on dst's device, on a pooled stream of it (tierstreams.go: the
+// copies of concurrent reads overlap), and waits.
 func (e *Engines) DeviceToSlab(ctx context.Context, dst gpubuf.Memory, dstOff int64, src uintptr, n int64) error {
 	dm, ok := dst.(gpubuf.DeviceMemory)
 	if !ok || e.drv == nil {
 		return fmt.Errorf("cufile: device copy into %T: not CUDA memory", dst)
 	}
-	if dstOff < 0 || dstOff+n > dst.Size() {
+	if dstOff < 0 || n < 0 || dstOff+n > dst.Size() {
 		return fmt.Errorf("cufile: device copy of %d bytes at %d into a %d-byte slab: %w", n, dstOff, dst.Size(), ErrRange)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return e.drv.CopyDtoD(dm.Device(), dm.DevicePtr()+uintptr(dstOff), src, n)
+	if err := e.copyDtoDStream(dm.Device(), dm.DevicePtr()+uintptr(dstOff), src, n); err != nil {
+		return fmt.Errorf("cufile: device tier copy on device %d: %w", dm.Device(), err)
+	}
+	return nil
 }
 
-// CopyDtoD copies n bytes of device memory on device from src to dst and
-// waits for the copy (cuMemcpyDtoD does not wait for the host).
-func (d *Driver) CopyDtoD(device int, dst, src uintptr, n int64) error {
+// CopyDtoDAsync enqueues a copy of n bytes of device memory src to dst on
+// stream s (the calling thread's context current: Driver.Do).
+func (d *Driver) CopyDtoDAsync(dst, src uintptr, n int64, s uintptr) error {
 	if n == 0 {
 		return nil
 	}
-	if d.fn.cuMemcpyDtoD == 0 {
-		return fmt.Errorf("cufile: the driver has no cuMemcpyDtoD_v2")
-	}
-	return d.Do(device, func() error {
-		if err := d.check("cuMemcpyDtoD_v2", cuCall(d.fn.cuMemcpyDtoD, dst, src, uintptr(n))); err != nil {
-			return err
-		}
-		return d.StreamSync(0)
-	})
+	return d.check("cuMemcpyDtoDAsync_v2", cuCall(d.fn.cuMemcpyDtoDAsync, dst, src, uintptr(n), s))
 }

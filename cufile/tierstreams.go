@@ -79,19 +79,37 @@ func (p *streamPool) close(d *Driver) error {
 }
 
 // copyHtoDStream copies src (pinned host memory) to device memory dst on a
-// pooled stream of device and waits for it. A stream whose copy failed is
-// destroyed, not pooled.
+// pooled stream of device and waits for it.
 func (e *Engines) copyHtoDStream(device int, dst uintptr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
+	return e.onTierStream(device, func(s uintptr) error { return e.drv.CopyHtoDAsync(dst, src, s) })
+}
+
+// copyDtoDStream copies n bytes of device memory src to dst, both on
+// device, on a pooled stream of device and waits for it: the device tier's
+// copies into slabs, which on the legacy default stream (cuMemcpyDtoD)
+// queued behind one another and behind every other legacy-stream copy of
+// the daemon's context.
+func (e *Engines) copyDtoDStream(device int, dst, src uintptr, n int64) error {
+	if n == 0 {
+		return nil
+	}
+	return e.onTierStream(device, func(s uintptr) error { return e.drv.CopyDtoDAsync(dst, src, n, s) })
+}
+
+// onTierStream runs enqueue (a copy on stream s) on a pooled stream of
+// device, in its context, and waits for the stream. A stream whose copy
+// failed is destroyed, not pooled.
+func (e *Engines) onTierStream(device int, enqueue func(s uintptr) error) error {
 	d := e.drv
 	return d.Do(device, func() error {
 		s, err := e.tierStreams.get(d, device)
 		if err != nil {
 			return err
 		}
-		err = d.CopyHtoDAsync(dst, src, s)
+		err = enqueue(s)
 		if err == nil {
 			err = d.StreamSync(s)
 		}

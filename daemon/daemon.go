@@ -219,21 +219,22 @@ func (d *Daemon) startControl(context.Context) error {
 	}
 	probe := d.engines.Probe()
 	srv, err := ctlserver.NewServer(ctlserver.Options{
-		SlabSocket:  slabs.Addr(),
-		BackingPath: backingPaths(d.cfg.Source, d.cfg.Mountpoint),
-		Pool:        d.pool,
-		Engines:     chooser,
-		Indexes:     d.indexes,
-		Engine:      probe.Engine,
-		ReadOnly:    d.cfg.ReadOnly,
-		Version:     d.cfg.Version,
-		LogFile:     d.cfg.LogFile,
-		EngineWhy:   probe.Why,
-		Refusals:    d.refusals,
-		Log:         d.cfg.Log,
-		Tier:        d.tier,
-		TierCopier:  d.engines,
-		Readahead:   readahead.Config{MaxBytes: d.cfg.ReadaheadBytes},
+		SlabSocket:          slabs.Addr(),
+		BackingPath:         backingPaths(d.cfg.Source, d.cfg.Mountpoint),
+		Pool:                d.pool,
+		Engines:             chooser,
+		Indexes:             d.indexes,
+		Engine:              probe.Engine,
+		ReadOnly:            d.cfg.ReadOnly,
+		Version:             d.cfg.Version,
+		LogFile:             d.cfg.LogFile,
+		EngineWhy:           probe.Why,
+		DirectWriteMinBytes: cufile.DirectWriteMinBytes(d.cfg.Engine.Direct),
+		Refusals:            d.refusals,
+		Log:                 d.cfg.Log,
+		Tier:                d.tier,
+		TierCopier:          d.engines,
+		Readahead:           readahead.Config{MaxBytes: d.cfg.ReadaheadBytes},
 	})
 	if err != nil {
 		slabs.Close()

@@ -155,6 +155,11 @@ fi
 # loop with saves, resharded loads; stock vs gdsfs in the same run.
 if want dcp; then
 	echo "== DCP on one GPU: async_save, training loop with saves, resharded loads (scripts/gpu/dcp_check.py)"
+	echo "backing filesystem options (discard makes deletes cost later writes): $(findmnt -no OPTIONS -T "$work")"
+	if [ -x "$bin/cufile.test" ]; then # the daemon's WRITE path: O_DIRECT from device memory (cufile/directwrite.go)
+		GDSFS_GPU_TEST_DIR="$work" timeout 120 "$bin/cufile.test" -test.v -test.count=1 -test.run 'TestGPUWrite' 2>&1 |
+			grep -E '^(---|ok|FAIL|PASS)|gpu_test' | tee "$out/dcp-cufile.txt"
+	fi
 	if pymount dcp 16GiB; then
 		# shellcheck disable=SC2086
 		PYTHONUNBUFFERED=1 timeout "${GDSFS_DCP_TIMEOUT:-480}" python3 scripts/gpu/dcp_check.py "$work/dcp/mnt" "$work/dcp/src" \
@@ -213,7 +218,7 @@ grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* 
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
 for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
-[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
+[ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|tier load profile|fresh|page-cache load profile|residency|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
 if [ -f "$out/pytest.txt" ]; then
 	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')

@@ -36,7 +36,7 @@ func addEngineFlags(fs *pflag.FlagSet) *engineFlags {
 	fs.StringVar(&f.uidShare, "uid-share", "50%", "most of each device's pool one uid may hold, as a percentage or fraction of the pool (50%, 0.25) or a size (1GiB); rounded up to whole slabs; 100% lets one uid take everything")
 	fs.StringVar(&f.chunk, "chunk-size", "8MiB", "size of one parallel transfer task")
 	fs.IntVar(&f.workers, "io-workers", 0, "parallel transfer workers per request (default: CPU count, 4 to 16)")
-	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix engine's reads: auto (when the range is not cached), always or never")
+	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix and host engines: auto (reads of ranges not cached, writes of at least 1 MiB), always or never")
 	return f
 }
 

@@ -35,11 +35,13 @@ func newWarmCmd() *cobra.Command {
 		Short: "Prefetch files (or whole directory trees) into the page cache",
 		Long: `Read every regular file under each PATH into the page cache, so the first
 epoch of a training run reads from memory. PATH may be on a gdsfs mount or
-anywhere else (with passthrough, the cache filled is the backing file's).
+anywhere else (on a mount, the cache filled and measured is the backing
+file's).
 
 Only pages not already cached are read (the kernel tells), so an interrupted
 warm (Ctrl-C) resumes where it stopped when run again, and a second warm
-of a cached dataset returns at once. A progress bar shows bytes, rate and
+of a cached dataset returns at once. The kernel tells only a file's owner
+and those who may write it: files you only read are read whole each time. A progress bar shows bytes, rate and
 ETA on a terminal. At the end warm checks how much stayed cached: a dataset
 larger than free memory cannot all stay, and warm says so.
 
@@ -132,16 +134,39 @@ func runWarm(cmd *cobra.Command, c *warmConfig) error {
 	if werr != nil {
 		return werr
 	}
-	resident := plan.Resident()
-	fmt.Fprintf(out, "warmed %d files, %s: read %s%s in %s (%s were already cached); %s cached now (%.1f%%)\n",
-		len(plan.Files), humanize.IBytes(uint64(plan.TotalBytes)), humanize.IBytes(uint64(read)), rate,
-		elapsed.Round(time.Millisecond), humanize.IBytes(uint64(plan.ResidentBytes)),
-		humanize.IBytes(uint64(resident)), percent(resident, plan.TotalBytes))
-	if resident < plan.TotalBytes && plan.TotalBytes > 0 && percent(resident, plan.TotalBytes) < 99 {
+	// Only what warm could measure counts: on a gdsfs mount that is the backing file's cache
+	// (with passthrough the FUSE file caches nothing), and the kernel tells only a file's
+	// owner and those who may write it.
+	resident, measured := plan.Resident(), plan.TotalBytes-plan.UnmeasuredBytes
+	fmt.Fprintln(out, warmSummary(plan, read, rate, elapsed, resident))
+	if resident < measured && measured > 0 && percent(resident, measured) < 99 {
 		fmt.Fprintf(out, "note: %s did not stay cached: the data is larger than the memory the kernel could spare\n",
-			humanize.IBytes(uint64(plan.TotalBytes-resident)))
+			humanize.IBytes(uint64(measured-resident)))
 	}
 	return nil
+}
+
+// unmeasuredWhy says why warm cannot tell what of some files is cached.
+const unmeasuredWhy = "the kernel shows a file's page cache only to its owner and to those who may write it " +
+	"(on a gdsfs mount: of its backing file, which must be open to you), so warm read them whole"
+
+// warmSummary is warm's closing line: files, bytes read, and what is cached now (resident,
+// plan.Resident) of what it could measure.
+func warmSummary(plan *pagecache.Plan, read int64, rate string, elapsed time.Duration, resident int64) string {
+	head := fmt.Sprintf("warmed %d files, %s: read %s%s in %s", len(plan.Files), humanize.IBytes(uint64(plan.TotalBytes)),
+		humanize.IBytes(uint64(read)), rate, elapsed.Round(time.Millisecond))
+	measured := plan.TotalBytes - plan.UnmeasuredBytes
+	switch {
+	case plan.UnmeasuredBytes == 0:
+		return fmt.Sprintf("%s (%s were already cached); %s cached now (%.1f%%)", head,
+			humanize.IBytes(uint64(plan.ResidentBytes)), humanize.IBytes(uint64(resident)), percent(resident, plan.TotalBytes))
+	case measured == 0:
+		return fmt.Sprintf("%s; cannot tell what is cached now: %s", head, unmeasuredWhy)
+	default:
+		return fmt.Sprintf("%s (%s were already cached); of the %s it could measure %s is cached now (%.1f%%); "+
+			"cannot tell for %s: %s", head, humanize.IBytes(uint64(plan.ResidentBytes)), humanize.IBytes(uint64(measured)),
+			humanize.IBytes(uint64(resident)), percent(resident, measured), humanize.IBytes(uint64(plan.UnmeasuredBytes)), unmeasuredWhy)
+	}
 }
 
 func percent(a, b int64) float64 {

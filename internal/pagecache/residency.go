@@ -23,13 +23,30 @@ type cachestatResult struct {
 // a filesystem it does not measure). It never maps f. n must be > 0 (0
 // means to the end of the file, as cachestat(2) does).
 func Cached(f *os.File, off, n int64) (int64, bool) {
+	c, err := cachestat(f, off, n)
+	return c, err == nil
+}
+
+// cachestat is Cached with the kernel's errno: ENOSYS before Linux 6.5,
+// EPERM for a file this process neither owns nor may write (6.14+).
+func cachestat(f *os.File, off, n int64) (int64, error) {
 	r := cachestatRange{uint64(off), uint64(n)}
 	var cs cachestatResult
 	_, _, errno := unix.Syscall6(sysCachestat, f.Fd(), uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
 	if errno != 0 {
-		return 0, false
+		return 0, errno
 	}
-	return int64(cs.cache) * int64(os.Getpagesize()), true
+	return int64(cs.cache) * int64(os.Getpagesize()), nil
+}
+
+// byMincore is the fallback where cachestat failed with err: mincore's
+// answer, unless the kernel refused on permission or mincore would not
+// tell the truth either (then: cannot measure).
+func byMincore(f *os.File, size int64, err error) ([]Range, int64, bool) {
+	if errRefused(err) || !mincoreTells(f) {
+		return nil, 0, false
+	}
+	return uncachedMincore(f, size)
 }
 
 // Range is a byte range of a file.
@@ -41,14 +58,15 @@ type Range struct {
 // page cache (page-aligned starts, in order, adjacent ones merged, the last
 // clipped to size) and the bytes that are (a cached last page counts only
 // its bytes in the file). ok is false when residency cannot be measured
-// (no cachestat and no mmap): treat the file as not cached.
+// (no cachestat and no mmap, or the kernel will not tell this process: a
+// file it neither owns nor may write): treat the file as not cached.
 func Uncached(f *os.File, size int64) (missing []Range, resident int64, ok bool) {
 	if size <= 0 {
 		return nil, 0, true
 	}
 	page := int64(os.Getpagesize())
-	if _, ok := Cached(f, 0, page); !ok {
-		return uncachedMincore(f, size)
+	if _, err := cachestat(f, 0, page); err != nil {
+		return byMincore(f, size, err)
 	}
 	add := func(p, q int64, cached bool) {
 		off, end := p*page, min(q*page, size)
@@ -81,7 +99,7 @@ func Uncached(f *os.File, size int64) (missing []Range, resident int64, ok bool)
 		return true
 	}
 	if !walk(0, (size+page-1)/page) {
-		return uncachedMincore(f, size)
+		return byMincore(f, size, nil)
 	}
 	return missing, resident, true
 }
@@ -97,17 +115,17 @@ func Resident(f *os.File, size int64) (int64, bool) {
 	whole := size &^ (page - 1)
 	var n int64
 	if whole > 0 {
-		c, ok := Cached(f, 0, whole)
-		if !ok {
-			_, r, ok := uncachedMincore(f, size)
+		c, err := cachestat(f, 0, whole)
+		if err != nil {
+			_, r, ok := byMincore(f, size, err)
 			return r, ok
 		}
 		n = min(c, whole)
 	}
 	if tail := size - whole; tail > 0 {
-		c, ok := Cached(f, whole, page)
-		if !ok {
-			_, r, ok := uncachedMincore(f, size)
+		c, err := cachestat(f, whole, page)
+		if err != nil {
+			_, r, ok := byMincore(f, size, err)
 			return r, ok
 		}
 		if c > 0 {

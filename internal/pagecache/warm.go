@@ -21,6 +21,9 @@ type File struct {
 	Path   string
 	Size   int64
 	Ranges []Range // not resident, page-aligned, clipped to Size
+	// Unmeasured: the kernel would not tell what of it is cached (Ranges
+	// is then the whole file).
+	Unmeasured bool
 }
 
 // Plan is the work of one Warm: every regular file under the paths it was
@@ -30,9 +33,14 @@ type Plan struct {
 	TotalBytes    int64 // every file's size
 	ResidentBytes int64 // already cached when planned
 	ToReadBytes   int64 // the ranges to read
+	// UnmeasuredBytes is the size of the files whose residency the kernel
+	// would not tell (read whole): see Uncached.
+	UnmeasuredBytes int64
 	// Skipped holds the paths that could not be walked or opened: the
 	// caller names them; the plan leaves them out.
 	Skipped []error
+
+	probe prober
 }
 
 // NewPlan walks paths (files or directory trees; a file reached twice
@@ -41,7 +49,7 @@ type Plan struct {
 func NewPlan(ctx context.Context, paths []string) (*Plan, error) {
 	plan := &Plan{}
 	skipped, err := walk.Files(ctx, paths, func(p string) error {
-		wf, resident, err := planFile(p)
+		wf, resident, err := plan.probe.planFile(p)
 		if err != nil {
 			plan.Skipped = append(plan.Skipped, err)
 			return nil
@@ -49,6 +57,9 @@ func NewPlan(ctx context.Context, paths []string) (*Plan, error) {
 		plan.Files = append(plan.Files, wf)
 		plan.TotalBytes += wf.Size
 		plan.ResidentBytes += resident
+		if wf.Unmeasured {
+			plan.UnmeasuredBytes += wf.Size
+		}
 		for _, r := range wf.Ranges {
 			plan.ToReadBytes += r.Len
 		}
@@ -61,9 +72,11 @@ func NewPlan(ctx context.Context, paths []string) (*Plan, error) {
 	return plan, nil
 }
 
-// planFile returns the file's non-resident ranges and its resident bytes.
-func planFile(p string) (File, int64, error) {
-	f, err := os.Open(p)
+// planFile returns the file's non-resident ranges and its resident bytes,
+// measured where its data is cached (prober.source: on a gdsfs mount, the
+// backing file).
+func (p *prober) planFile(path string) (File, int64, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return File{}, 0, err
 	}
@@ -72,37 +85,49 @@ func planFile(p string) (File, int64, error) {
 	if err != nil {
 		return File{}, 0, err
 	}
-	wf := File{Path: p, Size: st.Size()}
+	wf := File{Path: path, Size: st.Size()}
 	if wf.Size == 0 {
 		return wf, 0, nil
 	}
-	missing, resident, ok := Uncached(f, wf.Size)
+	m, done, ok := p.source(f, st)
+	var missing []Range
+	var resident int64
+	if ok {
+		missing, resident, ok = Uncached(m, wf.Size)
+		done()
+	}
 	if !ok {
 		// No residency information: read it all.
 		wf.Ranges = []Range{{0, wf.Size}}
+		wf.Unmeasured = true
 		return wf, 0, nil
 	}
 	wf.Ranges = missing
 	return wf, resident, nil
 }
 
-// Resident sums the cached bytes of the plan's files now (0 for a file
-// that cannot be measured, or is gone since).
+// Resident sums the cached bytes of the plan's measured files now (0 for
+// one gone since); files planned as unmeasured are not counted (compare
+// with TotalBytes - UnmeasuredBytes).
 func (plan *Plan) Resident() int64 {
 	var total int64
 	for _, wf := range plan.Files {
-		if wf.Size == 0 {
+		if wf.Size == 0 || wf.Unmeasured {
 			continue
 		}
 		f, err := os.Open(wf.Path)
 		if err != nil {
 			continue // removed or renamed since: nothing to count
 		}
-		n, ok := Resident(f, wf.Size)
-		f.Close()
-		if ok {
-			total += n
+		if st, err := f.Stat(); err == nil {
+			if m, done, ok := plan.probe.source(f, st); ok {
+				if n, ok := Resident(m, wf.Size); ok {
+					total += n
+				}
+				done()
+			}
 		}
+		f.Close()
 	}
 	return total
 }

@@ -76,13 +76,15 @@ class _SampleBatch(GDSBatch):
     """One sample collated for batch_size=None: materializes to a GDSBatch of that sample's
     fields, without the batch dimension."""
 
-    def materialize(self, device: Any = None, *, pin: bool = False) -> GDSBatch:
+    def materialize(self, device: Any = None, *, pin: bool = False, _defer: bool = False) -> GDSBatch:
         refs = [k for k, v in self.data.items() if isinstance(v, _RefColumn)]
-        b = super().materialize(device, pin=pin)
+        b = super().materialize(device, pin=pin, _defer=_defer)
         data = dict(b.data)
         for k in refs:
             data[k] = data[k][0]
-        return GDSBatch(data, gpu_fields=b.gpu_fields, progress=b.progress, epoch=b.epoch, slots=b.slots, engines=b.engines)
+        out = GDSBatch(data, gpu_fields=b.gpu_fields, progress=b.progress, epoch=b.epoch, slots=b.slots, engines=b.engines)
+        out._pending, b._pending = b._pending, None
+        return out
 
 
 def collate(samples: Union[Sequence[Mapping[str, Any]], Mapping[str, Any]], *, missing: str = "raise") -> GDSBatch:

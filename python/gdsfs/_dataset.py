@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, N
 import torch
 import torch.utils.data
 
-from . import _core, _layout, _leases
+from . import _core, _layout, _leases, _tensors
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _release_refs, collate
@@ -1145,12 +1145,20 @@ class DataLoader(torch.utils.data.DataLoader):
             raise
         if isinstance(ds, GDSShardDataset) and self.num_workers > 0:
             ds._main_iteration_started()
+        # The pin-memory thread (CUDA only) copies each batch and leaves its RELEASE (and the
+        # wait for its copies) to this thread, which settles the batch before yielding it: that
+        # serial thread goes on to the next batch meanwhile.
+        pin_thread = getattr(it, "_pin_memory_thread", None)
+        if isinstance(pin_thread, threading.Thread):
+            _tensors.defer_release(pin_thread, True)
         ok = False
         try:
             for batch in it:
                 if isinstance(batch, GDSBatch):
                     if not batch.materialized:
                         batch = batch.materialize()
+                    else:
+                        batch._settle()
                     if isinstance(ds, GDSShardDataset):
                         ds._observe(batch.epoch, batch.progress, batch.slots)
                 if self.batch_map is not None:
@@ -1158,6 +1166,8 @@ class DataLoader(torch.utils.data.DataLoader):
                 yield batch
             ok = True
         finally:
+            if isinstance(pin_thread, threading.Thread):
+                _tensors.defer_release(pin_thread, False)
             if not ok and isinstance(ds, GDSShardDataset) and not self.persistent_workers:
                 # Leases the workers took for batches never delivered would
                 # otherwise stay until the session ends: stop the workers,

@@ -29,6 +29,7 @@ __all__ = [
     "GDSSample",
     "TensorRef",
     "collate",
+    "defer_release",
     "materialize",
     "tensor_from_ref",
     "writable_view",
@@ -93,12 +94,13 @@ _slab_lock = threading.Lock()
 def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
     """A uint8 tensor over a whole slab: mapped once per process."""
     key = (session.mount, session.hello.daemon_pid, slab)
-    t = _core._slabs.tensors.get(key)
+    run = session.hello.slab_socket  # the daemon's run: a restart that reused its pid has another
+    t = _core._slabs.cached(key, run, session)
     if t is not None:
         return t
     d = session.slab_info(slab)
     with _slab_lock:
-        t = _core._slabs.tensors.get(key)
+        t = _core._slabs.cached(key, run, session)
         if t is not None:
             return t
         if d.kind == proto.SLAB_KIND_HOST:
@@ -117,7 +119,8 @@ def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
                 # The tensor keeps the mapping: it goes when the last view does.
                 arr = _cuda.CudaArray(vm.ptr + d.map_offset, d.size, owner=vm)
                 t = torch.as_tensor(arr, device=torch.device("cuda", d.device))
-            _core._slabs.vmm.add(key)
+            _core._slabs.add_vmm(key, run, t, session)
+            return t
         elif d.kind == proto.SLAB_KIND_CUDA:
             from . import _cuda
 
@@ -155,6 +158,62 @@ def _sync_and_release(holds: Sequence[Optional[_leases.Hold]]) -> None:
     hs = [h for h in holds if h is not None]
     _sync([h.entry.ref for h in hs])
     _leases.release(hs, check_held=True)
+
+
+# A thread whose materializations leave the RELEASE to the consumer carries this attribute
+# (defer_release): gdsfs.torch.DataLoader's pin-memory thread, whose batches the loop's thread
+# settles before it yields them.
+_DEFER_ATTR = "_gdsfs_defer_release"
+
+
+def defer_release(thread: threading.Thread, on: bool) -> None:
+    """Let GDSBatch.pin_memory() on thread copy without releasing: the batch it returns carries
+    its leases (and an event per CUDA device its copies run on) until GDSBatch._settle(), which
+    the consumer calls before the batch is seen (gdsfs.torch.DataLoader, for its pin-memory
+    thread: the RELEASE round trip and the wait for the copies leave that serial thread). A
+    batch dropped unsettled waits for its copies, then its leases return like any collected
+    holder's."""
+    if on:
+        setattr(thread, _DEFER_ATTR, True)
+    elif getattr(thread, _DEFER_ATTR, False):
+        delattr(thread, _DEFER_ATTR)
+
+
+def _defers_release() -> bool:
+    return bool(getattr(threading.current_thread(), _DEFER_ATTR, False))
+
+
+class _Pending:
+    """The leases of a batch copied but not yet released (defer_release), with an event per CUDA
+    device recorded after the copies."""
+
+    __slots__ = ("holds", "events", "pid")
+
+    def __init__(self, holds: Sequence[Optional[_leases.Hold]]) -> None:
+        self.holds = [h for h in holds if h is not None]
+        self.events: list[Any] = []
+        for d in sorted({h.entry.ref.device for h in self.holds if h.entry.ref.device >= 0}):
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(d))
+            self.events.append(ev)
+        self.pid = os.getpid()
+
+    def settle(self) -> None:
+        holds, events = self.holds, self.events
+        self.holds, self.events = [], []
+        for ev in events:
+            ev.synchronize()
+        _leases.release(holds, check_held=True)
+
+    def __del__(self) -> None:
+        # Dropped unsettled: the copies finish before the Holds go (they are collected after
+        # this, and queue their leases' release). Not in a forked child (CUDA is the parent's).
+        if self.events and self.pid == os.getpid():
+            try:
+                for ev in self.events:
+                    ev.synchronize()
+            except Exception:  # noqa: BLE001 - interpreter teardown: the exit ends the sessions
+                pass
 
 
 def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:
@@ -383,108 +442,224 @@ class GDSSample(dict):
     gpu_fields: tuple[str, ...] = ()
 
 
-@dataclass
 class _RefColumn:
     """A batched field still in daemon memory: gathered in one copy.
 
-    Pickles (a worker's batch on its way to the main process) as one
-    compact descriptor: the leases once each, then per sample a row of
-    numbers; unpickling takes this process's Holds of all of them in one
-    pass over the lease book (_leases.hold_many).
+    Kept compact: the distinct leases once each with this process's Hold of each, the distinct
+    geometries (dtype, shape, fortran) once each, and per sample the index of its lease, of its
+    geometry and its start in the lease (with its field, key and shard for errors). It pickles
+    (a worker's batch on its way to the main process) as exactly that, and unpickling takes this
+    process's Holds of the distinct leases in one pass over the lease book
+    (_leases.hold_many); the per-sample TensorRefs are made only when asked for (refs): a
+    gather and a release work on the leases directly.
     """
 
-    refs: list[TensorRef]
+    __slots__ = ("_refs", "leases", "holds", "geos", "idx", "gidx", "starts", "fields", "samples", "paths")
+
+    def __init__(self, refs: Sequence[TensorRef]) -> None:
+        self._refs: Optional[list[TensorRef]] = list(refs)
+        at: dict[Ref, int] = {}
+        geo_at: dict[tuple[Any, ...], int] = {}
+        self.leases: list[Ref] = []
+        self.holds: list[Optional[_leases.Hold]] = []
+        self.geos: list[tuple[torch.dtype, tuple[int, ...], bool]] = []
+        self.idx: list[int] = []
+        self.gidx: list[int] = []
+        self.starts: list[int] = []
+        self.fields: list[str] = []
+        self.samples: list[str] = []
+        self.paths: list[str] = []
+        last_ref: Optional[Ref] = None
+        last_geo: tuple[Any, ...] = ()
+        i = j = 0
+        for t in self._refs:
+            # A batch's samples of one range share its Ref object, and usually one geometry:
+            # compare with the previous sample's before hashing.
+            if t.ref is not last_ref:
+                last_ref = t.ref
+                found = at.get(t.ref)
+                if found is None:
+                    found = at[t.ref] = len(self.leases)
+                    self.leases.append(t.ref)
+                    self.holds.append(t._hold)
+                i = found
+            if not last_geo or t.dtype is not last_geo[0] or t.shape != last_geo[1] or t.fortran != last_geo[2]:
+                last_geo = (t.dtype, t.shape, t.fortran)
+                g = geo_at.get(last_geo)
+                if g is None:
+                    g = geo_at[last_geo] = len(self.geos)
+                    self.geos.append(last_geo)
+                j = g
+            self.idx.append(i)
+            self.gidx.append(j)
+            self.starts.append(t.start)
+            self.fields.append(t.field)
+            self.samples.append(t.sample)
+            self.paths.append(t.path)
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    @property
+    def refs(self) -> list[TensorRef]:
+        """The column's TensorRefs, one per sample (made on first use in an unpickled column)."""
+        if self._refs is None:
+            self._refs = [TensorRef(self.leases[i], self.geos[g][0], self.geos[g][1], s, self.geos[g][2], f, k, p, self.holds[i])
+                          for i, g, s, f, k, p in zip(self.idx, self.gidx, self.starts, self.fields, self.samples, self.paths)]
+        return self._refs
 
     def __reduce__(self) -> Any:
-        leases: dict[Ref, int] = {}
-        rows = []
-        for t in self.refs:
-            i = leases.setdefault(t.ref, len(leases))
-            rows.append((i, t.dtype, t.shape, t.start, t.fortran, t.field, t.sample, t.path))
-        return (_rebuild_column, ([tuple(getattr(r, n) for n in _REF_FIELDS) for r in leases], rows))
+        return (_rebuild_column, ([tuple(getattr(r, n) for n in _REF_FIELDS) for r in self.leases], self.geos, self.idx, self.gidx,
+                                  self.starts, self.fields, self.samples, self.paths))
 
 
 _REF_FIELDS = tuple(f.name for f in dataclasses.fields(Ref))
 
 
-def _rebuild_column(leases: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> _RefColumn:
-    refs = [Ref(*r) for r in leases]
-    holds = _leases.hold_many([(refs[row[0]], row[5], row[6], row[7]) for row in rows])
-    return _RefColumn([TensorRef(refs[i], dt, shape, start, fortran, field, sample, path, h)
-                       for (i, dt, shape, start, fortran, field, sample, path), h in zip(rows, holds)])
+def _new_ref(values: Sequence[Any]) -> Ref:
+    """Ref(*values) without the frozen dataclass's __init__ (one attribute set at a time through
+    object.__setattr__): one is made per lease of every batch a worker sends."""
+    if len(values) != len(_REF_FIELDS):
+        return Ref(*values)
+    r = object.__new__(Ref)
+    r.__dict__.update(zip(_REF_FIELDS, values))
+    return r
 
 
-def _byte_views(trs: Sequence[TensorRef]) -> list[torch.Tensor]:
-    """uint8 views of the TensorRefs' bytes (t._bytes() for each, with the slab lookups shared)."""
+def _rebuild_column(leases: list[tuple[Any, ...]], geos: list[tuple[Any, ...]], idx: list[int], gidx: list[int], starts: list[int],
+                    fields: list[str], samples: list[str], paths: list[str]) -> _RefColumn:
+    col = _RefColumn.__new__(_RefColumn)
+    col._refs = None
+    col.leases = [_new_ref(r) for r in leases]
+    first: dict[int, int] = {}  # lease index -> its first sample (names it in errors)
+    for row, i in enumerate(idx):
+        if i not in first:
+            first[i] = row
+    col.holds = _leases.hold_many([(col.leases[i], fields[r], samples[r], paths[r]) for i, r in sorted(first.items())])
+    col.geos = [(dt, tuple(shape), bool(fortran)) for dt, shape, fortran in geos]
+    col.idx, col.gidx, col.starts, col.fields, col.samples, col.paths = idx, gidx, starts, fields, samples, paths
+    return col
+
+
+def _slab_of(r: Ref, h: Optional[_leases.Hold], slabs: dict[tuple[str, int, int], torch.Tensor]) -> torch.Tensor:
+    k = (r.mount, r.daemon_pid, r.slab)
+    slab = slabs.get(k)
+    if slab is None:
+        try:
+            slab = slabs[k] = _slab_tensor(_core.session_for(r), r.slab)
+        except GDSUnavailableError as e:
+            raise _lease_error(h, r, e) from e
+    return slab
+
+
+def _byte_views(col: _RefColumn) -> list[torch.Tensor]:
+    """uint8 views of the column's bytes, one per sample (the slab lookups shared)."""
     slabs: dict[tuple[str, int, int], torch.Tensor] = {}
+    sizes = [_numel(shape) * _itemsize(dt) for dt, shape, _f in col.geos]
     out = []
-    for t in trs:
-        r = t.ref
-        n = _numel(t.shape) * _itemsize(t.dtype)
-        if t.start < 0 or t.start + n > r.valid:
-            raise ValueError(f"gdsfs: bytes [{t.start}, {t.start + n}) outside lease {r.lease} of {r.valid} valid bytes")
+    for i, g, start in zip(col.idx, col.gidx, col.starts):
+        r = col.leases[i]
+        n = sizes[g]
+        if start < 0 or start + n > r.valid:
+            raise ValueError(f"gdsfs: bytes [{start}, {start + n}) outside lease {r.lease} of {r.valid} valid bytes")
         if n == 0:
             out.append(torch.empty(0, dtype=torch.uint8))
             continue
-        k = (r.mount, r.daemon_pid, r.slab)
-        slab = slabs.get(k)
-        if slab is None:
-            try:
-                slab = slabs[k] = _slab_tensor(_core.session_for(r), r.slab)
-            except GDSUnavailableError as e:
-                raise _lease_error(t._hold, r, e) from e
-        at = r.offset + t.start
+        slab = _slab_of(r, col.holds[i], slabs)
+        at = r.offset + start
         out.append(slab[at : at + n])
     return out
 
 
-def _strided_run(trs: Sequence[TensorRef]) -> Optional[torch.Tensor]:
-    """A (len(trs), nbytes) uint8 view over the slab when every TensorRef views the same lease at
-    starts evenly spaced by at least nbytes (a batch's samples of one shared range, a tar's
-    samples of one size: GDSShardDataset._runs), else None. One strided copy of it replaces a
-    slice per sample and their stack."""
-    if len(trs) < 2:
+def _strided_run(col: Union[_RefColumn, Sequence[TensorRef]]) -> Optional[torch.Tensor]:
+    """A (len(col), nbytes) uint8 view over the slab when every sample of the column views the
+    same lease, with one geometry, at starts evenly spaced by at least nbytes (a batch's samples
+    of one shared range, a tar's samples of one size: GDSShardDataset._runs), else None. One
+    strided copy of it replaces a slice per sample and their stack."""
+    if not isinstance(col, _RefColumn):
+        col = _RefColumn(col)
+    rows = len(col.idx)
+    if rows < 2 or len(col.leases) != 1 or len(col.geos) != 1:
         return None
-    first, second = trs[0], trs[1]
-    r = first.ref
+    r = col.leases[0]
     if not r.lease:
         return None
-    n = _numel(first.shape) * _itemsize(first.dtype)
-    step = second.start - first.start
+    dt, shape, _fortran = col.geos[0]
+    n = _numel(shape) * _itemsize(dt)
+    s0 = col.starts[0]
+    step = col.starts[1] - s0
     if n == 0 or step < n:
         return None
-    for i, t in enumerate(trs):
-        if t.ref is not r and t.ref != r:
-            return None
-        if t.start != first.start + i * step:
-            return None
-    last = first.start + (len(trs) - 1) * step
-    if first.start < 0 or last + n > r.valid:
+    if col.starts != list(range(s0, s0 + rows * step, step)):
+        return None
+    last = s0 + (rows - 1) * step
+    if s0 < 0 or last + n > r.valid:
         raise ValueError(f"gdsfs: bytes [{last}, {last + n}) outside lease {r.lease} of {r.valid} valid bytes")
-    try:
-        slab = _slab_tensor(_core.session_for(r), r.slab)
-    except GDSUnavailableError as e:
-        raise _lease_error(first._hold, r, e) from e
-    return slab.as_strided((len(trs), n), (step, 1), slab.storage_offset() + r.offset + first.start)
+    slab = _slab_of(r, col.holds[0], {})
+    return slab.as_strided((rows, n), (step, 1), slab.storage_offset() + r.offset + s0)
 
 
-def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor, list[torch.Tensor]]:
+def _typed_run(col: _RefColumn) -> Optional[torch.Tensor]:
+    """_strided_run already shaped and typed: a (len(col),) + shape view of dtype over the slab
+    (one as_strided of the slab's typed view), when the starts, their spacing and the slab
+    offset are aligned for dtype and the bytes are C-ordered; else None. Its clone is the field:
+    two tensor calls per gather instead of four (each releases and retakes the GIL, which the
+    pin-memory thread shares with the loop's thread)."""
+    run = _strided_run(col)
+    if run is None:
+        return None
+    dtype, shape, fortran = col.geos[0]
+    size = _itemsize(dtype)
+    off, step = run.storage_offset(), run.stride(0)
+    if fortran or off % size or step % size or not all(int(d) > 0 for d in shape):
+        return None
+    base = run if dtype == torch.uint8 else _typed_slab(col.leases[0], dtype)
+    if base is None:
+        return None
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= int(d)
+    return base.as_strided((len(col.idx),) + tuple(shape), (step // size,) + tuple(reversed(strides)), off // size)
+
+
+def _typed_slab(r: Ref, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """The whole slab of r viewed as dtype, or None when its size or start is not a multiple of
+    dtype's. Cached on the slab's tensor itself, so it lives exactly as long as that mapping
+    does (_core._ProcessSlabs.drop_vmm lets a closed session's mappings go)."""
+    slab = _slab_of(r, None, {})
+    typed = slab.__dict__.setdefault("_gdsfs_typed", {})
+    t = typed.get(dtype)
+    if t is None:
+        size = _itemsize(dtype)
+        if slab.numel() % size or slab.storage_offset() % size:
+            return None
+        t = typed[dtype] = slab.view(dtype)
+    return t
+
+
+def _gather(col: _RefColumn, device: Device, *, pin: bool, parsed: bool = False) -> Union[torch.Tensor, list[torch.Tensor]]:
     """One gather per field: stack the byte views (or copy one strided view of a shared
     range), then reinterpret. Fields whose samples differ in dtype or shape become a list of
-    tensors."""
-    trs = col.refs
-    first = trs[0]
-    if not all(t.dtype == first.dtype and t.shape == first.shape and t.fortran == first.fortran for t in trs):
-        return [_gather(_RefColumn([t]), device, pin=pin)[0] for t in trs]
-    run = _strided_run(trs)
-    views = [run] if run is not None else _byte_views(trs)
+    tensors. parsed: device is already a torch.device from _target_device (or None)."""
+    if len(col.geos) != 1:
+        return [_gather(_RefColumn([t]), device, pin=pin, parsed=parsed)[0] for t in col.refs]
+    dtype, shape, fortran = col.geos[0]
+    rows = len(col.idx)
+    target0: Optional[torch.device] = device if (parsed and not isinstance(device, (int, str))) else _target_device(device)
+    typed = _typed_run(col)
+    if typed is not None and (target0 is None or target0 == typed.device) and not (pin and typed.device.type == "cpu"):
+        # The field in one copy, already typed and shaped (the lease is released after it).
+        return typed.clone(memory_format=torch.contiguous_format)
+    run = _strided_run(col)
+    views = [run] if run is not None else _byte_views(col)
     src = views[0].device
 
     def stacked() -> torch.Tensor:
         # Always a copy: the lease is released once the gather is done.
         return run.clone(memory_format=torch.contiguous_format) if run is not None else torch.stack(views)
 
-    target = _target_device(device) or src
+    target = target0 or src
     if src.type == "cpu" and target.type == "cuda":
         host = stacked()
         if pin:
@@ -496,11 +671,11 @@ def _gather(col: _RefColumn, device: Device, *, pin: bool) -> Union[torch.Tensor
             out = out.pin_memory()
     else:
         out = stacked().to(target)
-    out = out.view(first.dtype) if first.dtype != torch.uint8 else out
-    if first.fortran:
-        out = out.reshape((len(trs),) + tuple(reversed(first.shape)))
-        return out.permute(0, *[len(first.shape) - i for i in range(len(first.shape))])
-    return out.reshape((len(trs),) + tuple(first.shape))
+    out = out.view(dtype) if dtype != torch.uint8 else out
+    if fortran:
+        out = out.reshape((rows,) + tuple(reversed(shape)))
+        return out.permute(0, *[len(shape) - i for i in range(len(shape))])
+    return out.reshape((rows,) + tuple(shape))
 
 
 # CPU tensors up to this size cross processes (a worker's batch to the main process) as their
@@ -527,7 +702,9 @@ def _rebuild_tensor(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Te
     dt = getattr(torch, dtype)
     if not data:
         return torch.empty(shape, dtype=dt)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).reshape(shape)
+    # One tensor call for the common 1-D case (labels, ids): each releases and retakes the GIL.
+    t = torch.frombuffer(bytearray(data), dtype=dt)
+    return t if len(shape) == 1 and shape[0] == t.numel() else t.reshape(shape)
 
 
 def _inlinable(v: Any) -> bool:
@@ -559,6 +736,9 @@ class GDSBatch:
     releasing the batch's leases with one request.
     """
 
+    # A materialization whose release the loop's thread finishes (defer_release, _settle).
+    _pending: "Optional[_Pending]" = None
+
     def __init__(self, data: dict[str, Any], *, gpu_fields: Sequence[str] = (), progress: Optional[dict[int, int]] = None,
                  epoch: int = 0, slots: int = 0, engines: Iterable[str] = ()) -> None:
         self.data = data
@@ -574,7 +754,8 @@ class GDSBatch:
 
     def __reduce__(self) -> Any:
         # Pickled by a DataLoader worker for the main process: small CPU tensors as bytes.
-        state = {k: v for k, v in self.__dict__.items() if k != "data"}
+        self._settle()  # a copy of bytes not yet checked never leaves
+        state = {k: v for k, v in self.__dict__.items() if k not in ("data", "_pending")}
         return (_rebuild_batch, (type(self), {k: _pack(v) for k, v in self.data.items()}, state))
 
     def __getitem__(self, key: str) -> Any:
@@ -610,16 +791,25 @@ class GDSBatch:
         return not any(isinstance(v, _RefColumn) for v in self.data.values())
 
     def _refs(self) -> list[Ref]:
-        return [t.ref for v in self.data.values() if isinstance(v, _RefColumn) for t in v.refs]
+        return [r for v in self.data.values() if isinstance(v, _RefColumn) for r in v.leases]
 
     def _holds(self) -> list[_leases.Hold]:
-        return [t._hold for v in self.data.values() if isinstance(v, _RefColumn) for t in v.refs if t._hold is not None]
+        return [h for v in self.data.values() if isinstance(v, _RefColumn) for h in v.holds if h is not None]
 
     def release(self) -> None:
         """Give the batch's leases back without materializing (idempotent)."""
         _leases.release(self._holds(), check_held=False)
 
-    def materialize(self, device: Device = None, *, pin: bool = False) -> "GDSBatch":
+    def _settle(self) -> None:
+        """Finish a materialization whose release was deferred (defer_release): wait for the
+        copies, release the leases and check the daemon's answer (GDSLeaseError: the bytes
+        copied cannot be trusted). A no-op otherwise; idempotent."""
+        p = self._pending
+        if p is not None:
+            self._pending = None
+            p.settle()
+
+    def materialize(self, device: Device = None, *, pin: bool = False, _defer: bool = False) -> "GDSBatch":
         """Tensors for every field (gpu fields on device, default: where
         the daemon put them), then release the leases.
 
@@ -642,7 +832,7 @@ class GDSBatch:
             tgt = torch.device("cuda", torch.cuda.current_device())
         for k, v in self.data.items():
             if isinstance(v, _RefColumn):
-                out[k] = _gather(v, tgt, pin=pin)
+                out[k] = _gather(v, tgt, pin=pin, parsed=True)
             elif k in self.gpu_fields and isinstance(v, torch.Tensor):
                 if tgt is not None and tgt != v.device:
                     src = v.pin_memory() if pin and tgt.type == "cuda" else v
@@ -653,16 +843,21 @@ class GDSBatch:
                 out[k] = v.pin_memory()
             else:
                 out[k] = v
+        done = GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
+        if _defer:
+            # The loop's thread settles it (_settle) before anyone sees it.
+            done._pending = _Pending(holds)
+            return done
         # The copies are done (waited for): release, and trust them only if
         # the daemon still held every lease.
         _sync_and_release(holds)
-        return GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
+        return done
 
     def pin_memory(self, device: Device = None) -> "GDSBatch":
         """What DataLoader(pin_memory=True) calls in its pin-memory thread:
         gpu fields become CUDA tensors on device (default: the current GPU;
         CPU tensors where there is no GPU), other tensors are pinned."""
-        return self.materialize(device, pin=True)
+        return self.materialize(device, pin=True, _defer=_defers_release())
 
     def to(self, device: Device, non_blocking: bool = False) -> "GDSBatch":
         """Materialize, then move every tensor to device."""
@@ -707,7 +902,7 @@ def collate(samples: Sequence[Mapping[str, Any]]) -> GDSBatch:
     gpu_fields = set(gpu)
     for s in samples[:1]:
         gpu_fields.update(getattr(s, "gpu_fields", ()))
-    engines = {t.ref.engine for v in data.values() if isinstance(v, _RefColumn) for t in v.refs if t.ref.lease}
+    engines = {r.engine for v in data.values() if isinstance(v, _RefColumn) for r in v.leases if r.lease}
     return GDSBatch(data, gpu_fields=sorted(gpu_fields), progress=progress, epoch=epoch, slots=slots, engines=sorted(engines))
 
 

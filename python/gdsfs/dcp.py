@@ -55,6 +55,7 @@ import errno
 import io
 import os
 import re
+import sys
 import threading
 from typing import Any
 
@@ -180,12 +181,29 @@ class GDSFileSystemWriter(FileSystemWriter):
         self._written: list[str] = []  # data files this process wrote in the current save
         self._stage_session: Any = None
         self._slab: int | None = None  # the daemon's slab size, learnt at the first stage()
+        # The smallest staged lease the daemon writes around the page cache (None: it does not
+        # say, or writes buffered), learnt with the slab size.
+        self._direct_min: int | None = None
         self._copies: list[Any] = []  # CUDA events after the staging copies
         self._mover: Any = None  # the DaemonMover of the current snapshot's session
         self._staged_lock = threading.Lock()  # data files of a staged snapshot are written in parallel
+        # Whether _write_file releases a file's leases as soon as they are written (a tensor of
+        # the save needs pool room of its own), or write_data releases them all at its end.
+        self._release_early = True
         self._stage_mount = ""  # the mount of that session
         # What the last stage() put into daemon slabs and what it staged the stock way.
         self.stage_stats: dict[str, int] = {}
+        # Where the last save's time went, in seconds (see _timed); "t_*" are time.perf_counter()
+        # readings, the others durations.
+        self.save_times: dict[str, float] = {}
+        self._times_lock = threading.Lock()
+
+    def _timed(self, key: str, secs: float, *, most: bool = False) -> None:
+        """Add ``secs`` to ``save_times[key]`` (``most``: keep the largest, for per-file phases
+        that run in parallel)."""
+        with self._times_lock:
+            old = self.save_times.get(key, 0.0)
+            self.save_times[key] = max(old, secs) if most else old + secs
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -198,6 +216,10 @@ class GDSFileSystemWriter(FileSystemWriter):
 
     def write_data(self, plan: Any, planner: Any) -> Future:
         """Write the plan's items as stock DCP does, tensor bytes through gdsfs."""
+        import time
+
+        self.save_times = {k: v for k, v in self.save_times.items() if k in ("stage_s", "t_staged")}
+        self.save_times["t_write_data"] = time.perf_counter()
         root = os.fspath(self.path)
         if self._stock_only() or not on_gdsfs(root, strict=self._strict, cause=_OFF_MOUNT, doing="using plain writes"):
             try:
@@ -225,6 +247,7 @@ class GDSFileSystemWriter(FileSystemWriter):
             for item in plan.items:
                 files.append((f"{prefix}{len(files)}{tag}{_SUFFIX}", [item]))
         results: list[Any] = []
+        self._release_early = not self._all_staged(plan.items, planner)
         try:
             if nstaged > 1:
                 from concurrent.futures import ThreadPoolExecutor
@@ -243,9 +266,28 @@ class GDSFileSystemWriter(FileSystemWriter):
         for name in self._written:
             if not os.path.exists(os.path.join(root, name)):
                 raise _missing_error(root, name, "right after it was written and renamed into place")
+        self.save_times["t_written"] = time.perf_counter()
         fut: Future = Future()
         fut.set_result(results)
         return fut
+
+    def _all_staged(self, items: list[Any], planner: Any) -> bool:
+        """True when every tensor item with bytes sits in a lease staged by stage() (as
+        _write_file decides), so that no write of this save needs room in the pool."""
+        with self._staged_lock:
+            if not self._staged:
+                return False
+            for wi in items:
+                if wi.type == WriteItemType.BYTE_IO:
+                    continue
+                t = planner.resolve_data(wi).detach()
+                n = t.numel() * t.element_size()
+                if not n:
+                    continue
+                got = self._staged.get(t.data_ptr()) if t.device.type in ("cpu", "cuda") and t.is_contiguous() else None
+                if got is None or int(got[1].valid) < n:
+                    return False
+        return True
 
     def _staged_files(self) -> int:
         """How many data files this rank's staged snapshot goes to (1: not staged, or small)."""
@@ -310,18 +352,40 @@ class GDSFileSystemWriter(FileSystemWriter):
             small += arc.metadata_writes(pos)
             results.append(_result(wi, name, pos, arc.size))
             pos += arc.size
+        import time
+
+        last = [time.perf_counter()]
+
+        def phase(name: str) -> None:
+            now = time.perf_counter()
+            self._timed(name, now - last[0], most=True)
+            last[0] = now
+
         with atomic.replace(path, sync=bool(self.sync_files)) as (tmp, fd):
+            phase("create_s")
             if direct:
+                _preallocate(fd, pos)
+                phase("prealloc_s")
                 self._wait_copies()  # the staging copies into the leases are done
-                _write_leases(fd, direct, _STAGED_FLUSH_BYTES if self.sync_files else 0)
-                # Written: their leases go back now, so that the tensors staged the stock way
-                # (written next, through leases of their own) find room in the pool.
-                self._release_leases([k for k, _, _, _ in direct_keys])
+                phase("copies_wait_s")
+                _write_leases(fd, direct, _STAGED_FLUSH_BYTES if self.sync_files else 0, self._direct_min)
+                phase("lease_writes_s")
+                if self._release_early:
+                    # Tensors of this save not in leases are written through leases of their
+                    # own: the written leases go back first so that those find room in the
+                    # pool. Only then: a RELEASE waits for every WRITE of the session in flight
+                    # (the other data files' too) and holds back new ones; otherwise
+                    # write_data releases them all once every file is written.
+                    self._release_leases([k for k, _, _, _ in direct_keys])
+                    phase("release_s")
             if data:
                 transfer(tmp, fd, data, write=True, strict=self._strict, sync=bool(self.sync_files))
+                phase("stock_writes_s")
             for off, b in small:
                 torchzip.pwrite_all(fd, b, off)
             os.ftruncate(fd, pos)  # through the mount, last: sets the size the kernel caches
+            phase("other_writes_s")
+        phase("commit_s")  # fsync, rename, directory fsync
         return results
 
     def finish(self, metadata: Any, results: Any) -> None:
@@ -332,12 +396,16 @@ class GDSFileSystemWriter(FileSystemWriter):
         left by a crashed save, are ever removed, and never one the new results name: other
         files, and those of a ``.metadata`` this torch cannot read, stay.
         """
+        import time
+
+        t0 = time.perf_counter()
         root = os.fspath(self.path)
         collective = getattr(self, "use_collectives", True)
         old = _files_named_by(os.path.join(root, ".metadata")) if collective else set()
         super().finish(metadata, results)
         if self.sync_files:
             atomic.fsync_dir(root)
+        self.save_times["finish_s"] = time.perf_counter() - t0
         new = {getattr(wr.storage_data, "relative_path", None) for rank in results for wr in rank}
         for name in self._written:
             if not os.path.exists(os.path.join(root, name)):
@@ -370,6 +438,16 @@ class GDSFileSystemWriter(FileSystemWriter):
         the pool (docs/operations.md). Off gdsfs, with ``staging="cpu"``, or for a storage
         format only the stock writer writes, the whole dict is staged the stock way.
         """
+        import time
+
+        t0 = time.perf_counter()
+        try:
+            return self._stage(state_dict)
+        finally:
+            t1 = time.perf_counter()
+            self.save_times = {"stage_s": t1 - t0, "t_staged": t1}
+
+    def _stage(self, state_dict: Any) -> Any:
         self.stage_stats = {"slab_tensors": 0, "slab_bytes": 0, "stock_tensors": 0, "stock_bytes": 0}
         if self._staging != "gdsfs" or self._stock_only():
             return super().stage(state_dict)
@@ -390,7 +468,7 @@ class GDSFileSystemWriter(FileSystemWriter):
                 if sess is None:
                     return super().stage(state_dict)
                 self._stage_session, self._stage_mount = sess, mount
-                self._mover, self._slab = idle[1:] if idle is not None else (None, None)
+                self._mover, self._slab, self._direct_min = idle[1:] if idle is not None else (None, None, None)
                 out = self._stage_obj(sess, state_dict, reasons)
                 break
             except (GDSUnavailableError, OSError) as e:
@@ -503,7 +581,7 @@ class GDSFileSystemWriter(FileSystemWriter):
 
     def _stage_tensor(self, sess: Any, t: torch.Tensor, reasons: dict[str, int]) -> torch.Tensor | None:
         """A lease-backed copy of ``t`` (same dtype, shape, device), or None (reason counted)."""
-        from gdsfs._ckpt.tensorio import DaemonMover, slab_bytes
+        from gdsfs._ckpt.tensorio import DaemonMover, direct_write_min, slab_bytes
 
         t = t.detach()
         n = t.numel() * t.element_size()
@@ -511,6 +589,7 @@ class GDSFileSystemWriter(FileSystemWriter):
             return None  # nothing to copy: the stock way costs nothing
         if self._slab is None:
             self._slab = slab_bytes(sess)
+            self._direct_min = direct_write_min(sess)
         why = None
         if t.device.type not in ("cpu", "cuda"):
             why = f"on {t.device.type}"
@@ -579,9 +658,9 @@ class GDSFileSystemWriter(FileSystemWriter):
         if sess is not None:
             if staged:
                 sess.release(staged)
-            # Kept for the next snapshot of this process (closing a session drops this process's
-            # mappings of the mount's slabs: the next snapshot would map them all again).
-            if not _IDLE.keep(self._stage_mount, (sess, self._mover, self._slab)):
+            # Kept for the next snapshot of this process (closing the session would drop the slab
+            # mappings it used: the next snapshot would map them all again).
+            if not _IDLE.keep(self._stage_mount, (sess, self._mover, self._slab, self._direct_min)):
                 sess.close()
         self._mover = None
 
@@ -611,16 +690,16 @@ class _IdleStaging:
         import threading
 
         self._lock = threading.Lock()
-        self._idle: dict[str, tuple[Any, Any, Any]] = {}
+        self._idle: dict[str, tuple[Any, Any, Any, Any]] = {}
 
-    def take(self, mount: str) -> tuple[Any, Any, Any] | None:
+    def take(self, mount: str) -> tuple[Any, Any, Any, Any] | None:
         with self._lock:
             got = self._idle.pop(mount, None)
         if got is not None and getattr(got[0], "closed", False):
             return None
         return got
 
-    def keep(self, mount: str, entry: tuple[Any, Any, Any]) -> bool:
+    def keep(self, mount: str, entry: tuple[Any, Any, Any, Any]) -> bool:
         with self._lock:
             if not mount or mount in self._idle:
                 return False
@@ -638,7 +717,7 @@ class _IdleStaging:
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, {}
-        for sess, _, _ in idle.values():
+        for sess, *_ in idle.values():
             try:
                 sess.close()
             except (GDSUnavailableError, OSError):
@@ -658,13 +737,20 @@ def close_staging() -> None:
     _IDLE.close()
 
 
-def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every: int) -> None:
+def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every: int,
+                  direct_min: int | None = None) -> None:
     """The daemon writes each staged lease at its file offset, ``WRITE_THREADS`` at a time (the
-    WRITE ioctl releases the GIL), starting the file's writeback every ``flush_every`` bytes."""
+    WRITE ioctl releases the GIL), starting the file's writeback every ``flush_every`` bytes of
+    what it writes through the page cache: leases of ``direct_min`` bytes or more (at 4 KiB-aligned
+    offsets, as staged leases are) it writes with O_DIRECT, which leaves nothing to start; the
+    final fsync still makes the file durable."""
     import threading
 
-    from gdsfs._ckpt.tensorio import WRITE_THREADS, _Flusher
+    from gdsfs._ckpt.tensorio import WRITE_THREADS, _Flusher, written_direct
 
+    cached = [n for off, _, _, n in direct if not written_direct(off, n, direct_min)]
+    if sum(cached) < flush_every:
+        flush_every = 0  # fewer bytes in the page cache than one flush's worth: the fsync will do
     flusher = _Flusher(fd, flush_every) if flush_every > 0 else None
     work = list(reversed(direct))
     lock = threading.Lock()
@@ -678,7 +764,7 @@ def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every:
                         return
                     off, sess, ref, n = work.pop()
                 sess.write(fd, ref, off, n)
-                if flusher is not None:
+                if flusher is not None and not written_direct(off, n, direct_min):
                     flusher.wrote(n)
         except BaseException as e:  # handed to the caller below
             with lock:
@@ -698,6 +784,26 @@ def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every:
         raise errors[0]
     if flusher is not None and flusher.error is not None:
         raise flusher.error
+
+
+def _preallocate(fd: int, nbytes: int) -> None:
+    """Allocate the data file's ``nbytes`` (its final size) before the daemon writes the leases:
+    its O_DIRECT writes then overwrite allocated blocks inside the file, which ext4 runs in
+    parallel, instead of extending the file one write at a time. fallocate(2) itself, not
+    posix_fallocate(3), whose fallback writes zeros; a refusal (EOPNOTSUPP, ENOSPC) is ignored:
+    the writes report their own errors."""
+    if nbytes <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate64 if hasattr(libc, "fallocate64") else libc.fallocate
+        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        fallocate.restype = ctypes.c_int
+        fallocate(fd, 0, 0, nbytes)
+    except (OSError, AttributeError):
+        pass
 
 
 def _mib(n: int) -> str:
@@ -885,8 +991,8 @@ class GDSFileSystemReader(FileSystemReader):
 
 class _Reads:
     """Reads of one ``read_data`` call through one daemon session (what ``transfer`` does per
-    file: each session that closes drops this process's mappings of the mount's slabs, so a
-    session per file would map the slabs anew for every file of a resharded load).
+    file: each session that closes drops the slab mappings no other open session of the process
+    uses, so a session per file would map the slabs anew for every file of a resharded load).
 
     When the daemon cannot serve, the rest of the call reads with plain I/O after the one-time
     GDSFallbackWarning (``strict=True`` raises instead); positional reads make a redo safe.

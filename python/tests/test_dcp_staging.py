@@ -302,3 +302,89 @@ def test_strict_writer_refuses_stock_staging(small_mount):
     with pytest.raises(GDSUnavailableError, match="the stock way"):
         w.stage(tensors(6))
     assert small_mount.wait_leases(0) == 0
+
+
+@pytest.mark.parametrize("direct_io", ["auto", "never"])
+def test_staged_leases_written_direct_are_not_flushed(tmp_path, gdsfs_bin, monkeypatch, direct_io):
+    """The daemon writes staged leases of >= 1 MiB around the page cache (--direct-io auto, its
+    STATUS says from what size): the writer starts no writeback flushes for them, only the final
+    fsync; with --direct-io never the leases land in the page cache and it flushes as it goes.
+    The checkpoint is exact either way, and save_times says where the save's time went."""
+    from gdsfs._ckpt import tensorio
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    m = mount(gdsfs_bin, str(src), str(mnt), str(tmp_path / "daemon.log"),
+              "--host-pool", "16MiB", "--slab-size", "4MiB", "--uid-share", "100%", "--direct-io", direct_io)
+    flushers: list[object] = []
+
+    class Recording(tensorio._Flusher):
+        def __init__(self, fd: int, every: int) -> None:
+            flushers.append(self)
+            super().__init__(fd, every)
+
+    monkeypatch.setattr(tensorio, "_Flusher", Recording)
+    monkeypatch.setattr(gdcp, "_STAGED_FLUSH_BYTES", 2 * MIB)  # flush every 2 MiB of cached bytes
+    try:
+        d = m.path("ckpt")
+        data = {k: v for k, v in tensors(5, mib3=3).items() if k.startswith("w")}  # 3 x 3 MiB
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GDSFallbackWarning)
+            w = gdcp.GDSFileSystemWriter(d)
+            staged = w.stage(data)
+            finish_save(w, staged)
+        assert w._direct_min == (MIB if direct_io == "auto" else None)
+        if direct_io == "auto":
+            assert not flushers, "the writer flushed leases the daemon wrote with O_DIRECT"
+        else:
+            assert flushers, "leases written through the page cache were never flushed before the fsync"
+        assert same(read_dcp_raw(d), data)
+        for k in ("stage_s", "t_write_data", "lease_writes_s", "commit_s", "finish_s", "t_written"):
+            assert k in w.save_times, (k, w.save_times)
+        assert m.wait_leases(0) == 0
+    finally:
+        gdcp.close_staging()
+        unmount(gdsfs_bin, m.mnt)
+
+
+def test_a_fully_staged_save_releases_its_leases_after_every_write(small_mount, monkeypatch):
+    """A RELEASE waits for every WRITE of the session in flight and holds back new ones, so a
+    save whose tensors all sit in leases (nothing needs pool room mid-save) releases them only
+    once every data file is written, not file by file between the other files' writes."""
+    from gdsfs import _core
+
+    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)  # 4 data files written in parallel
+    events: list[str] = []
+    lock = __import__("threading").Lock()
+    write, release = _core.Session.write, _core.Session.release
+
+    def recording_write(self, *a, **k):  # type: ignore[no-untyped-def]
+        n = write(self, *a, **k)
+        with lock:
+            events.append("write")
+        return n
+
+    def recording_release(self, refs, *a, **k):  # type: ignore[no-untyped-def]
+        with lock:
+            events.append(f"release {len(list(refs))}")
+        return release(self, refs, *a, **k)
+
+    monkeypatch.setattr(_core.Session, "write", recording_write)
+    monkeypatch.setattr(_core.Session, "release", recording_release)
+    d = small_mount.path("ckpt-all-staged")
+    src = {k: v for k, v in tensors(7, mib3=4).items() if k.startswith("w")}  # 4 x 3 MiB, one per slab
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
+        w = gdcp.GDSFileSystemWriter(d)
+        staged = w.stage(src)
+        assert w.stage_stats["slab_tensors"] == len(src), w.stage_stats
+        events.clear()
+        finish_save(w, staged)
+    assert len([n for n in os.listdir(d) if n.endswith(".distcp")]) == 4
+    writes = [i for i, e in enumerate(events) if e == "write"]
+    releases = [i for i, e in enumerate(events) if e.startswith("release") and e != "release 0"]
+    assert len(writes) == len(src) and releases, events
+    assert min(releases) > max(writes), f"leases released between the writes: {events}"
+    assert same(read_dcp_raw(d), src)
+    assert small_mount.wait_leases(0) == 0

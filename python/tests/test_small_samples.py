@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import signal
 
 import pytest
 import torch
@@ -267,5 +268,241 @@ def test_a_later_epoch_reuses_the_sample_plans(gdsfs_mount, monkeypatch) -> None
         epochs.append(len(calls))
         assert {k: v[1] for k, v in got.items()} == truth
     assert epochs == [2 * len(truth), len(truth)], epochs  # header + .cls, then .cls only
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+# ----------------------------------------------------------------------------
+# gdsfs.torch.DataLoader's pin-memory thread leaves the RELEASE to the loop's thread.
+
+
+def _pin_in_loader_thread(batch):
+    """batch.pin_memory() as gdsfs.torch.DataLoader's pin-memory thread runs it: in a thread
+    the loader marked (gdsfs._tensors.defer_release), whose batches the loop's thread settles."""
+    import threading
+
+    from gdsfs import _tensors
+
+    out = []
+
+    def run() -> None:
+        out.append(batch.pin_memory())
+
+    t = threading.Thread(target=run)
+    _tensors.defer_release(t, True)
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_a_batch_pinned_for_the_loader_keeps_its_leases_until_settled(gdsfs_mount) -> None:
+    import gdsfs.torch as gt
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=1, per=16)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
+    raw = gt.collate(list(ds))
+    out = _pin_in_loader_thread(raw)
+    assert out.materialized
+    # Copied, not released yet: the RELEASE waits for the loop's thread.
+    assert gdsfs_mount.stats()["leases"] == 16
+    out._settle()
+    assert gdsfs_mount.stats()["leases"] == 0
+    out._settle()  # idempotent
+    assert [out["x.npy"][i].cpu().numpy().tobytes() for i in range(16)] == [truth[k] for k in out["__key__"]]
+    with pytest.raises(gdsfs_lease_error()):
+        raw.materialize()  # spent
+    del raw, out
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_pinned_batch_dropped_before_settling_returns_its_leases(gdsfs_mount) -> None:
+    import gc
+
+    import gdsfs.torch as gt
+
+    paths, _truth = _small_shards(gdsfs_mount, nshards=1, per=16)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
+    out = _pin_in_loader_thread(gt.collate(list(ds)))
+    assert gdsfs_mount.stats()["leases"] == 16
+    del out
+    gc.collect()
+    assert gdsfs_mount.wait_leases(0) == 0
+    ds.close()
+
+
+def test_settling_checks_that_the_daemon_still_held_the_leases(gdsfs_mount) -> None:
+    import gdsfs.torch as gt
+
+    paths, _truth = _small_shards(gdsfs_mount, nshards=1, per=16)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
+    raw = gt.collate(list(ds))
+    refs = [t.ref for t in raw["x.npy"].refs]
+    out = _pin_in_loader_thread(raw)
+    ds.session._release_ids([r.lease for r in refs])  # lost behind the batch's back
+    with pytest.raises(gdsfs_lease_error()) as e:
+        out._settle()
+    assert "no longer had it" in str(e.value)
+    del raw, out
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+@pytest.mark.parametrize("stop", ["islice", "break", "del", "kill"])
+def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatch, stop: str) -> None:
+    """gdsfs.torch.DataLoader marks its pin-memory thread (CUDA only: simulated here by a thread
+    that pins each batch as torch's does), settles every batch it yields, and after islice, break
+    or del of its iterator, or a killed worker, every lease returns."""
+    import itertools
+    import queue
+    import threading
+
+    import gdsfs.torch as gt
+    import torch.utils.data
+
+    real_iter = torch.utils.data.DataLoader.__iter__
+
+    class PinningIter:
+        def __init__(self, loader):
+            self.inner = real_iter(loader)
+            self.q: queue.Queue = queue.Queue(maxsize=2)
+            self.stop = False
+            self._pin_memory_thread = threading.Thread(target=self.pin_loop, daemon=True)
+            self._pin_memory_thread.start()
+
+        def put(self, item) -> None:
+            while not self.stop:
+                try:
+                    self.q.put(item, timeout=0.05)
+                    return
+                except queue.Full:
+                    continue
+
+        def pin_loop(self) -> None:
+            try:
+                for raw in self.inner:
+                    out = raw.pin_memory()
+                    deferred.append(out._pending is not None)
+                    self.put(out)
+                    del raw, out
+                    if self.stop:
+                        break
+            except Exception as e:  # noqa: BLE001 - handed to the loop, as torch's pin thread does
+                self.put(e)
+                return
+            self.put(None)
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            b = self.q.get()
+            if b is None:
+                raise StopIteration
+            if isinstance(b, Exception):
+                raise b
+            return b
+
+        def _shutdown_workers(self) -> None:
+            self.stop = True
+            self._pin_memory_thread.join()
+            shutdown = getattr(self.inner, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+
+    deferred: list[bool] = []
+    made: list[PinningIter] = []
+    monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", lambda self: made.append(PinningIter(self)) or made[-1])
+    paths, truth = _small_shards(gdsfs_mount, nshards=3, per=40)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    # pin_memory=False: torch's own pin-memory thread (CUDA present) would materialize before ours.
+    dl = gt.DataLoader(ds, batch_size=8, num_workers=2, pin_memory=False)
+    seen = {}
+    it = iter(dl)
+    if stop == "islice":
+        got = list(itertools.islice(it, 3))
+    elif stop == "kill":
+        got = list(itertools.islice(it, 3))
+        os.kill(made[-1].inner._workers[1].pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) [0-9, ]+\) exited unexpectedly|killed by signal"):
+            for _b in it:
+                pass
+    else:
+        got = []
+        for b in it:
+            got.append(b)
+            if len(got) == 3:
+                break
+    for b in got:
+        assert b._pending is None, "a batch was yielded before its leases were released"
+        for i, key in enumerate(b["__key__"]):
+            seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
+    assert seen and all(truth[k] == v for k, v in seen.items())
+    if stop == "del":
+        del it
+    else:
+        it.close()
+    made.clear()  # the test's own reference to the stopped iterator (and the batches it queued)
+    del got, b
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+    # A whole pass through the same loader: every sample once.
+    ds2 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    whole = {}
+    for b in gt.DataLoader(ds2, batch_size=8, num_workers=2, pin_memory=False):
+        assert b._pending is None
+        for i, key in enumerate(b["__key__"]):
+            assert key not in whole
+            whole[key] = b["x.npy"][i].cpu().numpy().tobytes()
+    assert whole == truth
+    assert sum(deferred) >= len(deferred) // 2, deferred  # the loader marked its pin thread
+    del b
+    ds2.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_single_sample_batch_pinned_for_the_loader_settles(gdsfs_mount) -> None:
+    """batch_size=None: the one-sample batch keeps its pending release through its reshaping."""
+    import gdsfs.torch as gt
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=1, per=2)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    sample = next(iter(ds))
+    out = _pin_in_loader_thread(gt.collate(sample))
+    assert out._pending is not None and out["x.npy"].cpu().numpy().tobytes() == truth[out["__key__"]]
+    out._settle()
+    assert out._pending is None
+    del sample, out
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_shared_range_gathers_typed_or_bytewise_by_alignment(gdsfs_mount) -> None:
+    """A shared range's column is copied as one typed strided view when its starts and spacing
+    are aligned for its dtype, else byte-wise and reinterpreted: the same bytes either way."""
+    import itertools
+
+    import gdsfs.torch as gt
+    from gdsfs import _tensors
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=1, per=8)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=8)
+    ds._batched = 8
+    it = iter(ds)
+    b = gt.collate(list(itertools.islice(it, 8)))
+    refs = b["x.npy"].refs
+    n = refs[0].nbytes
+    aligned = _tensors._RefColumn(refs)
+    assert _tensors._typed_run(aligned) is not None
+    shifted = _tensors._RefColumn([gt.TensorRef(t.ref, torch.float32, (n // 4 - 1,), t.start + 2, False, t.field, t.sample, t.path, t._hold)
+                                   for t in refs])
+    assert _tensors._strided_run(shifted) is not None and _tensors._typed_run(shifted) is None
+    for col, lo in ((aligned, 0), (shifted, 2)):
+        x = _tensors._gather(col, None, pin=False)
+        want = [truth[k][lo : lo + x.shape[1] * 4] for k in b["__key__"]]
+        assert x.dtype == torch.float32 and [x[i].cpu().numpy().tobytes() for i in range(8)] == want
+    it.close()
+    b.release()
+    del b, refs, aligned, shifted, x
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0

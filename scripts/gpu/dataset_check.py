@@ -54,7 +54,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
@@ -490,6 +490,132 @@ def worker_profile(shards: list[str], batch: int, sample_bytes: int, samples: in
     return lines
 
 
+def _task_cpu() -> dict[int, float]:
+    """CPU seconds (user+system) of each thread of this process, by native thread id."""
+    out: dict[int, float] = {}
+    tck = os.sysconf("SC_CLK_TCK")
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            out[int(t)] = (int(fields[11]) + int(fields[12])) / tck
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
+    """Where the main process's time goes per batch in the real loader (gdsfs.torch.DataLoader,
+    Opts.workers persistent workers, pin_memory on CUDA, one timed epoch after a warm-up one):
+    the CPU time of the pin-memory thread, the loop's thread and the rest of the process's
+    threads (torch's index-queue feeders, the lease drain) per batch, from /proc; the wall time
+    of gdsfs's parts in them (unpickling a worker's batch: its column, small tensors and the
+    batch; GDSBatch.pin_memory; the loop's settle of each batch, its RELEASE ioctls apart, from
+    GDSFS_DEBUG_TIMING) and the loop's wait for the next batch."""
+    import threading
+
+    from gdsfs import _core, _tensors
+
+    T: dict[str, float] = {}
+    N: dict[str, int] = {}
+
+    def timed_fn(obj: Any, name: str, label: str) -> Any:
+        real = getattr(obj, name)
+
+        @functools.wraps(real)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return real(*args, **kw)
+            finally:
+                T[label] = T.get(label, 0.0) + time.perf_counter() - t
+                N[label] = N.get(label, 0) + 1
+
+        setattr(obj, name, wrapper)
+        return real
+
+    patched = [(_tensors, "_rebuild_column", "unpickle: columns"), (_tensors, "_rebuild_tensor", "unpickle: small tensors"),
+               (_tensors, "_rebuild_batch", "unpickle: batch"), (_tensors.GDSBatch, "pin_memory", "pin_memory"),
+               (_tensors.GDSBatch, "_settle", "settle"), (_tensors.GDSBatch, "materialize", "materialize")]
+    os.environ[_core.DEBUG_TIMING_ENV] = "1"
+    reals = [(obj, name, timed_fn(obj, name, label)) for obj, name, label in patched]
+    lines: list[str] = []
+    try:
+        dl, ds = gds_loader(shards, batch, sample_bytes, persistent_workers=True)
+        sess = ds._session
+        for b in dl:  # warm-up epoch (workers started, page and index caches, slabs mapped)
+            pass
+        T.clear()
+        N.clear()
+        if sess is not None and sess.timing is not None:
+            sess.timing.clear()
+        gcs: dict[int, list[float]] = {}  # generation -> [collections, seconds]
+        gc_t0 = [0.0]
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                gc_t0[0] = time.perf_counter()
+            else:
+                row = gcs.setdefault(int(info.get("generation", 0)), [0, 0.0])
+                row[0] += 1
+                row[1] += time.perf_counter() - gc_t0[0]
+
+        gc.callbacks.append(on_gc)
+        it_obj = getattr(dl, "_iterator", None)
+        pin = getattr(it_obj, "_pin_memory_thread", None)
+        pin_tid = getattr(pin, "native_id", None)
+        main_tid = threading.get_native_id()
+        c0 = _task_cpu()
+        d0 = _proc_cpu(sess.hello.daemon_pid) if sess is not None else -1.0
+        wait = 0.0
+        n = nb = 0
+        t0 = time.perf_counter()
+        it = iter(dl)
+        while True:
+            a = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            wait += time.perf_counter() - a
+            n += len(b["__key__"])
+            nb += 1
+        if Opts.cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        gc.callbacks.remove(on_gc)
+        c1 = _task_cpu()
+        d1 = _proc_cpu(sess.hello.daemon_pid) if sess is not None else -1.0
+        rel = (sess.timing or {}).get("RELEASE", [0, 0.0, 0]) if sess is not None else [0, 0.0, 0]
+        del b, it, dl
+        ds.close()
+        nb = max(1, nb)
+
+        def cpu_of(tid: Optional[int]) -> float:
+            return c1.get(tid, 0.0) - c0.get(tid, 0.0) if tid is not None else 0.0
+
+        total = sum(c1.values()) - sum(v for k, v in c0.items() if k in c1)
+        pin_c, main_c = cpu_of(pin_tid), cpu_of(main_tid)
+        per = {k: T[k] / nb * 1e6 for k in T}
+        unp = sum(v for k, v in per.items() if k.startswith("unpickle"))
+        lines.append(f"main process, the real loader ({Opts.workers} workers, batch {batch}, pin_memory={Opts.cuda}): {n / wall:,.0f} samples/s, "
+                     f"{wall / nb * 1e6:,.0f} us per batch; CPU per batch: pin-memory thread {pin_c / nb * 1e6:,.0f} us"
+                     + ("" if pin_tid is not None else " (no pin-memory thread)")
+                     + f", loop thread {main_c / nb * 1e6:,.0f}, other threads {(total - pin_c - main_c) / nb * 1e6:,.0f}"
+                     + (f", daemon {(d1 - d0) / nb * 1e6:,.0f}" if d0 >= 0 and d1 >= 0 else ""))
+        lines.append(f"main process per batch (wall, us): unpickle {unp:,.0f} ("
+                     + ", ".join(f"{k[len('unpickle: '):]} {v:,.0f}" for k, v in sorted(per.items()) if k.startswith("unpickle"))
+                     + f"), pin_memory {per.get('pin_memory', 0.0):,.0f}, materialize in the loop {per.get('materialize', 0.0) - per.get('pin_memory', 0.0) if pin_tid is None else 0.0:,.0f}, "
+                     f"settle {per.get('settle', 0.0):,.0f} (RELEASE ioctl {rel[1] / nb * 1e6:,.0f}, {rel[0]} RELEASEs of {rel[2] / max(1, rel[0]):.1f} ids); "
+                     f"next() in the loop (torch's queues, then gdsfs.torch.DataLoader's materialize or settle) {wait / nb * 1e6:,.0f}")
+        lines.append(f"main process's garbage collections during the epoch ({gc.get_count()} pending now, objects tracked {len(gc.get_objects()):,}): "
+                     + (", ".join(f"generation {g}: {int(c)} taking {t * 1e3:,.1f} ms in all" for g, (c, t) in sorted(gcs.items())) or "none"))
+    finally:
+        for obj, name, real in reals:
+            setattr(obj, name, real)
+        os.environ.pop(_core.DEBUG_TIMING_ENV, None)
+    return lines
+
 # Issue 15's targets, warm, gdsfs vs (a) the plain IterableDataset: (ratio, samples/s) per size.
 TARGETS: dict[str, tuple[float, float]] = {"16KiB": (2.0, 0), "64KiB": (3.0, 0), "256KiB": (4.0, 25000), "4MiB": (8.0, 0)}
 COLD_TARGET = 0.95  # cold gdsfs >= this x the disk's sequential read rate
@@ -745,6 +871,11 @@ def main() -> int:
                     log(f"{name} worker profile: {line}")
             except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
                 log(f"{name} worker profile failed: {type(e).__name__}: {e}")
+            try:
+                for line in main_profile(shards_m, batch, sb):
+                    log(f"{name} main profile: {line}")
+            except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
+                log(f"{name} main profile failed: {type(e).__name__}: {e}")
         feats = not a.no_features and (not a.features_sizes or str(sb >> 10) in a.features_sizes.split(","))
         for cache in ("warm", "cold"):
             if cache == "cold" and can_drop and drop_caches():

@@ -127,6 +127,64 @@ def fsync_tree(p: str) -> None:
                 os.close(fd)
 
 
+def _disk_stat(path: str) -> list[int] | None:
+    """The block device counters (/sys/dev/block/M:m/stat) of the filesystem holding path."""
+    try:
+        dev = os.stat(path).st_dev
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return None
+
+
+def settle(backing: str, limit_s: float = 10.0) -> None:
+    """Let the disk finish with what a part just deleted before the next save is timed: the
+    backing filesystem of the GPU machine is mounted with discard, so removing a checkpoint
+    queues discards of its blocks, which slow the next saves' allocations and fsyncs (run of
+    14:00: one gdsfs save of four took 1.85 s instead of 0.6, 1.0 s of it in fsync, right after
+    the stock run's 4 GiB were removed; 14:25: fallocate 333 ms, fsync 611 ms, with os.sync()
+    alone). sync, then wait (at most limit_s) until the device has no I/O in flight and its
+    discard count stopped moving. Every save, stock or gdsfs, starts on an idle disk."""
+    os.sync()
+    t0 = time.perf_counter()
+    last = _disk_stat(backing)
+    if last is None or len(last) < 12:
+        return
+    quiet = 0
+    while time.perf_counter() - t0 < limit_s:
+        time.sleep(0.05)
+        now = _disk_stat(backing)
+        if now is None:
+            return
+        idle = now[8] == 0 and now[11] == last[11] and now[4] == last[4]
+        quiet = quiet + 1 if idle else 0
+        last = now
+        if quiet >= 4:  # 200 ms without a discard or a write completing, nothing in flight
+            break
+    waited = time.perf_counter() - t0
+    if waited > 0.5:
+        log(f"settle: the disk took {waited:.1f} s to go idle after deleting checkpoints")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` used so far (all its threads); 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def daemon_pid(mount: str) -> int:
+    try:
+        import gdsfs
+
+        return int(gdsfs.status(mount)["daemon_pid"])
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return 0
+
+
 # --------------------------------------------------------------------------------------------
 # disk
 
@@ -169,6 +227,7 @@ def disk_rate(backing: str, nbytes: int) -> float:
         best = max(best, rate)
         for p in paths:
             os.unlink(p)
+        settle(backing)  # the next probe, like every timed save, starts on an idle disk
     RESULTS["disk_write_fsync_gbs"] = best
     return best
 
@@ -183,6 +242,7 @@ class Env:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mount = mount
+        self.backing = args.backing
         self.base = os.path.join(mount, SUBDIR)
         self.n, self.rows, self.cols = sizes(args.gib, args.tensor_mib)
         self.payload = self.n * self.rows * self.cols * 2
@@ -232,15 +292,23 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
     import torch.distributed.checkpoint as dcp
 
     sd = env.state(kind)
+    dpid = daemon_pid(env.mount)
     res: dict[str, dict[str, float]] = {}
     for which in ("stock", "gdsfs"):
         bl, dn = [], []
         for r in range(rounds):
             d = os.path.join(env.base, f"async-{kind}-{which}-{r}")
+            cpu0 = cpu_now(dpid)
+            t_call = time.perf_counter()
             blocked, done, w = one_async_save(env, sd, which, d)
+            cpu1 = cpu_now(dpid)
             stats = getattr(w, "stage_stats", None)
             log(f"async_save {kind:7s} {which:5s} round {r}: blocked {blocked * 1e3:8.1f} ms, done in {done:6.2f} s "
                 f"({gbs(env.payload, done):.2f} GB/s){f', staged {stats}' if stats else ''}")
+            if getattr(w, "save_times", None):
+                log(f"async_save {kind:7s} {which:5s} round {r}: " + save_detail(
+                    {"t_call": t_call, "blocked_s": blocked, "times": w.save_times, "t_done": t_call + done,
+                     "cpu_call": cpu0, "cpu_done": cpu1}))
             bl.append(blocked)
             dn.append(done)
             if r == 0:
@@ -252,6 +320,7 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
                 if bad:
                     raise AssertionError(f"{which} async_save of {kind}: {len(bad)} tensors differ after loading back, e.g. {bad[0]}")
             shutil.rmtree(d, ignore_errors=True)
+            settle(env.backing)
         # The first round pays one-time costs (thread pool, slab mappings): report the median of the rest.
         keep = slice(1, None) if rounds > 1 else slice(None)
         res[which] = {"blocked_s": statistics.median(bl[keep]), "done_s": statistics.median(dn[keep]),
@@ -270,6 +339,39 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
 
 # --------------------------------------------------------------------------------------------
 # training loop
+
+
+def save_detail(rec: dict[str, Any]) -> str:
+    """One save's timeline, in ms from the async_save call (gdsfs writers report their
+    phases in save_times; stock ones only blocked, done and waited)."""
+    ms = lambda x: f"{x * 1e3:.0f}"  # noqa: E731
+    out = [f"blocked {rec['blocked_s'] * 1e3:.1f}"]
+    st = rec.get("times") or {}
+    t0 = rec["t_call"]
+    if "t_write_data" in st:
+        out.append(f"stage {st.get('stage_s', 0) * 1e3:.1f}")
+        out.append(f"write_data at +{ms(st['t_write_data'] - t0)} (planning {ms(st['t_write_data'] - st.get('t_staged', t0))})")
+        for k, name in (("create_s", "create"), ("prealloc_s", "fallocate"), ("copies_wait_s", "copies"),
+                        ("lease_writes_s", "lease writes"), ("release_s", "release"), ("stock_writes_s", "stock writes"),
+                        ("other_writes_s", "other writes"), ("commit_s", "fsync+rename"), ("finish_s", "finish")):
+            if k in st:
+                out.append(f"{name} {ms(st[k])}")
+        if "t_written" in st:
+            out.append(f"written at +{ms(st['t_written'] - t0)}")
+    if "t_done" in rec:
+        out.append(f"done at +{ms(rec['t_done'] - t0)}")
+    if "waited_s" in rec:
+        out.append(f"the loop waited {ms(rec['waited_s'])} for it")
+    text = ", ".join(out) + " (ms)"
+    if "cpu_done" in rec:
+        (d0, p0), (d1, p1) = rec["cpu_call"], rec["cpu_done"]
+        text += f"; CPU s from call to done: daemon {d1 - d0:.2f}, trainer {p1 - p0:.2f}"
+    return text
+
+
+def cpu_now(dpid: int) -> tuple[float, float]:
+    """(daemon, this process) CPU seconds so far."""
+    return cpu_seconds(dpid) if dpid else 0.0, cpu_seconds(os.getpid())
 
 
 def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None:
@@ -298,10 +400,13 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
         torch.cuda.synchronize()
 
     waited: list[float] = []
+    saves: list[dict[str, Any]] = []  # per save of the current run: where its time went
+    dpid = daemon_pid(env.mount)
 
     def run(which: str | None) -> list[float]:
         times = []
         waited.clear()
+        saves.clear()
         pending = None
         for i in range(1, steps + 1):
             t = time.perf_counter()
@@ -311,15 +416,33 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
                     w0 = time.perf_counter()
                     pending.result()  # the previous save first, as a training loop must
                     waited.append(time.perf_counter() - w0)
+                    saves[-1]["waited_s"] = waited[-1]
                 d = os.path.join(env.base, f"loop-{which}-{i}")
-                fut = dcp.async_save(sd, storage_writer=writer_for(which, d))
+                w = writer_for(which, d)
+                rec: dict[str, Any] = {"step": i, "cpu_call": cpu_now(dpid), "t_call": time.perf_counter()}
+                fut = dcp.async_save(sd, storage_writer=w)
+                rec["blocked_s"] = time.perf_counter() - rec["t_call"]
                 pending = getattr(fut, "upload_completion", fut)
+
+                def done(_f: Any, rec: dict[str, Any] = rec) -> None:
+                    rec["t_done"] = time.perf_counter()
+                    rec["cpu_done"] = cpu_now(dpid)
+
+                pending.add_done_callback(done)
+                rec["writer"] = w
+                saves.append(rec)
             times.append(time.perf_counter() - t)
         if pending is not None:
             pending.result()
+        for rec in saves:
+            rec["times"] = dict(getattr(rec.pop("writer"), "save_times", {}) or {})
+            log(f"loop: {which} save at step {rec['step']}: {save_detail(rec)}")
+        RESULTS.setdefault("loop_saves", {})[which or "none"] = [
+            {k: v for k, v in r.items() if k != "writer"} for r in saves]
         for n in os.listdir(env.base):
             if n.startswith("loop-"):
                 shutil.rmtree(os.path.join(env.base, n), ignore_errors=True)
+        settle(env.backing)
         return times
 
     run(None)  # warm-up
@@ -328,7 +451,8 @@ def loop_part(env: Env, step_ms: float, steps: int = 20, every: int = 5) -> None
         times = run(which)
         res[which or "none"] = statistics.mean(times)
         log(f"loop: saves {which or 'none':5s}: mean step {statistics.mean(times) * 1e3:.1f} ms, "
-            f"max {max(times) * 1e3:.1f} ms, waiting for the previous save {sum(waited) * 1e3:.0f} ms in all")
+            f"max {max(times) * 1e3:.1f} ms, waiting for the previous save {sum(waited) * 1e3:.0f} ms in all; "
+            f"steps (ms): {' '.join(f'{x * 1e3:.0f}' for x in times)}")
     RESULTS["loop_step_s"] = res
     base = res["none"]
     rise = {k: res[k] / base - 1 for k in ("stock", "gdsfs")}

@@ -63,10 +63,42 @@ def read_rate(line: str) -> float:
 
 
 def warm(gdsfs: str, path: str) -> tuple[str, float]:
-    """`gdsfs warm` of path (reads only what is not cached): its line and the % cached after."""
-    line = run([gdsfs, "warm", "--progress", "never", path]).strip().splitlines()[-1]
-    m = re.search(r"cached now \(([0-9.]+)%\)", line)
-    return line, float(m.group(1)) if m else 0.0
+    """`gdsfs warm` of path (reads only what is not cached): its output and the % it says is
+    cached after (-1 when it says none: the summary line, not a note after it, carries it)."""
+    out = run([gdsfs, "warm", "--progress", "never", path]).strip()
+    m = re.search(r"cached now \(([0-9.]+)%\)", out)
+    return " | ".join(out.splitlines()), float(m.group(1)) if m else -1.0
+
+
+def resident_pct(path: str) -> float:
+    """The % of path's pages in the page cache by mincore(2) on a mapping of the file itself
+    (run on the backing file: the oracle for what `gdsfs warm` reports of the mount's file)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = os.fstat(fd).st_size
+        if n == 0:
+            return 100.0
+        addr = libc.mmap(None, n, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return -1.0
+        try:
+            pages = (n + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(addr, n, vec) != 0:
+                return -1.0
+            return 100.0 * sum(v & 1 for v in vec) / pages
+        finally:
+            libc.munmap(addr, n)
+    finally:
+        os.close(fd)
 
 
 def tier_counts(gdsfs: str, mnt: str) -> tuple[int, int]:
@@ -101,64 +133,159 @@ def _load_best(gst, torch, path: str, device: str, runs: int) -> tuple[float, di
     return best, sd
 
 
-def profile_load(path: str, device: str, depth: int) -> str:
-    """One load with the loader's READ, copy-wait and release calls timed: where the wall time went
-    (READ busy close to the wall time: the daemon bounds the load; far below: this process does)."""
+def profile_load(path: str, device: str, depth: int, retain: str | None = None) -> str:
+    """One load with its parts timed: where the wall time went (READ busy close to the wall time:
+    the daemon bounds the load; far below: this process does). retain: GDSFS_SLAB_RETAIN_S for
+    the load ("0": the slabs are mapped anew and unmapped at the end, as before retention).
+
+    The parts, in ms: head (open, header parse, allocating the tensors, the session), first READ
+    (its latency: submit to answer), READ busy (time with a READ in flight) and summed, mapping
+    (slabs imported: SLAB, slab socket, cuMemImport/Map/SetAccess), copy-out (starting the
+    device copies, mapping excluded), waits for copies and RELEASE, tail (last READ's answer to
+    the end), close (the session's end: unmapping when nothing is retained)."""
     import threading
 
     import torch
     import gdsfs.safetensors as gst
-    from gdsfs import _core
+    from gdsfs import _core, _cuda
     from gdsfs._ckpt import tensorio
 
     lock = threading.Lock()
     spans: list[tuple[float, float]] = []
-    acc = {"release_s": 0.0, "finish_s": 0.0}
-    real_read, real_release, real_finish = _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish
+    acc = {k: 0.0 for k in ("header", "alloc", "open", "map", "map_bg", "copy", "wait", "release", "close", "unmap")}
+    main_thread = threading.current_thread()
+    cnt = {"map": 0, "unmap": 0}
+    marks: dict[str, float] = {}
+    saved: list[tuple[object, str, object]] = []
 
-    def read(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return real_read(self, *a, **k)
-        finally:
-            with lock:
-                spans.append((t0, time.perf_counter()))
+    def patch(obj: object, name: str, wrap) -> None:
+        real = getattr(obj, name)
+        saved.append((obj, name, real))
+        setattr(obj, name, wrap(real))
 
-    def release(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return real_release(self, *a, **k)
-        finally:
-            acc["release_s"] += time.perf_counter() - t0
+    def timed(key: str, count: str | None = None):
+        def wrap(real):
+            def f(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return real(*a, **k)
+                finally:
+                    with lock:  # mapping in the READ threads (pre-mapping) is counted apart
+                        k2 = key if key != "map" or threading.current_thread() is main_thread else "map_bg"
+                        acc[k2] += time.perf_counter() - t0
+                        if count:
+                            cnt[count] += 1
+            return f
+        return wrap
 
-    def finish(self, refs):
-        t0 = time.perf_counter()
-        try:
-            return real_finish(self, refs)
-        finally:
-            acc["finish_s"] += time.perf_counter() - t0
+    def read_wrap(real):
+        def f(self, *a, **k):
+            t0 = time.perf_counter()
+            marks.setdefault("first_submit", t0)
+            try:
+                return real(self, *a, **k)
+            finally:
+                t1 = time.perf_counter()
+                with lock:
+                    spans.append((t0, t1))
+        return f
 
-    saved = tensorio.READ_DEPTH
-    _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish = read, release, finish
+    def load_tensors_wrap(real):
+        def f(*a, **k):
+            marks["alloc0"] = time.perf_counter()
+            return real(*a, **k)
+        return f
+
+    def transfer_wrap(real):
+        def f(*a, **k):
+            marks["alloc1"] = time.perf_counter()
+            return real(*a, **k)
+        return f
+
+    def copy_wrap(real):
+        def f(self, *a, **k):
+            m0 = acc["map"]
+            t0 = time.perf_counter()
+            try:
+                return real(self, *a, **k)
+            finally:
+                acc["copy"] += time.perf_counter() - t0 - (acc["map"] - m0)
+        return f
+
+    def finish_wrap(real):
+        def f(self, *a, **k):
+            r0 = acc["release"]
+            t0 = time.perf_counter()
+            try:
+                return real(self, *a, **k)
+            finally:
+                acc["wait"] += time.perf_counter() - t0 - (acc["release"] - r0)
+        return f
+
+    patch(_core.Session, "read", read_wrap)
+    patch(_core.Session, "release", timed("release"))
+    patch(gst, "_read_header", timed("header"))
+    patch(gst, "_load_tensors", load_tensors_wrap)
+    patch(gst, "transfer", transfer_wrap)
+    patch(tensorio, "open_mover", timed("open"))
+    patch(tensorio, "close_mover", timed("close"))
+    patch(tensorio.DaemonMover, "_copy_out", copy_wrap)
+    patch(tensorio.DaemonMover, "_finish", finish_wrap)
+    patch(_cuda, "import_fd", timed("map", "map"))
+    patch(_core.Session, "slab_fd", timed("map"))
+    patch(_core.Session, "slab_info", timed("map"))
+    patch(_cuda.VmmMapping, "close", timed("unmap", "unmap"))
+    old_depth, old_retain = tensorio.READ_DEPTH, os.environ.get(_core.SLAB_RETAIN_ENV)
     tensorio.READ_DEPTH = depth
+    if retain is not None:
+        os.environ[_core.SLAB_RETAIN_ENV] = retain
     try:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         gst.load_file(path, device=device)
         torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        t1 = time.perf_counter()
     finally:
-        _core.Session.read, _core.Session.release, tensorio.DaemonMover._finish = real_read, real_release, real_finish
-        tensorio.READ_DEPTH = saved
+        for obj, name, real in reversed(saved):
+            setattr(obj, name, real)
+        tensorio.READ_DEPTH = old_depth
+        if retain is not None:
+            if old_retain is None:
+                os.environ.pop(_core.SLAB_RETAIN_ENV, None)
+            else:
+                os.environ[_core.SLAB_RETAIN_ENV] = old_retain
+    wall = t1 - t0
     busy, end = 0.0, 0.0  # the union of the READs' spans: time with at least one READ in flight
     for a, b in sorted(spans):
         if b > end:
             busy += b - max(a, end)
             end = b
     total = sum(b - a for a, b in spans)
-    return (f"{depth} in flight: wall {wall * 1e3:.0f} ms; {len(spans)} READs, a READ in flight {busy * 1e3:.0f} ms "
-            f"({total * 1e3:.0f} ms summed), waiting for copies and releasing {acc['finish_s'] * 1e3:.0f} ms "
-            f"({acc['release_s'] * 1e3:.0f} ms of it in RELEASE)")
+    first = min(spans, key=lambda s: s[1]) if spans else (t0, t0)
+    last_end = max((b for _, b in spans), default=t1)
+    head = marks.get("first_submit", t1) - t0
+    alloc = marks.get("alloc1", t0) - marks.get("alloc0", t0)
+    ms = lambda x: f"{x * 1e3:.1f}"  # noqa: E731
+    tag = f"retain {retain}s" if retain is not None else "retained mappings"
+    return (f"{depth} in flight, {tag}: wall {ms(wall)} ms = head {ms(head)} (header {ms(acc['header'])}, "
+            f"alloc {ms(alloc)}, session {ms(acc['open'])}) + READs busy {ms(busy)} ({len(spans)} READs, "
+            f"{ms(total)} summed; first READ {ms(first[1] - first[0])}) + gaps {ms(wall - head - busy - (t1 - last_end))} "
+            f"+ tail {ms(t1 - last_end)} (close {ms(acc['close'])}); {cnt['map']} slabs imported ({ms(acc['map_bg'])} "
+            f"in the READ threads), {cnt['unmap']} unmapped in {ms(acc['unmap'])}; this thread: mapping {ms(acc['map'])}, "
+            f"copy-out {ms(acc['copy'])}, "
+            f"waits for copies {ms(acc['wait'])}, RELEASE {ms(acc['release'])}")
+
+
+def fresh_load(path: str, device: str, runs: int) -> None:
+    """A process's first load (its slabs imported, its destination memory allocated: what a
+    process that loads a model once sees), then its best of runs; prints both times."""
+    import torch
+
+    torch.cuda.init()
+    torch.empty(1, device=device)
+    first, _ = load_best(path, device, 1)
+    best, _ = load_best(path, device, runs)
+    print(f"first {first:.6f} best {best:.6f}", flush=True)
 
 
 def child(path: str, device: str, go: str, runs: int) -> None:
@@ -183,7 +310,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=3, metavar=("PATH", "DEVICE", "GOFILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--fresh", nargs=2, metavar=("PATH", "DEVICE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.fresh:
+        fresh_load(a.fresh[0], a.fresh[1], a.runs)
+        return 0
     if a.child:
         child(a.child[0], a.child[1], a.child[2], a.runs)
         return 0
@@ -241,20 +372,32 @@ def main() -> int:
         del h, d
         log(f"pinned H2D (torch, {min(nbytes, 4 * GIB) / GIB:g} GiB): {pinned:.1f} GB/s")
 
+        from gdsfs._ckpt import tensorio
+
         # 2. warm page-cache path: the file synced above (clean pages) and warmed (every page
         # cached, checked before and after), the tier enabled but not holding it (a miss is a
         # lookup, as for any unpinned file on a mount with a tier).
         wline, before_pct = warm(gdsfs, path)
+        backing = os.path.join(src, name)
+        before_real = resident_pct(backing)
         log(f"gdsfs warm (page cache): {wline}")
         h0, m0 = tier_counts(gdsfs, mnt)
         t, sd = load_best(path, "cuda:0", a.runs)
         page = gbps(payload, t)
         ok &= same(sd)
         del sd
+        after_real = resident_pct(backing)
         _, after_pct = warm(gdsfs, path)
         h1, m1 = tier_counts(gdsfs, mnt)
         log(f"gdsfs.safetensors.load_file, page-cache path (warm): {page:.1f} GB/s, byte-equal {ok}, "
-            f"page cache held {before_pct:.0f}% before / {after_pct:.0f}% after, tier hits {h1 - h0} misses {m1 - m0}")
+            f"page cache held {before_pct:.0f}% before / {after_pct:.0f}% after (gdsfs warm; the backing "
+            f"file's mincore: {before_real:.0f}% / {after_real:.0f}%), tier hits {h1 - h0} misses {m1 - m0}")
+        # gdsfs warm must say what the backing file's own residency says (within a page or two).
+        probe_ok = min(before_pct, after_pct) >= 0 and abs(before_pct - before_real) <= 2 and abs(after_pct - after_real) <= 2
+        ok &= probe_ok
+        if not probe_ok:
+            log("residency: FAIL: what gdsfs warm says is cached is not what the backing file holds")
+        log(f"page-cache load profile, {profile_load(path, 'cuda:0', tensorio.READ_DEPTH)}")
         rd_page = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, page cache: {rd_page}")
 
@@ -269,7 +412,6 @@ def main() -> int:
         except (OSError, ValueError):
             pinning = None
         log(f"tier memory pinning: {pinning or 'not logged'}")
-        from gdsfs._ckpt import tensorio
 
         h0, m0 = tier_counts(gdsfs, mnt)
         t, sd = load_best(path, "cuda:0", a.runs)
@@ -292,8 +434,44 @@ def main() -> int:
         ok &= same(sd)
         del sd
         log(f"gdsfs.safetensors.load_file, tier, 1 READ in flight: {tier1:.1f} GB/s")
-        for depth in (1, tensorio.READ_DEPTH):  # where a load's time goes (the daemon, or this process)
+        # The same load with every slab mapped anew and unmapped at the end (no retention: each
+        # load_file before GDSFS_SLAB_RETAIN_S), for comparison. The first load under =0 still
+        # finds the mappings retained above (and drops them): not timed.
+        from gdsfs import _core as gcore
+        os.environ[gcore.SLAB_RETAIN_ENV] = "0"
+        try:
+            load_best(path, "cuda:0", 1)
+            t0r, sd = load_best(path, "cuda:0", a.runs)
+        finally:
+            os.environ.pop(gcore.SLAB_RETAIN_ENV, None)
+        tier_remap = gbps(payload, t0r)
+        ok &= same(sd)
+        del sd
+        log(f"gdsfs.safetensors.load_file, tier, slabs mapped anew by every load ({gcore.SLAB_RETAIN_ENV}=0): "
+            f"{tier_remap:.1f} GB/s")
+        res.update(tier_remap_gbps=tier_remap)
+        # Where a load's time goes (the daemon, or this process): retained mappings (one load
+        # first maps again what the loads above unmapped), then none.
+        load_best(path, "cuda:0", 1)
+        for depth in (1, tensorio.READ_DEPTH):
             log(f"tier load profile, {profile_load(path, 'cuda:0', depth)}")
+        os.environ[gcore.SLAB_RETAIN_ENV] = "0"  # one load to drop the mappings, then one that maps
+        try:
+            load_best(path, "cuda:0", 1)
+        finally:
+            os.environ.pop(gcore.SLAB_RETAIN_ENV, None)
+        log(f"tier load profile, {profile_load(path, 'cuda:0', tensorio.READ_DEPTH, '0')}")
+        # A fresh process: its first load maps every slab and allocates its tensors.
+        try:
+            fr = run([sys.executable, os.path.abspath(__file__), "--runs", str(a.runs), "--fresh", path, "cuda:0"])
+            first_s, best_s = (float(x) for x in re.findall(r"(?:first|best) ([0-9.]+)", fr)[-2:])
+            res.update(fresh_first_gbps=gbps(payload, first_s), fresh_best_gbps=gbps(payload, best_s))
+            log(f"gdsfs.safetensors.load_file, tier, in a fresh process: first load {gbps(payload, first_s):.1f} GB/s "
+                f"({first_s * 1e3:.0f} ms: slabs imported, tensors allocated), then best of {a.runs} "
+                f"{gbps(payload, best_s):.1f} GB/s")
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+            ok = False
+            log(f"fresh-process load: FAIL: {e}")
         rd_tier = run([gdsfs, "read", "--device", "0", "--discard", "--parallel", "8", path]).strip().splitlines()[-1]
         log(f"gdsfs read --device 0 --discard, tier: {rd_tier}")
         res.update(pinned_h2d_gbps=pinned, page_cache_gbps=page, tier_gbps=tier, tier_depth1_gbps=tier1,

@@ -174,6 +174,9 @@ class DaemonMover:
         self._write_lease = max(ALIGN, min(self._piece, cap // (2 * WRITE_THREADS)) // ALIGN * ALIGN)
         self._max_ranges = int(getattr(getattr(session, "hello", None), "max_ranges", 0) or 256)
         self.engine = "gdsfs"
+        # The smallest aligned WRITE the daemon writes with O_DIRECT (None: none), asked once.
+        self._direct_min: int | None = None
+        self._direct_known = False
 
     def lease_view(self, ref: Any, n: int) -> torch.Tensor:
         """A uint8 tensor over the first ``n`` bytes of a lease, without copying.
@@ -221,8 +224,12 @@ class DaemonMover:
         by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
         for p in pieces:
             by_dev.setdefault(self.device_for(p[1]), []).append(p)
-        for dev, group in by_dev.items():
-            self._read_group(fd, dev, group)
+        streams = _CopyStreams()
+        try:
+            for dev, group in by_dev.items():
+                self._read_group(fd, dev, group, streams)
+        finally:
+            streams.close()
 
     def _batches(self, pieces: list[tuple[int, torch.Tensor]], budget: int) -> list[list[tuple[int, torch.Tensor]]]:
         """Consecutive pieces cut into requests of at most ``budget`` bytes and max_ranges ranges."""
@@ -236,7 +243,8 @@ class DaemonMover:
             size += t.numel()
         return out
 
-    def _read_pipelined(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> int:
+    def _read_pipelined(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]],
+                        streams: "_CopyStreams") -> int:
         """Read ``pieces`` with up to READ_DEPTH READs in flight, copying each batch out (in order)
         while the next ones are read. Returns how many leading pieces are done: all of them, or,
         when the pool ran full (EAGAIN), those before the batch it refused, for the one-at-a-time
@@ -248,13 +256,13 @@ class DaemonMover:
         for b in batches:
             starts.append(starts[-1] + len(b))
         inflight: list[tuple[int, Future]] = []
-        pending: list[Any] = []  # refs of the batch whose copies may still be running
+        pending = _Copies([])  # the batch whose copies may still be running
         ex = ThreadPoolExecutor(max_workers=self._depth, thread_name_prefix="gdsfs-read")
 
         def submit(k: int) -> None:
             ranges = [(off, t.numel()) for off, t in batches[k]]
             # timeout=0: a full pool answers EAGAIN at once rather than wait on memory we hold.
-            inflight.append((k, ex.submit(self._s.read, fd, ranges, device=dev, timeout=0)))
+            inflight.append((k, ex.submit(self._read_mapped, fd, ranges, dev)))
 
         nxt = 0
         try:
@@ -269,12 +277,12 @@ class DaemonMover:
                     if e.errno != _errno.EAGAIN:
                         raise
                     return starts[k]  # the finally below releases what later READs got
-                done, pending = pending, list(refs)
+                done, pending = pending, _Copies(list(refs))
                 self._finish(done)  # raising, it leaves refs to the finally below, not done again
                 if nxt < len(batches):
                     submit(nxt)
                     nxt += 1
-                self._copy_out(refs, batches[k])
+                self._copy_out(pending, batches[k], streams)
             return len(pieces)
         finally:
             try:
@@ -289,15 +297,49 @@ class DaemonMover:
                     self._release_quietly(refs)
                 ex.shutdown(wait=True)
 
-    def _copy_out(self, refs: list[Any], batch: list[tuple[int, torch.Tensor]]) -> None:
-        """Start the copies of a READ's leases into their tensors (asynchronous; _finish waits)."""
-        for ref, (off, t) in zip(refs, batch):
-            n = t.numel()
-            if n == 0:
-                continue
-            if int(ref.valid) < n:
-                raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
-            t.copy_(self.lease_view(ref, n), non_blocking=True)
+    def _read_mapped(self, fd: int, ranges: list[tuple[int, int]], dev: int | None) -> list[Any]:
+        """One READ of the pipeline (in a helper thread), then the mapping of the CUDA slabs its
+        leases landed in that this process has not mapped yet: a process's first load imports
+        its slabs here, beside the copy-out of the previous batch, not in front of it (GPU run:
+        1.5 ms an import). A mapping that fails is left for the copy-out to report."""
+        # timeout=0: a full pool answers EAGAIN at once rather than wait on memory we hold.
+        refs = self._s.read(fd, ranges, device=dev, timeout=0)
+        if isinstance(self._s, Session):
+            try:
+                from gdsfs import _tensors
+
+                for slab in dict.fromkeys(int(r.slab) for r in refs if int(r.device) >= 0 and r.lease):
+                    _tensors._slab_tensor(self._s, slab)
+            except Exception:  # noqa: BLE001 - lease_view maps again and raises what it meets
+                pass
+        return refs
+
+    def _copy_out(self, copies: "_Copies", batch: list[tuple[int, torch.Tensor]], streams: "_CopyStreams") -> None:
+        """Start the copies of a READ's leases into their tensors (asynchronous: each GPU's on a
+        side stream of this call, an event recorded after them in ``copies``; _finish waits)."""
+        touched: dict[int, Any] = {}
+        try:
+            for ref, (off, t) in zip(copies.refs, batch):
+                n = t.numel()
+                if n == 0:
+                    continue
+                if int(ref.valid) < n:
+                    raise EOFError(f"gdsfs: file ends inside the tensor bytes at offset {off} (+{n})")
+                view = self.lease_view(ref, n)
+                gpu = t.device.index if t.device.type == "cuda" else None
+                if gpu is None and int(getattr(ref, "device", -1)) >= 0:
+                    gpu = int(ref.device)  # a GPU slab into host memory: that GPU copies
+                if gpu is None:
+                    t.copy_(view)
+                    continue
+                stream = streams.get(gpu)
+                touched[gpu] = stream
+                with torch.cuda.stream(stream):
+                    t.copy_(view, non_blocking=True)
+        finally:
+            # Even when a copy failed to start, those started are waited for before any release.
+            for gpu, stream in touched.items():
+                copies.events.append(streams.record(gpu, stream))
 
     def _release_quietly(self, refs: list[Any]) -> None:
         """Release leases nothing was copied out of (cleanup on an error path)."""
@@ -308,14 +350,15 @@ class DaemonMover:
             except (OSError, GDSUnavailableError):
                 pass  # the session's end releases them; the caller sees the first error
 
-    def _read_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]]) -> None:
+    def _read_group(self, fd: int, dev: int | None, pieces: list[tuple[int, torch.Tensor]],
+                    streams: "_CopyStreams") -> None:
         if self._depth > 1 and len(self._batches(pieces, self._deep_batch)) > 1:
-            done = self._read_pipelined(fd, dev, pieces)
+            done = self._read_pipelined(fd, dev, pieces, streams)
             if done == len(pieces):
                 return
             pieces = pieces[done:]
         budget = self._batch
-        pending: list[Any] = []  # refs whose copies may still be running
+        pending = _Copies([])  # refs whose copies may still be running
         i = 0
         try:
             while i < len(pieces):
@@ -330,33 +373,35 @@ class DaemonMover:
                 ranges = [(off, t.numel()) for off, t in batch]
                 # Fail fast on a full pool while we hold the previous batch or could ask for less;
                 # only a single-piece request waits for other sessions to free memory.
-                alone = not pending and budget <= self._piece
+                alone = not pending.refs and budget <= self._piece
                 try:
                     refs = self._s.read(fd, ranges, device=dev, **({} if alone else {"timeout": 0}))
                 except GDSUnavailableError as e:
                     if e.errno != _errno.EAGAIN or alone:
                         raise
-                    if pending:  # free the previous batch, then retry at the same size
+                    if pending.refs:  # free the previous batch, then retry at the same size
                         self._finish(pending)
-                        pending = []
+                        pending = _Copies([])
                         continue
                     budget = max(self._piece, budget // 2)
                     continue
                 self._finish(pending)
-                pending = list(refs)
-                self._copy_out(refs, batch)
+                pending = _Copies(list(refs))
+                self._copy_out(pending, batch, streams)
                 i += len(batch)
         finally:
             self._finish(pending)
 
-    def _finish(self, refs: list[Any]) -> None:
-        """Wait for the copies out of ``refs`` (on every GPU they landed on), then release them,
-        checking the daemon's answer: a lease it no longer held (its session ended meanwhile)
-        raises GDSLeaseError, since the bytes copied out of it cannot be trusted."""
+    def _finish(self, copies: "_Copies") -> None:
+        """Wait for the copies out of a batch's leases (its events: the host waits for those
+        copies only, not for the rest of the GPU's work), then release the leases, checking the
+        daemon's answer: a lease it no longer held (its session ended meanwhile) raises
+        GDSLeaseError, since the bytes copied out of it cannot be trusted."""
+        refs = copies.refs
         if not refs:
             return
-        for d in sorted({int(r.device) for r in refs if int(getattr(r, "device", -1)) >= 0}):
-            torch.cuda.synchronize(d)
+        for ev in copies.events:
+            ev.synchronize()
         live = [r for r in refs if int(getattr(r, "lease", 1) or 0) != 0]
         if live:
             if isinstance(self._s, Session):
@@ -371,7 +416,11 @@ class DaemonMover:
             by_dev.setdefault(self.device_for(p[1]), []).append(p)
         for d in {t.device for _, t in pieces if t.device.type == "cuda"}:
             torch.cuda.current_stream(d).synchronize()  # the producers' work is done before we copy
-        flusher = _Flusher(fd, flush_every) if flush_every > 0 else None
+        if flush_every > 0 and not self._direct_known:
+            self._direct_min, self._direct_known = direct_write_min(self._s), True
+        # Pieces the daemon writes with O_DIRECT leave nothing in the page cache to flush.
+        cached = sum(t.numel() for off, t in pieces if not written_direct(off, t.numel(), self._direct_min))
+        flusher = _Flusher(fd, flush_every) if flush_every > 0 and cached >= flush_every else None
         try:
             for dev, group in by_dev.items():
                 self._write_group(fd, dev, group, flusher)
@@ -420,7 +469,7 @@ class DaemonMover:
                         else:
                             view.copy_(t)
                         self._s.write(fd, ref, off, n)
-                        if flusher is not None:
+                        if flusher is not None and not written_direct(off, n, self._direct_min):
                             flusher.wrote(n)
                 except BaseException as e:  # handed to the caller below
                     with lock:
@@ -436,6 +485,49 @@ class DaemonMover:
                 raise errors[0]
         finally:
             self._s.release(leases)
+
+
+class _Copies:
+    """A READ's leases and the events recorded after the copies out of them (one per GPU)."""
+
+    __slots__ = ("refs", "events")
+
+    def __init__(self, refs: list[Any]) -> None:
+        self.refs = refs
+        self.events: list[Any] = []
+
+
+class _CopyStreams:
+    """The side streams one read_into call copies out of slabs on, one per GPU.
+
+    Each starts after the work queued on its GPU's current stream (the destinations were
+    allocated, maybe last used, there) and, at close, that current stream waits for it, so the
+    caller's later work sees the bytes. Copies on a stream of their own overlap the caller's work,
+    and each batch is waited for by its event, not by a synchronize of the whole device.
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[int, Any] = {}
+
+    def get(self, gpu: int) -> Any:
+        s = self._streams.get(gpu)
+        if s is None:
+            s = torch.cuda.Stream(device=gpu)
+            s.wait_stream(torch.cuda.current_stream(gpu))
+            self._streams[gpu] = s
+        return s
+
+    @staticmethod
+    def record(gpu: int, stream: Any) -> Any:
+        ev = torch.cuda.Event()
+        with torch.cuda.device(gpu):
+            ev.record(stream)
+        return ev
+
+    def close(self) -> None:
+        for gpu, s in self._streams.items():
+            torch.cuda.current_stream(gpu).wait_stream(s)
+        self._streams = {}
 
 
 class _Flusher:
@@ -492,12 +584,30 @@ class _Flusher:
 
 
 def slab_bytes(session: Any) -> int:
-    """The daemon's regular slab size (from its status document), or its default."""
+    """The daemon's regular slab size (from its status document), or its default.
+
+    Asked once per daemon run in a process (it is fixed for the run): a STATUS opens the control
+    file (a session of its own in the daemon) and pages the whole status document, for every
+    load otherwise.
+    """
+    from gdsfs import _core
+
+    hello = getattr(session, "hello", None)
+    run = getattr(hello, "slab_socket", "") if hello is not None else ""
+    key = (str(getattr(session, "mount", "")), int(getattr(hello, "daemon_pid", 0) or 0), run) if run else None
+    if key is not None:
+        n = _core._slabs.slab_sizes.get(key)
+        if n:
+            return n
     try:
         n = int(session.status()["pool"]["slab_bytes"])
     except (AttributeError, KeyError, TypeError, ValueError, OSError, GDSUnavailableError):
         return DEFAULT_SLAB_BYTES
-    return n if n > 0 else DEFAULT_SLAB_BYTES
+    if n <= 0:
+        return DEFAULT_SLAB_BYTES
+    if key is not None:
+        _core._slabs.slab_sizes[key] = n
+    return n
 
 
 def open_mover(path: str, *, strict: bool = False, device: int | None = None) -> Mover:
@@ -572,3 +682,19 @@ def transfer(path: str, fd: int, items: Sequence[tuple[int, torch.Tensor]], *, w
     else:
         plain.read_into(fd, items)
     return plain.engine
+
+
+def direct_write_min(session: Any) -> int | None:
+    """The smallest 4 KiB-aligned WRITE the daemon writes around the page cache (O_DIRECT), from
+    its status document; None when it does not say (an older daemon) or writes buffered."""
+    try:
+        n = int(session.status().get("direct_write_min_bytes") or 0)
+    except (AttributeError, KeyError, TypeError, ValueError, OSError, GDSUnavailableError):
+        return None
+    return n if n > 0 else None
+
+
+def written_direct(off: int, n: int, direct_min: int | None) -> bool:
+    """Whether the daemon writes ``n`` bytes at file offset ``off`` around the page cache: the
+    write starts 4 KiB-aligned and is at least ``direct_min`` (direct_write_min) bytes."""
+    return direct_min is not None and off % ALIGN == 0 and n >= direct_min
