@@ -177,3 +177,83 @@ func TestCommandName(t *testing.T) {
 		}
 	}
 }
+
+// TestEnginesKeepVectoredReads: an engine that reads many ranges in one
+// call (cufile.VecReader: the posix and host engines) keeps that ability
+// behind the recording wrapper, so a mount with --metrics-addr serves
+// small-sample READs the same way as one without, and the bytes it moves
+// are recorded.
+func TestEnginesKeepVectoredReads(t *testing.T) {
+	host := cufile.NewHostEngine(cufile.Options{ChunkBytes: 64 << 10, Workers: 2})
+	m := metrics.New()
+	e, _ := Engines(fixedEngine{fakeVecEngine{host}}, m).Choose(nil, "p", 0, 1)
+	vr, ok := e.(cufile.VecReader)
+	if !ok {
+		t.Fatalf("Choose returned %T: the recording wrapper hides the engine's ReadVec", e)
+	}
+	p := filepath.Join(t.TempDir(), "f")
+	data := make([]byte, 64<<10)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	be, err := gpubuf.NewHostBackend(gpubuf.HostBackendOptions{Dir: filepath.Join(t.TempDir(), "slabs")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	mem, err := be.Alloc(context.Background(), 0, 8192, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	dst := mem.(gpubuf.HostMemory).HostBytes()
+	n, err := vr.ReadVec(context.Background(), f, []cufile.Segment{
+		{Dst: mem, DstOff: 0, FileOff: 100, N: 1000},
+		{Dst: mem, DstOff: 4096, FileOff: 30000, N: 3000},
+	})
+	if err != nil || len(n) != 2 || n[0] != 1000 || n[1] != 3000 {
+		t.Fatalf("ReadVec = %v, %v; want [1000 3000]", n, err)
+	}
+	if string(dst[:1000]) != string(data[100:1100]) || string(dst[4096:7096]) != string(data[30000:33000]) {
+		t.Fatal("ReadVec through the wrapper read other bytes than the file's")
+	}
+	s, err := m.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get("gdsfs_bytes_total", "engine", "host", "direction", "read"); got != 4000 {
+		t.Errorf("gdsfs_bytes_total{host,read} = %v after a vectored read of 4000 bytes, want 4000", got)
+	}
+	if e, _ := Engines(fixedEngine{readOnlyEngine{host}}, m).Choose(nil, "p", 0, 1); e != nil {
+		if _, ok := e.(cufile.VecReader); ok {
+			t.Errorf("an engine without ReadVec gained one through the wrapper (%T)", e)
+		}
+	}
+}
+
+// readOnlyEngine hides every optional ability of the engine it holds.
+type readOnlyEngine struct{ cufile.Engine }
+
+// fakeVecEngine reads vectors range by range, as a stand-in for the posix
+// engine's ReadVec (CUDA memory only) on a machine without a GPU.
+type fakeVecEngine struct{ cufile.Engine }
+
+func (e fakeVecEngine) ReadVec(ctx context.Context, f *os.File, segs []cufile.Segment) ([]int64, error) {
+	n := make([]int64, len(segs))
+	for i, s := range segs {
+		got, err := e.ReadAt(ctx, f, s.Dst, s.DstOff, s.FileOff, s.N)
+		n[i] = got
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
