@@ -8,6 +8,7 @@ import os
 import pydoc
 import subprocess
 import sys
+import traceback
 import warnings
 
 import numpy as np
@@ -282,3 +283,41 @@ def test_help_shows_the_public_api_only() -> None:
         assert private not in text, private
     for public in ("state_dict", "set_epoch", "close", "reclaim"):
         assert public in text, public
+
+
+# -- the daemon gone mid-iteration -----------------------------------------------
+
+
+def test_abandoning_a_loader_after_the_daemon_died_raises_nothing_unraisable(gdsfs_bin, tmp_path) -> None:
+    """A trainer whose gdsfs daemon was killed (or the mount taken away) breaks out of its
+    DataLoader loop: the loader's cleanup (stop the workers, continue with a fresh session)
+    must not raise from a finalizer, where Python can only print "Exception ignored"."""
+    from conftest import mount, unmount
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    for i in range(2):
+        _good(str(src), f"s{i}.tar", n=8)
+    m = mount(gdsfs_bin, str(src), str(mnt), str(tmp_path / "daemon.log"))
+    seen: list[str] = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(f"{u.exc_type.__name__}: {u.exc_value} in {u.object!r} at " + "".join(traceback.format_tb(u.exc_traceback)))
+    try:
+        ds = gt.GDSShardDataset([os.path.join(m.mnt, "s0.tar"), os.path.join(m.mnt, "s1.tar")],
+                                gpu_keys=["x.npy"], device="cpu")
+        loader = gt.DataLoader(ds, batch_size=2, num_workers=0)
+        it = iter(loader)
+        next(it)
+        assert ds._session is not None, "the dataset on a gdsfs mount opened no session"
+        os.kill(ds._session.hello.daemon_pid, 9)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            del it  # the loop ends: the generator closes, the loader cleans up
+            import gc
+            gc.collect()
+        assert seen == [], f"the loader's cleanup raised where nobody can catch it: {seen}"
+        ds.close()
+    finally:
+        sys.unraisablehook = old_hook
+        unmount(gdsfs_bin, m.mnt)
