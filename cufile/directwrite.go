@@ -111,3 +111,33 @@ func writePiece(f, direct *os.File, b []byte, off int64) error {
 	}
 	return pwriteFull(f, b, off)
 }
+
+// writeParts writes the n bytes of a WRITE at fileOff in up to three
+// parts: the 4 KiB-aligned body through an O_DIRECT reopen of f when
+// useDirect(head, body) allows it and f can be reopened so, the unaligned
+// head and tail (or the whole range) through f. write writes the part
+// [off, off+n) of the request through direct (nil: through f).
+func writeParts(f *os.File, fileOff, n int64, useDirect func(head, body int64) bool, write func(direct *os.File, off, n int64) error) error {
+	head, body, tail := alignedSplit(fileOff, n)
+	var direct *os.File
+	if useDirect(head, body) {
+		direct = openDirectWrite(f)
+	}
+	if direct == nil {
+		head, body, tail = n, 0, 0
+	} else {
+		defer direct.Close()
+	}
+	for _, p := range []struct {
+		off, n int64
+		direct *os.File
+	}{{0, head, nil}, {head, body, direct}, {head + body, tail, nil}} {
+		if p.n == 0 {
+			continue
+		}
+		if err := write(p.direct, p.off, p.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}

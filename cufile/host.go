@@ -74,30 +74,18 @@ func (e *hostEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory,
 	if err != nil {
 		return 0, err
 	}
-	head, body, tail := alignedSplit(fileOff, n)
-	var direct *os.File
-	if e.opts.directWrite(body) && isAligned(b[srcOff+head:srcOff+head+body]) {
-		direct = openDirectWrite(f)
-	}
-	if direct == nil {
-		head, body, tail = n, 0, 0
-	} else {
-		defer direct.Close()
-	}
-	for _, p := range []struct {
-		off, n int64
-		direct *os.File
-	}{{0, head, nil}, {head, body, direct}, {head + body, tail, nil}} {
-		if p.n == 0 {
-			continue
-		}
-		from, to := b[srcOff+p.off:srcOff+p.off+p.n], fileOff+p.off
+	err = writeParts(f, fileOff, n, func(head, body int64) bool {
+		return e.opts.directWrite(body) && isAligned(b[srcOff+head:srcOff+head+body])
+	}, func(direct *os.File, off, n int64) error {
+		from, to := b[srcOff+off:srcOff+off+n], fileOff+off
 		w := funcWorker{doFn: func(c chunk) (int64, error) {
-			return c.n, writePiece(f, p.direct, from[c.off:c.off+c.n], to+c.off)
+			return c.n, writePiece(f, direct, from[c.off:c.off+c.n], to+c.off)
 		}}
-		if _, err := runChunks(ctx, p.n, e.opts.ChunkBytes, e.opts.Workers, func(context.Context) (worker, error) { return w, nil }); err != nil {
-			return 0, fmt.Errorf("host write %q: %w", f.Name(), err)
-		}
+		_, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(context.Context) (worker, error) { return w, nil })
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("host write %q: %w", f.Name(), err)
 	}
 	return n, nil
 }

@@ -286,26 +286,12 @@ func (e *posixEngine) WriteAt(ctx context.Context, f *os.File, src gpubuf.Memory
 	if err := checkRange(src, srcOff, fileOff, n); err != nil {
 		return 0, err
 	}
-	head, body, tail := alignedSplit(fileOff, n)
-	var direct *os.File
-	if e.opts.directWrite(body) {
-		direct = openDirectWrite(f)
-	}
-	if direct == nil {
-		head, body, tail = n, 0, 0
-	} else {
-		defer direct.Close()
-	}
-	for _, p := range []struct {
-		off, n int64
-		direct *os.File
-	}{{0, head, nil}, {head, body, direct}, {head + body, tail, nil}} {
-		if p.n == 0 {
-			continue
-		}
-		if err := e.writeChunks(ctx, f, p.direct, src, srcOff+p.off, fileOff+p.off, p.n); err != nil {
-			return 0, fmt.Errorf("posix write %q: %w", f.Name(), err)
-		}
+	err := writeParts(f, fileOff, n, func(_, body int64) bool { return e.opts.directWrite(body) },
+		func(direct *os.File, off, n int64) error {
+			return e.writeChunks(ctx, f, direct, src, srcOff+off, fileOff+off, n)
+		})
+	if err != nil {
+		return 0, fmt.Errorf("posix write %q: %w", f.Name(), err)
 	}
 	return n, nil
 }
