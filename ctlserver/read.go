@@ -93,10 +93,10 @@ func (s *Server) engine(f *os.File, path string, off, n int64) (cufile.Engine, s
 	return eng, 0
 }
 
-// readEngine returns the engine for a READ of plan: the chooser is asked
-// about the span of the READ's widened ranges.
-func (s *Server) readEngine(f *os.File, path string, plan []span) (cufile.Engine, syscall.Errno) {
-	lo, hi := int64(-1), int64(0)
+// extent returns the lowest start, the highest end and the longest of
+// plan's widened ranges that read anything; lo is -1 when none does.
+func extent(plan []span) (lo, hi, longest int64) {
+	lo = -1
 	for _, sp := range plan {
 		if sp.valid == 0 {
 			continue
@@ -105,7 +105,15 @@ func (s *Server) readEngine(f *os.File, path string, plan []span) (cufile.Engine
 			lo = sp.start
 		}
 		hi = max(hi, sp.end)
+		longest = max(longest, sp.end-sp.start)
 	}
+	return lo, hi, longest
+}
+
+// readEngine returns the engine for a READ of plan: the chooser is asked
+// about the span of the READ's widened ranges.
+func (s *Server) readEngine(f *os.File, path string, plan []span) (cufile.Engine, syscall.Errno) {
+	lo, hi, _ := extent(plan)
 	if lo < 0 {
 		lo = 0 // nothing to read: any answer serves
 	}

@@ -62,17 +62,7 @@ func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size
 	if ra == nil || ra.t.Config().Off() {
 		return
 	}
-	lo, hi, longest := int64(-1), int64(0), int64(0)
-	for _, sp := range plan {
-		if sp.valid == 0 {
-			continue
-		}
-		if lo < 0 || sp.start < lo {
-			lo = sp.start
-		}
-		hi = max(hi, sp.end)
-		longest = max(longest, sp.end-sp.start)
-	}
+	lo, hi, longest := extent(plan)
 	if lo < 0 {
 		return
 	}
