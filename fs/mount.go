@@ -247,6 +247,9 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		return fail(fmt.Errorf("mount %q: %w", o.Mountpoint, err))
 	}
 	s.srv = srv
+	if err := closeFuseFdsOnExec(); err != nil {
+		m.log.Warn().Err(err).Msg("cannot mark the /dev/fuse connection close-on-exec: programs started by this process inherit it")
+	}
 	m.pt.start(srv, o.NoPassthrough)
 	on, why := m.pt.state()
 	ev := m.log.Info()
