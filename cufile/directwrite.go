@@ -2,7 +2,6 @@ package cufile
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"syscall"
 	"unsafe"
@@ -84,7 +83,7 @@ func openDirectWrite(f *os.File) *os.File {
 		return nil
 	}
 	keep := fl & (unix.O_ACCMODE | unix.O_SYNC | unix.O_DSYNC)
-	d, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), keep|syscall.O_DIRECT|syscall.O_CLOEXEC, 0)
+	d, err := openflags.Reopen(f, keep|syscall.O_DIRECT)
 	if err != nil {
 		return nil
 	}

@@ -98,7 +98,7 @@ func (e *gdsEngine) acquire(f *os.File) (*fileHandle, func(), error) {
 		return fh, func() { e.unref(fh) }, nil
 	}
 	e.mu.Unlock()
-	own, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), k.mode|syscall.O_CLOEXEC, 0)
+	own, err := openflags.Reopen(f, k.mode)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reopen %q for cuFile: %w", f.Name(), err)
 	}

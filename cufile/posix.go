@@ -214,7 +214,7 @@ func openDirect(f *os.File) *os.File {
 	if err != nil || mode == unix.O_WRONLY {
 		return nil
 	}
-	d, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), mode|syscall.O_DIRECT|syscall.O_CLOEXEC, 0)
+	d, err := openflags.Reopen(f, mode|syscall.O_DIRECT)
 	if err != nil {
 		return nil
 	}

@@ -45,3 +45,25 @@ func Writable(f *os.File) bool {
 	m, err := AccessMode(f)
 	return err == nil && m != unix.O_RDONLY
 }
+
+// Reopen opens f's file again, through f's descriptor (/proc/self/fd/N),
+// with flags (plus O_CLOEXEC). f's descriptor is held for the call, so a
+// concurrent Close cannot hand its number to another file meanwhile. The
+// caller chooses flags no wider than f's own (Of): the daemon, root, must
+// never hold a file with more rights than the client's descriptor grants.
+func Reopen(f *os.File, flags int) (*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("reopen %q: %w", f.Name(), err)
+	}
+	var (
+		r    *os.File
+		oerr error
+	)
+	if err := rc.Control(func(fd uintptr) {
+		r, oerr = os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), flags|unix.O_CLOEXEC, 0)
+	}); err != nil {
+		return nil, fmt.Errorf("reopen %q: %w", f.Name(), err)
+	}
+	return r, oerr
+}

@@ -46,3 +46,40 @@ func TestAccess(t *testing.T) {
 		}
 	}
 }
+
+// TestReopen: a reopen is the same file with the flags asked for (and
+// close-on-exec), independent of the original's offset; a closed file
+// cannot be reopened.
+func TestReopen(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Seek(3, 0); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Reopen(f, os.O_RDONLY)
+	if err != nil {
+		t.Fatalf("Reopen: %v", err)
+	}
+	defer r.Close()
+	b := make([]byte, 5)
+	if n, err := r.Read(b); err != nil || string(b[:n]) != "hello" {
+		t.Errorf("reopened file reads %q, %v; want the whole file from its start", b[:n], err)
+	}
+	if fl, err := Of(r); err != nil || fl&unix.O_ACCMODE != unix.O_RDONLY {
+		t.Errorf("reopened flags %#x, %v; want O_RDONLY", fl, err)
+	}
+	if fd, err := unix.FcntlInt(r.Fd(), unix.F_GETFD, 0); err != nil || fd&unix.FD_CLOEXEC == 0 {
+		t.Errorf("reopened descriptor flags %#x, %v; want FD_CLOEXEC", fd, err)
+	}
+	f.Close()
+	if r2, err := Reopen(f, os.O_RDONLY); err == nil {
+		r2.Close()
+		t.Error("Reopen of a closed file succeeded")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/gdsfs/gdsfs/internal/openflags"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,25 +68,12 @@ func (fl *Fills) Fill(ctx context.Context, f *os.File, off, n int64) (int64, err
 	return got, nil
 }
 
-// reopen opens f's file again for reading, through f's descriptor (held
-// for the call: a concurrent Close cannot give its number to another file
-// meanwhile).
+// reopen opens f's file again for reading (never more than f grants),
+// without updating its access time where the daemon may skip that.
 func reopen(f *os.File) (*os.File, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return nil, err
+	r, err := openflags.Reopen(f, os.O_RDONLY|unix.O_NOATIME)
+	if errors.Is(err, unix.EPERM) { // O_NOATIME on a file the daemon does not own
+		r, err = openflags.Reopen(f, os.O_RDONLY)
 	}
-	var (
-		r    *os.File
-		oerr error
-	)
-	if err := rc.Control(func(fd uintptr) {
-		r, oerr = os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOATIME, 0)
-		if errors.Is(oerr, unix.EPERM) { // O_NOATIME on a file the daemon does not own
-			r, oerr = os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_CLOEXEC, 0)
-		}
-	}); err != nil {
-		return nil, err
-	}
-	return r, oerr
+	return r, err
 }
