@@ -259,3 +259,57 @@ def test_the_ready_probe_sees_a_waiting_batch() -> None:
         assert not ready()
     assert _tensors._ready_probe(object()) is None
     mq.close()
+
+
+def test_with_cuda_the_loop_copies_batches_without_torchs_pin_thread(gdsfs_mount, monkeypatch) -> None:
+    """On a GPU machine (faked: torch.cuda says one device; the copies themselves run on the CPU)
+    gdsfs.torch.DataLoader(pin_memory=True) with gdsfs.torch.collate starts no pin-memory thread:
+    its loop materializes each batch for the current GPU, pinning, and settles it; dl.pin_memory
+    stays True. With another collate_fn torch's pin-memory thread is asked for as before."""
+    import torch
+    import torch.utils.data
+
+    import gdsfs.torch as gt
+    from gdsfs import _tensors
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    calls = []
+    real = _tensors.GDSBatch.materialize
+    pid = os.getpid()
+
+    def materialize(self, device=None, *, pin=False, _defer=False, _parsed=False):
+        if os.getpid() == pid:
+            calls.append((str(device), pin, _defer))
+        return real(self, None, pin=False, _defer=_defer)  # the copy on the CPU: there is no GPU
+
+    monkeypatch.setattr(_tensors.GDSBatch, "materialize", materialize)
+    made = []
+    real_get = torch.utils.data.DataLoader._get_iterator
+
+    def get_iterator(self):
+        made.append(self.pin_memory)
+        if self.pin_memory:
+            raise RuntimeError("torch would start its pin-memory thread")
+        return real_get(self)
+
+    monkeypatch.setattr(torch.utils.data.DataLoader, "_get_iterator", get_iterator)
+    paths, truth = _shards(gdsfs_mount, "settle-cuda", nshards=2, per=16)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    dl = gt.DataLoader(ds, batch_size=8, num_workers=2, timeout=60)
+    assert dl.pin_memory
+    seen = {}
+    for b in dl:
+        assert b._pending is None
+        for i, key in enumerate(b["__key__"]):
+            seen[key] = b["x.npy"][i].numpy().tobytes()
+    assert seen == truth
+    assert made == [False] and dl.pin_memory
+    assert calls and set(calls) == {("cuda:0", True, True)}, calls
+    other = gt.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=lambda s: gt.collate(s), timeout=60)
+    with pytest.raises(RuntimeError, match="pin-memory thread"):
+        next(iter(other))
+    del b
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
