@@ -2,7 +2,7 @@
 """Host-engine benchmark of GDSShardDataset's per-sample path (issue 15).
 
 Usage: bench-dataset.py [--quick] [--sizes 16,64,256] [--workers 0,2] [--batch 16]
-                        [--mount MNT --source SRC] [--profile] [--main] [--compare PKGDIR] [--cold] [--json PATH]
+                        [--mount MNT --source SRC] [--profile] [--no-main] [--compare PKGDIR] [--cold] [--json PATH]
 
 Writes WebDataset tars of float32 .npy samples (plus a .cls) on a host-mode
 gdsfs mount and prints, per sample size and worker count, samples/s and GB/s
@@ -18,11 +18,12 @@ bin/gdsfs; as root, or with fusermount3) in a temp dir and unmounts it.
 and prints after/before ratios. --profile prints where the time of one
 process (num_workers=0) goes per sample: planning, the READ and RELEASE
 round trips, the lease book, the gather, CPU decoding, and what pickling a
-batch from a worker to the main process costs. --main prints the main
-process's cost per batch in the real loader with workers and torch's own
-pin-memory thread (started on a CPU-only torch: _PinThreadOnCPU), as on a
-GPU machine: CPU per thread, unpickling, pin_memory, the loop's settle and
-its RELEASE ioctls.
+batch from a worker to the main process costs. Per worker count > 0 it
+also prints the main process's cost per batch in the real loader (--no-main:
+not) as it runs on a GPU machine (torch's pin-memory thread started on a
+CPU-only torch where the package uses one: _PinThreadOnCPU): CPU per thread,
+the gather's CPU (a kernel launch on a GPU), unpickling, the copy, the
+settle and its RELEASE ioctls per batch.
 
 --cold adds the cold page cache: per size, the disk's sequential read rate over
 the shards (8 MiB reads, as dd) and a fresh loader's pass with the shards'
@@ -503,8 +504,8 @@ def main() -> int:
     ap.add_argument("--mount", help="an existing host-mode gdsfs mount (with --source: the directory it serves)")
     ap.add_argument("--source", help="the backing directory of --mount")
     ap.add_argument("--profile", action="store_true", help="also print where one process's time goes per sample")
-    ap.add_argument("--main", action="store_true",
-                    help="also print the main process's cost per batch in the real loader with a pin-memory thread (per worker count > 0)")
+    ap.add_argument("--main", action=argparse.BooleanOptionalAction, default=True,
+                    help="print the main process's cost per batch in the real loader, per worker count > 0 (default on)")
     ap.add_argument("--compare", metavar="PKGDIR", help="also run the gdsfs rows with the gdsfs package in PKGDIR (a child process)")
     ap.add_argument("--cold", action="store_true",
                     help="also the cold page cache: per size, the disk's sequential rate over the shards and a fresh loader's pass with "

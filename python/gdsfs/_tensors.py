@@ -744,7 +744,7 @@ def _typed_run(col: _RefColumn) -> Optional[torch.Tensor]:
     size = _itemsize(dtype)
     if fortran or off % size or step % size or not all(int(d) > 0 for d in shape):
         return None
-    base = slab if dtype == torch.uint8 else _typed_slab(col.leases[0], dtype)
+    base = slab if dtype == torch.uint8 else _typed_view(slab, dtype)
     if base is None:
         return None
     strides, acc = [], 1
@@ -754,11 +754,10 @@ def _typed_run(col: _RefColumn) -> Optional[torch.Tensor]:
     return base.as_strided((len(col.idx),) + tuple(shape), (step // size,) + tuple(reversed(strides)), off // size)
 
 
-def _typed_slab(r: Ref, dtype: torch.dtype) -> Optional[torch.Tensor]:
-    """The whole slab of r viewed as dtype, or None when its size or start is not a multiple of
+def _typed_view(slab: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """The whole slab viewed as dtype, or None when its size or start is not a multiple of
     dtype's. Cached on the slab's tensor itself, so it lives exactly as long as that mapping
     does (_core._ProcessSlabs.drop_vmm lets a closed session's mappings go)."""
-    slab = _slab_of(r, None, {})
     typed = slab.__dict__.setdefault("_gdsfs_typed", {})
     t = typed.get(dtype)
     if t is None:
