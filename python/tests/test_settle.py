@@ -107,7 +107,7 @@ def test_the_loader_settles_several_batches_with_one_release(gdsfs_mount, monkey
         mine = {rec.leases[k][0] for k in b["__key__"]}
         assert not (mine & _held_here()), "a yielded batch's lease is still held"
         for i, key in enumerate(b["__key__"]):
-            assert b["x.npy"][i].numpy().tobytes() == truth[key]
+            assert b["x.npy"][i].cpu().numpy().tobytes() == truth[key]
     # Three batches out, one RELEASE: the loop settled a group of them before the first.
     assert rec.releases < len(got), rec.releases
     if stop == "del":
@@ -135,7 +135,7 @@ def test_a_whole_pass_settles_in_groups_every_sample_once(gdsfs_mount, monkeypat
         nb += 1
         for i, key in enumerate(b["__key__"]):
             assert key not in seen
-            seen[key] = b["x.npy"][i].numpy().tobytes()
+            seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
     assert seen == truth
     assert nb == len(dl) and rec.releases <= -(-nb // _tensors.SETTLE_BATCHES) + 2, (nb, rec.releases)
     del b
@@ -169,7 +169,7 @@ def test_a_yielded_batch_keeps_its_bytes_after_its_leases_return(gdsfs_mount, mo
     assert reused > 0, "the daemon gave the second pass other memory"
     for b in kept:
         for i, key in enumerate(b["__key__"]):
-            assert b["x.npy"][i].numpy().tobytes() == truth_a[key], f"batch bytes of {key} changed after its lease returned"
+            assert b["x.npy"][i].cpu().numpy().tobytes() == truth_a[key], f"batch bytes of {key} changed after its lease returned"
     assert len(truth_b) == len(truth_a)
     del kept, b, _b
     assert gdsfs_mount.wait_leases(0) == 0
@@ -203,7 +203,7 @@ def test_a_lost_lease_in_a_group_yields_the_batches_before_it(gdsfs_mount) -> No
     for b in got:
         assert b._pending is None
         for i, key in enumerate(b["__key__"]):
-            assert b["x.npy"][i].numpy().tobytes() == truth[key]
+            assert b["x.npy"][i].cpu().numpy().tobytes() == truth[key]
     del raws, got, b
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
@@ -227,7 +227,7 @@ def test_settled_batches_dropped_midway_return_every_lease(gdsfs_mount, monkeypa
             got.append(b)
             break
     assert got[0]._pending is None
-    assert [got[0]["x.npy"][i].numpy().tobytes() for i in range(4)] == [truth[k] for k in got[0]["__key__"]]
+    assert [got[0]["x.npy"][i].cpu().numpy().tobytes() for i in range(4)] == [truth[k] for k in got[0]["__key__"]]
     if stop == "del":
         del gen
     else:
@@ -303,7 +303,7 @@ def test_with_cuda_the_loop_copies_batches_without_torchs_pin_thread(gdsfs_mount
     for b in dl:
         assert b._pending is None
         for i, key in enumerate(b["__key__"]):
-            seen[key] = b["x.npy"][i].numpy().tobytes()
+            seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
     assert seen == truth
     assert made == [False] and dl.pin_memory
     assert calls and set(calls) == {("cuda:0", True, True)}, calls
