@@ -187,24 +187,32 @@ def _defers_release() -> bool:
 
 class _Pending:
     """The leases of a batch copied but not yet released (defer_release), with an event per CUDA
-    device recorded after the copies."""
+    device recorded after the copies; or, record=False (the loop's own copies, settled() settles
+    them as a group), only those devices: the group waits once per device for its stream."""
 
-    __slots__ = ("holds", "events", "pid")
+    __slots__ = ("holds", "events", "devices", "pid")
 
-    def __init__(self, holds: Sequence[Optional[_leases.Hold]]) -> None:
+    def __init__(self, holds: Sequence[Optional[_leases.Hold]], record: bool = True) -> None:
         self.holds = [h for h in holds if h is not None]
         self.events: list[Any] = []
-        for d in sorted({h.entry.ref.device for h in self.holds if h.entry.ref.device >= 0}):
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(d))
-            self.events.append(ev)
+        self.devices: list[int] = sorted({h.entry.ref.device for h in self.holds if h.entry.ref.device >= 0})
+        if record:
+            for d in self.devices:
+                ev = torch.cuda.Event()
+                ev.record(torch.cuda.current_stream(d))
+                self.events.append(ev)
+            self.devices = []
         self.pid = os.getpid()
 
     def wait(self) -> None:
-        """Wait for the copies (idempotent)."""
+        """Wait for the copies (idempotent). Copies without an event: every stream of their
+        devices (only a batch dropped or pickled before its group settled gets here)."""
         events, self.events = self.events, []
+        devices, self.devices = self.devices, []
         for ev in events:
             ev.synchronize()
+        for d in devices:
+            torch.cuda.synchronize(d)
 
     def take(self) -> list[_leases.Hold]:
         """The Holds, for one release (after wait())."""
@@ -218,10 +226,9 @@ class _Pending:
     def __del__(self) -> None:
         # Dropped unsettled: the copies finish before the Holds go (they are collected after
         # this, and queue their leases' release). Not in a forked child (CUDA is the parent's).
-        if self.events and self.pid == os.getpid():
+        if (self.events or self.devices) and self.pid == os.getpid():
             try:
-                for ev in self.events:
-                    ev.synchronize()
+                self.wait()
             except Exception:  # noqa: BLE001 - interpreter teardown: the exit ends the sessions
                 pass
 
@@ -271,7 +278,12 @@ def _settle_group(batches: Sequence[Any]) -> list[Optional[GDSLeaseError]]:
             b._pending = None
             pend.append(p)
             at.append(i)
+    # The loop's own copies of a group were issued one after the other on the current stream of
+    # each device (no user code ran between them): one wait per device covers them all.
+    for d in sorted({d for p in pend for d in p.devices}):
+        torch.cuda.current_stream(d).synchronize()
     for p in pend:
+        p.devices = []
         p.wait()
     errs: list[Optional[GDSLeaseError]] = [None] * len(batches)
     for i, e in zip(at, _leases.release_groups([p.take() for p in pend])):
@@ -298,7 +310,7 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
         try:
             b = next(src)
             if isinstance(b, GDSBatch) and not b.materialized:
-                b = b.materialize(tgt, pin=pin, _defer=True, _parsed=True)
+                b = b.materialize(tgt, pin=pin, _defer=True, _parsed=True, _record=False)
         except StopIteration:
             break
         except Exception as e:  # noqa: BLE001 - raised again once the batches before it are out
@@ -939,7 +951,8 @@ class GDSBatch:
             self._pending = None
             p.settle()
 
-    def materialize(self, device: Device = None, *, pin: bool = False, _defer: bool = False, _parsed: bool = False) -> "GDSBatch":
+    def materialize(self, device: Device = None, *, pin: bool = False, _defer: bool = False, _parsed: bool = False,
+                    _record: bool = True) -> "GDSBatch":
         """Tensors for every field (gpu fields on device, default: where
         the daemon put them), then release the leases.
 
@@ -977,7 +990,7 @@ class GDSBatch:
         done = GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
         if _defer:
             # The loop's thread settles it (_settle) before anyone sees it.
-            done._pending = _Pending(holds)
+            done._pending = _Pending(holds, record=_record)
             return done
         # The copies are done (waited for): release, and trust them only if
         # the daemon still held every lease.

@@ -279,7 +279,7 @@ def test_with_cuda_the_loop_copies_batches_without_torchs_pin_thread(gdsfs_mount
     real = _tensors.GDSBatch.materialize
     pid = os.getpid()
 
-    def materialize(self, device=None, *, pin=False, _defer=False, _parsed=False):
+    def materialize(self, device=None, *, pin=False, _defer=False, **private):
         if os.getpid() == pid:
             calls.append((str(device), pin, _defer))
         return real(self, None, pin=False, _defer=_defer)  # the copy on the CPU: there is no GPU
@@ -313,3 +313,70 @@ def test_with_cuda_the_loop_copies_batches_without_torchs_pin_thread(gdsfs_mount
     del b
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+class _FakeCuda:
+    """The torch.cuda calls _Pending and _settle_group make, recorded (CUDA slabs on a CPU box)."""
+
+    def __init__(self, monkeypatch) -> None:
+        import torch
+
+        self.calls: list[tuple] = []
+        fake = self
+
+        class Stream:
+            def __init__(self, d: int) -> None:
+                self.d = d
+
+            def synchronize(self) -> None:
+                fake.calls.append(("stream sync", self.d))
+
+        class Event:
+            def record(self, stream) -> None:
+                fake.calls.append(("record", stream.d))
+
+            def synchronize(self) -> None:
+                fake.calls.append(("event sync",))
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: Stream(d))
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: fake.calls.append(("device sync", d)))
+
+
+def _cuda_holds(n: int, device: int = 0):
+    from gdsfs import _leases
+    from gdsfs._core import Ref
+
+    refs = [Ref("/nonexistent-mount", 7, 1, 4242, 9000 + i, 1, 0, 16, 16, device, "posix") for i in range(n)]
+    return [_leases.hold(r) for r in refs]
+
+
+def test_the_loops_copies_wait_once_per_group_for_their_stream(monkeypatch) -> None:
+    """Copies out of CUDA slabs (faked): a pin-memory thread's batch records an event per device
+    after its copies (as before); the loop's own copies record none, and their group waits once
+    per device for its current stream before the one release; one dropped before its group
+    settled waits for its device before its Holds go."""
+    from gdsfs import _leases, _tensors
+
+    cuda = _FakeCuda(monkeypatch)
+    released: list[list] = []
+    monkeypatch.setattr(_leases, "release_groups", lambda groups: released.append([len(g) for g in groups]) or [None] * len(groups))
+    p = _tensors._Pending(_cuda_holds(1))
+    assert cuda.calls == [("record", 0)]
+    cuda.calls.clear()
+    batches = []
+    for i in range(3):
+        b = _tensors.GDSBatch({})
+        b._pending = _tensors._Pending(_cuda_holds(2), record=False)
+        batches.append(b)
+    pinned = _tensors.GDSBatch({})
+    pinned._pending = p
+    assert cuda.calls == []
+    assert _tensors._settle_group(batches + [pinned]) == [None] * 4
+    assert cuda.calls == [("stream sync", 0), ("event sync",)], cuda.calls
+    assert released == [[2, 2, 2, 1]]
+    assert all(b._pending is None for b in batches + [pinned])
+    cuda.calls.clear()
+    dropped = _tensors._Pending(_cuda_holds(1, device=1), record=False)
+    del dropped
+    assert cuda.calls == [("device sync", 1)]
