@@ -126,7 +126,7 @@ const (
 	// CapDeviceUUIDs: STATUS names each CUDA device's UUID
 	// (pool.devices[].uuid), so that a client whose CUDA_VISIBLE_DEVICES
 	// view differs from the daemon's can name the daemon's ordinal of
-	// its own GPU (docs/protocol.md, "Devices").
+	// its own GPU (docs/protocol.md, section 2 "Device").
 	CapDeviceUUIDs
 )
 

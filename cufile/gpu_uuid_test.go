@@ -10,7 +10,7 @@ import (
 
 // TestGPUDeviceUUIDs checks that the daemon's device UUIDs are the ones
 // nvidia-smi names for the same ordinals: what clients match their own
-// CUDA devices against (docs/protocol.md, "Devices").
+// CUDA devices against (docs/protocol.md, section 2 "Device").
 func TestGPUDeviceUUIDs(t *testing.T) {
 	e := gpuEngines(t)
 	got := e.DeviceUUIDs()

@@ -179,6 +179,19 @@ if want tier; then
 		--out "$out" --gib "${GDSFS_TIER_GIB:-8}" --json "$out/tier.json" 2>&1 | tee "$out/tier.txt"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
+# ---- CUDA devices named by UUID between the daemon and its clients (devuuid) ----
+# Not in the default list: GDSFS_GPU_SECTIONS=devuuid. With 2 GPUs (nvidia-h200-x2) it also checks
+# CUDA_VISIBLE_DEVICES=1 and a daemon that lacks the client's GPU.
+if want devuuid; then
+	echo "== device UUIDs: the daemon's are torch's; a client that sees one GPU (CUDA_VISIBLE_DEVICES=GPU-<uuid>, =1) loads onto it (scripts/gpu/devuuid_check.py)"
+	if [ -x "$bin/cufile.test" ]; then
+		timeout 120 "$bin/cufile.test" -test.v -test.count=1 -test.run 'TestGPUDeviceUUIDs' 2>&1 |
+			grep -E '^(---|ok|FAIL|PASS)|gpu_uuid_test' | tee "$out/devuuid-cufile.txt"
+	fi
+	PYTHONUNBUFFERED=1 timeout 420 python3 scripts/gpu/devuuid_check.py --bin "$bin/gdsfs" --work "$work/devuuid" --out "$out" \
+		--json "$out/devuuid.json" 2>&1 | tee "$out/devuuid.txt"
+	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 # ---- the Python suite (python/tests), against the carried binary --------
 # CI runs it with torch 1.13 and no safetensors, where the DCP fixtures and
 # round trips, safe_globals and the signature mirror skip; here torch 2.x,
@@ -219,6 +232,7 @@ grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* 
 for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
 [ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|tier load profile|fresh|page-cache load profile|residency|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
+[ -f "$out/devuuid.txt" ] && { echo "-- devuuid"; grep -hE '^--- (PASS|FAIL|SKIP): TestGPUDeviceUUIDs' "$out/devuuid-cufile.txt" 2>/dev/null; grep -E '^devuuid_check: (ok|FAIL|PASS|SKIP|CUDA_VISIBLE)' "$out/devuuid.txt"; }
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
 if [ -f "$out/pytest.txt" ]; then
 	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')

@@ -432,7 +432,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 return index  # the session's own fallback decides
             devices = list(caps.devices)
             if caps.device_uuids:
-                m = _devmap.resolve(caps.mount, lambda: [_devmap.normalize(u) for u in caps.device_uuids])
+                m = _devmap.resolve(caps.mount, lambda: _devmap.normalized(caps.device_uuids))
                 if m is not None:
                     m.to_daemon(index)  # raises when the daemon does not serve this process's cuda:index
                     return index

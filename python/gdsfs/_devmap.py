@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ._errors import GDSUnavailableError
 
-__all__ = ["DeviceMap", "UNRESOLVED", "daemon_uuids", "local_uuids", "normalize", "resolve", "spell", "uuids_from_status"]
+__all__ = ["DeviceMap", "UNRESOLVED", "daemon_uuids", "local_uuids", "normalize", "normalized", "resolve", "spell", "uuids_from_status"]
 
 ENV = "GDSFS_DEVICE_UUIDS"
 
@@ -51,6 +51,12 @@ def normalize(uuid: Any) -> Optional[str]:
             break
     h = s.replace("-", "")
     return h if len(h) == 32 and set(h) <= _HEX else None
+
+
+def normalized(uuids: Sequence[Any]) -> Optional[tuple[str, ...]]:
+    """Every UUID of uuids normalized, or None when one is not a UUID."""
+    out = tuple(normalize(u) for u in uuids)
+    return None if any(h is None for h in out) else out  # type: ignore[return-value]
 
 
 def spell(h: str) -> str:
