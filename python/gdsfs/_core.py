@@ -19,6 +19,10 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         pickles as a small token:
         the unpickled copy (e.g. in a DataLoader worker) can read() but not
         map slabs or release (those stay with the process that opened it).
+        CUDA device numbers (device=, Ref.device) are this process's
+        (torch's cuda:N); the session names the daemon's ordinal of the
+        same GPU, matched by UUID, and pickles that translation along
+        (gdsfs._devmap).
 
     session.host_mode -> bool            True when slabs are host shared memory
     session.device -> int                target device (-1 in host mode)
@@ -244,7 +248,7 @@ class Capabilities:
         engine: engine serving this path (host, posix, gds, gds-compat).
         reason: why that engine was chosen.
         gds: True when true or compat cuFile serves the path.
-        devices: CUDA device ordinals with slabs ([] in host mode).
+        devices: the daemon's CUDA device ordinals with slabs ([] in host mode).
         host_slabs: True when shared host memory slabs are served.
         io_alignment: alignment the daemon widens reads to.
         max_lease: largest range one lease can hold.
@@ -685,9 +689,10 @@ class Session:
 
     Args:
         mount: the gdsfs mount root (see find_mount) or any path on it.
-        device: target device for reads: -1 for host memory, a CUDA ordinal,
-            or None for the daemon's default (device 0 when it has CUDA
-            slabs, else host memory).
+        device: target device for reads: -1 for host memory, a CUDA ordinal
+            of this process (torch's cuda:N, whatever the daemon calls that
+            GPU: docs/pytorch.md "Which GPU"), or None for the default
+            (cuda:0 when the daemon has CUDA slabs, else host memory).
 
     Example:
         >>> with gdsfs.Session("/mnt/data") as s, open("/mnt/data/a.bin", "rb") as f:

@@ -411,3 +411,21 @@ def test_no_cuda_is_no_translation() -> None:
         pytest.skip("needs a machine without CUDA")
     assert not _devmap.local_uuids()
     assert _devmap.resolve("/m", lambda: ("a" * 32,)) is None
+
+
+def test_no_status_document_breaks_the_uuid_parser() -> None:
+    """Whatever a daemon's STATUS holds (another version, a bug), the parser answers a tuple of
+    distinct UUIDs, one per device, or None: it never raises."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    leaf = st.one_of(st.none(), st.booleans(), st.integers(-2, 4), st.sampled_from([A, B, C, "GPU-x", ""]), st.text(max_size=8))
+    keys = st.sampled_from(["pool", "devices", "device", "uuid", "x"])
+    doc = st.recursive(leaf, lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(keys, kids, max_size=4)), max_leaves=20)
+
+    @hypothesis.settings(max_examples=300, deadline=None, derandomize=True)
+    @hypothesis.given(doc, st.integers(-1, 3))
+    def check(d: Any, devices: int) -> None:
+        got = _devmap.uuids_from_status(d, devices)
+        assert got is None or (len(got) == devices and len(set(got)) == devices and all(_devmap.normalize(u) == u for u in got))
+
+    check()
