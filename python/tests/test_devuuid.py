@@ -422,7 +422,7 @@ def test_no_status_document_breaks_the_uuid_parser() -> None:
     keys = st.sampled_from(["pool", "devices", "device", "uuid", "x"])
     doc = st.recursive(leaf, lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(keys, kids, max_size=4)), max_leaves=20)
 
-    @hypothesis.settings(max_examples=300, deadline=None, derandomize=True)
+    @hypothesis.settings(max_examples=300, deadline=None, derandomize=True, database=None)
     @hypothesis.given(doc, st.integers(-1, 3))
     def check(d: Any, devices: int) -> None:
         got = _devmap.uuids_from_status(d, devices)
