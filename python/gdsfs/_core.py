@@ -732,7 +732,8 @@ class Session:
         try:
             return cls(mount, device=device)
         except (GDSUnavailableError, OSError) as e:
-            warn_fallback(f"the gdsfs daemon at {mount!r} cannot serve: {e}", strict=strict, cause=f"daemon {mount}")
+            why = str(e).removeprefix("gdsfs: ")
+            warn_fallback(f"the gdsfs daemon at {mount!r} cannot serve: {why}", strict=strict, cause=f"daemon {mount}")
             return None
 
     def _default_device(self, device: int | None) -> int:
