@@ -7,7 +7,7 @@
 #   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
-#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid control dataset checkpoint dcp
+#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid devuuid control dataset checkpoint dcp
 #                       dcp2 tier pytest; dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
 #                       fit them all in 10 minutes: split them across calls.
 #   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
@@ -18,7 +18,7 @@
 #   GDSFS_DATASET_ARGS  dataset_check.py arguments (default: issue 15's table, --sizes 16,64,256,4096
 #                       --batch 16 --features-sizes 4096; about 3.5 minutes)
 set -uo pipefail
-sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp dcp2 tier pytest} "
+sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid devuuid control dataset checkpoint dcp dcp2 tier pytest} "
 want() { [[ "$sections" == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 bin=build/gpu
@@ -180,7 +180,7 @@ if want tier; then
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 # ---- CUDA devices named by UUID between the daemon and its clients (devuuid) ----
-# Not in the default list: GDSFS_GPU_SECTIONS=devuuid. With 2 GPUs (nvidia-h200-x2) it also checks
+# About a minute. With 2 GPUs (nvidia-h200-x2) it also checks
 # CUDA_VISIBLE_DEVICES=1 and a daemon that lacks the client's GPU.
 if want devuuid; then
 	echo "== device UUIDs: the daemon's are torch's; a client that sees one GPU (CUDA_VISIBLE_DEVICES=GPU-<uuid>, =1) loads onto it (scripts/gpu/devuuid_check.py)"
