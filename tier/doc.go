@@ -35,7 +35,8 @@
 // Every extent is charged to the uid whose pin filled it. A pin that does
 // not fit evicts, least recently used first: the pinning uid's own entries;
 // then entries of the uid that holds the most, but only while that uid holds
-// more than the pinning uid would after the pin. A uid can therefore take
+// more than the pinning uid would after the pin (an entry with extents of
+// several uids only while every one of them does). A uid can therefore take
 // the tier down to equal shares, never evict a uid that holds less than
 // itself, and never hold more than UIDShareBytes. A pin that cannot be made
 // to fit that way is refused (ErrFull, ErrTooLarge); nothing is evicted for

@@ -158,6 +158,7 @@ type entry struct {
 	// GUARDED_BY(Tier.mu)
 	ext       []*extent // per chunk; nil: not held
 	filling   []bool    // per chunk: a Pin is reading it
+	filler    []uint32  // per chunk being filled: the uid it is charged to
 	held      int64     // file bytes in held extents
 	refs      int       // hits and fills using the entry
 	dead      bool      // unreachable (T3): freed when refs is 0
@@ -364,7 +365,7 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	}
 	if e == nil {
 		k := t.chunks(id.Size)
-		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), wake: make(chan struct{})}
+		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), filler: make([]uint32, k), wake: make(chan struct{})}
 		e.elem = t.mu.lru.PushFront(e)
 		t.mu.entries[id.Key] = e
 		if old := t.mu.paths[path]; old != nil && old != e {
@@ -390,7 +391,7 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 		return nil, nil, err
 	}
 	for _, i := range todo {
-		e.filling[i] = true
+		e.filling[i], e.filler[i] = true, uid
 	}
 	if need > 0 {
 		// A pin of ranges other users already hold charges nothing, and
@@ -400,6 +401,17 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	}
 	e.refs++
 	return e, todo, nil
+}
+
+// fillingForOthers reports whether a pin of a uid other than uid is
+// filling an extent of e.
+func fillingForOthers(e *entry, uid uint32) bool {
+	for i, f := range e.filling {
+		if f && e.filler[i] != uid {
+			return true
+		}
+	}
+	return false
 }
 
 func hasFilling(e *entry) bool {
@@ -459,7 +471,7 @@ func (t *Tier) makeRoomLocked(keep *entry, uid uint32, need int64) error {
 		var pick *entry
 		for el := t.mu.lru.Back(); el != nil; el = el.Prev() {
 			e := el.Value.(*entry)
-			if e != keep && e.refs == 0 && !picked[e] && charges(e, v) > 0 {
+			if e != keep && e.refs == 0 && !picked[e] && charges(e, v) > 0 && t.othersHoldMoreLocked(e, uid, mine-freed[uid]+need, freed) {
 				pick = e
 				break
 			}
@@ -483,6 +495,18 @@ func (t *Tier) makeRoomLocked(keep *entry, uid uint32, need int64) error {
 		t.mu.st.Evictions++
 	}
 	return nil
+}
+
+// othersHoldMoreLocked reports whether every uid other than uid charged
+// for an extent of e holds more than would (after freed): evicting e then
+// takes nothing from a uid holding no more than the pinning uid.
+func (t *Tier) othersHoldMoreLocked(e *entry, uid uint32, would int64, freed map[uint32]int64) bool {
+	for _, x := range e.ext {
+		if x != nil && x.uid != uid && t.mu.uids[x.uid]-freed[x.uid] <= would {
+			return false
+		}
+	}
+	return true
 }
 
 func sum(m map[uint32]int64) int64 {
@@ -748,8 +772,9 @@ func (t *Tier) InvalidatePath(p string) {
 	}
 }
 
-// Unpin drops the file id from the tier for uid: only its own extents may
-// go, unless uid is 0 (root), who may drop any. It returns the bytes freed.
+// Unpin drops the file id from the tier for uid: only a file whose extents,
+// held or being filled, are all its own, unless uid is 0 (root), who may
+// drop any. It returns the bytes freed.
 func (t *Tier) Unpin(id Identity, uid uint32) (int64, error) {
 	if !t.Enabled() {
 		return 0, ErrDisabled
@@ -760,8 +785,8 @@ func (t *Tier) Unpin(id Identity, uid uint32) (int64, error) {
 	if e == nil {
 		return 0, nil
 	}
-	if uid != 0 && !chargedOnlyTo(e, uid) && e.held > 0 {
-		return 0, ErrNotOwner
+	if uid != 0 && (!chargedOnlyTo(e, uid) && e.held > 0 || fillingForOthers(e, uid)) {
+		return 0, ErrNotOwner // nor may it cut another uid's pin short
 	}
 	n := e.held
 	t.killLocked(e)

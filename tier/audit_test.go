@@ -1,0 +1,98 @@
+package tier
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+)
+
+// TestUnpinSparesAnotherUsersPinInFlight: a uid that may read a file (and
+// so may UNPIN it) cannot kill another uid's pin of it while that pin is
+// still reading: neither when nothing is held yet, nor when the unpinning
+// uid holds the file's other extents. The other uid's pin completes.
+func TestUnpinSparesAnotherUsersPinInFlight(t *testing.T) {
+	const ext = 64 * kib
+	for _, tc := range []struct {
+		name      string
+		heldByB   bool // uid 2 pinned extent 0 before uid 1 pins extent 1
+		wantUnpin error
+	}{
+		{"nothing held yet", false, ErrNotOwner},
+		{"the unpinner holds the rest", true, ErrNotOwner},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, a := newTier(t, 1<<20, 0)
+			_, f := writeFile(t, t.TempDir(), "x", 2*ext, 8)
+			id := ident(t, f)
+			ctx := context.Background()
+			off := int64(0)
+			if tc.heldByB {
+				if _, err := tr.Pin(ctx, f, f.Name(), 2, 0, ext); err != nil {
+					t.Fatal(err)
+				}
+				off = ext
+			}
+			entered, release := make(chan struct{}), make(chan struct{})
+			a.before = func(int64) { close(entered); <-release }
+			done := make(chan error, 1)
+			go func() {
+				_, err := tr.Pin(ctx, f, f.Name(), 1, off, ext)
+				done <- err
+			}()
+			<-entered // uid 1's extent is reserved and being filled
+			_, uerr := tr.Unpin(id, 2)
+			a.before = nil
+			close(release)
+			if err := <-done; err != nil {
+				t.Errorf("uid 1's pin, with uid 2's unpin during it: %v", err)
+			}
+			if !errors.Is(uerr, tc.wantUnpin) {
+				t.Errorf("uid 2's unpin during uid 1's pin: %v, want %v", uerr, tc.wantUnpin)
+			}
+			if c := tr.Cached(id); c < ext {
+				t.Errorf("after both: %d bytes cached, want uid 1's extent", c)
+			}
+		})
+	}
+}
+
+// TestEvictionSparesSmallerHolders: a pin evicts another uid's extents only
+// while that uid holds more than the pinning uid would, also when a file's
+// extents are charged to several uids: an entry that also holds extents of
+// a uid holding less is not evicted for it (package doc, "Fairness").
+func TestEvictionSparesSmallerHolders(t *testing.T) {
+	const ext = 64 * kib
+	dir := t.TempDir()
+	tr, _ := newTier(t, 7*ext, 0)
+	ctx := context.Background()
+	_, shared := writeFile(t, dir, "shared", 2*ext, 1)
+	_, g := writeFile(t, dir, "g", 2*ext, 2)
+	_, x := writeFile(t, dir, "x", 2*ext, 3)
+	_, h := writeFile(t, dir, "h", 2*ext, 4)
+	for _, p := range []struct {
+		uid    uint32
+		f      *os.File
+		off, n int64
+	}{
+		{1, shared, 0, ext},   // uid 1: extent 0 of the shared file
+		{3, shared, ext, ext}, // uid 3: extent 1 of it (holds 1 extent)
+		{1, g, 0, -1},         // uid 1 holds 3 extents
+		{4, x, 0, -1},         // uid 4 holds 2
+	} {
+		if _, err := tr.Pin(ctx, p.f, p.f.Name(), p.uid, p.off, p.n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// uid 2 pins 2 extents: one must go, and only uid 1 holds more than 2.
+	if _, err := tr.Pin(ctx, h, h.Name(), 2, 0, -1); err != nil {
+		t.Fatalf("uid 2's pin: %v", err)
+	}
+	held := map[uint32]int64{}
+	for _, u := range tr.Stats().UIDs {
+		held[u.UID] = u.Bytes
+	}
+	if held[3] != ext || held[2] != 2*ext || held[4] != 2*ext {
+		t.Errorf("after uid 2's pin: %v; uid 3 (1 extent, less than uid 2's 2) must keep its extent", held)
+	}
+}
