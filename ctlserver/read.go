@@ -77,7 +77,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	s.ra.afterRead(f, eng, plan, size)
+	s.ra.afterRead(c.UID, f, eng, plan, size)
 	(&ctl.ReadReply{Leases: leases}).Encode(out)
 	return 0
 }
