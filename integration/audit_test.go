@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/ctlserver"
+	"golang.org/x/sys/unix"
 )
 
 // The security audit's tests of the features added after the round-2
@@ -34,6 +36,8 @@ func TestAuditChild(t *testing.T) {
 		err = childHeldFD(env("MNT"), env("FILE"), env("OLD"), env("NEW"))
 	case "status":
 		err = childTierStatus(env("MNT"))
+	case "inherited":
+		err = childInherited(env("MNT"), env("WANT"))
 	default:
 		err = fmt.Errorf("unknown child mode %q", mode)
 	}
@@ -276,4 +280,132 @@ func TestTierSecondUser(t *testing.T) {
 			t.Errorf("%s: uid %d's held descriptor: %v: %s%s", tc.name, b, err, rest, stderr.String())
 		}
 	}
+}
+
+// childInherited runs as a uid that cannot open the file itself and was
+// handed two descriptors of it (as SCM_RIGHTS or fork would): fd 3 open
+// read-only, fd 4 read-write. A descriptor grants what it was opened with:
+// fd 3 READs (its bytes hash to want) and cannot WRITE (EBADF), fd 4 WRITEs.
+func childInherited(mnt, want string) error {
+	ctx := context.Background()
+	ro, rw := os.NewFile(3, "inherited-ro"), os.NewFile(4, "inherited-rw")
+	st, err := ro.Stat()
+	if err != nil {
+		return err
+	}
+	cl, err := ctl.OpenSession(mnt)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if sum, _, err := readSum(cl, ro, st.Size()); err != nil || sum != want {
+		return fmt.Errorf("READ through the inherited read-only descriptor: %v, bytes are the file's: %v", err, sum == want)
+	}
+	l, err := cl.Alloc(ctx, ctl.HostDevice, 2<<20)
+	if err != nil {
+		return err
+	}
+	if err := cl.Write(ctx, ro, l, 0, 0, 2<<20, false); !errors.Is(err, syscall.EBADF) {
+		return fmt.Errorf("WRITE through the inherited read-only descriptor: %v, want EBADF", err)
+	}
+	if err := cl.Write(ctx, rw, l, 0, 0, 2<<20, true); err != nil {
+		return fmt.Errorf("WRITE through the inherited read-write descriptor: %w", err)
+	}
+	fmt.Println("ok")
+	return nil
+}
+
+// TestWriteThroughHeldDescriptor: a WRITE (its aligned body through the
+// daemon's O_DIRECT reopen) lands in the file the caller's descriptor
+// opened, never in what the path names since: after a rename over the
+// file and after an unlink, the held file has the bytes and the file now at
+// the path is untouched (the backing directory is the oracle). An O_PATH
+// descriptor cannot WRITE at all (EBADF), and a descriptor handed to a uid
+// that cannot open the file grants that uid what it grants, no more.
+func TestWriteThroughHeldDescriptor(t *testing.T) {
+	m := startMount(t, mountOpts{Daemon: true, OtherUIDs: true, SlabBytes: 4 << 20, BudgetBytes: 32 << 20})
+	ctx := context.Background()
+	cl := openSession(t, m.mnt)
+	l, err := cl.Alloc(ctx, ctl.HostDevice, 2<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := cl.Bytes(ctx, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, randomBytes(7, len(buf)))
+	other := randomBytes(8, 3<<20)
+	for _, tc := range []struct {
+		name   string
+		change func(p string)
+	}{
+		{"renamed over", func(p string) {
+			writeFile(t, p+".new", other)
+			if err := os.Rename(p+".new", p); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"unlinked", func(p string) {
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := strings.ReplaceAll(tc.name, " ", "-")
+			old := m.addFile(t, name, 3<<20, 9)
+			p := filepath.Join(m.mnt, name)
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			tc.change(p)
+			if err := cl.Write(ctx, f, l, 0, 0, 2<<20, true); err != nil {
+				t.Fatalf("WRITE through the held descriptor: %v", err)
+			}
+			want := append(append([]byte(nil), buf...), old[2<<20:]...)
+			if err := readsAs(f, want); err != nil {
+				t.Errorf("the held file after the WRITE: %v", err)
+			}
+			if b, err := os.ReadFile(filepath.Join(m.backing, name)); err == nil && !bytes.Equal(b, other) {
+				t.Errorf("the file now at the path changed (%d bytes, was %d): the WRITE reached it", len(b), len(other))
+			}
+		})
+	}
+	t.Run("O_PATH", func(t *testing.T) {
+		m.addFile(t, "opath", 3<<20, 10)
+		fd, err := unix.Open(filepath.Join(m.mnt, "opath"), unix.O_PATH, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := os.NewFile(uintptr(fd), "opath")
+		defer f.Close()
+		if err := cl.Write(ctx, f, l, 0, 0, 2<<20, false); !errors.Is(err, syscall.EBADF) {
+			t.Errorf("WRITE through an O_PATH descriptor: %v, want EBADF", err)
+		}
+	})
+	t.Run("handed to another uid", func(t *testing.T) {
+		data := m.addFile(t, "owned", 3<<20, 11)
+		bp := filepath.Join(m.backing, "owned")
+		if err := os.Chown(bp, 10001, 10001); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(bp, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ro := openRO(t, filepath.Join(m.mnt, "owned"))
+		rw, err := os.OpenFile(filepath.Join(m.mnt, "owned"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rw.Close()
+		cmd := child{family: "AUDIT", mode: "inherited", uid: 10002, env: map[string]string{"MNT": m.mnt, "WANT": sumHex(data)}}.cmd(t)
+		cmd.ExtraFiles = []*os.File{ro, rw}
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "ok" {
+			t.Errorf("uid 10002 with uid 10001's descriptors: %v: %s", err, out)
+		}
+	})
 }
