@@ -82,7 +82,7 @@ func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan 
 		ra.t.Forget(f)
 		return
 	}
-	r := ra.t.Read(f, lo, min(hi, size), size)
+	r := ra.t.ReadAs(f, uid, lo, min(hi, size), size)
 	if r.Len() == 0 || ra.ctx.Err() != nil || cached(f, r) {
 		return
 	}
