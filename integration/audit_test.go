@@ -528,3 +528,62 @@ func TestWriterKilledMidWrite(t *testing.T) {
 		t.Errorf("READ after the kill: %v, bytes are the file's: %v", err, sum == sumHex(got))
 	}
 }
+
+// TestTierKilledMidPinServesOnlyWholeExtents: gdsfs warm --pin killed
+// (SIGKILL) while it fills the tier leaves only whole extents behind: every
+// extent-sized READ afterwards returns the file's bytes (the backing file
+// is the oracle), whether the tier serves it (a whole extent it kept) or
+// the engine does (an extent it never finished), and what the tier holds
+// is a whole number of extents.
+func TestTierKilledMidPinServesOnlyWholeExtents(t *testing.T) {
+	m := startTier(t, tierOpts{budget: 128 << 20})
+	data := randomBytes(21, 256*tierChunk)
+	writeFile(t, filepath.Join(m.backing, "k.bin"), data)
+	cmd := exec.Command(gdsfsBin(t), "warm", "--pin", "--workers", "2", "--progress", "always", filepath.Join(m.mnt, "k.bin"))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	// Kill it once the tier holds its first extent (the daemon's figure,
+	// asked again and again: no event to wait on), most likely mid-file.
+	for deadline := time.Now().Add(time.Minute); m.cached(t, "k.bin") == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("nothing pinned a minute after warm --pin started")
+		}
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	c := m.cached(t, "k.bin")
+	if c%tierChunk != 0 || c > int64(len(data)) {
+		t.Errorf("%d bytes cached after the kill: not whole %d-byte extents", c, tierChunk)
+	}
+	cl := openSession(t, m.mnt)
+	f := openRO(t, filepath.Join(m.mnt, "k.bin"))
+	ctx := context.Background()
+	hits := int64(0)
+	for off := uint64(0); off < uint64(len(data)); off += tierChunk {
+		ranges := []ctl.Range{{Offset: off, Length: tierChunk}}
+		ls, err := cl.Read(ctx, f, ctl.HostDevice, ranges)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := verifyLeases(ctx, cl, ranges, ls, data); err != nil {
+			t.Errorf("extent at %d (engine %v): %v", off, ls[0].Engine, err)
+		}
+		if ls[0].Engine == ctl.EngineTier {
+			hits += tierChunk
+		}
+		if err := cl.Release(ctx, ls[0].ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The interrupted PIN may still install an extent it had read whole.
+	if after := m.cached(t, "k.bin"); hits < c || hits > after || after%tierChunk != 0 {
+		t.Errorf("the tier served %d bytes of extent READs; it held %d before them, %d after", hits, c, after)
+	}
+	t.Logf("killed mid-pin: %d of %d extents kept", c/tierChunk, len(data)/tierChunk)
+}
