@@ -96,3 +96,58 @@ func TestEvictionSparesSmallerHolders(t *testing.T) {
 		t.Errorf("after uid 2's pin: %v; uid 3 (1 extent, less than uid 2's 2) must keep its extent", held)
 	}
 }
+
+// TestDeviceTierShares: the device tier (--gpu-cache) is shared fairly: a
+// READ that finds a GPU's budget full evicts another uid's copies only
+// while that uid holds more there than the reader would, else the
+// reader's own. Before, one uid reading its own pinned files onto a GPU
+// evicted every other uid's copies there (plain LRU).
+func TestDeviceTierShares(t *testing.T) {
+	const ext = 64 * kib
+	g := &fakeGPU{}
+	tr, err := New(Config{BudgetBytes: 4 << 20, UIDShareBytes: 2 << 20, ChunkBytes: ext, SettleTime: -1, DeviceBytes: 4 * ext, DeviceAlloc: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	dir := t.TempDir()
+	ctx := context.Background()
+	read := func(uid uint32, f *os.File) *fakeCopier {
+		t.Helper()
+		if _, err := tr.Pin(ctx, f, f.Name(), uid, 0, -1); err != nil {
+			t.Fatal(err)
+		}
+		id := ident(t, f)
+		v, ok := tr.Lookup(id, [][2]int64{{0, id.Size}})
+		if !ok {
+			t.Fatal("miss")
+		}
+		defer v.Release()
+		c := &fakeCopier{g: g}
+		s := &fakeSlab{b: make([]byte, id.Size)}
+		if n, err := (Engine{View: v, Copier: c, UID: uid}).ReadAt(ctx, f, s, 0, 0, id.Size); err != nil || n != id.Size {
+			t.Fatalf("ReadAt: %d, %v", n, err)
+		}
+		return c
+	}
+	_, a := writeFile(t, dir, "a", 2*ext, 1)
+	_, b1 := writeFile(t, dir, "b1", 2*ext, 2)
+	_, b2 := writeFile(t, dir, "b2", 2*ext, 3)
+	_, b3 := writeFile(t, dir, "b3", ext, 4)
+	if c := read(1, a); c.h2d != 2 {
+		t.Fatalf("uid 1's first read: %d host-to-device copies, want its copy made", c.h2d)
+	}
+	read(2, b1) // the device budget is full now: 2 extents each
+	read(2, b2) // uid 2 at its share: its own b1 goes
+	if c := read(2, b3); c.h2d != 1 {
+		t.Fatalf("uid 2's third file: %d host-to-device copies, want its copy made", c.h2d)
+	}
+	if c := read(1, a); c.h2d != 0 || c.d2s != 2 {
+		t.Errorf("uid 1's copy was evicted by uid 2's reads (%d host-to-device copies to make it again, %d device-to-device)", c.h2d, c.d2s)
+	}
+	for _, d := range tr.Stats().Devices {
+		if d.Bytes > 4*ext {
+			t.Errorf("device %d holds %d bytes of a %d budget", d.Device, d.Bytes, 4*ext)
+		}
+	}
+}

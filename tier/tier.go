@@ -176,15 +176,16 @@ type Tier struct {
 
 	mu struct {
 		sync.Mutex
-		entries map[Key]*entry      // live entries
-		paths   map[string]*entry   // by backing path
-		lru     list.List           // of *entry, most recent first
-		used    int64               // bytes allocated, dead entries' included
-		uids    map[uint32]int64    // bytes charged per uid
-		st      Counters            // counters
-		gone    map[*entry]struct{} // dead entries still referenced
-		devUsed map[int]int64       // device tier bytes per device, reserved included
-		devLRU  map[int]*list.List  // of *devCopy per device, most recent first
+		entries map[Key]*entry           // live entries
+		paths   map[string]*entry        // by backing path
+		lru     list.List                // of *entry, most recent first
+		used    int64                    // bytes allocated, dead entries' included
+		uids    map[uint32]int64         // bytes charged per uid
+		st      Counters                 // counters
+		gone    map[*entry]struct{}      // dead entries still referenced
+		devUsed map[int]int64            // device tier bytes per device, reserved included
+		devLRU  map[int]*list.List       // of *devCopy per device, most recent first
+		devUIDs map[int]map[uint32]int64 // device tier bytes per device and uid
 	}
 }
 
@@ -234,6 +235,7 @@ func New(cfg Config) (*Tier, error) {
 	t.mu.gone = map[*entry]struct{}{}
 	t.mu.devUsed = map[int]int64{}
 	t.mu.devLRU = map[int]*list.List{}
+	t.mu.devUIDs = map[int]map[uint32]int64{}
 	return t, nil
 }
 
