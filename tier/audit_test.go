@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestUnpinSparesAnotherUsersPinInFlight: a uid that may read a file (and
@@ -148,6 +150,50 @@ func TestDeviceTierShares(t *testing.T) {
 	for _, d := range tr.Stats().Devices {
 		if d.Bytes > 4*ext {
 			t.Errorf("device %d holds %d bytes of a %d budget", d.Device, d.Bytes, 4*ext)
+		}
+	}
+}
+
+// TestPinOfAMappedFileNeverStale: a writer storing into a shared writable
+// mapping of a file changes no timestamp when the page it stores into is
+// already dirty, so a pin reading between two such stores could keep bytes
+// the file no longer has, with the file's identity unchanged: hits would
+// then serve them for good. A pin writes the range back first, which
+// write-protects mapped pages: the next store faults and updates the
+// file's times, so the entry no longer matches (a miss, never old bytes).
+func TestPinOfAMappedFileNeverStale(t *testing.T) {
+	a := &countingAlloc{}
+	tr, err := New(Config{BudgetBytes: 1 << 20, ChunkBytes: 64 * kib, Alloc: a, SettleTime: 20 * time.Millisecond, Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	_, f := writeFile(t, t.TempDir(), "m", 64*kib, 9)
+	w, err := os.OpenFile(f.Name(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	m, err := syscall.Mmap(int(w.Fd()), 0, 64*kib, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(m)
+	m[0] = 1 // the page is dirty now, its times set
+	if _, err := tr.Pin(context.Background(), f, f.Name(), 1, 0, -1); err != nil {
+		t.Fatal(err)
+	}
+	m[0] = 2 // a store after the pin
+	now := make([]byte, 1)
+	if _, err := f.ReadAt(now, 0); err != nil || now[0] != 2 {
+		t.Fatalf("the file reads %d, %v after the store", now[0], err)
+	}
+	id := ident(t, f)
+	if v, ok := tr.Lookup(id, [][2]int64{{0, 4096}}); ok {
+		got := viewBytes(t, v, 0, 1)
+		v.Release()
+		if got[0] != now[0] {
+			t.Errorf("a hit serves byte %d, the file holds %d (the store changed no timestamp)", got[0], now[0])
 		}
 	}
 }

@@ -22,8 +22,10 @@
 //   - T2. Pin fills an extent only from the caller's descriptor, after the
 //     file's ctime is at least SettleTime in the past (so a later change of
 //     the file gets another ctime even on filesystems with coarse
-//     timestamps), and installs it only if the descriptor's identity is
-//     unchanged after the read and the entry was not invalidated meanwhile.
+//     timestamps) and after writing the extent's dirty pages back (so a
+//     later store through a shared mapping faults and changes the times
+//     too), and installs it only if the descriptor's identity is unchanged
+//     after the read and the entry was not invalidated meanwhile.
 //   - T3. Invalidate and InvalidatePath make the entry unreachable at once;
 //     its memory is freed when the last hit or fill using it is done
 //     (reference counts), never under a copy.

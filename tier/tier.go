@@ -13,6 +13,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultChunkBytes is the extent size: the unit of filling, charging and
@@ -628,7 +629,10 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 		return 0, fmt.Errorf("tier: allocate %s: %w", humanize.IBytes(uint64(size)), err)
 	}
 	b := mem.Bytes()
-	err = readFull(ctx, f, b[:data], off)
+	err = writeBack(f, off, data)
+	if err == nil {
+		err = readFull(ctx, f, b[:data], off)
+	}
 	clear(b[data:])
 	if ctx.Err() == nil {
 		// A file that changed explains a failed read too (it shrank).
@@ -659,6 +663,30 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 	e.held += data
 	t.mu.st.FilledBytes += uint64(data)
 	return data, nil
+}
+
+// writeBack writes [off, off+n) of f's dirty pages to disk and waits for
+// it. Writeback write-protects the pages of the range in every shared
+// mapping of the file, so a store into one after the read faults and
+// updates the file's times (the identity T1 checks); a store into a page
+// already dirty and writable changes no timestamp, and would otherwise
+// leave the tier with bytes the file no longer has under an unchanged
+// identity. Clean ranges cost one call.
+func writeBack(f *os.File, off, n int64) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("tier: write back %s: %w", f.Name(), err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SyncFileRange(int(fd), off, n, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+	}); err != nil {
+		return fmt.Errorf("tier: write back %s: %w", f.Name(), err)
+	}
+	if serr != nil && !errors.Is(serr, syscall.ESPIPE) {
+		return fmt.Errorf("tier: write back %s at %d: %w", f.Name(), off, serr)
+	}
+	return nil
 }
 
 // readPiece bounds one pread, so a cancelled pin stops within a moment.
