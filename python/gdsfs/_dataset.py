@@ -174,6 +174,7 @@ class _ShardState:
 
     def __init__(self, path: str, fd: int, index: dict[str, Any]) -> None:
         self.path, self.fd, self.index = path, fd, index
+        self.ident = _file_ident(fd)
         self.plans: dict[int, tuple[str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = {}
         # A tar's .npy geometries as the daemon's index gives them (its "npy_headers", parsed
         # from the same header bytes as _layout.parse_npy_header would be, docs/index-format.md):
@@ -193,8 +194,22 @@ class _ShardState:
             g = self._npy_geo[k] = (h.data_offset, _numel(h.shape) * _tensors._itemsize(dt), dt)
         return h, g[1], g[2]
 
+    def changed(self) -> bool:
+        """Whether the file is not the one indexed any more (rewritten in place: size, mtime,
+        ctime), so that its index and plans are stale."""
+        try:
+            return _file_ident(self.fd) != self.ident
+        except OSError:
+            return True
+
     def close(self) -> None:
         _core._close_quietly(self.fd)  # a read-only shard: nothing is lost when close reports ENOTCONN
+
+
+def _file_ident(fd: int) -> tuple[int, int, int, int, int]:
+    """The file's identity as the daemon keys its index (internal/fileid)."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _rank_world() -> tuple[int, int]:
@@ -960,7 +975,18 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                          world=world if slots % world == 0 else 1, even=self.even_ranks if slots % world == 0 else None,
                          buffer=self.shuffle_buffer, interleave=self.interleave)
 
+    def _drop_changed_shards(self) -> None:
+        """Forget open shards rewritten since they were indexed (a persistent worker's, from
+        an earlier epoch): they are indexed and planned anew when next read."""
+        if self._open_pid != os.getpid():
+            return
+        for i, st in list(self._open.items()):
+            if st.changed():
+                del self._open[i]
+                st.close()
+
     def _samples(self) -> Generator[GDSSample, None, None]:
+        self._drop_changed_shards()
         slot, slots, _nw = self._slots()
         with self._lock:
             skip = self._resume.get(slot, 0) if self._resume_epoch == self.epoch else 0

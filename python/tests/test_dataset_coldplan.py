@@ -167,11 +167,16 @@ def test_npy_geometry_only_where_the_client_parses_the_same(gdsfs_mount) -> None
 
 def _run(ds: Any) -> Any:
     """Every sample's x.npy as (key, shape, dtype, bytes), or the exception (type, text)."""
+    import warnings
+
     import gdsfs.torch as gt
 
     try:
         out = []
-        for b in gt.DataLoader(ds, batch_size=1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the client's literal_eval of "\<"
+            batches = list(gt.DataLoader(ds, batch_size=1))
+        for b in batches:
             t = b["x.npy"][0]
             out.append((b["__key__"][0], tuple(t.shape), str(t.dtype), t.numpy().tobytes()))
         return out
@@ -339,3 +344,40 @@ class _PreadTrace:
             return real(fd, n, off)
 
         os.pread = pread  # type: ignore[assignment]
+
+
+def test_a_persistent_worker_plans_a_rewritten_shard_anew(gdsfs_mount) -> None:
+    """A persistent worker keeps its open shards' plans between epochs; a shard rewritten in
+    place through the mount between them (new dtype and shape, same size) is planned anew: the
+    next epoch has the new geometry and bytes, not the plans of the old file."""
+    import numpy as np
+
+    import gdsfs.torch as gt
+    from _wds_helpers import fresh_dir, npy, write_tar
+
+    src, mnt = fresh_dir(gdsfs_mount, "persist")
+    rng = np.random.default_rng(5)
+    write_tar(os.path.join(src, "p.tar"), [(f"k{i}", {"x.npy": npy(rng.standard_normal(1024).astype(np.float32)), "cls": b"1"}) for i in range(16)])
+    with tarfile.open(os.path.join(src, "p.tar")) as tf:
+        ms = [m for m in tf if m.name.endswith(".x.npy")]
+    ds = gt.GDSShardDataset(os.path.join(mnt, "p.tar"), gpu_keys=["x.npy"], strict=True)
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=1, persistent_workers=True)
+    first = {k: b["x.npy"][i].numpy().copy() for b in dl for i, k in enumerate(b["__key__"])}
+    assert {v.shape for v in first.values()} == {(1024,)}
+    want = {}
+    with open(os.path.join(mnt, "p.tar"), "r+b") as f:
+        for m in ms:
+            a = rng.integers(-9, 9, (32, 32)).astype(np.int32)
+            raw = npy(a)
+            assert len(raw) == m.size
+            f.seek(m.offset_data)
+            f.write(raw)
+            want[m.name[: -len(".x.npy")]] = a
+    ds.set_epoch(1)
+    got = {k: b["x.npy"][i].numpy().copy() for b in dl for i, k in enumerate(b["__key__"])}
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape and np.array_equal(got[k], want[k]), k
+    del dl
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
