@@ -22,7 +22,8 @@ from the index's npy_headers or with them taken away (each header pread, as befo
 
 --compare PKGDIR also runs the loader with the gdsfs package in PKGDIR (e.g. an older commit's
 python/ from `git archive`) in a child process, interleaved with this tree's, against the same
-daemon: before/after from one run. Prints the best of --reps per row.
+daemon, or with --compare-bin BIN against a second mount of the same files served by BIN (the
+older commit's binary): before/after from one run. Prints the best of --reps per row.
 """
 
 from __future__ import annotations
@@ -96,9 +97,13 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         os.pread = pread  # type: ignore[assignment]
         multiprocessing.util.Finalize(None, save, exitpriority=100)  # run as the worker exits
 
+    import gdsfs
+
     bd = _bench_dataset()
     if job.get("drop", True):
         bd.drop(job["backing"] + job["shards"])
+    names = ("reads", "read_ranges", "read_bytes", "readaheads", "readahead_bytes")
+    c0 = gdsfs.status(job["shards"][0]).get("counters", {})
     t0 = time.perf_counter()
     ds = gt.GDSShardDataset(job["shards"], gpu_keys=["x.npy"], strict=True)
     dl = gt.DataLoader(ds, batch_size=job["batch"], num_workers=job["workers"], worker_init_fn=init)
@@ -111,6 +116,7 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         n += x.shape[0]
         nb += x.numel() * x.element_size()
     secs = time.perf_counter() - t0
+    c1 = gdsfs.status(job["shards"][0]).get("counters", {})
     del dl
     ds.close()
     if n != job["nsamples"]:
@@ -120,7 +126,8 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         a, b_ = open(os.path.join(countdir, name)).read().split()
         hdr, total = hdr + int(a), total + int(b_)
     _ = torch.utils.data  # the loader's module, imported for its workers
-    return {"first_s": first, "secs": secs, "samples_per_s": n / secs, "GBps": nb / secs / 1e9, "header_preads": hdr, "preads": total}
+    return {"first_s": first, "secs": secs, "samples_per_s": n / secs, "GBps": nb / secs / 1e9, "header_preads": hdr, "preads": total,
+            "daemon": {k: int(c1.get(k, 0)) - int(c0.get(k, 0)) for k in names}}
 
 
 def one_process(job: dict[str, Any], reps: int) -> dict[str, Any]:
@@ -175,8 +182,10 @@ def one_process(job: dict[str, Any], reps: int) -> dict[str, Any]:
 
 
 def run_child(pkg: str, job: dict[str, Any]) -> dict[str, Any]:
-    job = dict(job, pkg=pkg)
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)], capture_output=True, text=True, timeout=900)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="coldplan-job-") as f:
+        json.dump(dict(job, pkg=pkg), f)  # too long for an argument (every member's offset)
+        f.flush()
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", f.name], capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"child with {pkg} failed: {r.stderr.strip()[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -190,6 +199,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compare", metavar="PKGDIR", help="also run the loader with the gdsfs package in PKGDIR")
+    ap.add_argument("--compare-bin", metavar="BIN", help="with --compare: serve its rows from a second mount of the same directory by this gdsfs binary")
     ap.add_argument("--readahead", help="the mount's --readahead (default: the daemon's)")
     ap.add_argument("--one-process", type=int, default=8, metavar="REPS",
                     help="also the first sample and pass of one cold shard in this process, npy_headers used or taken away, "
@@ -198,30 +208,45 @@ def main() -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(json.loads(a.child))))
+        with open(a.child) as f:
+            print(json.dumps(child(json.load(f))))
         return 0
     sys.path.insert(0, os.path.join(ROOT, "python"))
     bd = _bench_dataset()
     base = tempfile.mkdtemp(prefix="gdsfs-bench-cold-plan-")
-    src, mnt = bd.own_mount(base, flags=("--readahead", a.readahead) if a.readahead else ())
+    flags = ("--readahead", a.readahead) if a.readahead else ()
+    src, mnt = bd.own_mount(base, flags=flags)
     pkgs = {"after": os.path.join(ROOT, "python")}
+    mnts = {"after": mnt}
     if a.compare:
         pkgs = {"before": os.path.abspath(a.compare), **pkgs}
+        mnts["before"] = mnt
     rows: list[dict[str, Any]] = []
     try:
+        if a.compare_bin:
+            # The before rows through a second mount of the same directory, served by BIN.
+            old, os.environ["GDSFS_BIN"] = os.environ.get("GDSFS_BIN"), os.path.abspath(a.compare_bin)
+            try:
+                mnts["before"] = bd.own_mount(base, "mnt-before", flags)[1]
+            finally:
+                if old is None:
+                    del os.environ["GDSFS_BIN"]
+                else:
+                    os.environ["GDSFS_BIN"] = old
         for kib in (int(x) for x in a.sizes.split(",") if x.strip()):
             n = (a.mib << 20) // (kib << 10)
             n -= n % 4
             backing = bd.make_tars(os.path.join(src, f"{kib}KiB"), kib, n)
             shards = [p.replace(src, mnt, 1) for p in backing]
-            bd._pass(bd._loader("gdsfs", shards, a.batch, 0))  # the daemon indexes the shards
+            for m in set(mnts.values()):
+                bd._pass(bd._loader("gdsfs", [p.replace(src, m, 1) for p in backing], a.batch, 0))  # the daemon indexes the shards
             job = {"shards": shards, "backing": backing, "batch": a.batch, "workers": a.workers, "nsamples": n,
                    "starts": {k: sorted(v) for k, v in _npy_starts(backing).items()}}
             row: dict[str, Any] = {"kib": kib, "sequential": 0.0, "file_bytes": sum(os.path.getsize(p) for p in backing), "payload": n * (kib << 10)}
             for _ in range(a.reps):
                 row["sequential"] = max(row["sequential"], bd.sequential_rate(backing))
                 for label, pkg in pkgs.items():
-                    r = run_child(pkg, job)
+                    r = run_child(pkg, dict(job, shards=[p.replace(src, mnts[label], 1) for p in backing]))
                     row.setdefault(label + " all", []).append(r)
                     old = row.get(label)
                     if old is None or r["samples_per_s"] > old["samples_per_s"]:
@@ -236,8 +261,9 @@ def main() -> int:
                 row["one process"] = one_process(job, a.one_process)
             rows.append(row)
     finally:
-        bd.unmount(mnt)
-        if not os.path.ismount(mnt):
+        for m in set(mnts.values()):
+            bd.unmount(m)
+        if not any(os.path.ismount(m) for m in mnts.values()):
             shutil.rmtree(base, ignore_errors=True)
     print(f"host engine, cold (this run's files dropped), {a.workers} workers, batch {a.batch}, {a.mib} MiB of tars per size; best of {a.reps} "
           "(first batch: the shortest; medians after the table)")
@@ -260,8 +286,11 @@ def main() -> int:
             runs = r[label + " all"]
             fb = sorted(x["first_s"] for x in runs)[len(runs) // 2]
             sps = sorted(x["samples_per_s"] for x in runs)[len(runs) // 2]
+            d = runs[-1]["daemon"]
             print(f"median {r['kib']} KiB {label}: first batch {fb:.3f} s, {sps:,.0f} samples/s; all first batches "
-                  + " ".join(f"{x['first_s']:.3f}" for x in runs))
+                  + " ".join(f"{x['first_s']:.3f}" for x in runs)
+                  + f"; last pass: {d['reads']} READs of {d['read_ranges']} ranges, {d['read_bytes'] / max(1, d['reads']) / 2**20:.2f} MiB per READ, "
+                  f"readahead {d['readaheads']} windows / {d['readahead_bytes'] / 2**20:.0f} MiB")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
