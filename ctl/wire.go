@@ -123,6 +123,11 @@ const (
 	// "Slab descriptors"). CUDA slabs of kind SlabCUDAFD can only be
 	// mapped this way.
 	CapSlabFD
+	// CapDeviceUUIDs: STATUS names each CUDA device's UUID
+	// (pool.devices[].uuid), so that a client whose CUDA_VISIBLE_DEVICES
+	// view differs from the daemon's can name the daemon's ordinal of
+	// its own GPU (docs/protocol.md, section 2 "Device").
+	CapDeviceUUIDs
 )
 
 // Slab kinds of SlabReply.Kind.

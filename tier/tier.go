@@ -392,8 +392,12 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	for _, i := range todo {
 		e.filling[i] = true
 	}
-	t.mu.used += need
-	t.mu.uids[uid] += need
+	if need > 0 {
+		// A pin of ranges other users already hold charges nothing, and
+		// leaves no zero charge behind in the per-uid accounting.
+		t.mu.used += need
+		t.mu.uids[uid] += need
+	}
 	e.refs++
 	return e, todo, nil
 }

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, N
 import torch
 import torch.utils.data
 
-from . import _core, _layout, _leases, _tensors
+from . import _core, _devmap, _layout, _leases, _tensors
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _release_refs, collate
@@ -381,6 +381,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             warn_fallback(f"shards lie on {len(mounts)} different mounts ({sorted(str(m) for m in mounts)})", strict=strict, cause="several mounts")
         else:
             self._session = Session.open(self.shards[0], device=self._pick_device(device, self.shards[0], next(iter(mounts))), strict=strict)
+            if self._session is not None and self.gpu_keys:
+                # Here, not in the workers (which never touch CUDA): they read with what this
+                # process's cuda:N is on the daemon (gdsfs._devmap), carried in the session.
+                self._session._device_map()
         self._open: "OrderedDict[int, _ShardState]" = OrderedDict()
         self._open_pid = os.getpid()
         self._bad: set[int] = set()
@@ -456,9 +460,15 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         on a mount, this process's off one); else the error torch would give, with advice."""
         if mount is not None:
             try:
-                devices = list(_core.capabilities(path).devices)
+                caps = _core.capabilities(path)
             except GDSUnavailableError:
                 return index  # the session's own fallback decides
+            devices = list(caps.devices)
+            if caps.device_uuids:
+                m = _devmap.resolve(caps.mount, lambda: _devmap.normalized(caps.device_uuids))
+                if m is not None:
+                    m.to_daemon(index)  # raises when the daemon does not serve this process's cuda:index
+                    return index
             where = f"the gdsfs daemon at {mount!r} has " + (f"CUDA devices {devices}" if devices else "no GPU (host engine)")
         else:
             n = torch.cuda.device_count() if torch.cuda.is_available() else 0
