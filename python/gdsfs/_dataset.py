@@ -172,9 +172,10 @@ class _ShardState:
     .npy headers, so they live exactly as long as the index does; a later epoch of a persistent
     worker reuses them instead of planning and pread-ing each header again)."""
 
-    def __init__(self, path: str, fd: int, index: dict[str, Any]) -> None:
+    def __init__(self, path: str, fd: int, index: dict[str, Any], ident: Optional[tuple[int, int, int, int, int]] = None) -> None:
         self.path, self.fd, self.index = path, fd, index
-        self.ident = _file_ident(fd)
+        # The file's identity from before its index was read (a rewrite in between then shows).
+        self.ident = ident if ident is not None else _file_ident(fd)
         self.plans: dict[int, tuple[str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = {}
         # A tar's .npy geometries as the daemon's index gives them (its "npy_headers", parsed
         # from the same header bytes as _layout.parse_npy_header would be, docs/index-format.md):
@@ -732,7 +733,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         path = self.shards[i]
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            st = _ShardState(path, fd, self._index_of(path, fd))
+            ident = _file_ident(fd)
+            st = _ShardState(path, fd, self._index_of(path, fd), ident)
         except BaseException:
             os.close(fd)
             raise
