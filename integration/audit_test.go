@@ -26,7 +26,7 @@ import (
 )
 
 // The security audit's tests of the features added after the round-2
-// hardening (docs/security-audit.md): the memory tier as a second uid.
+// hardening (docs/security.md, "Audit of the features added after the round-2 hardening"): the memory tier as a second uid.
 
 // TestAuditChild is not a test: TestTierSecondUser re-execs the test binary
 // with GDSFS_AUDIT_CHILD set to run a client process of another uid.
