@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"strconv"
 	"strings"
@@ -77,6 +78,7 @@ type Index struct {
 
 	jsonOnce sync.Once
 	json     []byte
+	jsonHash uint64
 	jsonErr  error
 
 	namesOnce sync.Once
@@ -111,8 +113,22 @@ func (x *Index) body() any {
 // JSON returns the index serialised as the documented envelope. The bytes
 // are computed once and shared: callers must not modify them.
 func (x *Index) JSON() ([]byte, error) {
-	x.jsonOnce.Do(func() { x.json, x.jsonErr = x.marshal() })
+	x.jsonOnce.Do(x.encode)
 	return x.json, x.jsonErr
+}
+
+// JSONHash returns JSON() and its FNV-1a 64 hash (the generation of the
+// INDEX pages that serve it), both computed once.
+func (x *Index) JSONHash() ([]byte, uint64, error) {
+	x.jsonOnce.Do(x.encode)
+	return x.json, x.jsonHash, x.jsonErr
+}
+
+func (x *Index) encode() {
+	x.json, x.jsonErr = x.marshal()
+	h := fnv.New64a()
+	h.Write(x.json) // never fails
+	x.jsonHash = h.Sum64()
 }
 
 func (x *Index) marshal() ([]byte, error) {

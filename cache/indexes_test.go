@@ -1,8 +1,10 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"sync"
@@ -235,5 +237,25 @@ func TestIndexesEviction(t *testing.T) {
 	st := x.Stats()
 	if st.Evictions == 0 || st.UsedBytes > 1<<20 {
 		t.Fatalf("after 20 large indexes in 1 MiB: %+v", st)
+	}
+}
+
+// TestIndexJSONHash: the hash INDEX pages carry as their generation is the
+// FNV-1a 64 of the JSON they serve (docs/protocol.md), computed once.
+func TestIndexJSONHash(t *testing.T) {
+	data := smallTar(t)
+	x, err := Parse(bytes.NewReader(data), int64(len(data)), "a.tar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, gen, err := x.JSONHash()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := fnv.New64a()
+	h.Write(js)
+	again, _ := x.JSON()
+	if gen != h.Sum64() || !bytes.Equal(js, again) {
+		t.Fatalf("JSONHash = %x, FNV-1a 64 of the JSON %x", gen, h.Sum64())
 	}
 }

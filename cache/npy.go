@@ -180,21 +180,28 @@ func truncate(s string, n int) string {
 	return s[:n] + "..."
 }
 
-// pyLit parses the small subset of Python literals npy headers use.
+// pyLit parses the small subset of Python literals npy headers use. strict
+// refuses what Python reads differently or not at all (integers with leading
+// zeros or an L suffix, newlines in strings; backslashes are refused by the
+// caller), for geometry that must equal the client's own parse.
 type pyLit struct {
-	s     string
-	i     int
-	depth int
+	s      string
+	i      int
+	depth  int
+	strict bool
 }
 
 // pyVal is one literal: kind 's' string, 'b' bool, 'i' int, '(' tuple of
-// ints, 't' other tuple, '[' list (kept raw), 'n' None.
+// ints, 't' other tuple, '[' list (kept raw), 'n' None. paren marks "(x)":
+// one value in parentheses without a comma, which Python reads as x, not
+// as a tuple.
 type pyVal struct {
-	kind byte
-	str  string
-	b    bool
-	ints []int64
-	raw  string
+	kind  byte
+	str   string
+	b     bool
+	ints  []int64
+	raw   string
+	paren bool
 }
 
 const pyMaxDepth = 32
@@ -267,11 +274,13 @@ func (p *pyLit) value() (pyVal, error) {
 		p.i++
 		var ints []int64
 		kind := byte('(')
+		n, comma := 0, true
 		for !p.eat(')') {
 			v, err := p.value()
 			if err != nil {
 				return pyVal{}, err
 			}
+			n++
 			if v.kind == 'i' {
 				ints = append(ints, v.ints[0])
 			} else {
@@ -281,10 +290,11 @@ func (p *pyLit) value() (pyVal, error) {
 				if !p.eat(')') {
 					return pyVal{}, fmt.Errorf("missing ',' or ')' at byte %d", p.i)
 				}
+				comma = false
 				break
 			}
 		}
-		return pyVal{kind: kind, ints: ints}, nil
+		return pyVal{kind: kind, ints: ints, paren: n == 1 && !comma}, nil
 	case c == '[':
 		start := p.i
 		p.i++
@@ -309,8 +319,14 @@ func (p *pyLit) value() (pyVal, error) {
 		if err != nil || v > 1<<62 {
 			return pyVal{}, fmt.Errorf("integer %q out of range", p.s[p.i:j])
 		}
+		if p.strict && j-p.i > 1 && p.s[p.i] == '0' {
+			return pyVal{}, fmt.Errorf("integer %q has leading zeros", p.s[p.i:j])
+		}
 		p.i = j
 		if p.i < len(p.s) && p.s[p.i] == 'L' { // Python 2 long
+			if p.strict {
+				return pyVal{}, fmt.Errorf("a Python 2 long at byte %d", p.i)
+			}
 			p.i++
 		}
 		return pyVal{kind: 'i', ints: []int64{v}}, nil
@@ -337,7 +353,15 @@ func (p *pyLit) str() (string, error) {
 		switch c {
 		case q:
 			return b.String(), nil
+		case '\n':
+			if p.strict {
+				return "", fmt.Errorf("newline in a string")
+			}
+			b.WriteByte(c)
 		case '\\':
+			if p.strict {
+				return "", fmt.Errorf("backslash in a string")
+			}
 			if p.i >= len(p.s) {
 				return "", fmt.Errorf("unterminated string")
 			}

@@ -27,8 +27,13 @@ type Tar struct {
 	// (sparse files, symlinks, devices, dangling hard links, names that are
 	// not UTF-8), each with the reason. Directories are not listed.
 	Skipped []TarSkipped `json:"skipped,omitempty"`
+	// NpyHeaders are the distinct geometries of the samples' .npy fields
+	// (TarField.Npy), so that a client plans reads without reading each
+	// member's header itself.
+	NpyHeaders []NpyHeader `json:"npy_headers,omitempty"`
 
-	nameBytes int // member and link names read, against tarMaxNameBytes
+	nameBytes int      // member and link names read, against tarMaxNameBytes
+	npy       npyTable // NpyHeaders while parsing
 }
 
 // count records one more member header with the given names and reports
@@ -54,10 +59,14 @@ type TarSample struct {
 }
 
 // TarField is one member of a sample. Field is the member name after the
-// key and its dot ("seg.png" for "a/000123.seg.png").
+// key and its dot ("seg.png" for "a/000123.seg.png"). Npy is 1 + the index
+// in Tar.NpyHeaders of the geometry of a .npy field's array, 0 for none
+// (not a .npy field, a hard link, or a header the client parses itself:
+// parseNpyMember).
 type TarField struct {
 	Field string
 	TarMember
+	Npy int
 }
 
 // TarMember is a member's data range. For a hard link, Range is the data of
@@ -92,6 +101,9 @@ func (s *TarSample) appendJSON(b []byte) []byte {
 		b = appendJSONString(b, s.Fields[i].Field)
 		b = append(b, ':')
 		b = s.Fields[i].TarMember.appendJSON(b)
+		if k := s.Fields[i].Npy; k > 0 {
+			b = append(strconv.AppendInt(append(b[:len(b)-1], `,"npy":`...), int64(k-1), 10), '}')
+		}
 	}
 	return append(b, "}}"...)
 }
@@ -137,6 +149,16 @@ func (t *Tar) MarshalJSON() ([]byte, error) {
 			return nil, err
 		}
 		b = append(append(b, `,"skipped":`...), sk...)
+	}
+	if len(t.NpyHeaders) > 0 {
+		b = append(b, `,"npy_headers":[`...)
+		for i := range t.NpyHeaders {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = t.NpyHeaders[i].appendJSON(b)
+		}
+		b = append(b, ']')
 	}
 	return append(b, '}'), nil
 }
@@ -247,7 +269,7 @@ func parseTarStd(r io.ReaderAt, size int64) (*Tar, error) {
 			}
 			rg := Range{Offset: data, Length: h.Size}
 			byName[h.Name] = rg
-			t.add(TarMember{Name: h.Name, Range: rg})
+			t.add(TarMember{Name: h.Name, Range: rg}, br)
 		case h.Typeflag == tar.TypeLink:
 			rg, ok := byName[h.Linkname]
 			if !ok {
@@ -255,25 +277,31 @@ func parseTarStd(r io.ReaderAt, size int64) (*Tar, error) {
 				continue
 			}
 			byName[h.Name] = rg
-			t.add(TarMember{Name: h.Name, Range: rg, Link: h.Linkname})
+			t.add(TarMember{Name: h.Name, Range: rg, Link: h.Linkname}, nil)
 		case h.Typeflag == tar.TypeDir:
 		default:
 			t.Skipped = append(t.Skipped, TarSkipped{Name: h.Name, Type: tarType(h), Reason: "not a regular file"})
 		}
 	}
-	if t.Samples == nil {
-		t.Samples = []TarSample{}
-	}
+	t.finish()
 	return t, nil
 }
 
 // add files a regular member (or hard link) under its sample, starting a
-// new sample when the key changes, as WebDataset's group_by_keys does.
-func (t *Tar) add(m TarMember) {
+// new sample when the key changes, as WebDataset's group_by_keys does. br
+// reads the first bytes of a regular member's data, for the geometry of a
+// .npy field (nil for hard links: they get none).
+func (t *Tar) add(m TarMember, br *bufReaderAt) {
 	key, field, ok := sampleKey(m.Name)
 	if !ok {
 		t.Other = append(t.Other, m)
 		return
+	}
+	npy := 0
+	if br != nil && isNpyField(field) {
+		if head := br.peek(m.Offset, int(min(m.Length, npyMemberHead))); head != nil {
+			npy = t.npy.member(head, m.Length)
+		}
 	}
 	if n := len(t.Samples); n == 0 || t.Samples[n-1].Key != key {
 		t.Samples = append(t.Samples, TarSample{Key: key})
@@ -282,11 +310,19 @@ func (t *Tar) add(m TarMember) {
 	for i := range s.Fields {
 		if s.Fields[i].Field == field {
 			// A repeated member replaces the earlier one, as extraction would.
-			s.Fields[i].TarMember = m
+			s.Fields[i].TarMember, s.Fields[i].Npy = m, npy
 			return
 		}
 	}
-	s.Fields = append(s.Fields, TarField{Field: field, TarMember: m})
+	s.Fields = append(s.Fields, TarField{Field: field, TarMember: m, Npy: npy})
+}
+
+// finish ends a parse: the npy geometry table moves to NpyHeaders.
+func (t *Tar) finish() {
+	if t.Samples == nil {
+		t.Samples = []TarSample{}
+	}
+	t.NpyHeaders, t.npy = t.npy.list, npyTable{}
 }
 
 // keyRE is WebDataset's base_plus_ext pattern; reservedRE its skip pattern.
@@ -400,6 +436,28 @@ func (b *bufReaderAt) Read(p []byte) (int, error) {
 	n := copy(p, b.buf[b.pos-b.boff:])
 	b.pos += int64(n)
 	return n, nil
+}
+
+// peek returns the n bytes of the file at off (n at most the buffer's
+// capacity), from the read-ahead buffer when it holds them, else refilling
+// it at off; pos, where the next Read starts, does not move. It returns nil
+// when the file has fewer bytes there or the read fails (the parse's own
+// reads then report the failure).
+func (b *bufReaderAt) peek(off int64, n int) []byte {
+	if n < 0 || off < 0 || int64(n) > b.size-off || n > cap(b.buf) {
+		return nil
+	}
+	if off < b.boff || off+int64(n) > b.boff+int64(len(b.buf)) {
+		m := min(int64(cap(b.buf)), b.size-off)
+		b.buf = b.buf[:m]
+		k, _ := b.r.ReadAt(b.buf, off)
+		b.buf = b.buf[:k]
+		b.boff = off
+		if k < n {
+			return nil
+		}
+	}
+	return b.buf[off-b.boff : off-b.boff+int64(n)]
 }
 
 func (b *bufReaderAt) Seek(off int64, whence int) (int64, error) {

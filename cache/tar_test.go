@@ -348,6 +348,7 @@ func tinyTar(t testing.TB) []byte {
 func FuzzTar(f *testing.F) {
 	f.Add(tinyTar(f))
 	f.Add(make([]byte, 1024))
+	f.Add(npyTar(f, false, [2]string{"a.x.npy", npyPadded("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", make([]byte, 8))}, [2]string{"a.npy", "\x93NUMPY\x01\x00"}))
 	if b, err := os.ReadFile("testdata/sparse.tar"); err == nil {
 		f.Add(trimTar(b))
 	}

@@ -57,7 +57,7 @@ func parseTarFast(r io.ReaderAt, size int64) (*Tar, bool) {
 		case h.flag == '0' || h.flag == '7':
 			rg := Range{Offset: data, Length: nb}
 			byName[h.name] = rg
-			t.add(TarMember{Name: h.name, Range: rg})
+			t.add(TarMember{Name: h.name, Range: rg}, br)
 		case h.flag == '1':
 			rg, ok := byName[h.link]
 			if !ok {
@@ -65,15 +65,13 @@ func parseTarFast(r io.ReaderAt, size int64) (*Tar, bool) {
 				continue
 			}
 			byName[h.name] = rg
-			t.add(TarMember{Name: h.name, Range: rg, Link: h.link})
+			t.add(TarMember{Name: h.name, Range: rg, Link: h.link}, nil)
 		case h.flag == '5':
 		default:
 			t.Skipped = append(t.Skipped, TarSkipped{Name: h.name, Type: h.typ(), Reason: "not a regular file"})
 		}
 	}
-	if t.Samples == nil {
-		t.Samples = []TarSample{}
-	}
+	t.finish()
 	return t, true
 }
 

@@ -123,6 +123,11 @@ const (
 	// "Slab descriptors"). CUDA slabs of kind SlabCUDAFD can only be
 	// mapped this way.
 	CapSlabFD
+	// CapDeviceUUIDs: STATUS names each CUDA device's UUID
+	// (pool.devices[].uuid), so that a client whose CUDA_VISIBLE_DEVICES
+	// view differs from the daemon's can name the daemon's ordinal of
+	// its own GPU (docs/protocol.md, section 2 "Device").
+	CapDeviceUUIDs
 )
 
 // Slab kinds of SlabReply.Kind.
@@ -800,6 +805,17 @@ func DecodePageRequest(b []byte) (PageRequest, error) {
 // EncodePage writes the page of doc at offset into b (SizePage bytes). It
 // fails with EINVAL when offset is past the end of doc.
 func EncodePage(b []byte, doc []byte, offset uint64) error {
+	return EncodePageGen(b, doc, offset, PageGeneration(doc))
+}
+
+// PageGeneration is the generation of a paged document: the FNV-1a 64 hash
+// of its bytes.
+func PageGeneration(doc []byte) uint64 { return fnv64a(doc) }
+
+// EncodePageGen is EncodePage with doc's PageGeneration computed by the
+// caller: once per document served in many pages (hashing a 700 KB shard
+// index on every page made reading it quadratic in its size).
+func EncodePageGen(b []byte, doc []byte, offset, generation uint64) error {
 	if offset > uint64(len(doc)) {
 		return syscall.EINVAL
 	}
@@ -809,7 +825,7 @@ func EncodePage(b []byte, doc []byte, offset uint64) error {
 		chunk = chunk[:PageBytes]
 	}
 	pageTotal.put(b, uint64(len(doc)))
-	pageGeneration.put(b, fnv64a(doc))
+	pageGeneration.put(b, generation)
 	pageLen.put(b, uint32(len(chunk)))
 	copy(b[pageData:], chunk)
 	return nil

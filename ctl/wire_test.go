@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"bytes"
 	"errors"
 	"reflect"
 	"syscall"
@@ -120,6 +121,10 @@ func TestOtherRoundTrips(t *testing.T) {
 	pg, err := DecodePageReply(b)
 	if err != nil || pg.Total != uint64(len(doc)) || !reflect.DeepEqual(pg.Data, doc[PageBytes:]) || pg.Generation != fnv64a(doc) {
 		t.Errorf("page: got total %d len %d, %v", pg.Total, len(pg.Data), err)
+	}
+	b2 := make([]byte, SizePage)
+	if err := EncodePageGen(b2, doc, PageBytes, PageGeneration(doc)); err != nil || !bytes.Equal(b2, b) {
+		t.Errorf("EncodePageGen with PageGeneration differs from EncodePage (%v)", err)
 	}
 	if err := EncodePage(b, doc, uint64(len(doc))+1); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("page past end: %v, want EINVAL", err)

@@ -56,11 +56,11 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	if errno != 0 {
 		return errno
 	}
-	doc, err := x.JSON()
+	doc, gen, err := x.JSONHash()
 	if err != nil {
 		return s.indexErrno(failIndex, err, path)
 	}
-	return plainErrno(ctl.EncodePage(out, doc, req.Offset))
+	return plainErrno(ctl.EncodePageGen(out, doc, req.Offset, gen))
 }
 
 // Changed implements fs.Control.

@@ -91,6 +91,12 @@ type Options struct {
 	// Readahead is the policy of the readahead after sequential READs
 	// (readahead.go); the zero value is the default, MaxBytes < 0 off.
 	Readahead readahead.Config
+	// DeviceUUIDs is the UUID of each CUDA device of the pool, by ordinal
+	// (cufile.Engines.DeviceUUIDs), published in STATUS (pool.devices[].uuid)
+	// and announced by CapDeviceUUIDs, so clients that see the node's GPUs
+	// under other ordinals can name the daemon's. Nil: unknown (clients
+	// then use ordinals as they are). Ignored with host memory.
+	DeviceUUIDs []string
 }
 
 // Validate reports every problem of o at once.
@@ -101,6 +107,9 @@ func (o Options) Validate() error {
 	}
 	if o.Engines == nil {
 		errs = append(errs, errors.New("ctl: Options.Engines is nil"))
+	}
+	if o.Pool != nil && o.DeviceUUIDs != nil && o.Pool.Backend().Name() != gpubuf.HostBackendName && len(o.DeviceUUIDs) != o.Pool.Backend().Devices() {
+		errs = append(errs, fmt.Errorf("ctl: Options.DeviceUUIDs has %d UUIDs, the pool has %d devices", len(o.DeviceUUIDs), o.Pool.Backend().Devices()))
 	}
 	if len(o.SlabSocket) >= ctl.SlabSocketBytes {
 		errs = append(errs, fmt.Errorf("ctl: Options.SlabSocket %q is %d bytes, HELLO has room for %d", o.SlabSocket, len(o.SlabSocket), ctl.SlabSocketBytes-1))
@@ -271,7 +280,19 @@ func (s *Server) caps() uint64 {
 	if s.opts.SlabSocket != "" {
 		c |= ctl.CapSlabFD
 	}
+	if s.uuids() != nil {
+		c |= ctl.CapDeviceUUIDs
+	}
 	return c
+}
+
+// uuids is the UUID of each CUDA device of the pool, nil when unknown or
+// when slabs are host memory (whose wire device -1 has none).
+func (s *Server) uuids() []string {
+	if s.host || len(s.opts.DeviceUUIDs) != s.devices {
+		return nil
+	}
+	return s.opts.DeviceUUIDs
 }
 
 // Close ends every session (unmount).

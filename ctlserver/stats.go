@@ -108,8 +108,12 @@ func (s *Server) Stats() Stats {
 		st.Sessions += len(sh.sessions)
 		sh.mu.Unlock()
 	}
-	for _, d := range st.Pool.Devices {
+	uuids := s.uuids()
+	for i, d := range st.Pool.Devices {
 		st.Leases += d.Leases
+		if uuids != nil && d.Device >= 0 && d.Device < len(uuids) {
+			st.Pool.Devices[i].UUID = uuids[d.Device]
+		}
 	}
 	st.Tier = s.tierStats(0)
 	if x, ok := s.opts.Indexes.(indexStatser); ok {

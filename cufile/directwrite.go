@@ -28,9 +28,13 @@ import (
 // ext4 runs direct writes of one file in parallel only where they overwrite
 // allocated (or preallocated) blocks inside the file's size; writes into
 // holes or past the end take the inode lock one at a time. A client that
-// knows the file's final size preallocates it first (gdsfs.dcp does). The
-// daemon does not fallocate per WRITE: ext4's fallocate waits for every
-// direct write in flight on the file, which would serialize them again.
+// knows the file's final size may preallocate it first (BenchmarkWriteAtFsync:
+// one file gains); gdsfs.dcp no longer does, it writes a large snapshot as
+// several files instead: there, fallocate of one file while the others'
+// direct writes run stalled up to 80 ms and lengthened the fsyncs, for no
+// faster save (docs/benchmarks.md, "Staged save vs the disk"). The daemon
+// does not fallocate per WRITE: ext4's fallocate waits for every direct
+// write in flight on the file, which would serialize them again.
 
 // writeDirectMin is the smallest aligned body that Direct "auto" writes
 // with O_DIRECT: below it, a synchronous direct write costs more latency

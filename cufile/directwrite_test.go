@@ -208,8 +208,8 @@ func TestAlignedSplit(t *testing.T) {
 // BenchmarkWriteAtFsync compares the host engine's buffered and O_DIRECT
 // WriteAt of 256 MiB followed by fsync (what a checkpoint save waits for),
 // to a new file of the test's temporary directory each time; "preallocated"
-// fallocates the file first, as gdsfs.dcp does (ext4 then runs the direct
-// writes of the file in parallel).
+// fallocates the file first (ext4 then runs the direct writes of the file in
+// parallel; gdsfs.dcp did until its staged saves went to several files).
 func BenchmarkWriteAtFsync(b *testing.B) {
 	const n = 256 << 20
 	src := mmapBytes(n)

@@ -21,6 +21,9 @@ type Driver struct {
 	reg  hostRegFuncs // host memory registration (hostreg.go); zero where the driver lacks it
 	ctxs []uintptr    // primary context per device ordinal
 	devs []int32      // CUdevice per ordinal
+	// uuids is each ordinal's UUID; nil where the driver lacks
+	// cuDeviceGetUuid (before CUDA 9.2) or it failed for a device.
+	uuids []UUID
 }
 
 type driverFuncs struct {
@@ -33,6 +36,7 @@ type driverFuncs struct {
 	cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync uintptr
 	cuStreamCreate, cuStreamSynchronize, cuStreamDestroy             uintptr
 	cuMemcpyDtoDAsync                                                uintptr // the device tier (tier.go)
+	cuDeviceGetUUID                                                  uintptr // optional: 0 on drivers before CUDA 9.2
 }
 
 // LoadDriver dlopens libcuda.so.1, initialises the driver and retains the
@@ -61,6 +65,11 @@ func LoadDriver() (*Driver, error) {
 	}, nil); err != nil {
 		return nil, err
 	}
+	// The _v2 entry point names a MIG instance by its own UUID (the one
+	// CUDA_VISIBLE_DEVICES=MIG-... and the runtime's cudaDeviceProp.uuid
+	// use); the legacy one is what drivers before CUDA 11.4 have.
+	_ = lib.bind(map[string]*uintptr{"cuDeviceGetUuid_v2|cuDeviceGetUuid": &f.cuDeviceGetUUID},
+		map[string]bool{"cuDeviceGetUuid_v2|cuDeviceGetUuid": true}) // optional: cannot fail
 	d.bindVMM()
 	d.bindHostRegister()
 	if err := d.check("cuInit", cuCall(f.cuInit, 0)); err != nil {
@@ -85,8 +94,28 @@ func LoadDriver() (*Driver, error) {
 		d.devs = append(d.devs, dev)
 		d.ctxs = append(d.ctxs, ctx)
 	}
+	d.uuids = d.deviceUUIDs()
 	return d, nil
 }
+
+// deviceUUIDs asks the driver for every device's UUID; nil when it cannot
+// tell them all (then clients keep using ordinals as they are).
+func (d *Driver) deviceUUIDs() []UUID {
+	if d.fn.cuDeviceGetUUID == 0 {
+		return nil
+	}
+	out := make([]UUID, len(d.devs))
+	for i, dev := range d.devs {
+		if cuCall(d.fn.cuDeviceGetUUID, uintptr(unsafe.Pointer(&out[i])), uintptr(dev)) != 0 {
+			return nil
+		}
+	}
+	return out
+}
+
+// UUIDs is every device's UUID by ordinal, or nil when the driver cannot
+// tell them (too old). The caller must not modify the slice.
+func (d *Driver) UUIDs() []UUID { return d.uuids }
 
 // cuCall invokes a CUresult-returning C function. Like purego.SyscallN it is
 // marked uintptrescapes: a Go pointer converted to uintptr in the call

@@ -138,7 +138,11 @@ func Open(cfg Config) (*Engines, error) {
 			for i := range e.drv.Devices() {
 				n, _ := e.drv.DeviceName(i)
 				free, total, _ := e.drv.MemInfo(i)
-				names = append(names, fmt.Sprintf("%d: %s (%d of %d MiB free)", i, n, free>>20, total>>20))
+				id := ""
+				if u := e.drv.UUIDs(); u != nil {
+					id = " " + u[i].String()
+				}
+				names = append(names, fmt.Sprintf("%d: %s%s (%d of %d MiB free)", i, n, id, free>>20, total>>20))
 			}
 			add("cuda devices", true, "%d: %v", e.drv.Devices(), names)
 		case errors.Is(gpuErr, ErrNoDevice):
@@ -261,6 +265,20 @@ func (e *Engines) Backend() gpubuf.Backend { return e.backend }
 
 // Probe returns the host probe (for gdsfs doctor and user.gdsfs.info).
 func (e *Engines) Probe() Report { return e.report }
+
+// DeviceUUIDs is the UUID of each device the pool allocates slabs on, by
+// ordinal, in UUID.String's spelling; nil when slabs are host memory or
+// the driver cannot tell UUIDs.
+func (e *Engines) DeviceUUIDs() []string {
+	if _, ok := e.backend.(*cudaBackend); !ok || e.drv == nil || e.drv.UUIDs() == nil {
+		return nil
+	}
+	out := make([]string, 0, len(e.drv.UUIDs()))
+	for _, u := range e.drv.UUIDs() {
+		out = append(out, u.String())
+	}
+	return out
+}
 
 // Driver is the loaded CUDA driver, nil without a GPU (benchmarks use it).
 func (e *Engines) Driver() *Driver { return e.drv }

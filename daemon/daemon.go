@@ -235,6 +235,7 @@ func (d *Daemon) startControl(context.Context) error {
 		Tier:                d.tier,
 		TierCopier:          d.engines,
 		Readahead:           readahead.Config{MaxBytes: d.cfg.ReadaheadBytes},
+		DeviceUUIDs:         d.engines.DeviceUUIDs(),
 	})
 	if err != nil {
 		slabs.Close()
@@ -249,7 +250,8 @@ func (d *Daemon) startControl(context.Context) error {
 	d.slabs = slabs
 	d.push("close slab socket", slabs.Close)
 	d.cfg.Log.Info().Str("engine", probe.Engine).Str("why", probe.Why).Bool("read_only", d.cfg.ReadOnly).
-		Str("slab_socket", slabs.Addr()).Str("slab_handles", d.engines.SlabHandles()).Msg("control path ready")
+		Str("slab_socket", slabs.Addr()).Str("slab_handles", d.engines.SlabHandles()).
+		Strs("device_uuids", d.engines.DeviceUUIDs()).Msg("control path ready")
 	return nil
 }
 

@@ -19,13 +19,16 @@ type Stats struct {
 
 // DeviceStats is one device's share of Stats.
 type DeviceStats struct {
-	Device         int   `json:"device"`
-	BudgetBytes    int64 `json:"budget_bytes"`
-	AllocatedBytes int64 `json:"allocated_bytes"` // slabs' memory, including allocations in flight
-	LeasedBytes    int64 `json:"leased_bytes"`
-	Slabs          int   `json:"slabs"`
-	SlabsInUse     int   `json:"slabs_in_use"` // slabs holding at least one lease
-	Leases         int   `json:"leases"`
+	Device int `json:"device"`
+	// UUID is the CUDA device's UUID ("GPU-..."), filled in by the
+	// control path where the driver tells it; empty for host memory.
+	UUID           string `json:"uuid,omitempty"`
+	BudgetBytes    int64  `json:"budget_bytes"`
+	AllocatedBytes int64  `json:"allocated_bytes"` // slabs' memory, including allocations in flight
+	LeasedBytes    int64  `json:"leased_bytes"`
+	Slabs          int    `json:"slabs"`
+	SlabsInUse     int    `json:"slabs_in_use"` // slabs holding at least one lease
+	Leases         int    `json:"leases"`
 	// UIDShareBytes is the most slab memory one uid may hold on the device.
 	UIDShareBytes int64 `json:"uid_share_bytes"`
 	// FreedSlabs counts idle slabs freed to make room for another uid.

@@ -7,7 +7,7 @@
 #   GDSFS_BENCH_SIZE    benchmark file size (default 4GiB)
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
-#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid control dataset checkpoint dcp
+#   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid devuuid control dataset checkpoint dcp
 #                       dcp2 tier pytest; dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
 #                       fit them all in 10 minutes: split them across calls.
 #   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
@@ -18,7 +18,7 @@
 #   GDSFS_DATASET_ARGS  dataset_check.py arguments (default: issue 15's table, --sizes 16,64,256,4096
 #                       --batch 16 --features-sizes 4096; about 3.5 minutes)
 set -uo pipefail
-sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid control dataset checkpoint dcp dcp2 tier pytest} "
+sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid devuuid control dataset checkpoint dcp dcp2 tier pytest} "
 want() { [[ "$sections" == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 bin=build/gpu
@@ -179,6 +179,19 @@ if want tier; then
 		--out "$out" --gib "${GDSFS_TIER_GIB:-8}" --json "$out/tier.json" 2>&1 | tee "$out/tier.txt"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
+# ---- CUDA devices named by UUID between the daemon and its clients (devuuid) ----
+# About a minute. With 2 GPUs (nvidia-h200-x2) it also checks
+# CUDA_VISIBLE_DEVICES=1 and a daemon that lacks the client's GPU.
+if want devuuid; then
+	echo "== device UUIDs: the daemon's are torch's; a client that sees one GPU (CUDA_VISIBLE_DEVICES=GPU-<uuid>, =1) loads onto it (scripts/gpu/devuuid_check.py)"
+	if [ -x "$bin/cufile.test" ]; then
+		timeout 120 "$bin/cufile.test" -test.v -test.count=1 -test.run 'TestGPUDeviceUUIDs' 2>&1 |
+			grep -E '^(---|ok|FAIL|PASS)|gpu_uuid_test' | tee "$out/devuuid-cufile.txt"
+	fi
+	PYTHONUNBUFFERED=1 timeout 420 python3 scripts/gpu/devuuid_check.py --bin "$bin/gdsfs" --work "$work/devuuid" --out "$out" \
+		--json "$out/devuuid.json" 2>&1 | tee "$out/devuuid.txt"
+	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 # ---- the Python suite (python/tests), against the carried binary --------
 # CI runs it with torch 1.13 and no safetensors, where the DCP fixtures and
 # round trips, safe_globals and the signature mirror skip; here torch 2.x,
@@ -219,6 +232,7 @@ grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* 
 for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
 [ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|tier load profile|fresh|page-cache load profile|residency|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
+[ -f "$out/devuuid.txt" ] && { echo "-- devuuid"; grep -hE '^--- (PASS|FAIL|SKIP): TestGPUDeviceUUIDs' "$out/devuuid-cufile.txt" 2>/dev/null; grep -E '^devuuid_check: (ok|FAIL|PASS|SKIP|CUDA_VISIBLE)' "$out/devuuid.txt"; }
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
 if [ -f "$out/pytest.txt" ]; then
 	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')

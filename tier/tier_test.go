@@ -571,3 +571,25 @@ func TestConcurrent(t *testing.T) {
 		<-done
 	}
 }
+
+// A second user pinning what a first user already holds is charged nothing
+// and appears in no per-user charge (status lists charges per uid).
+func TestPinOfHeldRangesChargesNothing(t *testing.T) {
+	dir := t.TempDir()
+	tr, _ := newTier(t, 1<<20, 512*kib)
+	_, f := writeFile(t, dir, "a", 128*kib, 3)
+	ctx := context.Background()
+	if _, err := tr.Pin(ctx, f, f.Name(), 1, 0, -1); err != nil {
+		t.Fatal(err)
+	}
+	res, err := tr.Pin(ctx, f, f.Name(), 2, 0, -1)
+	if err != nil || res.Filled != 0 || res.Cached != 128*kib {
+		t.Fatalf("second user's pin: %+v, %v", res, err)
+	}
+	tr.mu.Lock()
+	_, charged := tr.mu.uids[2]
+	tr.mu.Unlock()
+	if charged {
+		t.Errorf("uid 2 has a charge entry after pinning only held ranges")
+	}
+}

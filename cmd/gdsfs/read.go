@@ -72,7 +72,7 @@ timed; a full pool (EAGAIN) is waited out and counted, not fatal.`,
 	}
 	cmd.Flags().Int64Var(&offset, "offset", 0, "first byte to read")
 	cmd.Flags().Int64Var(&length, "length", -1, "bytes to read (default: to the end of the file)")
-	cmd.Flags().IntVar(&device, "device", -1, "slab device: -1 for shared host memory, N for CUDA device N")
+	cmd.Flags().IntVar(&device, "device", -1, "slab device: -1 for shared host memory, N for the daemon's CUDA device N (gdsfs status names each with its UUID)")
 	cmd.Flags().BoolVar(&discard, "discard", false, "read into the slabs only, print the throughput (nothing on stdout)")
 	cmd.Flags().IntVar(&parallel, "parallel", 1, "with --discard: requests in flight at once")
 	cmd.Flags().IntVar(&passes, "passes", 1, "with --discard: timed passes over the range, after one untimed warm-up pass")

@@ -100,6 +100,9 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 		if st.Pool.Backend == "host" {
 			name = "host"
 		}
+		if d.UUID != "" {
+			name += " (" + d.UUID + ")"
+		}
 		fmt.Fprintf(w, "pool %s: %s leased, %s allocated of %s budget, %d slabs (%d in use), %d leases; %s per uid, %d idle slabs freed for other uids\n",
 			name, humanize.IBytes(uint64(d.LeasedBytes)), humanize.IBytes(uint64(d.AllocatedBytes)),
 			humanize.IBytes(uint64(d.BudgetBytes)), d.Slabs, d.SlabsInUse, d.Leases,

@@ -48,3 +48,24 @@ func TestPrintStatusIndex(t *testing.T) {
 		t.Errorf("rates lack %q:\n%s", want, out.String())
 	}
 }
+
+// gdsfs status names each GPU of the pool by its UUID, the name that does
+// not depend on CUDA_VISIBLE_DEVICES (the daemon's device 1 may be a
+// trainer's cuda:0).
+func TestPrintStatusDeviceUUIDs(t *testing.T) {
+	doc := []byte(`{"engine":"posix","pool":{"backend":"cuda","devices":[
+		{"device":0,"uuid":"GPU-aaaaaaaa-0000-1111-2222-333333333333","budget_bytes":8388608},
+		{"device":1,"uuid":"GPU-bbbbbbbb-0000-1111-2222-333333333333","budget_bytes":8388608}]}}`)
+	var out bytes.Buffer
+	if err := printStatus(&out, "/mnt", doc, ctl.HelloReply{}, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"pool device 0 (GPU-aaaaaaaa-0000-1111-2222-333333333333): 0 B leased",
+		"pool device 1 (GPU-bbbbbbbb-0000-1111-2222-333333333333): 0 B leased",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -19,6 +19,10 @@ gdsfs.dcp). These signatures are stable; everything not listed is private.
         pickles as a small token:
         the unpickled copy (e.g. in a DataLoader worker) can read() but not
         map slabs or release (those stay with the process that opened it).
+        CUDA device numbers (device=, Ref.device) are this process's
+        (torch's cuda:N); the session names the daemon's ordinal of the
+        same GPU, matched by UUID, and pickles that translation along
+        (gdsfs._devmap).
 
     session.host_mode -> bool            True when slabs are host shared memory
     session.device -> int                target device (-1 in host mode)
@@ -93,7 +97,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence, Union
 
-from . import _leases
+from . import _devmap, _leases
 from . import _protocol as proto
 from ._errors import GDSLeaseError, GDSUnavailableError, warn_fallback
 
@@ -212,7 +216,9 @@ class Ref:
         offset: byte offset in the slab of the first requested byte.
         length: the requested length.
         valid: bytes of file data at offset (< length only at end of file).
-        device: -1 for host shared memory, else the CUDA device ordinal.
+        device: -1 for host shared memory, else the CUDA ordinal of the slab's GPU as the
+            reading process numbers it (torch's cuda:N; the daemon's own ordinal may differ:
+            gdsfs._devmap, docs/pytorch.md "Which GPU").
         engine: name of the engine that moved the bytes (host, posix, gds, ...).
     """
 
@@ -242,7 +248,7 @@ class Capabilities:
         engine: engine serving this path (host, posix, gds, gds-compat).
         reason: why that engine was chosen.
         gds: True when true or compat cuFile serves the path.
-        devices: CUDA device ordinals with slabs ([] in host mode).
+        devices: the daemon's CUDA device ordinals with slabs ([] in host mode).
         host_slabs: True when shared host memory slabs are served.
         io_alignment: alignment the daemon widens reads to.
         max_lease: largest range one lease can hold.
@@ -250,6 +256,8 @@ class Capabilities:
         daemon_version: the daemon's version string.
         writable: True when WRITE/ALLOC are served.
         info: the full user.gdsfs.info document.
+        device_uuids: the UUID ("GPU-...") of each of the daemon's devices, by its ordinal
+            ([] when it does not say: an older daemon, host memory).
     """
 
     mount: str
@@ -264,6 +272,7 @@ class Capabilities:
     daemon_version: str
     writable: bool
     info: dict[str, Any] = field(default_factory=dict)
+    device_uuids: list[str] = field(default_factory=list)
 
 
 def _require_mount(path: PathLike) -> str:
@@ -297,6 +306,9 @@ def capabilities(path: PathLike) -> Capabilities:
     finally:
         os.close(fd)
     engine = str(info.get("engine") or hello.engine)
+    uuids: Sequence[str] = ()
+    if hello.caps & proto.CAP_DEVICE_UUIDS and hello.devices > 0:
+        uuids = _devmap.daemon_uuids(mount, hello.daemon_pid, hello.devices, lambda: status(mount)) or ()
     return Capabilities(
         mount=mount,
         engine=engine,
@@ -310,6 +322,7 @@ def capabilities(path: PathLike) -> Capabilities:
         daemon_version=hello.daemon_version,
         writable=bool(hello.caps & proto.CAP_WRITE),
         info=info,
+        device_uuids=[_devmap.spell(u) for u in uuids],
     )
 
 
@@ -676,9 +689,10 @@ class Session:
 
     Args:
         mount: the gdsfs mount root (see find_mount) or any path on it.
-        device: target device for reads: -1 for host memory, a CUDA ordinal,
-            or None for the daemon's default (device 0 when it has CUDA
-            slabs, else host memory).
+        device: target device for reads: -1 for host memory, a CUDA ordinal
+            of this process (torch's cuda:N, whatever the daemon calls that
+            GPU: docs/pytorch.md "Which GPU"), or None for the default
+            (cuda:0 when the daemon has CUDA slabs, else host memory).
 
     Example:
         >>> with gdsfs.Session("/mnt/data") as s, open("/mnt/data/a.bin", "rb") as f:
@@ -692,6 +706,7 @@ class Session:
         self._cfd: int | None = os.open(os.path.join(root, CONTROL_NAME), os.O_RDONLY)
         self._owner_pid = os.getpid()
         self._lock = threading.Lock()
+        self._devmap: Any = _devmap.UNRESOLVED  # this process's CUDA devices vs the daemon's
         try:
             self.hello = _hello(self._cfd)
             self.token = self.hello.token
@@ -717,7 +732,8 @@ class Session:
         try:
             return cls(mount, device=device)
         except (GDSUnavailableError, OSError) as e:
-            warn_fallback(f"the gdsfs daemon at {mount!r} cannot serve: {e}", strict=strict, cause=f"daemon {mount}")
+            why = str(e).removeprefix("gdsfs: ")
+            warn_fallback(f"the gdsfs daemon at {mount!r} cannot serve: {why}", strict=strict, cause=f"daemon {mount}")
             return None
 
     def _default_device(self, device: int | None) -> int:
@@ -725,14 +741,16 @@ class Session:
             if device == proto.DEVICE_HOST:
                 if not self.hello.caps & proto.CAP_HOST_SLABS:
                     raise GDSUnavailableError(f"gdsfs: the daemon at {self.mount!r} serves no host memory: ask for a CUDA device")
-            elif not 0 <= device < self.hello.devices:
+            elif not 0 <= self._wire_device(device) < self.hello.devices:
                 raise GDSUnavailableError(f"gdsfs: the daemon at {self.mount!r} has no slabs on CUDA device {device} ({self.hello.devices} devices)")
             return device
         return 0 if self.hello.devices > 0 else proto.DEVICE_HOST
 
-    # Pickling: only the token travels.
+    # Pickling: only the token travels, and the device translation (resolved here, where CUDA
+    # is: a DataLoader worker never asks CUDA itself).
     def __getstate__(self) -> dict[str, Any]:
-        return {"mount": self.mount, "hello": tuple(self.hello), "device": self.device}
+        devmap = self._devmap if self.host_mode else self._device_map()
+        return {"mount": self.mount, "hello": tuple(self.hello), "device": self.device, "devmap": devmap}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         h = list(state["hello"])
@@ -741,6 +759,7 @@ class Session:
         self.mount = state["mount"]
         self.token = self.hello.token
         self.device = state["device"]
+        self._devmap = state.get("devmap", _devmap.UNRESOLVED)
         self._cfd = None
         self._owner_pid = -1
         self._lock = threading.Lock()
@@ -748,6 +767,42 @@ class Session:
         self._ended = False
         self._finalizer = None
         self.timing = _timing_book()
+
+    def _device_map(self, *, force: bool = False) -> "_devmap.DeviceMap | None":
+        """This process's CUDA devices matched with the daemon's by UUID (gdsfs._devmap), or
+        None: ordinals as they are. Resolved once, in the process that opened the session (or,
+        force, in one about to map the daemon's CUDA memory); a copy elsewhere (a DataLoader
+        worker) uses the map it was handed, never asking CUDA itself."""
+        m = self._devmap
+        if m is _devmap.UNRESOLVED:
+            if not force and self._owner_pid != os.getpid():
+                return None
+            h = self.hello
+            if h.caps == 0:  # a session rebuilt from a Ref has not seen HELLO
+                h = _hello(self._control_fd()[0])
+            m = None
+            if h.caps & proto.CAP_DEVICE_UUIDS and h.devices > 0:
+                m = _devmap.resolve(self.mount, lambda: _devmap.daemon_uuids(self.mount, h.daemon_pid, h.devices, lambda: status(self.mount)))
+            self._devmap = m
+        return m
+
+    def _wire_device(self, dev: int) -> int:
+        """The daemon's ordinal of this process's CUDA device dev, for READ/ALLOC (-1: host).
+
+        Raises:
+            GDSUnavailableError (errno ENODEV): the daemon does not serve that GPU.
+        """
+        if dev < 0:
+            return dev
+        m = self._device_map()
+        return dev if m is None else m.to_daemon(dev)
+
+    def _local_device(self, dev: int) -> int:
+        """This process's CUDA ordinal of the daemon's device dev (a SLAB reply's), to map it on."""
+        if dev < 0:
+            return dev
+        m = self._device_map(force=True)
+        return dev if m is None else m.to_local(dev)
 
     @property
     def host_mode(self) -> bool:
@@ -891,7 +946,7 @@ class Session:
         return out
 
     def _read_chunk(self, fd: int, ranges: list[tuple[int, int]], dev: int, timeout: float, out: list[Ref]) -> None:
-        buf = proto.encode_read(self.token, dev, ranges)
+        buf = proto.encode_read(self.token, self._wire_device(dev), ranges)
         t0 = time.perf_counter() if self.timing is not None else 0.0
         try:
             self._ioctl_retry(fd, proto.READ, buf, "READ", timeout)
@@ -924,7 +979,7 @@ class Session:
                 n += 1
             if n == 0:
                 raise ValueError(f"gdsfs: name {names[i][:64]!r}... is longer than the names area")
-            buf = proto.encode_read_names(self.token, dev, names[i : i + n])
+            buf = proto.encode_read_names(self.token, self._wire_device(dev), names[i : i + n])
             try:
                 self._ioctl_retry(fdn, proto.READ_NAMES, buf, "READ_NAMES", timeout)
             except OSError as e:
@@ -939,7 +994,7 @@ class Session:
         self._refuse_if_closed()
         dev = self.device if device is None else device
         fd, tok = self._control_fd()
-        buf = proto.encode_alloc(tok, dev, nbytes)
+        buf = proto.encode_alloc(tok, self._wire_device(dev), nbytes)
         try:
             self._ioctl_retry(fd, proto.ALLOC, buf, "ALLOC", timeout)
         except OSError as e:

@@ -26,7 +26,7 @@ import functools
 import threading
 from typing import Any
 
-__all__ = ["open_ipc_handle", "import_fd", "VmmMapping", "CudaArray"]
+__all__ = ["open_ipc_handle", "import_fd", "device_uuids", "VmmMapping", "CudaArray"]
 
 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
@@ -142,6 +142,29 @@ def open_ipc_handle(handle: bytes, device: int) -> int:
             old = ctypes.c_void_p()
             d.lib.cuCtxPopCurrent_v2(ctypes.byref(old))
     return int(ptr.value)
+
+
+def device_uuids() -> list[bytes]:
+    """The 16-byte UUID of each CUDA device this process sees, by ordinal (cuDeviceGetUuid_v2,
+    the spelling CUDA_VISIBLE_DEVICES and the gdsfs daemon use; cuDeviceGetUuid before CUDA
+    11.4). For gdsfs._devmap, where torch does not tell them."""
+    d = _get_driver()
+    lib = d.lib
+    fn = getattr(lib, "cuDeviceGetUuid_v2", None) or getattr(lib, "cuDeviceGetUuid", None)
+    if fn is None:
+        raise RuntimeError("gdsfs: this NVIDIA driver has no cuDeviceGetUuid: upgrade the driver")
+    fn.argtypes = [ctypes.POINTER(ctypes.c_ubyte * 16), ctypes.c_int]
+    lib.cuDeviceGetCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    n = ctypes.c_int()
+    d.check(lib.cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
+    out = []
+    for i in range(n.value):
+        dev = ctypes.c_int()
+        d.check(lib.cuDeviceGet(ctypes.byref(dev), i), f"cuDeviceGet({i})")
+        u = (ctypes.c_ubyte * 16)()
+        d.check(fn(ctypes.byref(u), dev), f"cuDeviceGetUuid({i})")
+        out.append(bytes(u))
+    return out
 
 
 class VmmMapping:

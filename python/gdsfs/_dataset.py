@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, N
 import torch
 import torch.utils.data
 
-from . import _core, _layout, _leases, _tensors
+from . import _core, _devmap, _layout, _leases, _tensors
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _release_refs, collate
@@ -135,6 +135,7 @@ class _FieldPlan(NamedTuple):
     length: int
     gpu: bool
     kind: str  # "bytes", "npy", "mds:<encoding>", "raw"
+    npy: int = -1  # a .npy gpu field of a tar: its header in _ShardState.npy_headers (-1: read it)
 
 
 def _tar_tail_error(path: str, size: int) -> str:
@@ -171,12 +172,45 @@ class _ShardState:
     .npy headers, so they live exactly as long as the index does; a later epoch of a persistent
     worker reuses them instead of planning and pread-ing each header again)."""
 
-    def __init__(self, path: str, fd: int, index: dict[str, Any]) -> None:
+    def __init__(self, path: str, fd: int, index: dict[str, Any], ident: Optional[tuple[int, int, int, int, int]] = None) -> None:
         self.path, self.fd, self.index = path, fd, index
+        # The file's identity from before its index was read (a rewrite in between then shows).
+        self.ident = ident if ident is not None else _file_ident(fd)
         self.plans: dict[int, tuple[str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = {}
+        # A tar's .npy geometries as the daemon's index gives them (its "npy_headers", parsed
+        # from the same header bytes as _layout.parse_npy_header would be, docs/index-format.md):
+        # planning a sample then reads no header of the shard. _npy_geo: their (header length,
+        # bytes, dtype) once converted.
+        self.npy_headers = [_layout.NpyHeader(int(h["header_length"]), str(h["dtype"]), tuple(int(d) for d in h["shape"]), bool(h["fortran_order"]))
+                            for h in index.get("npy_headers", ())]
+        self._npy_geo: dict[int, tuple[int, int, torch.dtype]] = {}
+
+    def npy_geometry(self, k: int) -> tuple[_layout.NpyHeader, int, torch.dtype]:
+        """(header, data bytes, torch dtype) of npy_headers[k]; the dtype's error as
+        _tensor_geometry gives it for a header it reads itself."""
+        g = self._npy_geo.get(k)
+        h = self.npy_headers[k]
+        if g is None:
+            dt = _torch_dtype(h.dtype)
+            g = self._npy_geo[k] = (h.data_offset, _numel(h.shape) * _tensors._itemsize(dt), dt)
+        return h, g[1], g[2]
+
+    def changed(self) -> bool:
+        """Whether the file is not the one indexed any more (rewritten in place: size, mtime,
+        ctime), so that its index and plans are stale."""
+        try:
+            return _file_ident(self.fd) != self.ident
+        except OSError:
+            return True
 
     def close(self) -> None:
         _core._close_quietly(self.fd)  # a read-only shard: nothing is lost when close reports ENOTCONN
+
+
+def _file_ident(fd: int) -> tuple[int, int, int, int, int]:
+    """The file's identity as the daemon keys its index (internal/fileid)."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _rank_world() -> tuple[int, int]:
@@ -348,6 +382,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             warn_fallback(f"shards lie on {len(mounts)} different mounts ({sorted(str(m) for m in mounts)})", strict=strict, cause="several mounts")
         else:
             self._session = Session.open(self.shards[0], device=self._pick_device(device, self.shards[0], next(iter(mounts))), strict=strict)
+            if self._session is not None and self.gpu_keys:
+                # Here, not in the workers (which never touch CUDA): they read with what this
+                # process's cuda:N is on the daemon (gdsfs._devmap), carried in the session.
+                self._session._device_map()
         self._open: "OrderedDict[int, _ShardState]" = OrderedDict()
         self._open_pid = os.getpid()
         self._bad: set[int] = set()
@@ -423,9 +461,15 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         on a mount, this process's off one); else the error torch would give, with advice."""
         if mount is not None:
             try:
-                devices = list(_core.capabilities(path).devices)
+                caps = _core.capabilities(path)
             except GDSUnavailableError:
                 return index  # the session's own fallback decides
+            devices = list(caps.devices)
+            if caps.device_uuids:
+                m = _devmap.resolve(caps.mount, lambda: _devmap.normalized(caps.device_uuids))
+                if m is not None:
+                    m.to_daemon(index)  # raises when the daemon does not serve this process's cuda:index
+                    return index
             where = f"the gdsfs daemon at {mount!r} has " + (f"CUDA devices {devices}" if devices else "no GPU (host engine)")
         else:
             n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -689,7 +733,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         path = self.shards[i]
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            st = _ShardState(path, fd, self._index_of(path, fd))
+            ident = _file_ident(fd)
+            st = _ShardState(path, fd, self._index_of(path, fd), ident)
         except BaseException:
             os.close(fd)
             raise
@@ -782,7 +827,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             for name, m in s["fields"].items():
                 gpu = name in self.gpu_keys
                 kind = "npy" if (gpu and name.rsplit(".", 1)[-1] == "npy" and name not in self.field_spec) else "bytes"
-                plans.append(_FieldPlan(name, int(m["offset"]), int(m["length"]), gpu, kind))
+                plans.append(_FieldPlan(name, int(m["offset"]), int(m["length"]), gpu, kind, int(m.get("npy", -1)) if kind == "npy" else -1))
             return s["key"], plans
         if f == "mds":
             s = x["samples"][idx]
@@ -813,6 +858,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             dt = _torch_dtype(x["dtype"])
             return int(x["data_offset"]), int(x["data_length"]), dt, shape, bool(x.get("fortran_order"))
         if fp.kind == "npy":
+            if 0 <= fp.npy < len(st.npy_headers):
+                h, nb, dt = st.npy_geometry(fp.npy)
+                return fp.offset + h.data_offset, nb, dt, h.shape, h.fortran_order
             head = os.pread(st.fd, min(fp.length, 4096), fp.offset)
             h = _layout.npy_header_cached(head)
             dt = _torch_dtype(h.dtype)
@@ -939,7 +987,18 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                          world=world if slots % world == 0 else 1, even=self.even_ranks if slots % world == 0 else None,
                          buffer=self.shuffle_buffer, interleave=self.interleave)
 
+    def _drop_changed_shards(self) -> None:
+        """Forget open shards rewritten since they were indexed (a persistent worker's, from
+        an earlier epoch): they are indexed and planned anew when next read."""
+        if self._open_pid != os.getpid():
+            return
+        for i, st in list(self._open.items()):
+            if st.changed():
+                del self._open[i]
+                st.close()
+
     def _samples(self) -> Generator[GDSSample, None, None]:
+        self._drop_changed_shards()
         slot, slots, _nw = self._slots()
         with self._lock:
             skip = self._resume.get(slot, 0) if self._resume_epoch == self.epoch else 0

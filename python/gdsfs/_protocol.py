@@ -29,6 +29,7 @@ CAP_READ_NAMES = 1 << 2
 CAP_INDEX = 1 << 3
 CAP_WRITE = 1 << 4
 CAP_SLAB_FD = 1 << 5  # slab descriptors on the slab socket named in HELLO
+CAP_DEVICE_UUIDS = 1 << 6  # STATUS names each CUDA device's UUID (pool.devices[].uuid)
 
 SLAB_KIND_HOST = 1
 SLAB_KIND_CUDA = 2  # legacy 64-byte CUDA IPC handle (a bearer capability)

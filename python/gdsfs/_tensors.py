@@ -112,25 +112,27 @@ def _slab_tensor(session: Session, slab: int) -> torch.Tensor:
             from . import _cuda
 
             torch.cuda.init()
-            with torch.cuda.device(d.device):
+            dev = session._local_device(d.device)  # the daemon's ordinal -> ours, by UUID
+            with torch.cuda.device(dev):
                 fd, nbytes = session.slab_fd(slab)
                 try:
-                    vm = _cuda.import_fd(fd, nbytes, d.device)
+                    vm = _cuda.import_fd(fd, nbytes, dev)
                 finally:
                     os.close(fd)
                 # The tensor keeps the mapping: it goes when the last view does.
                 arr = _cuda.CudaArray(vm.ptr + d.map_offset, d.size, owner=vm)
-                t = torch.as_tensor(arr, device=torch.device("cuda", d.device))
+                t = torch.as_tensor(arr, device=torch.device("cuda", dev))
             _core._slabs.add_vmm(key, run, t, session)
             return t
         elif d.kind == proto.SLAB_KIND_CUDA:
             from . import _cuda
 
             torch.cuda.init()
-            with torch.cuda.device(d.device):
-                ptr = _cuda.open_ipc_handle(d.handle, d.device)
+            dev = session._local_device(d.device)
+            with torch.cuda.device(dev):
+                ptr = _cuda.open_ipc_handle(d.handle, dev)
                 arr = _cuda.CudaArray(ptr + d.map_offset, d.size)
-                t = torch.as_tensor(arr, device=torch.device("cuda", d.device))
+                t = torch.as_tensor(arr, device=torch.device("cuda", dev))
         else:
             raise GDSUnavailableError(f"gdsfs: slab {slab} has unknown kind {d.kind}: upgrade the gdsfs Python package")
         _core._slabs.tensors[key] = t

@@ -9,8 +9,11 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
 - **Writes.** Each tensor item is laid out at a 4096-byte boundary with its storage record
   4096-aligned too; the tensor bytes go from GPU (or host) memory to the file through the daemon
   in one batched call per file, with no trip through a CPU copy in this process. Each data file
-  is written under a temporary name, fsynced and renamed; ``finish`` commits ``.metadata`` the
-  stock way (temp, fsync, rename) and then fsyncs the directory. Saving over an existing
+  is written under a temporary name, fsynced as soon as its own writes end and renamed; one
+  directory fsync after the last makes their names durable; ``finish`` commits ``.metadata`` the
+  stock way (temp, fsync, rename) and then fsyncs the directory. A save the filesystem has no
+  room for (statvfs) is refused before any file is created, with an OSError(ENOSPC) naming the
+  directory and the bytes needed. Saving over an existing
   checkpoint writes data files of new names (``__{rank}_{n}.{save id}.distcp``), so a crash leaves
   the old checkpoint intact; once the new ``.metadata`` is committed, the data files the old one
   named, and only those, are removed. A data file missing after the save is an error naming it.
@@ -155,6 +158,20 @@ def _align_up(n: int, a: int = _ALIGN) -> int:
     return -(-n // a) * a
 
 
+class _FileLayout:
+    """One data file of a save, laid out (GDSFileSystemWriter._layout_file) before any is written."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.results: list[Any] = []  # the WriteResults of its items
+        self.small: list[tuple[int, bytes]] = []  # (offset, bytes): byte items, archive headers
+        self.data: list[tuple[int, torch.Tensor]] = []  # (offset, uint8 view) of tensor bytes
+        self.copies: list[tuple[int, torch.Tensor, int]] = []  # (offset, tensor, archive size) to copy first
+        self.direct: list[tuple[int, Any, Any, int]] = []  # (offset, session, ref, nbytes) of staged leases
+        self.direct_keys: list[tuple[int, Any, Any, int]] = []  # (data_ptr, ...) of the same, for their release
+        self.size = 0  # the file's final size
+
+
 class GDSFileSystemWriter(FileSystemWriter):
     """A FileSystemWriter whose tensor bytes move through gdsfs (see the module doc).
 
@@ -167,6 +184,13 @@ class GDSFileSystemWriter(FileSystemWriter):
     """
 
     fs: Any  # the stock writer's FileSystem, wrapped in __init__
+    # Whether a data file of staged leases is fallocate'd to its final size before the daemon
+    # writes them (so that ext4 runs its O_DIRECT writes in parallel as overwrites). Off: measured
+    # on ext4 through the mount, fallocate while the other files' writes run stalls (up to 80 ms)
+    # and makes their fsyncs longer, for no faster writes (docs/benchmarks.md, "Staged save vs
+    # the disk"); _check_space refuses a save that cannot fit instead. scripts/gpu/dcp_check.py
+    # turns it on per writer for its A/B.
+    _prealloc = False
 
     def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, staging: str = "gdsfs",
                  **kwargs: Any) -> None:
@@ -249,19 +273,26 @@ class GDSFileSystemWriter(FileSystemWriter):
         results: list[Any] = []
         self._release_early = not self._all_staged(plan.items, planner)
         try:
+            layouts = [self._layout_file(name, items, planner) for name, items in files]
+            self._check_space(root, layouts)
             if nstaged > 1:
                 from concurrent.futures import ThreadPoolExecutor
 
                 with ThreadPoolExecutor(len(files), thread_name_prefix="gdsfs-dcp-write") as ex:
-                    futs = [ex.submit(self._write_file, os.path.join(root, name), name, items, planner)
-                            for name, items in files]
+                    futs = [ex.submit(self._write_file, os.path.join(root, lay.name), lay) for lay in layouts]
                     for f in futs:
                         results += f.result()
             else:
-                for name, items in files:
-                    results += self._write_file(os.path.join(root, name), name, items, planner)
+                for lay in layouts:
+                    results += self._write_file(os.path.join(root, lay.name), lay)
         finally:
             self._release_staged()
+        if self.sync_files:
+            # Every data file was fsynced and renamed into place: one directory fsync makes all
+            # their names durable before finish commits the .metadata that names them.
+            t = time.perf_counter()
+            atomic.fsync_dir(root)
+            self.save_times["dirsync_s"] = time.perf_counter() - t
         self._written = [name for name, _ in files]
         for name in self._written:
             if not os.path.exists(os.path.join(root, name)):
@@ -314,46 +345,88 @@ class GDSFileSystemWriter(FileSystemWriter):
             load[b] += size
         return [[wi for _, wi in sorted(b, key=lambda x: x[0])] for b in buckets if b]
 
-    def _write_file(self, path: str, name: str, items: list[Any], planner: Any) -> list[Any]:
-        byte_items = [wi for wi in items if wi.type == WriteItemType.BYTE_IO]
-        tensor_items = [wi for wi in items if wi.type != WriteItemType.BYTE_IO]
-        results = []
-        small: list[tuple[int, bytes]] = []
-        data: list[tuple[int, torch.Tensor]] = []
-        direct: list[tuple[int, Any, Any, int]] = []  # (file offset, session, ref, nbytes) of staged leases
-        direct_keys: list[tuple[int, Any, Any, int]] = []  # (data_ptr, ...) of the same, for their release
+    def _layout_file(self, name: str, items: list[Any], planner: Any) -> "_FileLayout":
+        """Where each item of one data file goes, and the file's size, before anything is written.
+
+        Tensors that must be copied first (not contiguous, a view of a larger storage, on another
+        device) are laid out from a host placeholder of the same layout and copied only when
+        their file is written (_write_file), so that laying out every file of the save up front
+        holds no copy."""
+        lay = _FileLayout(name)
         pos = 0
-        for wi in byte_items:  # raw bytes first, as the stock writer orders them
+        for wi in items:  # raw bytes first, as the stock writer orders them
+            if wi.type != WriteItemType.BYTE_IO:
+                continue
             buf = planner.resolve_data(wi)
             b = bytes(buf.getbuffer()) if isinstance(buf, io.BytesIO) else bytes(buf)
-            small.append((pos, b))
-            results.append(_result(wi, name, pos, len(b)))
+            lay.small.append((pos, b))
+            lay.results.append(_result(wi, name, pos, len(b)))
             pos += len(b)
-        for wi in tensor_items:
+        for wi in items:
+            if wi.type == WriteItemType.BYTE_IO:
+                continue
             t = planner.resolve_data(wi).detach()
-            if t.device.type not in ("cpu", "cuda"):
-                t = t.cpu()
             nbytes = t.numel() * t.element_size()
-            staged = self._staged.get(t.data_ptr()) if nbytes and t.is_contiguous() else None
+            on_host_or_gpu = t.device.type in ("cpu", "cuda")
+            staged = self._staged.get(t.data_ptr()) if on_host_or_gpu and nbytes and t.is_contiguous() else None
             pos = _align_up(pos)
             if staged is not None and int(staged[1].valid) >= nbytes:
                 # Staged by stage(): the bytes already sit in a lease; the archive only needs the
                 # tensor's pickle, so plan it from an untouched host placeholder of the same layout.
                 arc = torchzip.build(torch.empty(t.shape, dtype=t.dtype), "archive", alignment=_ALIGN, location="cpu")
                 rec = arc.storages[0][0]
-                direct.append((pos + rec.data_offset, staged[0], staged[1], rec.size))
-                direct_keys.append((t.data_ptr(), staged[0], staged[1], rec.size))
+                lay.direct.append((pos + rec.data_offset, staged[0], staged[1], rec.size))
+                lay.direct_keys.append((t.data_ptr(), staged[0], staged[1], rec.size))
+                lay.small += arc.metadata_writes(pos)
+            elif (not on_host_or_gpu or not t.is_contiguous() or t.storage_offset() != 0
+                  or untyped_storage(t).nbytes() != nbytes):
+                # An item holds exactly its tensor's bytes, as stock DCP's host copy does: copied
+                # when the file is written; its size is that of a placeholder's archive.
+                arc = torchzip.build(torch.empty(t.shape, dtype=t.dtype), "archive", alignment=_ALIGN, location="cpu")
+                lay.copies.append((pos, t, arc.size))
             else:
-                if not t.is_contiguous() or t.storage_offset() != 0 or untyped_storage(t).nbytes() != nbytes:
-                    # An item holds exactly its tensor's bytes, as stock DCP's host copy does.
-                    t = t.clone(memory_format=torch.contiguous_format)
                 arc = torchzip.build(t, "archive", alignment=_ALIGN, location="cpu")
-                data += arc.data_items(pos)
-            small += arc.metadata_writes(pos)
-            results.append(_result(wi, name, pos, arc.size))
+                lay.data += arc.data_items(pos)
+                lay.small += arc.metadata_writes(pos)
+            lay.results.append(_result(wi, name, pos, arc.size))
             pos += arc.size
+        lay.size = pos
+        return lay
+
+    def _check_space(self, root: str, layouts: list["_FileLayout"]) -> None:
+        """Refuse, before any file is created, a save the filesystem has no room for: a save that
+        ran out of space part way would have written (and then removed) up to its full size for
+        nothing. One OSError(ENOSPC) line names the directory and the bytes needed and free."""
+        need = sum(lay.size for lay in layouts)
+        try:
+            st = os.statvfs(root)
+        except OSError:
+            return  # a filesystem that cannot say: its writes report their own errors
+        have = st.f_bavail * st.f_frsize
+        if st.f_blocks and need > have:
+            raise OSError(errno.ENOSPC, f"gdsfs.dcp: cannot save to {root!r}: the save needs {_mib(need)} for this "
+                          f"rank's data files and the filesystem there has {_mib(have)} available; free space there "
+                          f"or save to another directory")
+
+    def _write_file(self, path: str, lay: "_FileLayout") -> list[Any]:
+        """Write one laid-out data file under a temporary name, fsync it and rename it into place
+        (the directory fsync that makes the name durable is write_data's, once for all files)."""
         import time
 
+        small, data = list(lay.small), list(lay.data)
+        for pos, t, size in lay.copies:
+            if t.device.type not in ("cpu", "cuda"):
+                t = t.cpu()
+            n = t.numel() * t.element_size()
+            if not t.is_contiguous() or t.storage_offset() != 0 or untyped_storage(t).nbytes() != n:
+                t = t.clone(memory_format=torch.contiguous_format)
+            arc = torchzip.build(t, "archive", alignment=_ALIGN, location="cpu")
+            if arc.size != size:
+                raise RuntimeError(f"gdsfs.dcp: the archive of an item of {lay.name!r} is {arc.size} bytes, "
+                                   f"planned as {size}: a bug, please report it")
+            data += arc.data_items(pos)
+            small += arc.metadata_writes(pos)
+        direct, direct_keys = lay.direct, lay.direct_keys
         last = [time.perf_counter()]
 
         def phase(name: str) -> None:
@@ -361,14 +434,16 @@ class GDSFileSystemWriter(FileSystemWriter):
             self._timed(name, now - last[0], most=True)
             last[0] = now
 
-        with atomic.replace(path, sync=bool(self.sync_files)) as (tmp, fd):
+        sync = bool(self.sync_files)
+        with atomic.replace(path, sync=sync, sync_dir=False) as (tmp, fd):
             phase("create_s")
             if direct:
-                _preallocate(fd, pos)
-                phase("prealloc_s")
+                if self._prealloc:
+                    _preallocate(fd, lay.size)
+                    phase("prealloc_s")
                 self._wait_copies()  # the staging copies into the leases are done
                 phase("copies_wait_s")
-                _write_leases(fd, direct, _STAGED_FLUSH_BYTES if self.sync_files else 0, self._direct_min)
+                _write_leases(fd, direct, _STAGED_FLUSH_BYTES if sync else 0, self._direct_min)
                 phase("lease_writes_s")
                 if self._release_early:
                     # Tensors of this save not in leases are written through leases of their
@@ -379,14 +454,15 @@ class GDSFileSystemWriter(FileSystemWriter):
                     self._release_leases([k for k, _, _, _ in direct_keys])
                     phase("release_s")
             if data:
-                transfer(tmp, fd, data, write=True, strict=self._strict, sync=bool(self.sync_files))
+                transfer(tmp, fd, data, write=True, strict=self._strict, sync=sync)
                 phase("stock_writes_s")
             for off, b in small:
                 torchzip.pwrite_all(fd, b, off)
-            os.ftruncate(fd, pos)  # through the mount, last: sets the size the kernel caches
+            os.ftruncate(fd, lay.size)  # through the mount, last: sets the size the kernel caches
             phase("other_writes_s")
-        phase("commit_s")  # fsync, rename, directory fsync
-        return results
+            self._timed("t_writes_done", last[0], most=True)  # when the last file's writes ended
+        phase("commit_s")  # fsync, rename
+        return lay.results
 
     def finish(self, metadata: Any, results: Any) -> None:
         """Commit ``.metadata`` the stock way, make the rename durable, then remove the data files
@@ -787,9 +863,8 @@ def _write_leases(fd: int, direct: list[tuple[int, Any, Any, int]], flush_every:
 
 
 def _preallocate(fd: int, nbytes: int) -> None:
-    """Allocate the data file's ``nbytes`` (its final size) before the daemon writes the leases:
-    its O_DIRECT writes then overwrite allocated blocks inside the file, which ext4 runs in
-    parallel, instead of extending the file one write at a time. fallocate(2) itself, not
+    """Allocate the data file's ``nbytes`` (its final size) before the daemon writes the leases
+    (only where ``GDSFileSystemWriter._prealloc`` asks: see there). fallocate(2) itself, not
     posix_fallocate(3), whose fallback writes zeros; a refusal (EOPNOTSUPP, ENOSPC) is ignored:
     the writes report their own errors."""
     if nbytes <= 0 or not sys.platform.startswith("linux"):

@@ -444,3 +444,19 @@ def test_full_pool_waits_for_release_then_gives_up(gdsfs_bin, tmp_path) -> None:
             assert bytes(s.host_buffer(r)) == (src / "f.bin").read_bytes()[: 2 << 20]
     finally:
         unmount(gdsfs_bin, m.mnt)
+
+
+def test_a_daemon_that_cannot_serve_is_named_once_in_the_warning(gdsfs_mount) -> None:
+    # The host daemon has no CUDA slabs: Session.open(device=0) falls back with one warning
+    # whose text says "gdsfs:" once, not once per layer it passed through.
+    p = gdsfs_mount.path("warn-once.bin")
+    with open(os.path.join(gdsfs_mount.src, "warn-once.bin"), "wb") as f:
+        f.write(b"x")
+    _errors._reset_fallback_warning()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert gdsfs.Session.open(p, device=0) is None
+    got = [str(x.message) for x in w if issubclass(x.category, gdsfs.GDSFallbackWarning)]
+    assert len(got) == 1, got
+    assert got[0].count("gdsfs:") == 1, got[0]
+    assert "no slabs on CUDA device 0" in got[0]

@@ -257,6 +257,8 @@ def test_a_later_epoch_reuses_the_sample_plans(gdsfs_mount, monkeypatch) -> None
 
     paths, truth = _small_shards(gdsfs_mount, nshards=2, per=12)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, shuffle=True)
+    for st in ds._open.values():
+        st.npy_headers = []  # plan from each header's bytes, as without the index's npy_headers
     calls = []
     real = os.pread
     monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append(n) or real(fd, n, off))

@@ -13,12 +13,16 @@ run here, on cuda, on a one-rank process group ("cpu:gloo,cuda:nccl").
 Parts (each runs on its own: one failing part never hides the others):
 
 - disk:    the disk's write+fsync rate for the same payload (64 MiB writes from host memory to a
-           file of BACKING_DIR, fsync; 1 and 4 files in parallel; the best is the ceiling).
+           file of BACKING_DIR, fsync; 1 and 4 files in parallel; the best is the ceiling), then
+           scripts/gpu/disk_phases.py's phase timings of 4 files written as the daemon writes a
+           staged save (8 MiB O_DIRECT writes, 4 at a time per file): fallocate first, or not.
 - blocked: dcp.async_save of a GIB bf16 state dict (tensors of TENSOR_MIB) on cuda, as DTensors
            on a one-rank mesh and as plain tensors, stock FileSystemWriter vs GDSFileSystemWriter:
            time blocked in async_save (until it returns), and the completion rate (payload /
            time until the save's future is done); the checkpoint is loaded back by the stock
-           reader and compared byte for byte.
+           reader and compared byte for byte. gdsfs rounds alternate with "gdsfs+fallocate"
+           rounds (the writer's _prealloc on: each data file fallocate'd before its writes, the
+           layout before 2026-12-01's change), an A/B of the same save in the same run.
 - loop:    20 training steps of about STEP_MS (matmuls + an in-place update of every tensor of the
            state dict), a dcp.async_save every 5 steps (waiting for the previous one first, as a
            training loop must), mean step time vs the same loop without saves.
@@ -229,7 +233,32 @@ def disk_rate(backing: str, nbytes: int) -> float:
             os.unlink(p)
         settle(backing)  # the next probe, like every timed save, starts on an idle disk
     RESULTS["disk_write_fsync_gbs"] = best
+    disk_phase_ab(backing, nbytes)
     return best
+
+
+def disk_phase_ab(backing: str, nbytes: int, rounds: int = 2) -> None:
+    """Where 4 files written the way the daemon writes a staged save spend their time, with and
+    without fallocate first (disk_phases.py; 8 MiB O_DIRECT writes, 4 in flight per file)."""
+    import mmap
+
+    sys.path.insert(0, HERE)
+    import disk_phases as dp
+
+    raw = mmap.mmap(-1, 8 << 20)
+    raw.write(os.urandom(8 << 20))
+    d = os.path.join(backing, "disk-phases")
+    os.makedirs(d, exist_ok=True)
+    try:
+        for r in range(rounds):
+            for name in ("prealloc-own", "noalloc-own-dir1")[:: 1 if r % 2 == 0 else -1]:
+                settle(backing)
+                rate, ms = dp.one_run(d, dp.VARIANTS[name], nbytes, 4, 8 << 20, 4, memoryview(raw))
+                log(f"disk phases round {r} {name:18s} {rate:.2f} GB/s (" + " ".join(f"{k} {v:.0f}" for k, v in ms.items()) + " ms)")
+                RESULTS.setdefault(f"disk_phases_{name}_gbs", []).append(rate)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        settle(backing)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,7 +300,11 @@ def writer_for(which: str, d: str) -> Any:
 
     import gdsfs.dcp as gdcp
 
-    return gdcp.GDSFileSystemWriter(d) if which == "gdsfs" else dcp.FileSystemWriter(d)
+    if which == "stock":
+        return dcp.FileSystemWriter(d)
+    w = gdcp.GDSFileSystemWriter(d)
+    w._prealloc = which == "gdsfs+fallocate"  # the A/B: each data file fallocate'd first
+    return w
 
 
 def one_async_save(env: Env, sd: dict[str, Any], which: str, d: str) -> tuple[float, float, Any]:
@@ -294,33 +327,38 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
     sd = env.state(kind)
     dpid = daemon_pid(env.mount)
     res: dict[str, dict[str, float]] = {}
-    for which in ("stock", "gdsfs"):
-        bl, dn = [], []
-        for r in range(rounds):
-            d = os.path.join(env.base, f"async-{kind}-{which}-{r}")
-            cpu0 = cpu_now(dpid)
-            t_call = time.perf_counter()
-            blocked, done, w = one_async_save(env, sd, which, d)
-            cpu1 = cpu_now(dpid)
-            stats = getattr(w, "stage_stats", None)
-            log(f"async_save {kind:7s} {which:5s} round {r}: blocked {blocked * 1e3:8.1f} ms, done in {done:6.2f} s "
-                f"({gbs(env.payload, done):.2f} GB/s){f', staged {stats}' if stats else ''}")
-            if getattr(w, "save_times", None):
-                log(f"async_save {kind:7s} {which:5s} round {r}: " + save_detail(
-                    {"t_call": t_call, "blocked_s": blocked, "times": w.save_times, "t_done": t_call + done,
-                     "cpu_call": cpu0, "cpu_done": cpu1}))
-            bl.append(blocked)
-            dn.append(done)
-            if r == 0:
-                got = env.state(kind)
-                for v in got["model"].values():
-                    local(v).zero_()
-                dcp.load(got, storage_reader=dcp.FileSystemReader(d))
-                bad = [k for k, v in got["model"].items() if not same_bits(local(v), env.full[int(k.split(".")[1])])]
-                if bad:
-                    raise AssertionError(f"{which} async_save of {kind}: {len(bad)} tensors differ after loading back, e.g. {bad[0]}")
-            shutil.rmtree(d, ignore_errors=True)
-            settle(env.backing)
+    ab = ("gdsfs", "gdsfs+fallocate")
+    # stock's rounds, then gdsfs and gdsfs+fallocate in alternating order, round by round
+    schedule = [("stock", r) for r in range(rounds)] + [
+        (x, r) for r in range(rounds) for x in (ab if r % 2 == 0 else ab[::-1])]
+    runs: dict[str, tuple[list[float], list[float]]] = {x: ([], []) for x in ("stock", *ab)}
+    for which, r in schedule:
+        bl, dn = runs[which]
+        d = os.path.join(env.base, f"async-{kind}-{which}-{r}")
+        cpu0 = cpu_now(dpid)
+        t_call = time.perf_counter()
+        blocked, done, w = one_async_save(env, sd, which, d)
+        cpu1 = cpu_now(dpid)
+        stats = getattr(w, "stage_stats", None)
+        log(f"async_save {kind:7s} {which:5s} round {r}: blocked {blocked * 1e3:8.1f} ms, done in {done:6.2f} s "
+            f"({gbs(env.payload, done):.2f} GB/s){f', staged {stats}' if stats else ''}")
+        if getattr(w, "save_times", None):
+            log(f"async_save {kind:7s} {which:5s} round {r}: " + save_detail(
+                {"t_call": t_call, "blocked_s": blocked, "times": w.save_times, "t_done": t_call + done,
+                 "cpu_call": cpu0, "cpu_done": cpu1}))
+        bl.append(blocked)
+        dn.append(done)
+        if r == 0:
+            got = env.state(kind)
+            for v in got["model"].values():
+                local(v).zero_()
+            dcp.load(got, storage_reader=dcp.FileSystemReader(d))
+            bad = [k for k, v in got["model"].items() if not same_bits(local(v), env.full[int(k.split(".")[1])])]
+            if bad:
+                raise AssertionError(f"{which} async_save of {kind}: {len(bad)} tensors differ after loading back, e.g. {bad[0]}")
+        shutil.rmtree(d, ignore_errors=True)
+        settle(env.backing)
+    for which, (bl, dn) in runs.items():
         # The first round pays one-time costs (thread pool, slab mappings): report the median of the rest.
         keep = slice(1, None) if rounds > 1 else slice(None)
         res[which] = {"blocked_s": statistics.median(bl[keep]), "done_s": statistics.median(dn[keep]),
@@ -335,6 +373,9 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
     ROWS.append((f"async_save completion, {kind}", f"{gbs(env.payload, s['done_s']):.2f} GB/s", f"{rate:.2f} GB/s",
                  f">= 0.9x disk {disk:.2f} GB/s" if disk else ">= 0.9x disk (not measured)",
                  verdict(rate >= 0.9 * disk) if disk else "-"))
+    fa = gbs(env.payload, res["gdsfs+fallocate"]["done_s"])
+    ROWS.append((f"  A/B: gdsfs+fallocate completion, {kind}", "-", f"{fa:.2f} GB/s ({fa / rate:.2f}x gdsfs)",
+                 "(the layout before)", "-"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,9 +394,12 @@ def save_detail(rec: dict[str, Any]) -> str:
         out.append(f"write_data at +{ms(st['t_write_data'] - t0)} (planning {ms(st['t_write_data'] - st.get('t_staged', t0))})")
         for k, name in (("create_s", "create"), ("prealloc_s", "fallocate"), ("copies_wait_s", "copies"),
                         ("lease_writes_s", "lease writes"), ("release_s", "release"), ("stock_writes_s", "stock writes"),
-                        ("other_writes_s", "other writes"), ("commit_s", "fsync+rename"), ("finish_s", "finish")):
+                        ("other_writes_s", "other writes"), ("commit_s", "fsync+rename"), ("dirsync_s", "dir fsync"),
+                        ("finish_s", "finish")):
             if k in st:
                 out.append(f"{name} {ms(st[k])}")
+        if "t_writes_done" in st:
+            out.append(f"last write ended at +{ms(st['t_writes_done'] - t0)}")
         if "t_written" in st:
             out.append(f"written at +{ms(st['t_written'] - t0)}")
     if "t_done" in rec:

@@ -36,12 +36,15 @@ def fsync_dir(path: str) -> None:
 
 
 @contextmanager
-def replace(dest: str | os.PathLike[str], *, sync: bool = True) -> Iterator[tuple[str, int]]:
+def replace(dest: str | os.PathLike[str], *, sync: bool = True, sync_dir: bool = True) -> Iterator[tuple[str, int]]:
     """Create a temp file next to ``dest``; on success make it ``dest`` atomically.
 
     Yields ``(temp_path, fd)``: the caller writes through ``fd`` (or reopens ``temp_path``). On a
     normal exit the file is fsynced (when ``sync``), renamed over ``dest`` and the directory
-    fsynced; on an exception the temp file is removed and ``dest`` is untouched.
+    fsynced (when ``sync`` and ``sync_dir``: a caller renaming several files into one directory
+    passes ``sync_dir=False`` and calls :func:`fsync_dir` once after the last, before anything
+    that relies on the names being durable); on an exception the temp file is removed and
+    ``dest`` is untouched.
 
     Example:
         with replace("/mnt/gdsfs/ckpt.pt") as (tmp, fd):
@@ -75,5 +78,5 @@ def replace(dest: str | os.PathLike[str], *, sync: bool = True) -> Iterator[tupl
         except FileNotFoundError:
             pass
         raise
-    if sync:
+    if sync and sync_dir:
         fsync_dir(os.path.dirname(dest))
