@@ -27,6 +27,11 @@ func writeBigTar(b testing.TB, path string, n int) {
 	if err := w.Flush(); err != nil {
 		b.Fatal(err)
 	}
+	// Written back, as a shard read for training usually is: the parses
+	// measured do not pay its writeback (cache.writtenBack would).
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // writeBigTarTo writes the shard of writeBigTar to w.

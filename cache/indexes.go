@@ -339,7 +339,7 @@ func (x *Indexes) load(uid uint32, path string, f *os.File, id fileid.ID, gen ui
 		return &indexEntry{err: fmt.Errorf("cache: index %q: %w", path, ErrBusy), key: id.Key(), path: path}
 	}
 	x.parses.Add(1)
-	idx, err := x.parseFn(f, id.Size, path)
+	idx, err := x.parseFn(writtenBack{f}, id.Size, path)
 	done()
 	e := &indexEntry{idx: idx, err: err, key: id.Key(), path: path}
 	if err != nil {
@@ -460,3 +460,41 @@ func (t *pathTable) drop(path string) (string, bool) {
 
 // readerAt is what the parsers read; *os.File satisfies it.
 var _ io.ReaderAt = (*os.File)(nil)
+
+// writtenBack is the reader of a parse: each ReadAt first writes the
+// range's dirty pages back (sync_file_range). A store into a page of a
+// MAP_SHARED mapping that is already dirty and writable changes no
+// timestamp; writeback write-protects the range's pages in every mapping,
+// so a store after the read faults and updates the file's times, and the
+// index (cached under the identity Get took before reading) stops matching
+// the file. A clean range costs one call; a range being written makes its
+// writeback happen at the parse.
+type writtenBack struct{ f *os.File }
+
+func (w writtenBack) ReadAt(p []byte, off int64) (int, error) {
+	if len(p) > 0 && off >= 0 {
+		if err := writeBack(w.f, off, int64(len(p))); err != nil {
+			return 0, err
+		}
+	}
+	return w.f.ReadAt(p, off)
+}
+
+// writeBack writes [off, off+n) of f's dirty pages to disk and waits for
+// it. ESPIPE (not a file with pages) leaves nothing to write back.
+func writeBack(f *os.File, off, n int64) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("cache: write back %s: %w", f.Name(), err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SyncFileRange(int(fd), off, n, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+	}); err != nil {
+		return fmt.Errorf("cache: write back %s: %w", f.Name(), err)
+	}
+	if serr != nil && !errors.Is(serr, syscall.ESPIPE) {
+		return fmt.Errorf("cache: write back %s at %d: %w", f.Name(), off, serr)
+	}
+	return nil
+}
