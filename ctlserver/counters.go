@@ -28,7 +28,9 @@ type CounterStats struct {
 	Errors  map[string]uint64 `json:"errors"`
 	// Readaheads counts the readahead requests after sequential READs
 	// (readahead.go) and ReadaheadBytes their bytes; ReadaheadDropped
-	// those not made because enough were in flight.
+	// those not made because enough were in flight. Root's STATUS counts
+	// the jobs started (windows not already cached) for every uid; any
+	// other uid's counts its own windows, cached or not (readaheads.count).
 	Readaheads       uint64 `json:"readaheads"`
 	ReadaheadBytes   uint64 `json:"readahead_bytes"`
 	ReadaheadDropped uint64 `json:"readahead_dropped"`

@@ -70,7 +70,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	eng, view := s.tierEngine(c.UID, f, plan) // a hit of the memory tier (pin.go)
 	if view != nil {
 		defer view.Release()
-	} else if eng, errno = s.readEngine(f, path, plan); errno != 0 {
+	} else if eng, errno = s.readEngine(c, f, path, plan); errno != 0 {
 		return errno
 	}
 	leases, errno := ss.readRanges(ctx, f, eng, ctl.EngineCodeOf(eng.Name()), pdev, plan)
@@ -82,10 +82,11 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	return 0
 }
 
-// engine returns the engine for [off, off+n) of f; a chooser that has
-// none is a bug, logged and answered with EIO rather than a crash.
-func (s *Server) engine(f *os.File, path string, off, n int64) (cufile.Engine, syscall.Errno) {
-	eng, why := s.opts.Engines.Choose(f, path, off, n)
+// engine returns the engine for [off, off+n) of f, c's own open of the
+// file; a chooser that has none is a bug, logged and answered with EIO
+// rather than a crash.
+func (s *Server) engine(c fs.Caller, f *os.File, path string, off, n int64) (cufile.Engine, syscall.Errno) {
+	eng, why := s.choose(c, f, path, off, n, true)
 	if eng == nil {
 		s.opts.Log.Error().Str("path", path).Str("why", why).Msg("BUG: ctl: no engine for file")
 		return nil, syscall.EIO
@@ -112,12 +113,12 @@ func extent(plan []span) (lo, hi, longest int64) {
 
 // readEngine returns the engine for a READ of plan: the chooser is asked
 // about the span of the READ's widened ranges.
-func (s *Server) readEngine(f *os.File, path string, plan []span) (cufile.Engine, syscall.Errno) {
+func (s *Server) readEngine(c fs.Caller, f *os.File, path string, plan []span) (cufile.Engine, syscall.Errno) {
 	lo, hi, _ := extent(plan)
 	if lo < 0 {
 		lo = 0 // nothing to read: any answer serves
 	}
-	return s.engine(f, path, lo, hi-lo)
+	return s.engine(c, f, path, lo, hi-lo)
 }
 
 // span is one validated range: the requested bytes and the 4 KiB-widened

@@ -37,17 +37,31 @@ type readaheads struct {
 	jobs   chan struct{}
 	mu     sync.Mutex
 	perUID map[uint32]int // GUARDED_BY(mu): jobs in flight per uid
-	wg     sync.WaitGroup // jobs in flight (tests wait on it)
-	ctx    context.Context
-	cancel context.CancelFunc // stop: the Server closes
+	// figures are each uid's own counts (what a uid's STATUS shows):
+	// windows its sequential runs asked for, whether or not they needed
+	// reading, so that they never depend on the page cache's residency of
+	// the files read (see count).
+	figures map[uint32]*uidReadahead // GUARDED_BY(mu)
+	wg      sync.WaitGroup           // jobs in flight (tests wait on it)
+	ctx     context.Context
+	cancel  context.CancelFunc // stop: the Server closes
 
 	started, dropped, failed atomic.Int64 // jobs
 	bytes                    atomic.Int64 // asked to read ahead
 }
 
+// uidReadahead is one uid's readahead figures.
+type uidReadahead struct {
+	windows, bytes, dropped uint64
+}
+
+// readaheadUIDs bounds the uids whose own figures are kept; the figures of
+// further uids count in the totals only (their STATUS shows zeros).
+const readaheadUIDs = 4096
+
 func newReadaheads(c readahead.Config) *readaheads {
 	ctx, cancel := context.WithCancel(context.Background())
-	ra := &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), perUID: map[uint32]int{}, ctx: ctx, cancel: cancel}
+	ra := &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), perUID: map[uint32]int{}, figures: map[uint32]*uidReadahead{}, ctx: ctx, cancel: cancel}
 	ra.fill = ra.fills.Fill
 	return ra
 }
@@ -83,11 +97,18 @@ func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan 
 		return
 	}
 	r := ra.t.ReadAs(f, uid, lo, min(hi, size), size)
-	if r.Len() == 0 || ra.ctx.Err() != nil || cached(f, r) {
+	if r.Len() == 0 || ra.ctx.Err() != nil {
+		return
+	}
+	// Counted for uid before residency is measured: a uid's own figures
+	// must not say what is cached of a file the kernel would not tell it.
+	ra.note(uid, func(u *uidReadahead) { u.windows++; u.bytes += uint64(r.Len()) })
+	if cached(f, r) {
 		return
 	}
 	if !ra.take(uid) {
 		ra.dropped.Add(1)
+		ra.note(uid, func(u *uidReadahead) { u.dropped++ })
 		return // enough in flight: a hint, dropped
 	}
 	ra.started.Add(1)
@@ -132,12 +153,40 @@ func (ra *readaheads) give(uid uint32) {
 	}
 }
 
-// count adds the readahead figures to c.
-func (ra *readaheads) count(c *CounterStats) {
+// note updates uid's own figures with add.
+func (ra *readaheads) note(uid uint32, add func(*uidReadahead)) {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	u := ra.figures[uid]
+	if u == nil {
+		if len(ra.figures) >= readaheadUIDs {
+			return
+		}
+		u = &uidReadahead{}
+		ra.figures[uid] = u
+	}
+	add(u)
+}
+
+// count adds the readahead figures uid may see to c: root sees the jobs
+// started (windows that were not cached), their bytes and those dropped,
+// for every uid; any other uid sees its own windows (cached or not), their
+// bytes and its windows dropped. The totals move only when a window was
+// not cached, which would tell any uid, of any file it READs, what the
+// kernel tells only the file's owner and writers.
+func (ra *readaheads) count(c *CounterStats, uid uint32) {
 	if ra == nil {
 		return
 	}
-	c.Readaheads, c.ReadaheadBytes, c.ReadaheadDropped = uint64(ra.started.Load()), uint64(ra.bytes.Load()), uint64(ra.dropped.Load())
+	if uid == 0 {
+		c.Readaheads, c.ReadaheadBytes, c.ReadaheadDropped = uint64(ra.started.Load()), uint64(ra.bytes.Load()), uint64(ra.dropped.Load())
+		return
+	}
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	if u := ra.figures[uid]; u != nil {
+		c.Readaheads, c.ReadaheadBytes, c.ReadaheadDropped = u.windows, u.bytes, u.dropped
+	}
 }
 
 // cached reports whether both ends of r are in the page cache.

@@ -85,6 +85,8 @@ func (s *Server) StatsFor(uid uint32) Stats {
 	}
 	st.Pool.UIDs = uids
 	st.Tier = s.tierStats(uid)
+	st.Counters.Readaheads, st.Counters.ReadaheadBytes, st.Counters.ReadaheadDropped = 0, 0, 0
+	s.ra.count(&st.Counters, uid)
 	return st
 }
 
@@ -94,7 +96,7 @@ func (s *Server) Stats() Stats {
 	st := Stats{DaemonPID: s.pid, Version: s.opts.Version, LogFile: s.opts.LogFile, Engine: s.opts.Engine, EngineWhy: s.opts.EngineWhy,
 		DirectWriteMinBytes: s.opts.DirectWriteMinBytes,
 		Pool:                s.opts.Pool.Stats(), Counters: s.counters.snapshot()}
-	s.ra.count(&st.Counters)
+	s.ra.count(&st.Counters, 0)
 	if s.opts.Refusals != nil {
 		st.Refusals = s.opts.Refusals()
 	}

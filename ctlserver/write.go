@@ -51,7 +51,7 @@ func (s *Server) write(ctx context.Context, c fs.Caller, f *os.File, path string
 	if req.LeaseOffset+req.Length > uint64(li.valid) {
 		return syscall.EINVAL
 	}
-	eng, errno := s.engine(f, path, 0, -1) // about the whole file, as WRITE always asked
+	eng, errno := s.engine(c, f, path, 0, -1) // about the whole file, as WRITE always asked
 	if errno != 0 {
 		return errno
 	}

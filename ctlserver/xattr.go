@@ -107,7 +107,7 @@ func (s *Server) info(ctx context.Context, c fs.Caller, t fs.XattrTarget) ([]byt
 		fi.Type = "file"
 		fi.Cached = s.tierCached(&st)
 		var eng cufile.Engine
-		if eng, fi.Reason = s.opts.Engines.Choose(f, path, 0, -1); eng != nil {
+		if eng, fi.Reason = s.choose(c, f, path, 0, -1, false); eng != nil {
 			fi.Engine = eng.Name()
 		}
 		if s.opts.Indexes != nil {

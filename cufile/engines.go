@@ -315,6 +315,21 @@ func (e *Engines) Engine(name string) (Engine, bool) {
 // answers. Any other configuration answers without a system call, or (gds
 // with nvidia-fs) with one fstat and a map lookup. Safe for concurrent use.
 func (e *Engines) Choose(f *os.File, path string, off, n int64) (Engine, string) {
+	return e.ChooseAs(f, path, off, n, nil)
+}
+
+// ReasonNoResidency is the reason ChooseAs gives when residency would
+// have decided but the caller may not be told it.
+const ReasonNoResidency = "posix: chosen without the page cache's residency, which the kernel tells only the file's owner and writers (a file you own or may write gets cuFile compat mode where its range is cached)"
+
+// ChooseAs is Choose on behalf of a caller that may be told the file's
+// page-cache residency only if mayKnow (nil: always) answers true: the
+// kernel's rule (pagecache.MayTell). Where the answer would depend on
+// residency (auto without nvidia-fs) and mayKnow says no, it answers the
+// posix engine without measuring anything, the same whatever is cached,
+// with ReasonNoResidency; mayKnow is asked only then. Every other answer is
+// Choose's.
+func (e *Engines) ChooseAs(f *os.File, path string, off, n int64, mayKnow func() bool) (Engine, string) {
 	r := e.report
 	if r.Engine != EngineGDS && !e.compatWarm {
 		if r.Engine == EngineHost {
@@ -341,6 +356,9 @@ func (e *Engines) Choose(f *os.File, path string, off, n int64) (Engine, string)
 		c = e.register(f, k, path)
 	}
 	if _, gds := c.engine.(*fallbackEngine); gds && e.compatWarm {
+		if mayKnow != nil && !mayKnow() {
+			return e.posix, ReasonNoResidency
+		}
 		if !rangeMostlyCached(f, off, n) {
 			return e.posix, "posix: range not in the page cache, where the posix pipeline (O_DIRECT) reads faster than cuFile compat mode"
 		}

@@ -121,3 +121,80 @@ func BenchmarkResidency(b *testing.B) {
 		}
 	})
 }
+
+// autoCompatEngines is the auto chooser of a GPU host without nvidia-fs
+// (compat mode for cached ranges, posix otherwise) with f's file already
+// registered with cuFile: the chooser's own code, no GPU needed (posix is
+// a placeholder engine here; nothing is read).
+func autoCompatEngines(t *testing.T, f *os.File) *Engines {
+	t.Helper()
+	e := &Engines{compatWarm: true, report: Report{Engine: EnginePosix}, files: map[fileKey]choice{}, posix: &posixEngine{}}
+	k, err := keyOf(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.files[k] = choice{&fallbackEngine{e: e, key: k, path: f.Name()}, "gds-compat: registered"}
+	return e
+}
+
+// TestChooseAsHidesResidency: for a caller the kernel would not tell the
+// file's residency, the auto chooser's answer (engine and reason) is the
+// same for a cached and a dropped file and it measures nothing; for one it
+// would tell, the answer follows residency.
+func TestChooseAsHidesResidency(t *testing.T) {
+	const size = 4 << 20
+	p := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(p, make([]byte, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, ok := pagecache.Cached(f, 0, 1); !ok {
+		t.Skip("kernel without cachestat(2)")
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	e := autoCompatEngines(t, f)
+	type answer struct {
+		gds bool
+		why string
+	}
+	ask := func(mayKnow func() bool) answer {
+		eng, why := e.ChooseAs(f, p, 0, size, mayKnow)
+		_, gds := eng.(*fallbackEngine)
+		return answer{gds, why}
+	}
+	state := func(cached bool) {
+		if cached {
+			if _, err := f.ReadAt(make([]byte, size), 0); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := pagecache.Cached(f, 0, size); c > size/4 {
+			t.Skipf("the page cache kept %d of %d dropped bytes", c, size)
+		}
+	}
+	asked := 0
+	no := func() bool { asked++; return false }
+	state(true)
+	warmOwner, warmOther := ask(nil), ask(no)
+	state(false)
+	coldOwner, coldOther := ask(func() bool { return true }), ask(no)
+	if warmOwner == coldOwner || !warmOwner.gds || coldOwner.gds {
+		t.Errorf("a caller who may know: cached %+v, dropped %+v: want compat mode cached and posix dropped", warmOwner, coldOwner)
+	}
+	if warmOther != coldOther || warmOther.gds || warmOther.why != ReasonNoResidency {
+		t.Errorf("a caller who may not know: cached %+v, dropped %+v: want the same posix answer (%q)", warmOther, coldOther, ReasonNoResidency)
+	}
+	if asked != 2 {
+		t.Errorf("mayKnow asked %d times for 2 choices", asked)
+	}
+}

@@ -110,7 +110,20 @@ type chooser struct {
 }
 
 func (c *chooser) Choose(f *os.File, path string, off, n int64) (cufile.Engine, string) {
-	e, why := c.ch.Choose(f, path, off, n)
+	return c.wrap(c.ch.Choose(f, path, off, n))
+}
+
+// ChooseAs implements ctlserver.ResidencyChooser: ch's answer for a caller
+// who may not be told residency stays ch's (Choose's where ch does not
+// depend on residency).
+func (c *chooser) ChooseAs(f *os.File, path string, off, n int64, mayKnow func() bool) (cufile.Engine, string) {
+	if rc, ok := c.ch.(ctlserver.ResidencyChooser); ok {
+		return c.wrap(rc.ChooseAs(f, path, off, n, mayKnow))
+	}
+	return c.Choose(f, path, off, n)
+}
+
+func (c *chooser) wrap(e cufile.Engine, why string) (cufile.Engine, string) {
 	if e == nil {
 		return e, why
 	}
