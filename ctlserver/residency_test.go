@@ -192,3 +192,35 @@ func TestReadaheadFiguresHideResidency(t *testing.T) {
 		t.Errorf("uid 10002's readahead figures: cached %+v, dropped %+v: want the same windows, some", warmUser, coldUser)
 	}
 }
+
+// BenchmarkMayTell is what a READ's engine choice adds where residency
+// would decide (auto without nvidia-fs): the kernel's rule for the caller,
+// for an owner (decided by the fstat) and for another user of a
+// world-readable file (decided by the mode bits).
+func BenchmarkMayTell(b *testing.B) {
+	p := b.TempDir() + "/f"
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Chown(p, 10001, 10001); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	for _, c := range []struct {
+		name string
+		uid  uint32
+		want bool
+	}{{"owner", 10001, true}, {"other", 10002, false}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if mayTell(fs.Caller{UID: c.uid, GID: c.uid, PID: 1}, f, writable(f)) != c.want {
+					b.Fatal("wrong answer")
+				}
+			}
+		})
+	}
+}

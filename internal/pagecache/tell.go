@@ -18,14 +18,19 @@ type Asker struct {
 // can_do_mincore; cachestat the same since it exists). Write permission is
 // read from the mode bits in the kernel's order (owner, else group, else
 // others); POSIX ACLs are not consulted, so a write granted only by an
-// ACL counts as none (the answer errs towards not telling).
+// ACL counts as none (the answer errs towards not telling). InGroup is
+// called only when the answer depends on it (the group's and others' write
+// bits differ).
 func MayTell(st *syscall.Stat_t, asker Asker, writable bool) bool {
+	group, others := st.Mode&0o020 != 0, st.Mode&0o002 != 0
 	switch {
 	case writable, asker.UID == 0, st.Uid == asker.UID:
 		return true
+	case group == others: // membership decides nothing: not asked
+		return group
 	case asker.InGroup != nil && asker.InGroup(st.Gid):
-		return st.Mode&0o020 != 0
+		return group
 	default:
-		return st.Mode&0o002 != 0
+		return others
 	}
 }

@@ -47,6 +47,13 @@ func TestMayTell(t *testing.T) {
 			}
 		})
 	}
+	// A world-readable dataset (0644) is decided without the caller's
+	// groups, which the daemon reads from /proc (20 us).
+	asked := false
+	st := &syscall.Stat_t{Uid: 10001, Gid: 10001, Mode: syscall.S_IFREG | 0o644}
+	if MayTell(st, Asker{UID: 10002, InGroup: func(uint32) bool { asked = true; return true }}, false) || asked {
+		t.Errorf("MayTell of a 0644 file for another uid: asked its groups %v (want no question, and false)", asked)
+	}
 }
 
 // TestMayTellMatchesKernel asks the kernel itself: processes of uids 10001
