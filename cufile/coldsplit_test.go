@@ -31,7 +31,8 @@ func coldFile(t *testing.T, n int) (*os.File, []byte) {
 }
 
 // TestReadTaskBytes checks the one rule for a read's task size: small
-// tasks only for a buffered read of a cold range larger than a cold task.
+// tasks, evenly sized, only for a buffered read of a cold range of at
+// least two cold tasks.
 func TestReadTaskBytes(t *testing.T) {
 	const chunk, cold = 16 * gpubuf.Align, 4 * gpubuf.Align
 	f, _ := coldFile(t, 64*gpubuf.Align)
@@ -45,9 +46,12 @@ func TestReadTaskBytes(t *testing.T) {
 		warmFst bool // read the range first (into the page cache)
 		want    int64
 	}{
-		{"cold range above a cold task", opts, 0, 16 * gpubuf.Align, false, false, cold},
-		{"cold, unaligned, above a chunk", opts, 4095, 40*gpubuf.Align + 3, false, false, cold},
+		{"cold range of four cold tasks", opts, 0, 16 * gpubuf.Align, false, false, cold},
+		{"cold, two cold tasks", opts, 0, 2 * cold, false, false, cold},
+		{"cold, split evenly, no sliver", opts, 0, 2*cold + 100, false, false, cold + gpubuf.Align},
+		{"cold, unaligned, above a chunk", opts, 4095, 40*gpubuf.Align + 3, false, false, 5 * gpubuf.Align},
 		{"cold range of one cold task", opts, 0, cold, false, false, chunk},
+		{"cold range under two cold tasks", opts, 0, 2*cold - 1, false, false, chunk},
 		{"cold, O_DIRECT", opts, 0, 16 * gpubuf.Align, true, false, chunk},
 		{"cold, split off", off, 0, 16 * gpubuf.Align, false, false, chunk},
 		{"warm range", opts, 32 * gpubuf.Align, 16 * gpubuf.Align, false, true, chunk},

@@ -75,20 +75,23 @@ const (
 )
 
 // readTaskBytes returns the task size of a read of [off, off+n) of f:
-// opts.ColdTaskBytes when the range is larger than that, read buffered
-// (direct false) and mostly not in the page cache, else opts.ChunkBytes.
-// opts has its defaults. A range in the page cache keeps large tasks (each
-// task costs a worker hand-off, measurable on warm reads of 16 MiB); an
-// O_DIRECT read has no readahead to lose; a kernel that cannot tell
-// residency gets the large tasks, as before the split.
+// about opts.ColdTaskBytes (n split evenly into n/ColdTaskBytes tasks, so
+// no task is a sliver) when the range holds at least two cold tasks, is
+// read buffered (direct false) and is mostly not in the page cache, else
+// opts.ChunkBytes. opts has its defaults. A range in the page cache keeps
+// large tasks (each task costs a worker hand-off, measurable on warm
+// reads of 16 MiB); an O_DIRECT read has no readahead to lose; a kernel
+// that cannot tell residency gets the large tasks, as before the split.
 func (opts Options) readTaskBytes(f *os.File, off, n int64, direct bool) int64 {
-	if direct || n <= opts.ColdTaskBytes || opts.ColdTaskBytes >= opts.ChunkBytes {
+	cold := opts.ColdTaskBytes
+	if direct || n < 2*cold || cold >= opts.ChunkBytes {
 		return opts.ChunkBytes
 	}
 	if cached, ok := sampleCached(f, off, n); cached || !ok {
 		return opts.ChunkBytes
 	}
-	return opts.ColdTaskBytes
+	count := n / cold
+	return min(opts.ChunkBytes, gpubuf.AlignUp((n+count-1)/count))
 }
 
 // sampleCached reports whether at least half of a sample of [off, off+n)
