@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/gdsfs/gdsfs/gpubuf"
 )
 
 // dropPages evicts f's pages from the page cache (its own pages only: the
@@ -79,7 +77,10 @@ func BenchmarkHostReadShape(b *testing.B) {
 							dropPages(b, f)
 							b.StartTimer()
 						}
-						readStream(b, e, f, dst, size, rng)
+						readStream(b, size, rng, 2, func(off, n int64) error {
+							_, err := e.ReadAt(context.Background(), f, dst, off, off, n)
+							return err
+						})
 					}
 				})
 			}
@@ -87,19 +88,19 @@ func BenchmarkHostReadShape(b *testing.B) {
 	}
 }
 
-// readStream reads [0, size) of f into dst with e as ranges of rng bytes,
-// two at a time.
-func readStream(b *testing.B, e Engine, f *os.File, dst gpubuf.Memory, size, rng int64) {
+// readStream reads [0, size) as ranges of rng bytes, inflight at a time,
+// with read (one engine call per range).
+func readStream(b *testing.B, size, rng int64, inflight int, read func(off, n int64) error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range 2 {
+	for range inflight {
 		wg.Go(func() {
 			for {
 				off := (next.Add(1) - 1) * rng
 				if off >= size {
 					return
 				}
-				if _, err := e.ReadAt(context.Background(), f, dst, off, off, rng); err != nil {
+				if err := read(off, min(rng, size-off)); err != nil {
 					b.Error(err)
 					return
 				}
