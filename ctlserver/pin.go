@@ -96,10 +96,10 @@ func (s *Server) pinErrno(err error, path string) syscall.Errno {
 	return errno
 }
 
-// tierEngine returns an engine serving plan from the tier and the view to
-// release after the copies, or (nil, nil) on a miss (T1: the caller's
-// descriptor's identity is checked against the entry's).
-func (s *Server) tierEngine(f *os.File, plan []span) (cufile.Engine, *tier.View) {
+// tierEngine returns an engine serving plan from the tier for uid and the
+// view to release after the copies, or (nil, nil) on a miss (T1: the
+// caller's descriptor's identity is checked against the entry's).
+func (s *Server) tierEngine(uid uint32, f *os.File, plan []span) (cufile.Engine, *tier.View) {
 	t := s.opts.Tier
 	if !t.Enabled() || s.opts.TierCopier == nil {
 		return nil, nil
@@ -121,7 +121,7 @@ func (s *Server) tierEngine(f *os.File, plan []span) (cufile.Engine, *tier.View)
 	if !ok {
 		return nil, nil
 	}
-	return tier.Engine{View: v, Copier: s.opts.TierCopier}, v
+	return tier.Engine{View: v, Copier: s.opts.TierCopier, UID: uid}, v
 }
 
 // tierChanged drops what the tier holds of the file at path: by the path

@@ -67,7 +67,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	eng, view := s.tierEngine(f, plan) // a hit of the memory tier (pin.go)
+	eng, view := s.tierEngine(c.UID, f, plan) // a hit of the memory tier (pin.go)
 	if view != nil {
 		defer view.Release()
 	} else if eng, errno = s.readEngine(f, path, plan); errno != 0 {
@@ -77,7 +77,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
-	s.ra.afterRead(f, eng, plan, size)
+	s.ra.afterRead(c.UID, f, eng, plan, size)
 	(&ctl.ReadReply{Leases: leases}).Encode(out)
 	return 0
 }

@@ -16,6 +16,10 @@ import (
 // a hint.
 const readaheadJobs = 16
 
+// readaheadJobsPerUID bounds one uid's readahead jobs in flight, so that
+// one user's many streams of a slow disk leave the others readahead jobs.
+const readaheadJobsPerUID = readaheadJobs / 2
+
 // probeBytes is how much of each end of a readahead range is measured: a
 // range whose two ends are cached is taken as cached (warm data costs two
 // cachestat calls of a few pages, not a walk of the whole window).
@@ -29,7 +33,10 @@ const probeBytes = 256 << 10
 type readaheads struct {
 	t      *readahead.Tracker[*os.File]
 	fills  pagecache.Fills
+	fill   func(ctx context.Context, f *os.File, off, n int64) (int64, error) // fills.Fill; tests block it
 	jobs   chan struct{}
+	mu     sync.Mutex
+	perUID map[uint32]int // GUARDED_BY(mu): jobs in flight per uid
 	wg     sync.WaitGroup // jobs in flight (tests wait on it)
 	ctx    context.Context
 	cancel context.CancelFunc // stop: the Server closes
@@ -40,7 +47,9 @@ type readaheads struct {
 
 func newReadaheads(c readahead.Config) *readaheads {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), ctx: ctx, cancel: cancel}
+	ra := &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), perUID: map[uint32]int{}, ctx: ctx, cancel: cancel}
+	ra.fill = ra.fills.Fill
+	return ra
 }
 
 // stop ends the jobs in flight (each after at most one more read) and
@@ -58,7 +67,7 @@ func (ra *readaheads) stop() {
 // continues a sequential run. Only f is read ahead: the caller's own open
 // of the file, which the READ was checked to be allowed to read. Keyed by
 // f, so one open's run never reads ahead another's file.
-func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size int64) {
+func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan []span, size int64) {
 	if ra == nil || ra.t.Config().Off() {
 		return
 	}
@@ -73,13 +82,11 @@ func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size
 		ra.t.Forget(f)
 		return
 	}
-	r := ra.t.Read(f, lo, min(hi, size), size)
+	r := ra.t.ReadAs(f, uid, lo, min(hi, size), size)
 	if r.Len() == 0 || ra.ctx.Err() != nil || cached(f, r) {
 		return
 	}
-	select {
-	case ra.jobs <- struct{}{}:
-	default:
+	if !ra.take(uid) {
 		ra.dropped.Add(1)
 		return // enough in flight: a hint, dropped
 	}
@@ -88,14 +95,41 @@ func (ra *readaheads) afterRead(f *os.File, eng cufile.Engine, plan []span, size
 	ra.wg.Add(1)
 	go func() {
 		defer ra.wg.Done()
-		defer func() { <-ra.jobs }()
+		defer ra.give(uid)
 		// An error is a file closed since (its opener went away) or one
 		// that fails to read: nothing to do but count it (its READs
 		// will say what is wrong).
-		if _, err := ra.fills.Fill(ra.ctx, f, r.Off, r.Len()); err != nil && ra.ctx.Err() == nil {
+		if _, err := ra.fill(ra.ctx, f, r.Off, r.Len()); err != nil && ra.ctx.Err() == nil {
 			ra.failed.Add(1)
 		}
 	}()
+}
+
+// take reserves a job for uid: false when readaheadJobs are in flight, or
+// readaheadJobsPerUID of uid's.
+func (ra *readaheads) take(uid uint32) bool {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	if ra.perUID[uid] >= readaheadJobsPerUID {
+		return false
+	}
+	select {
+	case ra.jobs <- struct{}{}:
+	default:
+		return false
+	}
+	ra.perUID[uid]++
+	return true
+}
+
+// give ends a job of uid.
+func (ra *readaheads) give(uid uint32) {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	<-ra.jobs
+	if ra.perUID[uid]--; ra.perUID[uid] <= 0 {
+		delete(ra.perUID, uid)
+	}
 }
 
 // count adds the readahead figures to c.

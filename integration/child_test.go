@@ -27,6 +27,8 @@ func childTest(family string) string {
 		return "TestLoadChild"
 	case "CONF":
 		return "TestConformanceChild"
+	case "AUDIT":
+		return "TestAuditChild"
 	}
 	return ""
 }

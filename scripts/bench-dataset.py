@@ -2,7 +2,7 @@
 """Host-engine benchmark of GDSShardDataset's per-sample path (issue 15).
 
 Usage: bench-dataset.py [--quick] [--sizes 16,64,256] [--workers 0,2] [--batch 16]
-                        [--mount MNT --source SRC] [--profile] [--compare PKGDIR] [--cold] [--json PATH]
+                        [--mount MNT --source SRC] [--profile] [--no-main] [--compare PKGDIR] [--cold] [--json PATH]
 
 Writes WebDataset tars of float32 .npy samples (plus a .cls) on a host-mode
 gdsfs mount and prints, per sample size and worker count, samples/s and GB/s
@@ -18,7 +18,12 @@ bin/gdsfs; as root, or with fusermount3) in a temp dir and unmounts it.
 and prints after/before ratios. --profile prints where the time of one
 process (num_workers=0) goes per sample: planning, the READ and RELEASE
 round trips, the lease book, the gather, CPU decoding, and what pickling a
-batch from a worker to the main process costs.
+batch from a worker to the main process costs. Per worker count > 0 it
+also prints the main process's cost per batch in the real loader (--no-main:
+not) as it runs on a GPU machine (torch's pin-memory thread started on a
+CPU-only torch where the package uses one: _PinThreadOnCPU): CPU per thread,
+the gather's CPU (a kernel launch on a GPU), unpickling, the copy, the
+settle and its RELEASE ioctls per batch.
 
 --cold adds the cold page cache: per size, the disk's sequential read rate over
 the shards (8 MiB reads, as dd) and a fresh loader's pass with the shards'
@@ -46,7 +51,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -245,13 +250,147 @@ def profile(shards: list[str], batch: int, nsamples: int) -> list[tuple[str, flo
     return rows
 
 
-def run_gdsfs(sets: list[tuple[int, list[str], int]], workers: list[int], batch: int, min_s: float, with_profile: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"gdsfs": {}, "profile": {}}
+def _task_cpu() -> dict[int, float]:
+    """CPU seconds (user+system) of each thread of this process, by native thread id."""
+    out: dict[int, float] = {}
+    tck = os.sysconf("SC_CLK_TCK")
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            out[int(t)] = (int(fields[11]) + int(fields[12])) / tck
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+class _PinThreadOnCPU:
+    """A CPU-only torch starts no pin-memory thread (pin_memory needs CUDA): with pin_memory=True
+    and pin_memory_device="cpu" torch's iterator does start torch's own _pin_memory_loop, which
+    asks torch.cuda for the current device and sets it. Those two calls are stubbed while this is
+    entered; nothing else of torch.cuda is, so GDSBatch.pin_memory() in that thread runs exactly
+    the code it runs under gdsfs.torch.DataLoader on a GPU machine, minus the CUDA calls (the
+    gather's copy is a CPU copy, no CUDA event is recorded, the small CPU fields are not
+    pinned)."""
+
+    def __enter__(self) -> "_PinThreadOnCPU":
+        import torch
+
+        self.saved = None
+        if not torch.cuda.is_available():
+            self.saved = (torch.cuda.current_device, torch.cuda.set_device)
+            torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+            torch.cuda.set_device = lambda _d: None  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        import torch
+
+        if self.saved is not None:
+            torch.cuda.current_device, torch.cuda.set_device = self.saved  # type: ignore[assignment]
+
+
+def main_cost(shards: list[str], batch: int, workers: int, min_s: float, pin: Optional[bool] = None) -> dict[str, float]:
+    """The main process's cost per batch in the real loader: gdsfs.torch.DataLoader with workers
+    (persistent) and a pin-memory thread (torch's own, started on a CPU-only torch by
+    _PinThreadOnCPU), whose batches the loop's thread settles (deferred release), as on a GPU
+    machine. Microseconds per batch: CPU of the pin-memory thread, the loop's thread and the
+    other threads (torch's index-queue feeders, the lease drain) from /proc/self/task; the wall
+    time of gdsfs's parts (unpickling a worker's batch; the copy: GDSBatch.materialize, in the
+    pin-memory thread's pin_memory or in the loop; the settle and its RELEASE ioctls from
+    GDSFS_DEBUG_TIMING; the CPU time of the gather, which on a GPU is a kernel launch); RELEASE requests per batch. pin: run torch's
+    pin-memory thread (True) or not (False); None: what this gdsfs package does on a GPU machine
+    (a package whose DataLoader pins batches of gdsfs.torch.collate in its own loop, _loop_pins,
+    starts no pin-memory thread there)."""
+    import functools
+    import threading
+
+    import gdsfs.torch as gt
+    from gdsfs import _core, _tensors
+
+    T: dict[str, float] = {}
+
+    def timed_fn(obj: Any, name: str, label: str) -> Any:
+        real = getattr(obj, name)
+        clock = time.thread_time if label.startswith("cpu") else time.perf_counter
+
+        @functools.wraps(real)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            t = clock()
+            try:
+                return real(*args, **kw)
+            finally:
+                T[label] = T.get(label, 0.0) + clock() - t
+
+        setattr(obj, name, wrapper)
+        return real
+
+    parts = [(_tensors, "_rebuild_column", "unpickle"), (_tensors, "_rebuild_tensor", "unpickle"), (_tensors, "_rebuild_batch", "unpickle"),
+             (_tensors.GDSBatch, "materialize", "copy"), (_tensors.GDSBatch, "_settle", "settle"), (_tensors, "_gather", "cpu gather")]
+    if hasattr(_tensors, "_settle_group"):
+        parts.append((_tensors, "_settle_group", "settle"))
+    if pin is None:
+        pin = not hasattr(gt.DataLoader, "_loop_pins")
+    os.environ[_core.DEBUG_TIMING_ENV] = "1"
+    reals = [(obj, name, timed_fn(obj, name, label)) for obj, name, label in parts]
+    try:
+        with _PinThreadOnCPU():
+            ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
+            dl = gt.DataLoader(ds, batch_size=batch, num_workers=workers, persistent_workers=True, pin_memory=pin, pin_memory_device="cpu" if pin else "")
+            _pass(dl)  # warm-up: workers started, slabs mapped
+            sess = ds._session
+            pin = getattr(getattr(dl, "_iterator", None), "_pin_memory_thread", None)
+            pin_tid = getattr(pin, "native_id", None)
+            main_tid = threading.get_native_id()
+            T.clear()
+            if sess is not None and sess.timing is not None:
+                sess.timing.clear()
+            c0 = _task_cpu()
+            nb = 0
+            t0 = time.perf_counter()
+            while True:
+                for b in dl:
+                    _x = b["x.npy"]
+                    nb += 1
+                if time.perf_counter() - t0 >= min_s:
+                    break
+            wall = time.perf_counter() - t0
+            c1 = _task_cpu()
+            rel = (sess.timing or {}).get("RELEASE", [0, 0.0, 0]) if sess is not None else [0, 0.0, 0]
+            del dl, b, _x
+            ds.close()
+    finally:
+        for obj, name, real in reals:
+            setattr(obj, name, real)
+        os.environ.pop(_core.DEBUG_TIMING_ENV, None)
+
+    def cpu(tid: Any) -> float:
+        return (c1.get(tid, 0.0) - c0.get(tid, 0.0)) if tid is not None else 0.0
+
+    total = sum(c1.values()) - sum(v for k, v in c0.items() if k in c1)
+    us = 1e6 / max(1, nb)
+    return {"wall": wall * us, "cpu": total * us, "cpu pin thread": cpu(pin_tid) * us, "cpu loop thread": cpu(main_tid) * us,
+            "cpu other threads": (total - cpu(pin_tid) - cpu(main_tid)) * us, "cpu gather": T.get("cpu gather", 0.0) * us, "unpickle": T.get("unpickle", 0.0) * us,
+            "copy": T.get("copy", 0.0) * us, "settle": T.get("settle", 0.0) * us, "RELEASE ioctl": rel[1] * us,
+            "RELEASEs per batch": rel[0] / max(1, nb), "pin thread": 1.0 if pin_tid is not None else 0.0}
+
+
+MAIN_ROWS = ["wall", "cpu", "cpu pin thread", "cpu loop thread", "cpu other threads", "cpu gather", "unpickle", "copy", "settle", "RELEASE ioctl",
+             "RELEASEs per batch"]
+
+
+def run_gdsfs(sets: list[tuple[int, list[str], int]], workers: list[int], batch: int, min_s: float, with_profile: bool,
+              with_main: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"gdsfs": {}, "profile": {}, "main": {}}
     for kib, shards, n in sets:
         for w in workers:
             out["gdsfs"][f"{kib}/{w}"] = measure("gdsfs", shards, batch, w, n, min_s)
         if with_profile:
             out["profile"][str(kib)] = profile(shards, batch, n)
+        if with_main:
+            for w in workers:
+                if w > 0:
+                    out["main"][f"{kib}/{w}"] = main_cost(shards, batch, w, 2 * min_s)
     return out
 
 
@@ -365,6 +504,8 @@ def main() -> int:
     ap.add_argument("--mount", help="an existing host-mode gdsfs mount (with --source: the directory it serves)")
     ap.add_argument("--source", help="the backing directory of --mount")
     ap.add_argument("--profile", action="store_true", help="also print where one process's time goes per sample")
+    ap.add_argument("--main", action=argparse.BooleanOptionalAction, default=True,
+                    help="print the main process's cost per batch in the real loader, per worker count > 0 (default on)")
     ap.add_argument("--compare", metavar="PKGDIR", help="also run the gdsfs rows with the gdsfs package in PKGDIR (a child process)")
     ap.add_argument("--cold", action="store_true",
                     help="also the cold page cache: per size, the disk's sequential rate over the shards and a fresh loader's pass with "
@@ -376,7 +517,7 @@ def main() -> int:
     if a.child:  # --compare's child: {"pkg", "sets", "workers", "batch", "min_s", "profile"} -> JSON on stdout
         job = json.loads(a.child)
         _setup_path(job["pkg"])
-        res = run_gdsfs([tuple(x) for x in job["sets"]], job["workers"], job["batch"], job["min_s"], job["profile"])
+        res = run_gdsfs([tuple(x) for x in job["sets"]], job["workers"], job["batch"], job["min_s"], job["profile"], job.get("main", False))
         print(json.dumps(res))
         return 0
 
@@ -410,10 +551,10 @@ def main() -> int:
             sets.append((kib, [os.path.join(mnt, sub, f"{kib}KiB", f"shard-{s:03d}.tar") for s in range(4)], n))
         check_bytes(sets[0][1], a.batch)
         plain = {f"{kib}/{w}": measure("plain", shards, a.batch, w, n, min_s) for kib, shards, n in sets for w in workers}
-        mine = run_gdsfs(sets, workers, a.batch, min_s, a.profile)
+        mine = run_gdsfs(sets, workers, a.batch, min_s, a.profile, a.main)
         before = None
         if a.compare:
-            job = {"pkg": os.path.abspath(a.compare), "sets": sets, "workers": workers, "batch": a.batch, "min_s": min_s, "profile": a.profile}
+            job = {"pkg": os.path.abspath(a.compare), "sets": sets, "workers": workers, "batch": a.batch, "min_s": min_s, "profile": a.profile, "main": a.main}
             r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)], capture_output=True, text=True, timeout=1800)
             if r.returncode != 0:
                 log(f"--compare run failed: {r.stderr.strip()[-2000:]}")
@@ -441,6 +582,22 @@ def main() -> int:
                 for label, us in rows:
                     b = old.get(label.split(" (")[0])
                     print(f"  {label:<58} " + (f"{b:8.1f} | " if before and b is not None else "") + f"{us:8.1f}")
+        if a.main:
+            for k, m in mine["main"].items():
+                kib, w = k.split("/")
+                bm = (before or {}).get("main", {}).get(k)
+                print(f"\nthe main process per batch of {a.batch}, {kib} KiB samples, {w} workers, "
+                      + ("torch's pin-memory thread (on the CPU: _PinThreadOnCPU)" if m["pin thread"] else "no pin-memory thread")
+                      + (" | " + ("torch's pin-memory thread" if bm["pin thread"] else "no pin-memory thread") + " before" if bm else "")
+                      + ": microseconds" + (" (before | after | after/before)" if bm else ""))
+                for row in MAIN_ROWS:
+                    unit = "" if row == "RELEASEs per batch" else " us"
+                    line = f"  {row + unit:<24} "
+                    if bm:
+                        line += f"{bm[row]:8.1f} | {m[row]:8.1f} | " + (f"{m[row] / bm[row]:5.2f}x" if bm[row] else "    -")
+                    else:
+                        line += f"{m[row]:8.1f}"
+                    print(line)
         cold: list[dict[str, Any]] = []
         if a.cold and not a.mount:
             mounts = {"readahead": mnt}

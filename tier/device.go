@@ -16,8 +16,12 @@ import (
 // device-to-device into the slab); later hits on d are device-to-device
 // copies only. Copies are evicted least recently used first under
 // DeviceBytes per device (only copies no READ is using), and go with their
-// file: an invalidated or evicted file loses its copies. They are charged
-// to no uid: they only mirror pins, which are.
+// file: an invalidated or evicted file loses its copies. A copy is charged
+// to the uid whose READ made it, and a READ that finds the device's budget
+// full evicts, least recently used first, copies of the uid holding the
+// most there while that uid holds more than the reader would, else the
+// reader's own: one uid's READs cannot push the others' copies out beyond
+// equal shares (one uid alone uses the whole budget, plain LRU).
 
 // DeviceMemory is one extent's copy in a GPU's memory.
 type DeviceMemory interface {
@@ -44,6 +48,7 @@ type DeviceCopier interface {
 type devCopy struct {
 	e      *entry
 	device int
+	uid    uint32         // charged to
 	ext    []DeviceMemory // per extent of e
 	bytes  int64
 	elem   *list.Element
@@ -51,7 +56,7 @@ type devCopy struct {
 
 // deviceOn returns the copy of v's file on device, making it if the tier
 // has room (and the file is held whole); nil: serve from host memory.
-func (v *View) deviceOn(ctx context.Context, device int, dc DeviceCopier) *devCopy {
+func (v *View) deviceOn(ctx context.Context, device int, dc DeviceCopier, uid uint32) *devCopy {
 	t := v.t
 	if t.cfg.DeviceBytes == 0 || t.cfg.DeviceAlloc == nil || device < 0 {
 		return nil
@@ -73,7 +78,7 @@ func (v *View) deviceOn(ctx context.Context, device int, dc DeviceCopier) *devCo
 		}
 		need += x.n
 	}
-	if !whole || !t.makeDeviceRoomLocked(device, need) {
+	if !whole || !t.makeDeviceRoomLocked(device, uid, need) {
 		t.mu.Unlock()
 		return nil
 	}
@@ -82,10 +87,11 @@ func (v *View) deviceOn(ctx context.Context, device int, dc DeviceCopier) *devCo
 	}
 	e.admitting[device] = true
 	t.mu.devUsed[device] += need
+	t.chargeDeviceLocked(device, uid, need)
 	ext := append([]*extent(nil), e.ext...)
 	t.mu.Unlock()
 
-	c := &devCopy{e: e, device: device, ext: make([]DeviceMemory, len(ext)), bytes: need}
+	c := &devCopy{e: e, device: device, uid: uid, ext: make([]DeviceMemory, len(ext)), bytes: need}
 	var err error
 	for i, x := range ext {
 		var m DeviceMemory
@@ -117,10 +123,11 @@ func (v *View) deviceOn(ctx context.Context, device int, dc DeviceCopier) *devCo
 	return c
 }
 
-// makeDeviceRoomLocked evicts copies on device (least recent first, none
-// in use) until need more bytes fit, or reports that they cannot without
-// evicting anything.
-func (t *Tier) makeDeviceRoomLocked(device int, need int64) bool {
+// makeDeviceRoomLocked evicts copies on device (none in use) until need
+// more bytes for uid fit, or reports that they cannot without evicting
+// anything: least recently used first, copies of the uid holding the most
+// while it holds more than uid would, then uid's own.
+func (t *Tier) makeDeviceRoomLocked(device int, uid uint32, need int64) bool {
 	if need > t.cfg.DeviceBytes {
 		return false
 	}
@@ -129,16 +136,39 @@ func (t *Tier) makeDeviceRoomLocked(device int, need int64) bool {
 		l = list.New()
 		t.mu.devLRU[device] = l
 	}
+	held := t.mu.devUIDs[device]
 	var victims []*devCopy
-	freed := int64(0)
-	for el := l.Back(); el != nil && t.mu.devUsed[device]-freed+need > t.cfg.DeviceBytes; el = el.Prev() {
-		if c := el.Value.(*devCopy); c.e.refs == 0 {
-			victims = append(victims, c)
-			freed += c.bytes
+	picked := map[*devCopy]bool{}
+	freed := map[uint32]int64{}
+	fits := func() bool { return t.mu.devUsed[device]-sum(freed)+need <= t.cfg.DeviceBytes }
+	oldest := func(u uint32) *devCopy {
+		for el := l.Back(); el != nil; el = el.Prev() {
+			if c := el.Value.(*devCopy); c.uid == u && c.e.refs == 0 && !picked[c] {
+				return c
+			}
 		}
+		return nil
 	}
-	if t.mu.devUsed[device]-freed+need > t.cfg.DeviceBytes {
-		return false
+	for !fits() {
+		v, vb := uid, int64(-1)
+		for u, b := range held {
+			if b -= freed[u]; u != uid && b > vb {
+				v, vb = u, b
+			}
+		}
+		var c *devCopy
+		if vb > held[uid]-freed[uid]+need {
+			c = oldest(v)
+		}
+		if c == nil {
+			c = oldest(uid)
+		}
+		if c == nil {
+			return false
+		}
+		victims = append(victims, c)
+		picked[c] = true
+		freed[c.uid] += c.bytes
 	}
 	for _, c := range victims {
 		l.Remove(c.elem)
@@ -147,6 +177,18 @@ func (t *Tier) makeDeviceRoomLocked(device int, need int64) bool {
 		t.mu.st.DeviceEvictions++
 	}
 	return true
+}
+
+// chargeDeviceLocked charges n bytes of device's copies to uid.
+func (t *Tier) chargeDeviceLocked(device int, uid uint32, n int64) {
+	m := t.mu.devUIDs[device]
+	if m == nil {
+		m = map[uint32]int64{}
+		t.mu.devUIDs[device] = m
+	}
+	if m[uid] += n; m[uid] <= 0 {
+		delete(m, uid)
+	}
 }
 
 // freeDeviceLocked frees a copy that is in no table (any more).
@@ -161,6 +203,7 @@ func (t *Tier) freeDeviceLocked(c *devCopy) {
 		c.ext[i] = nil
 	}
 	t.mu.devUsed[c.device] -= c.bytes
+	t.chargeDeviceLocked(c.device, c.uid, -c.bytes)
 }
 
 // dropDevicesLocked frees every device copy of e (e is being freed).

@@ -22,8 +22,10 @@
 //   - T2. Pin fills an extent only from the caller's descriptor, after the
 //     file's ctime is at least SettleTime in the past (so a later change of
 //     the file gets another ctime even on filesystems with coarse
-//     timestamps), and installs it only if the descriptor's identity is
-//     unchanged after the read and the entry was not invalidated meanwhile.
+//     timestamps) and after writing the extent's dirty pages back (so a
+//     later store through a shared mapping faults and changes the times
+//     too), and installs it only if the descriptor's identity is unchanged
+//     after the read and the entry was not invalidated meanwhile.
 //   - T3. Invalidate and InvalidatePath make the entry unreachable at once;
 //     its memory is freed when the last hit or fill using it is done
 //     (reference counts), never under a copy.
@@ -35,7 +37,8 @@
 // Every extent is charged to the uid whose pin filled it. A pin that does
 // not fit evicts, least recently used first: the pinning uid's own entries;
 // then entries of the uid that holds the most, but only while that uid holds
-// more than the pinning uid would after the pin. A uid can therefore take
+// more than the pinning uid would after the pin (an entry with extents of
+// several uids only while every one of them does). A uid can therefore take
 // the tier down to equal shares, never evict a uid that holds less than
 // itself, and never hold more than UIDShareBytes. A pin that cannot be made
 // to fit that way is refused (ErrFull, ErrTooLarge); nothing is evicted for

@@ -44,6 +44,9 @@ func (HostCopier) CopyIn(ctx context.Context, dst gpubuf.Memory, dstOff int64, s
 type Engine struct {
 	View   *View
 	Copier Copier
+	// UID is the reading uid: the device tier's copies a READ makes are
+	// charged to it.
+	UID uint32
 }
 
 // Name is EngineName.
@@ -58,7 +61,7 @@ func (e Engine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOf
 	// A copy on the slab's GPU (the device tier): device to device.
 	if dm, ok := dst.(gpubuf.DeviceMemory); ok {
 		if dc, ok := e.Copier.(DeviceCopier); ok {
-			if c := e.View.deviceOn(ctx, dm.Device(), dc); c != nil {
+			if c := e.View.deviceOn(ctx, dm.Device(), dc, e.UID); c != nil {
 				return e.View.pieces(fileOff, n, func(pos int64, i int, within, m int64) error {
 					return dc.DeviceToSlab(ctx, dst, dstOff+pos, c.ext[i].Ptr()+uintptr(within), m)
 				})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultChunkBytes is the extent size: the unit of filling, charging and
@@ -158,6 +159,7 @@ type entry struct {
 	// GUARDED_BY(Tier.mu)
 	ext       []*extent // per chunk; nil: not held
 	filling   []bool    // per chunk: a Pin is reading it
+	filler    []uint32  // per chunk being filled: the uid it is charged to
 	held      int64     // file bytes in held extents
 	refs      int       // hits and fills using the entry
 	dead      bool      // unreachable (T3): freed when refs is 0
@@ -175,15 +177,16 @@ type Tier struct {
 
 	mu struct {
 		sync.Mutex
-		entries map[Key]*entry      // live entries
-		paths   map[string]*entry   // by backing path
-		lru     list.List           // of *entry, most recent first
-		used    int64               // bytes allocated, dead entries' included
-		uids    map[uint32]int64    // bytes charged per uid
-		st      Counters            // counters
-		gone    map[*entry]struct{} // dead entries still referenced
-		devUsed map[int]int64       // device tier bytes per device, reserved included
-		devLRU  map[int]*list.List  // of *devCopy per device, most recent first
+		entries map[Key]*entry           // live entries
+		paths   map[string]*entry        // by backing path
+		lru     list.List                // of *entry, most recent first
+		used    int64                    // bytes allocated, dead entries' included
+		uids    map[uint32]int64         // bytes charged per uid
+		st      Counters                 // counters
+		gone    map[*entry]struct{}      // dead entries still referenced
+		devUsed map[int]int64            // device tier bytes per device, reserved included
+		devLRU  map[int]*list.List       // of *devCopy per device, most recent first
+		devUIDs map[int]map[uint32]int64 // device tier bytes per device and uid
 	}
 }
 
@@ -233,6 +236,7 @@ func New(cfg Config) (*Tier, error) {
 	t.mu.gone = map[*entry]struct{}{}
 	t.mu.devUsed = map[int]int64{}
 	t.mu.devLRU = map[int]*list.List{}
+	t.mu.devUIDs = map[int]map[uint32]int64{}
 	return t, nil
 }
 
@@ -364,7 +368,7 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	}
 	if e == nil {
 		k := t.chunks(id.Size)
-		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), wake: make(chan struct{})}
+		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), filler: make([]uint32, k), wake: make(chan struct{})}
 		e.elem = t.mu.lru.PushFront(e)
 		t.mu.entries[id.Key] = e
 		if old := t.mu.paths[path]; old != nil && old != e {
@@ -390,7 +394,7 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 		return nil, nil, err
 	}
 	for _, i := range todo {
-		e.filling[i] = true
+		e.filling[i], e.filler[i] = true, uid
 	}
 	if need > 0 {
 		// A pin of ranges other users already hold charges nothing, and
@@ -400,6 +404,17 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	}
 	e.refs++
 	return e, todo, nil
+}
+
+// fillingForOthers reports whether a pin of a uid other than uid is
+// filling an extent of e.
+func fillingForOthers(e *entry, uid uint32) bool {
+	for i, f := range e.filling {
+		if f && e.filler[i] != uid {
+			return true
+		}
+	}
+	return false
 }
 
 func hasFilling(e *entry) bool {
@@ -459,7 +474,7 @@ func (t *Tier) makeRoomLocked(keep *entry, uid uint32, need int64) error {
 		var pick *entry
 		for el := t.mu.lru.Back(); el != nil; el = el.Prev() {
 			e := el.Value.(*entry)
-			if e != keep && e.refs == 0 && !picked[e] && charges(e, v) > 0 {
+			if e != keep && e.refs == 0 && !picked[e] && charges(e, v) > 0 && t.othersHoldMoreLocked(e, uid, mine-freed[uid]+need, freed) {
 				pick = e
 				break
 			}
@@ -483,6 +498,18 @@ func (t *Tier) makeRoomLocked(keep *entry, uid uint32, need int64) error {
 		t.mu.st.Evictions++
 	}
 	return nil
+}
+
+// othersHoldMoreLocked reports whether every uid other than uid charged
+// for an extent of e holds more than would (after freed): evicting e then
+// takes nothing from a uid holding no more than the pinning uid.
+func (t *Tier) othersHoldMoreLocked(e *entry, uid uint32, would int64, freed map[uint32]int64) bool {
+	for _, x := range e.ext {
+		if x != nil && x.uid != uid && t.mu.uids[x.uid]-freed[x.uid] <= would {
+			return false
+		}
+	}
+	return true
 }
 
 func sum(m map[uint32]int64) int64 {
@@ -602,7 +629,10 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 		return 0, fmt.Errorf("tier: allocate %s: %w", humanize.IBytes(uint64(size)), err)
 	}
 	b := mem.Bytes()
-	err = readFull(ctx, f, b[:data], off)
+	err = writeBack(f, off, data)
+	if err == nil {
+		err = readFull(ctx, f, b[:data], off)
+	}
 	clear(b[data:])
 	if ctx.Err() == nil {
 		// A file that changed explains a failed read too (it shrank).
@@ -633,6 +663,30 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 	e.held += data
 	t.mu.st.FilledBytes += uint64(data)
 	return data, nil
+}
+
+// writeBack writes [off, off+n) of f's dirty pages to disk and waits for
+// it. Writeback write-protects the pages of the range in every shared
+// mapping of the file, so a store into one after the read faults and
+// updates the file's times (the identity T1 checks); a store into a page
+// already dirty and writable changes no timestamp, and would otherwise
+// leave the tier with bytes the file no longer has under an unchanged
+// identity. Clean ranges cost one call.
+func writeBack(f *os.File, off, n int64) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("tier: write back %s: %w", f.Name(), err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SyncFileRange(int(fd), off, n, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+	}); err != nil {
+		return fmt.Errorf("tier: write back %s: %w", f.Name(), err)
+	}
+	if serr != nil && !errors.Is(serr, syscall.ESPIPE) {
+		return fmt.Errorf("tier: write back %s at %d: %w", f.Name(), off, serr)
+	}
+	return nil
 }
 
 // readPiece bounds one pread, so a cancelled pin stops within a moment.
@@ -748,8 +802,9 @@ func (t *Tier) InvalidatePath(p string) {
 	}
 }
 
-// Unpin drops the file id from the tier for uid: only its own extents may
-// go, unless uid is 0 (root), who may drop any. It returns the bytes freed.
+// Unpin drops the file id from the tier for uid: only a file whose extents,
+// held or being filled, are all its own, unless uid is 0 (root), who may
+// drop any. It returns the bytes freed.
 func (t *Tier) Unpin(id Identity, uid uint32) (int64, error) {
 	if !t.Enabled() {
 		return 0, ErrDisabled
@@ -760,8 +815,8 @@ func (t *Tier) Unpin(id Identity, uid uint32) (int64, error) {
 	if e == nil {
 		return 0, nil
 	}
-	if uid != 0 && !chargedOnlyTo(e, uid) && e.held > 0 {
-		return 0, ErrNotOwner
+	if uid != 0 && (!chargedOnlyTo(e, uid) && e.held > 0 || fillingForOthers(e, uid)) {
+		return 0, ErrNotOwner // nor may it cut another uid's pin short
 	}
 	n := e.held
 	t.killLocked(e)

@@ -19,7 +19,7 @@
 // Readahead is only a hint: the caller starts reading the window into the
 // page cache (posix_fadvise(POSIX_FADV_WILLNEED)) and every READ still
 // reads its bytes from the file. Tracker keeps the Streams of many open
-// files, bounded.
+// files, bounded, and per owner (uid) fairly.
 package readahead
 
 import "sync"
@@ -138,26 +138,34 @@ type Tracker[K comparable] struct {
 	c Config
 
 	mu      sync.Mutex
-	streams map[K]*entry // GUARDED_BY(mu)
-	clock   uint64       // GUARDED_BY(mu)
+	streams map[K]*entry   // GUARDED_BY(mu)
+	owners  map[uint32]int // GUARDED_BY(mu): streams per owner
+	clock   uint64         // GUARDED_BY(mu)
 }
 
 type entry struct {
 	Stream
-	used uint64 // Tracker.clock at the last READ
+	used  uint64 // Tracker.clock at the last READ
+	owner uint32
 }
 
 // NewTracker returns a Tracker with policy c (defaults filled in).
 func NewTracker[K comparable](c Config) *Tracker[K] {
-	return &Tracker[K]{c: c.WithDefaults(), streams: map[K]*entry{}}
+	return &Tracker[K]{c: c.WithDefaults(), streams: map[K]*entry{}, owners: map[uint32]int{}}
 }
 
 // Config returns the Tracker's policy, defaults filled in.
 func (t *Tracker[K]) Config() Config { return t.c }
 
 // Read records a READ of [lo, hi) of key's file of size bytes and returns
-// the range to read ahead (see Stream.Read).
-func (t *Tracker[K]) Read(key K, lo, hi, size int64) Range {
+// the range to read ahead (see Stream.Read). It is ReadAs of owner 0.
+func (t *Tracker[K]) Read(key K, lo, hi, size int64) Range { return t.ReadAs(key, 0, lo, hi, size) }
+
+// ReadAs is Read for a stream of owner (the daemon: the reading uid). A
+// full table forgets a stream of the owner holding the most (the least
+// recently read of them), so that one owner's many opens cost only its
+// own streams once it holds more than any other.
+func (t *Tracker[K]) ReadAs(key K, owner uint32, lo, hi, size int64) Range {
 	if t.c.Off() {
 		return Range{}
 	}
@@ -167,10 +175,11 @@ func (t *Tracker[K]) Read(key K, lo, hi, size int64) Range {
 	e := t.streams[key]
 	if e == nil {
 		if len(t.streams) >= t.c.Streams {
-			t.evictLocked()
+			t.evictLocked(owner)
 		}
-		e = &entry{}
+		e = &entry{owner: owner}
 		t.streams[key] = e
+		t.owners[owner]++
 	}
 	e.used = t.clock
 	return e.Read(t.c, lo, hi, size)
@@ -179,7 +188,9 @@ func (t *Tracker[K]) Read(key K, lo, hi, size int64) Range {
 // Forget drops key's Stream (its file was closed).
 func (t *Tracker[K]) Forget(key K) {
 	t.mu.Lock()
-	delete(t.streams, key)
+	if e := t.streams[key]; e != nil {
+		t.dropLocked(key, e)
+	}
 	t.mu.Unlock()
 }
 
@@ -190,20 +201,35 @@ func (t *Tracker[K]) Len() int {
 	return len(t.streams)
 }
 
-// evictLocked forgets the least recently read Stream. A scan: it runs
-// only when a new file's first READ finds the table full.
-func (t *Tracker[K]) evictLocked() {
+// evictLocked forgets the least recently read Stream of the owner holding
+// the most (newcomer, about to add one, when it holds as many). A scan: it
+// runs only when a new file's first READ finds the table full.
+func (t *Tracker[K]) evictLocked(newcomer uint32) {
+	victim, most := newcomer, t.owners[newcomer]
+	for o, n := range t.owners {
+		if n > most {
+			victim, most = o, n
+		}
+	}
 	var (
 		oldest K
 		used   uint64
 		found  bool
 	)
 	for k, e := range t.streams {
-		if !found || e.used < used {
+		if e.owner == victim && (!found || e.used < used) {
 			oldest, used, found = k, e.used, true
 		}
 	}
 	if found {
-		delete(t.streams, oldest)
+		t.dropLocked(oldest, t.streams[oldest])
+	}
+}
+
+// dropLocked forgets key's stream e.
+func (t *Tracker[K]) dropLocked(key K, e *entry) {
+	delete(t.streams, key)
+	if t.owners[e.owner]--; t.owners[e.owner] <= 0 {
+		delete(t.owners, e.owner)
 	}
 }

@@ -76,9 +76,10 @@ class _SampleBatch(GDSBatch):
     """One sample collated for batch_size=None: materializes to a GDSBatch of that sample's
     fields, without the batch dimension."""
 
-    def materialize(self, device: Any = None, *, pin: bool = False, _defer: bool = False) -> GDSBatch:
+    def materialize(self, device: Any = None, *, pin: bool = False, _defer: bool = False, _parsed: bool = False,
+                    _record: bool = True) -> GDSBatch:
         refs = [k for k, v in self.data.items() if isinstance(v, _RefColumn)]
-        b = super().materialize(device, pin=pin, _defer=_defer)
+        b = super().materialize(device, pin=pin, _defer=_defer, _parsed=_parsed, _record=_record)
         data = dict(b.data)
         for k in refs:
             data[k] = data[k][0]

@@ -518,7 +518,8 @@ class _ProcessSlabs:
 
     A slab is mapped once per process (CUDA forbids opening an IPC handle
     twice in one process) and kept for the life of the process: slab ids are
-    not reused while a daemon runs, and keys include the daemon's pid.
+    not reused while a daemon runs, and keys include the daemon's pid (a
+    later run under the same pid clears them first: note_run).
 
     Slabs mapped from descriptors (CUDA virtual memory) are kept while a
     session of their mount is open here, and retired when one ends: a
@@ -551,6 +552,28 @@ class _ProcessSlabs:
         # session's end retires only the slabs no other open session used
         # (it would map them again, or hold a second mapping of one).
         self.users: dict[tuple[str, int, int], set[int]] = {}
+        # The daemon run (slab socket name) last seen per (mount, pid): see note_run.
+        self.runs: dict[tuple[str, int], str] = {}
+
+    def note_run(self, mount: str, pid: int, run: str) -> None:
+        """A session of daemon run ``run`` (its slab socket name) of pid ``pid`` opened on mount:
+        forget everything cached for an earlier run of that pid there. A daemon restarted in a
+        fresh pid namespace often has its old pid again, and its slab ids start again at 1: an old
+        run's descriptor would name another file's memory, and its host mapping (of a file the old
+        run removed) raises SIGBUS when touched. Tensors the user still holds over old mappings
+        keep them alive; only the cache lets go."""
+        if not run:
+            return  # a session rebuilt from a Ref, or a daemon without a slab socket: cannot tell
+        gone: list[Any] = []
+        with self.lock:
+            if self.runs.get((mount, pid), run) != run:
+                caches: tuple[dict[tuple[str, int, int], Any], ...] = (
+                    self.descs, self.host, self.tensors, self.vmm, self.retired, self.users)
+                for d in caches:
+                    for k in [k for k in d if k[0] == mount and k[1] == pid]:
+                        gone.append(d.pop(k))
+            self.runs[(mount, pid)] = run
+        del gone  # let go of old mappings outside the lock (unmapping synchronizes the GPU)
 
     def add_vmm(self, key: tuple[str, int, int], run: str, tensor: Any, session: "Session | None" = None) -> None:
         """Cache tensor, the mapping of a slab from a descriptor of daemon run ``run``, made for
@@ -654,6 +677,7 @@ class _ProcessSlabs:
         self.timer_at = 0.0
         self.slab_sizes = {}
         self.users = {}
+        self.runs = {}
 
 
 _slabs = _ProcessSlabs()
@@ -710,6 +734,7 @@ class Session:
         try:
             self.hello = _hello(self._cfd)
             self.token = self.hello.token
+            _slabs.note_run(root, self.hello.daemon_pid, self.hello.slab_socket)
             self.device = self._default_device(device)
         except BaseException:
             os.close(self._cfd)

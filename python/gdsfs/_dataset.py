@@ -1214,22 +1214,20 @@ class DataLoader(torch.utils.data.DataLoader):
             raise
         if isinstance(ds, GDSShardDataset) and self.num_workers > 0:
             ds._main_iteration_started()
-        # The pin-memory thread (CUDA only) copies each batch and leaves its RELEASE (and the
-        # wait for its copies) to this thread, which settles the batch before yielding it: that
-        # serial thread goes on to the next batch meanwhile.
+        # A pin-memory thread (CUDA, a collate_fn other than gdsfs.torch.collate) copies each
+        # batch and leaves its RELEASE (and the wait for its copies) to this thread. This thread
+        # settles every batch before yielding it, several with one RELEASE while more wait
+        # (_tensors.settled); with gdsfs.torch.collate it also copies them itself (_get_iterator).
         pin_thread = getattr(it, "_pin_memory_thread", None)
         if isinstance(pin_thread, threading.Thread):
             _tensors.defer_release(pin_thread, True)
+        pin = self._loop_pins()
+        device = torch.device("cuda", torch.cuda.current_device()) if pin else None
         ok = False
         try:
-            for batch in it:
-                if isinstance(batch, GDSBatch):
-                    if not batch.materialized:
-                        batch = batch.materialize()
-                    else:
-                        batch._settle()
-                    if isinstance(ds, GDSShardDataset):
-                        ds._observe(batch.epoch, batch.progress, batch.slots)
+            for batch in _tensors.settled(it, pin=pin, device=device, ready=_tensors._ready_probe(it)):
+                if isinstance(batch, GDSBatch) and isinstance(ds, GDSShardDataset):
+                    ds._observe(batch.epoch, batch.progress, batch.slots)
                 if self.batch_map is not None:
                     batch = self.batch_map(batch)
                 yield batch
@@ -1246,6 +1244,21 @@ class DataLoader(torch.utils.data.DataLoader):
                     shutdown()
                 del it
                 ds.reclaim()
+
+    def _loop_pins(self) -> bool:
+        """Batches of gdsfs.torch.collate are pinned (copied to the GPU) by this loader's own loop,
+        not by torch's pin-memory thread: one thread does the whole of the main process's work
+        per batch, with no second thread to hand the GIL to at each tensor call and queue."""
+        return bool(self.pin_memory) and not getattr(self, "pin_memory_device", "") and self.collate_fn is collate and torch.cuda.is_available()
+
+    def _get_iterator(self) -> Any:
+        if not self._loop_pins():
+            return super()._get_iterator()
+        self.pin_memory = False  # torch starts no pin-memory thread for this iterator (see __iter__)
+        try:
+            return super()._get_iterator()
+        finally:
+            self.pin_memory = True
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's resume state (samples delivered per slot)."""

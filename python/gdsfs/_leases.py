@@ -43,7 +43,8 @@ from ._errors import GDSLeaseError, GDSUnavailableError
 if TYPE_CHECKING:
     from ._core import Ref, Session
 
-__all__ = ["Hold", "adopt", "check", "close_when_free", "drain", "end_free_sessions", "hold", "hold_many", "live", "mark_released", "pin", "release", "view"]
+__all__ = ["Hold", "adopt", "check", "close_when_free", "drain", "end_free_sessions", "hold", "hold_many", "live", "mark_released", "pin", "release",
+           "release_groups", "view"]
 
 # How often the background thread drains the queue of collected leases.
 DRAIN_PERIOD_S = 0.1
@@ -392,6 +393,43 @@ def release(holds: Iterable[Optional[Hold]], *, check_held: bool = True) -> None
     if bad and check_held:
         e, why = bad[0]
         raise e.error(why)
+
+
+def release_groups(groups: Sequence[Sequence[Optional[Hold]]]) -> list[Optional[GDSLeaseError]]:
+    """release(holds, check_held=True) of several groups of holds (the batches a loader settles
+    together) with one RELEASE request per session for all of them. For each group: None, or the
+    GDSLeaseError that release() would have raised for it alone (a lease not held here any more:
+    then none of that group's leases is released, as release() releases none; or one the daemon
+    did not hold). A lease in several groups is released once, for the first."""
+    drain()
+    b = _book
+    errs: list[Optional[GDSLeaseError]] = [None] * len(groups)
+    todo: list[_Entry] = []
+    group_of: dict[int, int] = {}  # id(entry) -> the group that releases it
+    with b.lock:
+        for gi, holds in enumerate(groups):
+            hs = [h for h in holds if h is not None]
+            bad = next((h for h in hs if h.entry.state != HELD and id(h.entry) not in group_of), None)
+            if bad is not None:
+                errs[gi] = bad.entry.error(_REASONS[bad.entry.state])
+                continue
+            for h in hs:
+                e = h.entry
+                if id(e) in group_of or e.state != HELD:
+                    continue
+                group_of[id(e)] = gi
+                e.state = RELEASED
+                b.forget(e)
+                todo.append(e)
+    bad_entries = _release_entries(todo) if todo else []
+    for e in todo:
+        e.session = None  # a spent holder keeps no session alive
+    end_free_sessions()
+    for e, why in bad_entries:
+        gi = group_of[id(e)]
+        if errs[gi] is None:
+            errs[gi] = e.error(why)
+    return errs
 
 
 def mark_released(refs: Iterable["Ref"]) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import select
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
@@ -31,6 +32,7 @@ __all__ = [
     "collate",
     "defer_release",
     "materialize",
+    "settled",
     "tensor_from_ref",
     "writable_view",
 ]
@@ -187,35 +189,159 @@ def _defers_release() -> bool:
 
 class _Pending:
     """The leases of a batch copied but not yet released (defer_release), with an event per CUDA
-    device recorded after the copies."""
+    device recorded after the copies; or, record=False (the loop's own copies, settled() settles
+    them as a group), only those devices: the group waits once per device for its stream."""
 
-    __slots__ = ("holds", "events", "pid")
+    __slots__ = ("holds", "events", "devices", "pid")
 
-    def __init__(self, holds: Sequence[Optional[_leases.Hold]]) -> None:
+    def __init__(self, holds: Sequence[Optional[_leases.Hold]], record: bool = True) -> None:
         self.holds = [h for h in holds if h is not None]
         self.events: list[Any] = []
-        for d in sorted({h.entry.ref.device for h in self.holds if h.entry.ref.device >= 0}):
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(d))
-            self.events.append(ev)
+        self.devices: list[int] = sorted({h.entry.ref.device for h in self.holds if h.entry.ref.device >= 0})
+        if record:
+            for d in self.devices:
+                ev = torch.cuda.Event()
+                ev.record(torch.cuda.current_stream(d))
+                self.events.append(ev)
+            self.devices = []
         self.pid = os.getpid()
 
-    def settle(self) -> None:
-        holds, events = self.holds, self.events
-        self.holds, self.events = [], []
+    def wait(self) -> None:
+        """Wait for the copies (idempotent). Copies without an event: every stream of their
+        devices (only a batch dropped or pickled before its group settled gets here)."""
+        events, self.events = self.events, []
+        devices, self.devices = self.devices, []
         for ev in events:
             ev.synchronize()
-        _leases.release(holds, check_held=True)
+        for d in devices:
+            torch.cuda.synchronize(d)
+
+    def take(self) -> list[_leases.Hold]:
+        """The Holds, for one release (after wait())."""
+        holds, self.holds = self.holds, []
+        return holds
+
+    def settle(self) -> None:
+        self.wait()
+        _leases.release(self.take(), check_held=True)
 
     def __del__(self) -> None:
         # Dropped unsettled: the copies finish before the Holds go (they are collected after
         # this, and queue their leases' release). Not in a forked child (CUDA is the parent's).
-        if self.events and self.pid == os.getpid():
+        if (self.events or self.devices) and self.pid == os.getpid():
             try:
-                for ev in self.events:
-                    ev.synchronize()
+                self.wait()
             except Exception:  # noqa: BLE001 - interpreter teardown: the exit ends the sessions
                 pass
+
+
+# gdsfs.torch.DataLoader's loop (settled): the most batches it settles with one RELEASE, and the
+# most bytes of their gpu fields it holds back meanwhile (copies, not yet yielded).
+SETTLE_BATCHES = 8
+SETTLE_BYTES = 64 << 20
+
+
+def _ready_probe(it: Any) -> Optional[Callable[[], bool]]:
+    """A cheap test of whether the DataLoader iterator it has another batch waiting (torch's data
+    queue: the workers' result pipe, or the pin-memory thread's queue), or None when it cannot be
+    known. A wrong True only delays a batch until the next one comes; a wrong False only settles
+    a smaller group."""
+    q = getattr(it, "_data_queue", None)
+    if q is None:
+        return None
+    reader = getattr(q, "_reader", None)  # a multiprocessing queue: poll its pipe
+    if reader is not None and hasattr(reader, "fileno"):
+        try:
+            p = select.poll()
+            p.register(reader.fileno(), select.POLLIN)
+        except (OSError, ValueError):
+            return None
+        return lambda: bool(p.poll(0))
+    qsize: Optional[Callable[[], int]] = getattr(q, "qsize", None)
+    if qsize is None:
+        return None
+    size: Callable[[], int] = qsize
+    return lambda: size() > 0
+
+
+def _batch_bytes(b: Any) -> int:
+    return sum(v.numel() * v.element_size() for k, v in b.data.items() if k in b.gpu_fields and isinstance(v, torch.Tensor))
+
+
+def _settle_group(batches: Sequence[Any]) -> list[Optional[GDSLeaseError]]:
+    """Settle the GDSBatches of batches (GDSBatch._settle) with one RELEASE request: wait for
+    every copy, release every batch's leases, and return per batch None or the GDSLeaseError its
+    own _settle() would have raised (the bytes copied cannot be trusted)."""
+    pend: list[_Pending] = []
+    at: list[int] = []
+    for i, b in enumerate(batches):
+        p = getattr(b, "_pending", None) if isinstance(b, GDSBatch) else None
+        if p is not None:
+            b._pending = None
+            pend.append(p)
+            at.append(i)
+    # The loop's own copies of a group were issued one after the other on the current stream of
+    # each device (no user code ran between them): one wait per device covers them all.
+    for d in sorted({d for p in pend for d in p.devices}):
+        torch.cuda.current_stream(d).synchronize()
+    for p in pend:
+        p.devices = []
+        p.wait()
+    errs: list[Optional[GDSLeaseError]] = [None] * len(batches)
+    for i, e in zip(at, _leases.release_groups([p.take() for p in pend])):
+        errs[i] = e
+    return errs
+
+
+def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, ready: Optional[Callable[[], bool]] = None) -> Iterator[Any]:
+    """The batches of it (a DataLoader iterator), each GDSBatch materialized (gpu fields on device;
+    with pin, CPU tensors pinned, as GDSBatch.pin_memory does) and settled before it is yielded:
+    its copies waited for, its leases released and the daemon's answer checked, exactly as a
+    synchronous materialize(); what differs is that while ready() says another batch is waiting
+    (up to SETTLE_BATCHES batches, SETTLE_BYTES bytes of gpu fields), the batches are copied first
+    and settled together with one RELEASE, then yielded in order. A batch whose settling fails is
+    not yielded: the ones before it are, then its GDSLeaseError is raised. At a yield every batch
+    taken from it is settled (nothing of a group is left unreleased when the consumer stops); an
+    exception from it (a worker that died) comes after the batches taken before it."""
+    src = iter(it)
+    tgt = _target_device(device)
+    group: list[Any] = []
+    held = 0
+    failed: Optional[BaseException] = None
+    while True:
+        try:
+            b = next(src)
+            if isinstance(b, GDSBatch) and not b.materialized:
+                b = b.materialize(tgt, pin=pin, _defer=True, _parsed=True, _record=False)
+        except StopIteration:
+            break
+        except Exception as e:  # noqa: BLE001 - raised again once the batches before it are out
+            failed = e
+            break
+        group.append(b)
+        if isinstance(b, GDSBatch):
+            held += _batch_bytes(b)
+        if len(group) < SETTLE_BATCHES and held < SETTLE_BYTES and ready is not None and ready():
+            continue
+        errs = _settle_group(group)
+        out, group, held = group, [], 0
+        for b, err in zip(out, errs):
+            if err is not None:
+                raise err
+            yield b
+        del out, b
+    if group:
+        errs = _settle_group(group)
+        for b, err in zip(group, errs):
+            if err is not None:
+                raise err
+            yield b
+    if failed is not None:
+        del src, group  # what the traceback's frame keeps
+        try:
+            raise failed
+        finally:
+            failed = None  # no cycle from this frame through the traceback to the exception
 
 
 def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:
@@ -573,13 +699,11 @@ def _byte_views(col: _RefColumn) -> list[torch.Tensor]:
     return out
 
 
-def _strided_run(col: Union[_RefColumn, Sequence[TensorRef]]) -> Optional[torch.Tensor]:
-    """A (len(col), nbytes) uint8 view over the slab when every sample of the column views the
-    same lease, with one geometry, at starts evenly spaced by at least nbytes (a batch's samples
-    of one shared range, a tar's samples of one size: GDSShardDataset._runs), else None. One
-    strided copy of it replaces a slice per sample and their stack."""
-    if not isinstance(col, _RefColumn):
-        col = _RefColumn(col)
+def _run_of(col: _RefColumn) -> Optional[tuple[torch.Tensor, int, int, int]]:
+    """(slab, storage offset of the first sample's bytes, step, nbytes) when every sample of the
+    column views the same lease, with one geometry, at starts evenly spaced by at least nbytes (a
+    batch's samples of one shared range, a tar's samples of one size: GDSShardDataset._runs),
+    else None. Makes no view: _strided_run and _typed_run make the one they need."""
     rows = len(col.idx)
     if rows < 2 or len(col.leases) != 1 or len(col.geos) != 1:
         return None
@@ -598,24 +722,43 @@ def _strided_run(col: Union[_RefColumn, Sequence[TensorRef]]) -> Optional[torch.
     if s0 < 0 or last + n > r.valid:
         raise ValueError(f"gdsfs: bytes [{last}, {last + n}) outside lease {r.lease} of {r.valid} valid bytes")
     slab = _slab_of(r, col.holds[0], {})
-    return slab.as_strided((rows, n), (step, 1), slab.storage_offset() + r.offset + s0)
+    return slab, _slab_base(slab) + r.offset + s0, step, n
+
+
+def _slab_base(slab: torch.Tensor) -> int:
+    """slab.storage_offset(), cached on the slab's tensor (a tensor call less per gather)."""
+    off = slab.__dict__.get("_gdsfs_base")
+    if off is None:
+        off = slab.__dict__["_gdsfs_base"] = slab.storage_offset()
+    return off
+
+
+def _strided_run(col: Union[_RefColumn, Sequence[TensorRef]]) -> Optional[torch.Tensor]:
+    """A (len(col), nbytes) uint8 view over the slab of a column _run_of finds evenly spaced in
+    one lease, else None. One strided copy of it replaces a slice per sample and their stack."""
+    if not isinstance(col, _RefColumn):
+        col = _RefColumn(col)
+    run = _run_of(col)
+    if run is None:
+        return None
+    slab, off, step, n = run
+    return slab.as_strided((len(col.idx), n), (step, 1), off)
 
 
 def _typed_run(col: _RefColumn) -> Optional[torch.Tensor]:
     """_strided_run already shaped and typed: a (len(col),) + shape view of dtype over the slab
-    (one as_strided of the slab's typed view), when the starts, their spacing and the slab
-    offset are aligned for dtype and the bytes are C-ordered; else None. Its clone is the field:
-    two tensor calls per gather instead of four (each releases and retakes the GIL, which the
-    pin-memory thread shares with the loop's thread)."""
-    run = _strided_run(col)
+    (one as_strided of the slab's typed view, the only tensor call), when the starts, their
+    spacing and the slab offset are aligned for dtype and the bytes are C-ordered; else None. Its
+    clone is the field."""
+    run = _run_of(col)
     if run is None:
         return None
+    slab, off, step, _n = run
     dtype, shape, fortran = col.geos[0]
     size = _itemsize(dtype)
-    off, step = run.storage_offset(), run.stride(0)
     if fortran or off % size or step % size or not all(int(d) > 0 for d in shape):
         return None
-    base = run if dtype == torch.uint8 else _typed_slab(col.leases[0], dtype)
+    base = slab if dtype == torch.uint8 else _typed_view(slab, dtype)
     if base is None:
         return None
     strides, acc = [], 1
@@ -625,11 +768,10 @@ def _typed_run(col: _RefColumn) -> Optional[torch.Tensor]:
     return base.as_strided((len(col.idx),) + tuple(shape), (step // size,) + tuple(reversed(strides)), off // size)
 
 
-def _typed_slab(r: Ref, dtype: torch.dtype) -> Optional[torch.Tensor]:
-    """The whole slab of r viewed as dtype, or None when its size or start is not a multiple of
+def _typed_view(slab: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """The whole slab viewed as dtype, or None when its size or start is not a multiple of
     dtype's. Cached on the slab's tensor itself, so it lives exactly as long as that mapping
     does (_core._ProcessSlabs.drop_vmm lets a closed session's mappings go)."""
-    slab = _slab_of(r, None, {})
     typed = slab.__dict__.setdefault("_gdsfs_typed", {})
     t = typed.get(dtype)
     if t is None:
@@ -650,7 +792,7 @@ def _gather(col: _RefColumn, device: Device, *, pin: bool, parsed: bool = False)
     rows = len(col.idx)
     target0: Optional[torch.device] = device if (parsed and not isinstance(device, (int, str))) else _target_device(device)
     typed = _typed_run(col)
-    if typed is not None and (target0 is None or target0 == typed.device) and not (pin and typed.device.type == "cpu"):
+    if typed is not None and (target0 is None or target0 == typed.device) and not (pin and typed.device.type == "cpu" and torch.cuda.is_available()):
         # The field in one copy, already typed and shaped (the lease is released after it).
         return typed.clone(memory_format=torch.contiguous_format)
     run = _strided_run(col)
@@ -811,7 +953,8 @@ class GDSBatch:
             self._pending = None
             p.settle()
 
-    def materialize(self, device: Device = None, *, pin: bool = False, _defer: bool = False) -> "GDSBatch":
+    def materialize(self, device: Device = None, *, pin: bool = False, _defer: bool = False, _parsed: bool = False,
+                    _record: bool = True) -> "GDSBatch":
         """Tensors for every field (gpu fields on device, default: where
         the daemon put them), then release the leases.
 
@@ -827,7 +970,8 @@ class GDSBatch:
         holds = self._holds()
         _leases.check(holds)
         out: dict[str, Any] = {}
-        tgt = _target_device(device)
+        # _parsed: settled() parsed the device once per iteration.
+        tgt: Optional[torch.device] = device if _parsed and not isinstance(device, (int, str)) else _target_device(device)
         if tgt is None and pin and torch.cuda.is_available():
             # The pin-memory thread: gpu fields go to the current GPU, also
             # from host-memory slabs and plain-read fallbacks.
@@ -848,7 +992,7 @@ class GDSBatch:
         done = GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
         if _defer:
             # The loop's thread settles it (_settle) before anyone sees it.
-            done._pending = _Pending(holds)
+            done._pending = _Pending(holds, record=_record)
             return done
         # The copies are done (waited for): release, and trust them only if
         # the daemon still held every lease.

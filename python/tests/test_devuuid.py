@@ -54,6 +54,9 @@ class FakeGPUs:
         monkeypatch.setattr(_core, "_ioctl", self.ioctl)
         monkeypatch.setattr(_devmap, "local_uuids", self.local_uuids)
         monkeypatch.setattr(_devmap, "_cache", _devmap._Cache())  # this daemon's UUIDs, not an earlier test's
+        # Slab descriptors cached by earlier tests of the same (real) daemon run name host memory;
+        # this daemon hands its slabs over on CUDA devices: ask it again.
+        _core._slabs.reset()
 
     def _note(self, line: str) -> None:
         with open(self.log, "a") as f:

@@ -10,10 +10,14 @@ the sessions and their close are real.
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+from conftest import mount, unmount
 
 import gdsfs
 from gdsfs import _core
+from gdsfs import _protocol as proto
 
 BASE = 1 << 40  # slab ids no daemon hands out in this run
 
@@ -76,3 +80,34 @@ def test_a_retention_window_retires_only_what_no_open_session_uses(gdsfs_mount) 
     finally:
         a.close()
         b.close()
+
+
+def test_a_daemon_restarted_under_the_same_pid_never_serves_the_old_runs_slabs(gdsfs_bin, tmp_path, monkeypatch) -> None:
+    # A daemon restarted in a fresh container (pid namespace) often gets its old pid again, and
+    # the trainer's long-lived process opens a session of the new run at the same mount path.
+    # Slab ids start again at 1: a slab descriptor or mapping cached from the old run must not
+    # stand for the new run's slab of the same id (it would hand out the old run's bytes).
+    real = _core._ioctl
+
+    def same_pid(fd: int, cmd: int, buf: bytearray) -> None:
+        real(fd, cmd, buf)
+        if cmd == proto.HELLO:
+            struct.pack_into("<I", buf, 96, 4242)  # both runs are pid 4242 in their namespace
+
+    monkeypatch.setattr(_core, "_ioctl", same_pid)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for run, fill in enumerate((b"a", b"b")):
+        src = tmp_path / f"src{run}"
+        src.mkdir()
+        (src / "f.bin").write_bytes(fill * 8192)
+        mount(gdsfs_bin, str(src), str(mnt), str(tmp_path / f"log{run}"))
+        try:
+            with gdsfs.Session(str(mnt)) as s, open(mnt / "f.bin", "rb") as f:
+                assert s.hello.daemon_pid == 4242
+                (r,) = s.read(f, [(0, 8192)])
+                got = bytes(s.host_buffer(r))
+                s.release([r])
+        finally:
+            unmount(gdsfs_bin, str(mnt))
+        assert got == fill * 8192, f"run {run}: a session of the daemon's run {run} read another run's slab bytes"

@@ -504,14 +504,33 @@ def _task_cpu() -> dict[int, float]:
     return out
 
 
-def main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
+def main_profile(shards: list[str], batch: int, sample_bytes: int, legacy: bool = False) -> list[str]:
     """Where the main process's time goes per batch in the real loader (gdsfs.torch.DataLoader,
     Opts.workers persistent workers, pin_memory on CUDA, one timed epoch after a warm-up one):
-    the CPU time of the pin-memory thread, the loop's thread and the rest of the process's
-    threads (torch's index-queue feeders, the lease drain) per batch, from /proc; the wall time
-    of gdsfs's parts in them (unpickling a worker's batch: its column, small tensors and the
-    batch; GDSBatch.pin_memory; the loop's settle of each batch, its RELEASE ioctls apart, from
-    GDSFS_DEBUG_TIMING) and the loop's wait for the next batch."""
+    the CPU time of the pin-memory thread (if any), the loop's thread and the rest of the
+    process's threads (torch's index-queue feeders, the lease drain) per batch, from /proc; the
+    wall time of gdsfs's parts in them (unpickling a worker's batch: its column, small tensors
+    and the batch; GDSBatch.pin_memory; the loop's materialize and settle, its RELEASE ioctls
+    apart, from GDSFS_DEBUG_TIMING) and the loop's wait for the next batch. legacy: the loader
+    as before issue 15's wave 5 (torch's pin-memory thread copies, the loop settles each batch
+    with its own RELEASE), for a before/after of the same run."""
+    from gdsfs import _tensors
+
+    undo: list[tuple[Any, str, Any]] = []
+    if legacy and hasattr(gt.DataLoader, "_loop_pins"):
+        undo = [(gt.DataLoader, "_loop_pins", gt.DataLoader._loop_pins), (_tensors, "_ready_probe", _tensors._ready_probe)]
+        gt.DataLoader._loop_pins = lambda self: False  # type: ignore[method-assign]
+        _tensors._ready_probe = lambda it: None
+    elif legacy:
+        return ["(this gdsfs has only the pin-memory thread's loader: the profile above is it)"]
+    try:
+        return _main_profile(shards, batch, sample_bytes)
+    finally:
+        for obj, name, real in undo:
+            setattr(obj, name, real)
+
+
+def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
     import threading
 
     from gdsfs import _core, _tensors
@@ -537,6 +556,8 @@ def main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
     patched = [(_tensors, "_rebuild_column", "unpickle: columns"), (_tensors, "_rebuild_tensor", "unpickle: small tensors"),
                (_tensors, "_rebuild_batch", "unpickle: batch"), (_tensors.GDSBatch, "pin_memory", "pin_memory"),
                (_tensors.GDSBatch, "_settle", "settle"), (_tensors.GDSBatch, "materialize", "materialize")]
+    if hasattr(_tensors, "_settle_group"):  # the loop settles groups of batches (gdsfs._tensors.settled)
+        patched.append((_tensors, "_settle_group", "settle"))
     os.environ[_core.DEBUG_TIMING_ENV] = "1"
     reals = [(obj, name, timed_fn(obj, name, label)) for obj, name, label in patched]
     lines: list[str] = []
@@ -606,7 +627,8 @@ def main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
         lines.append(f"main process per batch (wall, us): unpickle {unp:,.0f} ("
                      + ", ".join(f"{k[len('unpickle: '):]} {v:,.0f}" for k, v in sorted(per.items()) if k.startswith("unpickle"))
                      + f"), pin_memory {per.get('pin_memory', 0.0):,.0f}, materialize in the loop {per.get('materialize', 0.0) - per.get('pin_memory', 0.0) if pin_tid is None else 0.0:,.0f}, "
-                     f"settle {per.get('settle', 0.0):,.0f} (RELEASE ioctl {rel[1] / nb * 1e6:,.0f}, {rel[0]} RELEASEs of {rel[2] / max(1, rel[0]):.1f} ids); "
+                     f"settle {per.get('settle', 0.0):,.0f} (RELEASE ioctl {rel[1] / nb * 1e6:,.0f}, {rel[0]} RELEASEs of {rel[2] / max(1, rel[0]):.1f} ids, "
+                     f"{rel[0] / nb:.2f} per batch); "
                      f"next() in the loop (torch's queues, then gdsfs.torch.DataLoader's materialize or settle) {wait / nb * 1e6:,.0f}")
         lines.append(f"main process's garbage collections during the epoch ({gc.get_count()} pending now, objects tracked {len(gc.get_objects()):,}): "
                      + (", ".join(f"generation {g}: {int(c)} taking {t * 1e3:,.1f} ms in all" for g, (c, t) in sorted(gcs.items())) or "none"))
@@ -875,11 +897,13 @@ def main() -> int:
                     log(f"{name} worker profile: {line}")
             except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
                 log(f"{name} worker profile failed: {type(e).__name__}: {e}")
-            try:
-                for line in main_profile(shards_m, batch, sb):
-                    log(f"{name} main profile: {line}")
-            except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
-                log(f"{name} main profile failed: {type(e).__name__}: {e}")
+            for legacy in (False, True):
+                tag = "main profile" + (" (before: torch's pin-memory thread, a RELEASE per batch)" if legacy else "")
+                try:
+                    for line in main_profile(shards_m, batch, sb, legacy=legacy):
+                        log(f"{name} {tag}: {line}")
+                except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
+                    log(f"{name} {tag} failed: {type(e).__name__}: {e}")
         feats = not a.no_features and (not a.features_sizes or str(sb >> 10) in a.features_sizes.split(","))
         for cache in ("warm", "cold"):
             if cache == "cold" and can_drop and drop_caches():
