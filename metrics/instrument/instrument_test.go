@@ -257,3 +257,33 @@ func (e fakeVecEngine) ReadVec(ctx context.Context, f *os.File, segs []cufile.Se
 	}
 	return n, nil
 }
+
+// residencyEngine answers "told" or "not told" as mayKnow says.
+type residencyEngine struct{ fixedEngine }
+
+func (c residencyEngine) ChooseAs(_ *os.File, _ string, _, _ int64, mayKnow func() bool) (cufile.Engine, string) {
+	if mayKnow != nil && !mayKnow() {
+		return c.e, "not told"
+	}
+	return c.e, "told"
+}
+
+// TestEnginesKeepsResidencyRule: the wrapper is a ctlserver.ResidencyChooser
+// that hands the caller's rule to a chooser that has one (else ctl's
+// residency rule would be lost on mounts with --metrics-addr), and answers
+// Choose's for one that has none.
+func TestEnginesKeepsResidencyRule(t *testing.T) {
+	m := metrics.New()
+	host := cufile.NewHostEngine(cufile.Options{})
+	rc, ok := Engines(residencyEngine{fixedEngine{host}}, m).(ctlserver.ResidencyChooser)
+	if !ok {
+		t.Fatal("the wrapper is no ResidencyChooser")
+	}
+	if _, why := rc.ChooseAs(nil, "p", 0, -1, func() bool { return false }); why != "not told" {
+		t.Errorf("ChooseAs for a caller who may not know: %q, want the wrapped chooser's %q", why, "not told")
+	}
+	plain := Engines(fixedEngine{host}, m).(ctlserver.ResidencyChooser)
+	if e, why := plain.ChooseAs(nil, "p", 0, -1, func() bool { return false }); e == nil || why != "test" {
+		t.Errorf("ChooseAs of a chooser without the rule: %v, %q", e, why)
+	}
+}
