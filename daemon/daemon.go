@@ -334,6 +334,7 @@ func (d *Daemon) mountFS(ctx context.Context) error {
 			on, _ := srv.Passthrough()
 			return metrics.Passthrough{Enabled: on, PassthroughStats: srv.Stats()}
 		})
+		d.metrics.SetOpenFiles(srv.OpenStats)
 	}
 	return nil
 }

@@ -251,3 +251,17 @@ func TestOpenBudgetReleased(t *testing.T) {
 		t.Errorf("stats %+v, want 40 per uid and one refusal", st)
 	}
 }
+
+// BenchmarkOpenBudget is the budget's cost per open and close, from
+// parallel goroutines of one uid (the contended case: one user's
+// DataLoader workers).
+func BenchmarkOpenBudget(b *testing.B) {
+	ob := newOpenBudget(1<<20, 0, zerolog.Nop())
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if ob.acquire(1000, 1) == 0 {
+				ob.release(1000, 1)
+			}
+		}
+	})
+}

@@ -92,6 +92,11 @@ func TestOpenBudgetPerUser(t *testing.T) {
 	}
 	// The other user is not affected, and neither is the control path.
 	use(10002)
+	// A user's status shows its own opens, not another uid's.
+	st := openStatusAs(t, mnt, 10002)
+	if st.OpenFiles == nil || st.uid(10001) != 0 || st.uid(10002) != 1 {
+		t.Errorf("uid 10002's status: %+v, want its own session's open and not uid 10001's", st.OpenFiles)
+	}
 
 	// One process exits (closing its files), the other is killed.
 	in1.Close()
@@ -244,6 +249,24 @@ func openStatus(t testing.TB, mnt string) fdcapStatus {
 	if code != 0 {
 		t.Fatalf("gdsfs status: exit %d: %s", code, out)
 	}
+	return parseOpenStatus(t, out)
+}
+
+// openStatusAs is openStatus as uid.
+func openStatusAs(t testing.TB, mnt string, uid uint32) fdcapStatus {
+	t.Helper()
+	cmd := exec.Command(gdsfsBin(t), "status", "--json", mnt)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gdsfs status as uid %d: %v: %s", uid, err, out)
+	}
+	return parseOpenStatus(t, string(out))
+}
+
+func parseOpenStatus(t testing.TB, out string) fdcapStatus {
+	t.Helper()
 	var st fdcapStatus
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("gdsfs status --json: %v\n%s", err, out)
