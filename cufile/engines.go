@@ -38,6 +38,9 @@ type Config struct {
 	Workers int
 	// Direct is the posix and host engines' O_DIRECT policy (Options.Direct).
 	Direct string
+	// ColdChunkBytes is the posix and host engines' task size for cold
+	// buffered reads (Options.ColdTaskBytes). Default DefaultColdTaskBytes.
+	ColdChunkBytes int64
 	// HostDir holds host-backend slab files. Default /dev/shm/gdsfs-<pid>-<random>, new per start (gpubuf).
 	HostDir string
 	// Log receives the probe result and per-file fallbacks. Default silent.
@@ -54,6 +57,9 @@ func (c Config) Validate() error {
 	}
 	if c.ChunkBytes < 0 || c.ChunkBytes%gpubuf.Align != 0 {
 		errs = append(errs, fmt.Errorf("cufile: ChunkBytes (%d) must be a positive multiple of %d", c.ChunkBytes, gpubuf.Align))
+	}
+	if c.ColdChunkBytes < 0 || c.ColdChunkBytes%gpubuf.Align != 0 {
+		errs = append(errs, fmt.Errorf("cufile: ColdChunkBytes (%d) must be a positive multiple of %d", c.ColdChunkBytes, gpubuf.Align))
 	}
 	if c.Workers < 0 {
 		errs = append(errs, fmt.Errorf("cufile: Workers (%d) must be positive", c.Workers))
@@ -123,7 +129,7 @@ func Open(cfg Config) (*Engines, error) {
 		cfg.Engine = EngineAuto
 	}
 	e := &Engines{cfg: cfg, log: cfg.Log, files: map[fileKey]choice{}, refused: newRefusals(cfg.Log)}
-	e.host = NewHostEngine(Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct})
+	e.host = NewHostEngine(Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct, ColdTaskBytes: cfg.ColdChunkBytes})
 	add := func(name string, ok bool, format string, args ...any) {
 		e.report.Probes = append(e.report.Probes, Probe{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
 	}
@@ -208,7 +214,7 @@ func (e *Engines) choose(gpuErr error) error {
 		be, why := newCUDABackend(e.drv, e.lib)
 		e.backend = be
 		r.Probes = append(r.Probes, Probe{Name: "cuda slab handles", OK: be.vmm, Detail: why})
-		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct})
+		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct, ColdTaskBytes: e.cfg.ColdChunkBytes})
 		r.Backend = "cuda"
 	}
 	if e.lib != nil {

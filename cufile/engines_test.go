@@ -112,6 +112,8 @@ func TestConfigValidate(t *testing.T) {
 		{"tuned", Config{Engine: EnginePosix, ChunkBytes: 16 << 20, Workers: 16, Direct: "always"}, true},
 		{"bad engine", Config{Engine: "fast"}, false},
 		{"unaligned chunk", Config{ChunkBytes: 1000}, false},
+		{"cold chunk", Config{ColdChunkBytes: 2 << 20}, true},
+		{"unaligned cold chunk", Config{ColdChunkBytes: 1000}, false},
 		{"negative workers", Config{Workers: -1}, false},
 		{"bad direct", Config{Direct: "sometimes"}, false},
 	} {

@@ -14,7 +14,8 @@ import (
 // hostEngine serves hosts without a GPU: slabs are shared host memory and
 // reads are parallel preads straight into them (no staging, no copies),
 // through O_DIRECT for cold ranges whose pieces are 4 KiB-aligned in file
-// and memory (slab memory is page-aligned, and callers widen ranges).
+// and memory (slab memory is page-aligned, and callers widen ranges), in
+// smaller tasks for other cold ranges (readTaskBytes).
 type hostEngine struct {
 	opts Options
 }
@@ -55,7 +56,8 @@ func (e *hostEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, 
 	w := funcWorker{doFn: func(c chunk) (int64, error) {
 		return readHostChunk(f, direct, b[dstOff+c.off:dstOff+c.off+c.n], fileOff+c.off)
 	}}
-	got, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(context.Context) (worker, error) { return w, nil })
+	task := e.opts.readTaskBytes(f, fileOff, n, direct != nil)
+	got, err := runChunks(ctx, n, task, e.opts.Workers, func(context.Context) (worker, error) { return w, nil })
 	if err != nil {
 		return 0, fmt.Errorf("host read %q: %w", f.Name(), err)
 	}

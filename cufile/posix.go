@@ -52,6 +52,10 @@ type Options struct {
 	// a range of at least 4 chunks is in the page cache), "always" or
 	// "never".
 	Direct string
+	// ColdTaskBytes is the task size of a buffered read of a range that
+	// is mostly not in the page cache (see readTaskBytes). Default
+	// DefaultColdTaskBytes; ChunkBytes or more turns the split off.
+	ColdTaskBytes int64
 }
 
 // posixEngine reads with parallel chunked preads into pinned host staging and
@@ -92,6 +96,10 @@ func (opts Options) withDefaults() Options {
 	if opts.Direct == "" {
 		opts.Direct = "auto"
 	}
+	if opts.ColdTaskBytes <= 0 {
+		opts.ColdTaskBytes = DefaultColdTaskBytes
+	}
+	opts.ColdTaskBytes = min(opts.ChunkBytes, gpubuf.AlignUp(opts.ColdTaskBytes))
 	return opts
 }
 
@@ -240,7 +248,8 @@ func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory,
 		defer direct.Close()
 	}
 	device := deviceOf(dst)
-	got, err := runChunks(ctx, n, e.opts.ChunkBytes, e.opts.Workers, func(ctx context.Context) (worker, error) {
+	task := e.opts.readTaskBytes(f, fileOff, n, direct != nil)
+	got, err := runChunks(ctx, n, task, e.opts.Workers, func(ctx context.Context) (worker, error) {
 		return e.startWorker(ctx, device, func(l lane, slot int, c chunk) (int64, error) {
 			b := l.buf(slot)
 			src, m, err := readChunk(f, direct, b, fileOff+c.off, c.n)

@@ -33,8 +33,8 @@ type VecReader interface {
 // ReadVec implements VecReader: segments of at most one chunk go through
 // one lane in order, packed into its staging buffers (a buffer's copies
 // run while the next buffer fills; a buffer is reused only after its
-// stream is synced); larger ones through ReadAt, which parallelises
-// within them. Buffered reads only: small ranges are never O_DIRECT (see
+// stream is synced); larger ones, and cold ones larger than a cold task
+// (readTaskBytes), through ReadAt, which parallelises within them. Buffered reads only: small ranges are never O_DIRECT (see
 // useDirect).
 func (e *posixEngine) ReadVec(ctx context.Context, f *os.File, segs []Segment) ([]int64, error) {
 	got := make([]int64, len(segs))
@@ -43,6 +43,7 @@ func (e *posixEngine) ReadVec(ctx context.Context, f *os.File, segs []Segment) (
 	}
 	device := deviceOf(segs[0].Dst)
 	var small []int
+	packed := make([]bool, len(segs))
 	for i, s := range segs {
 		if err := checkRange(s.Dst, s.DstOff, s.FileOff, s.N); err != nil {
 			return nil, err
@@ -50,8 +51,11 @@ func (e *posixEngine) ReadVec(ctx context.Context, f *os.File, segs []Segment) (
 		if d := deviceOf(s.Dst); d != device {
 			return nil, fmt.Errorf("cufile: vectored read into devices %d and %d: one device per call", device, d)
 		}
-		if s.N <= e.opts.ChunkBytes && e.opts.Direct != "always" {
+		// A cold segment larger than a cold task goes through ReadAt,
+		// in parallel cold tasks (readTaskBytes), not one pread.
+		if s.N <= e.opts.ChunkBytes && e.opts.Direct != "always" && e.opts.readTaskBytes(f, s.FileOff, s.N, false) == e.opts.ChunkBytes {
 			small = append(small, i)
+			packed[i] = true
 		}
 	}
 	if len(small) > 0 {
@@ -60,7 +64,7 @@ func (e *posixEngine) ReadVec(ctx context.Context, f *os.File, segs []Segment) (
 		}
 	}
 	for i, s := range segs {
-		if s.N > e.opts.ChunkBytes || e.opts.Direct == "always" {
+		if !packed[i] {
 			n, err := e.ReadAt(ctx, f, s.Dst, s.DstOff, s.FileOff, s.N)
 			if err != nil {
 				return nil, err

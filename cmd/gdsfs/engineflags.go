@@ -22,6 +22,7 @@ type engineFlags struct {
 	slabSize string
 	uidShare string
 	chunk    string
+	coldTask string
 	workers  int
 	direct   string
 }
@@ -35,6 +36,7 @@ func addEngineFlags(fs *pflag.FlagSet) *engineFlags {
 	fs.StringVar(&f.slabSize, "slab-size", "64MiB", "size of one slab (leases larger than this get a slab of their own)")
 	fs.StringVar(&f.uidShare, "uid-share", "50%", "most of each device's pool one uid may hold, as a percentage or fraction of the pool (50%, 0.25) or a size (1GiB); rounded up to whole slabs; 100% lets one uid take everything")
 	fs.StringVar(&f.chunk, "chunk-size", "8MiB", "size of one parallel transfer task")
+	fs.StringVar(&f.coldTask, "cold-chunk-size", "1MiB", "size of one parallel task of a buffered read of a range not in the page cache (ranges of at least twice this are split); --chunk-size or more: no split")
 	fs.IntVar(&f.workers, "io-workers", 0, "parallel transfer workers per request (default: CPU count, 4 to 16)")
 	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix and host engines: auto (reads of ranges not cached, writes of at least 1 MiB), always or never")
 	return f
@@ -114,6 +116,10 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 	if err != nil {
 		return s, err
 	}
+	coldTask, err := parseSize("cold-chunk-size", f.coldTask)
+	if err != nil {
+		return s, err
+	}
 	if f.gpuPool != "" {
 		if s.gpuPool, err = parseSize("gpu-pool", f.gpuPool); err != nil {
 			return s, err
@@ -132,7 +138,7 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 			return s, usagef("--%s %s is smaller than --slab-size %s; give at least one slab", p.name, humanize.IBytes(uint64(p.v)), f.slabSize)
 		}
 	}
-	s.cfg = cufile.Config{Engine: f.engine, ChunkBytes: chunk, Workers: f.workers, Direct: f.direct, Log: log}
+	s.cfg = cufile.Config{Engine: f.engine, ChunkBytes: chunk, ColdChunkBytes: coldTask, Workers: f.workers, Direct: f.direct, Log: log}
 	return s, nil
 }
 

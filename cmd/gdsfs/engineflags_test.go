@@ -18,13 +18,13 @@ func TestEngineFlags(t *testing.T) {
 		check func(t *testing.T, s engineSettings)
 	}{
 		{"defaults", nil, true, func(t *testing.T, s engineSettings) {
-			if s.cfg.Engine != "auto" || s.slabBytes != 64<<20 || s.cfg.ChunkBytes != 8<<20 || s.gpuPool != 0 {
+			if s.cfg.Engine != "auto" || s.slabBytes != 64<<20 || s.cfg.ChunkBytes != 8<<20 || s.cfg.ColdChunkBytes != 1<<20 || s.gpuPool != 0 {
 				t.Errorf("settings %+v", s)
 			}
 		}},
-		{"sizes", []string{"--engine", "posix", "--gpu-pool", "8GiB", "--host-pool", "1GiB", "--slab-size", "32MiB", "--chunk-size", "16MiB", "--io-workers", "16"}, true,
+		{"sizes", []string{"--engine", "posix", "--gpu-pool", "8GiB", "--host-pool", "1GiB", "--slab-size", "32MiB", "--chunk-size", "16MiB", "--cold-chunk-size", "2MiB", "--io-workers", "16"}, true,
 			func(t *testing.T, s engineSettings) {
-				if s.gpuPool != 8<<30 || s.hostPool != 1<<30 || s.slabBytes != 32<<20 || s.cfg.ChunkBytes != 16<<20 || s.cfg.Workers != 16 {
+				if s.gpuPool != 8<<30 || s.hostPool != 1<<30 || s.slabBytes != 32<<20 || s.cfg.ChunkBytes != 16<<20 || s.cfg.ColdChunkBytes != 2<<20 || s.cfg.Workers != 16 {
 					t.Errorf("settings %+v", s)
 				}
 			}},
@@ -57,6 +57,7 @@ func TestEngineFlags(t *testing.T) {
 		{"unaligned size", []string{"--slab-size", "1000"}, false, nil},
 		{"pool below slab", []string{"--gpu-pool", "16MiB"}, false, nil},
 		{"bad direct", []string{"--direct-io", "maybe"}, false, nil},
+		{"unaligned cold chunk", []string{"--cold-chunk-size", "1000"}, false, nil},
 		{"too many workers", []string{"--io-workers", "1000"}, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -308,7 +308,7 @@ def capabilities(path: PathLike) -> Capabilities:
     engine = str(info.get("engine") or hello.engine)
     uuids: Sequence[str] = ()
     if hello.caps & proto.CAP_DEVICE_UUIDS and hello.devices > 0:
-        uuids = _devmap.daemon_uuids(mount, hello.daemon_pid, hello.devices, lambda: status(mount)) or ()
+        uuids = _devmap.daemon_uuids(mount, hello.daemon_pid, hello.devices, lambda: status(mount), run=hello.slab_socket) or ()
     return Capabilities(
         mount=mount,
         engine=engine,
@@ -807,7 +807,9 @@ class Session:
                 h = _hello(self._control_fd()[0])
             m = None
             if h.caps & proto.CAP_DEVICE_UUIDS and h.devices > 0:
-                m = _devmap.resolve(self.mount, lambda: _devmap.daemon_uuids(self.mount, h.daemon_pid, h.devices, lambda: status(self.mount)))
+                def theirs() -> Any:
+                    return _devmap.daemon_uuids(self.mount, h.daemon_pid, h.devices, lambda: status(self.mount), run=h.slab_socket)
+                m = _devmap.resolve(self.mount, theirs)
             self._devmap = m
         return m
 

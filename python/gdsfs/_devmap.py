@@ -201,19 +201,22 @@ def uuids_from_status(doc: Any, devices: int) -> Optional[tuple[str, ...]]:
 
 
 class _Cache:
-    """The daemons' UUIDs, per (mount, daemon pid): one STATUS per daemon run and process."""
+    """The daemons' UUIDs, per (mount, daemon pid, run): one STATUS per daemon run and process."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.daemons: dict[tuple[str, int], Optional[tuple[str, ...]]] = {}
+        self.daemons: dict[tuple[str, int, str], Optional[tuple[str, ...]]] = {}
 
 
 _cache = _Cache()
 
 
-def daemon_uuids(mount: str, daemon_pid: int, devices: int, status: Callable[[], Any]) -> Optional[tuple[str, ...]]:
-    """The daemon's device UUIDs (uuids_from_status of status()), asked once per daemon run."""
-    key = (mount, daemon_pid)
+def daemon_uuids(mount: str, daemon_pid: int, devices: int, status: Callable[[], Any], *,
+                 run: str = "") -> Optional[tuple[str, ...]]:
+    """The daemon's device UUIDs (uuids_from_status of status()), asked once per daemon run:
+    ``run`` is the run's slab socket name (HELLO), since a restarted daemon may have its old pid
+    (a fresh container's pid namespace) and another view of the GPUs."""
+    key = (mount, daemon_pid, run)
     with _cache.lock:
         if key in _cache.daemons:
             return _cache.daemons[key]

@@ -433,3 +433,16 @@ def test_no_status_document_breaks_the_uuid_parser() -> None:
         assert got is None or (len(got) == devices and len(set(got)) == devices and all(_devmap.normalize(u) == u for u in got))
 
     check()
+
+
+def test_a_daemon_restarted_under_the_same_pid_is_asked_for_its_uuids_again(monkeypatch) -> None:
+    # A DaemonSet pod restarted with another GPU view, in a fresh pid namespace, often has its
+    # old pid: the UUIDs of its first run must not translate devices for the second.
+    monkeypatch.setattr(_devmap, "_cache", _devmap._Cache())
+
+    def doc(u: str) -> Any:
+        return lambda: {"pool": {"devices": [{"device": 0, "uuid": u}]}}
+
+    assert _devmap.daemon_uuids("/data", 7, 1, doc(A), run="@gdsfs-slabs-7-1") == (_devmap.normalize(A),)
+    assert _devmap.daemon_uuids("/data", 7, 1, doc(B), run="@gdsfs-slabs-7-1") == (_devmap.normalize(A),)  # asked once per run
+    assert _devmap.daemon_uuids("/data", 7, 1, doc(B), run="@gdsfs-slabs-7-2") == (_devmap.normalize(B),)
