@@ -37,6 +37,9 @@ type Stats struct {
 	Passthrough *PassthroughState `json:"passthrough,omitempty"`
 	// Tier is the memory tier's figures; absent without one.
 	Tier *tier.Stats `json:"tier,omitempty"`
+	// OpenFiles is the daemon's descriptors held by each uid's opens on
+	// the mount and their budget; absent before the mount is up.
+	OpenFiles *fs.OpenStats `json:"open_files,omitempty"`
 }
 
 // EngineRefusal counts the files an engine was refused for, for one cause
@@ -87,6 +90,15 @@ func (s *Server) StatsFor(uid uint32) Stats {
 	st.Tier = s.tierStats(uid)
 	st.Counters.Readaheads, st.Counters.ReadaheadBytes, st.Counters.ReadaheadDropped = 0, 0, 0
 	s.ra.count(&st.Counters, uid)
+	if st.OpenFiles != nil {
+		ownOpens := st.OpenFiles.UIDs[:0:0]
+		for _, u := range st.OpenFiles.UIDs {
+			if u.UID == uid {
+				ownOpens = append(ownOpens, u)
+			}
+		}
+		st.OpenFiles.UIDs = ownOpens
+	}
 	return st
 }
 
@@ -103,6 +115,8 @@ func (s *Server) Stats() Stats {
 	if m := s.mount.Load(); m != nil {
 		on, why := m.Passthrough()
 		st.Passthrough = &PassthroughState{Enabled: on, Why: why}
+		of := m.OpenStats()
+		st.OpenFiles = &of
 	}
 	for i := range s.shards {
 		sh := &s.shards[i]

@@ -47,6 +47,10 @@ type Config struct {
 	// cache timeouts: zero means fs.DefaultAttrTimeout and
 	// fs.DefaultEntryTimeout, negative disables caching (fs.Options).
 	AttrTimeout, EntryTimeout time.Duration
+	// MaxOpenPerUser is each uid's budget of the daemon's descriptors
+	// held by its opens on the mount (gdsfs mount --max-open-per-user;
+	// fs.Options.MaxOpenPerUser). Zero: the default share.
+	MaxOpenPerUser int64
 
 	// Engine configures the transfer engines: auto, gds, posix or host,
 	// chunk size, workers per transfer, O_DIRECT policy, host slab
@@ -122,7 +126,8 @@ func (c Config) Validate() error {
 		name string
 		v    int64
 	}{{"SlabBytes", c.SlabBytes}, {"GPUPoolBytes", c.GPUPoolBytes}, {"HostPoolBytes", c.HostPoolBytes},
-		{"UIDShareBytes", c.UIDShareBytes}, {"MetaCacheBytes", c.MetaCacheBytes}, {"TierBytes", c.TierBytes}, {"GPUCacheBytes", c.GPUCacheBytes}} {
+		{"UIDShareBytes", c.UIDShareBytes}, {"MetaCacheBytes", c.MetaCacheBytes}, {"TierBytes", c.TierBytes}, {"GPUCacheBytes", c.GPUCacheBytes},
+		{"MaxOpenPerUser", c.MaxOpenPerUser}} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("daemon: %s (%d) must not be negative", f.name, f.v))
 		}

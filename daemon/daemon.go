@@ -296,16 +296,17 @@ func (d *Daemon) mountFS(ctx context.Context) error {
 	}
 	c := d.cfg
 	o := fs.Options{
-		Source:        c.Source,
-		Mountpoint:    c.Mountpoint,
-		ReadOnly:      c.ReadOnly,
-		AllowOther:    c.AllowOther,
-		Debug:         c.Debug,
-		NoPassthrough: c.NoPassthrough,
-		AttrTimeout:   c.AttrTimeout,
-		EntryTimeout:  c.EntryTimeout,
-		Control:       d.ctl,
-		Logger:        c.Log,
+		Source:         c.Source,
+		Mountpoint:     c.Mountpoint,
+		ReadOnly:       c.ReadOnly,
+		AllowOther:     c.AllowOther,
+		Debug:          c.Debug,
+		NoPassthrough:  c.NoPassthrough,
+		AttrTimeout:    c.AttrTimeout,
+		EntryTimeout:   c.EntryTimeout,
+		Control:        d.ctl,
+		Logger:         c.Log,
+		MaxOpenPerUser: c.MaxOpenPerUser,
 	}
 	if d.metrics != nil {
 		o.Control = instrument.Control(d.ctl, d.metrics)
@@ -333,6 +334,7 @@ func (d *Daemon) mountFS(ctx context.Context) error {
 			on, _ := srv.Passthrough()
 			return metrics.Passthrough{Enabled: on, PassthroughStats: srv.Stats()}
 		})
+		d.metrics.SetOpenFiles(srv.OpenStats)
 	}
 	return nil
 }

@@ -29,7 +29,9 @@ type Control interface {
 	// FileIoctl serves a control-path ioctl issued on a data file opened
 	// through the mount. f is the mount's own open of the backing file, with
 	// the client's open flags (so a write ioctl on a read-only open fails
-	// with EBADF); path is the backing path. out has the size encoded in cmd
+	// with EBADF); path is the backing path. f is nil for a command that is
+	// not the control path's (ctl.OurCmd is false: a tty probe), which
+	// Control only counts and answers ENOTTY. out has the size encoded in cmd
 	// and is returned to the caller as-is.
 	FileIoctl(ctx context.Context, c Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno)
 

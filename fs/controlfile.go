@@ -60,24 +60,33 @@ func (c *controlNode) Listxattr(ctx context.Context, dest []byte) (uint32, sysca
 	return 0, 0
 }
 
-// Open starts a session for the caller.
+// Open starts a session for the caller. A session counts as one of the
+// caller's open files (openbudget.go): it holds no descriptor, but an
+// entry in the control path's session table, which a uid must not grow
+// without bound either.
 func (c *controlNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	s, errno := c.m.ctl.OpenSession(ctx, callerOf(ctx))
-	if errno != 0 {
+	caller := callerOf(ctx)
+	if errno := c.m.opens.acquire(caller.UID, 1); errno != 0 {
 		return nil, 0, errno
 	}
-	if s == nil {
-		return nil, 0, syscall.EIO
+	s, errno := c.m.ctl.OpenSession(ctx, caller)
+	if errno == 0 && s == nil {
+		errno = syscall.EIO
+	}
+	if errno != 0 {
+		c.m.opens.release(caller.UID, 1)
+		return nil, 0, errno
 	}
 	// Direct I/O: the kernel must not cache the (empty) contents, and
 	// the handle has no backing descriptor, so it is never passed through.
-	return &controlHandle{s: s, m: c.m}, fuse.FOPEN_DIRECT_IO, 0
+	return &controlHandle{s: s, m: c.m, uid: caller.UID}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 // controlHandle is one open of the control file: one Session.
 type controlHandle struct {
-	s Session
-	m *mountState
+	s   Session
+	m   *mountState
+	uid uint32 // the opener, charged one open
 }
 
 var (
@@ -116,5 +125,6 @@ func (h *controlHandle) Release(ctx context.Context) syscall.Errno {
 	if err := h.s.Close(); err != nil {
 		h.m.log.Warn().Err(err).Msg("close control session")
 	}
+	h.m.opens.release(h.uid, 1)
 	return 0
 }

@@ -25,8 +25,9 @@ type loopbackDir interface {
 // ENOENT).
 type dirHandle struct {
 	loopbackDir
-	n  *node
-	fd int
+	n   *node
+	fd  int
+	uid uint32 // the opener, charged dirCharge descriptors
 	// hideControl drops a backing entry named like the control file from
 	// the root's listing: the virtual file shadows it, and it is not
 	// listed either.
@@ -40,22 +41,33 @@ var (
 	_ = (gofs.FileGetattrer)((*dirHandle)(nil))
 )
 
+// dirCharge is what an open directory holds of its opener's budget: the
+// stream's descriptor and the kept one.
+const dirCharge = 2
+
 // OpendirHandle opens the backing directory (checked to be the node's)
 // for a directory stream.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	uid := callerOf(ctx).UID
+	if errno := n.m.opens.acquire(uid, dirCharge); errno != 0 {
+		return nil, 0, errno
+	}
 	fd, errno := n.open(unix.O_DIRECTORY | unix.O_RDONLY)
 	if errno != 0 {
+		n.m.opens.release(uid, dirCharge)
 		return nil, 0, errno
 	}
 	keep, err := dupCloexec(fd)
 	if err != nil {
 		unix.Close(fd)
+		n.m.opens.release(uid, dirCharge)
 		return nil, 0, gofs.ToErrno(err)
 	}
 	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
 	if errno != 0 {
 		unix.Close(fd)
 		unix.Close(keep)
+		n.m.opens.release(uid, dirCharge)
 		return nil, 0, errno
 	}
 	ld, ok := ds.(loopbackDir)
@@ -65,7 +77,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 	n.dirs.Lock()
 	n.dirs.fds = append(n.dirs.fds, keep)
 	n.dirs.Unlock()
-	return &dirHandle{loopbackDir: ld, n: n, fd: keep, hideControl: n.ctl != nil}, 0, 0
+	return &dirHandle{loopbackDir: ld, n: n, fd: keep, uid: uid, hideControl: n.ctl != nil}, 0, 0
 }
 
 // Readdirent returns the next entry, skipping the control file's name at
@@ -86,6 +98,7 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	d.n.dirs.Unlock()
 	unix.Close(d.fd)
 	d.loopbackDir.Releasedir(ctx, flags)
+	d.n.m.opens.release(d.uid, dirCharge)
 }
 
 // Getattr stats the open directory.

@@ -9,6 +9,8 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/ctl"
 )
 
 // fileHandle is one open of a data file: go-fuse's loopback file (which
@@ -20,6 +22,7 @@ type fileHandle struct {
 	fd       int    // the loopback file's descriptor, registered on n
 	path     string // backing path
 	writable bool   // opened for writing or with O_TRUNC
+	uid      uint32 // the opener, charged for the handle's descriptors
 
 	// os is a duplicate of the loopback file's descriptor as an *os.File,
 	// made on the first control-path ioctl (most opens never need one).
@@ -28,6 +31,9 @@ type fileHandle struct {
 	os struct {
 		sync.Mutex
 		f *os.File
+		// charged is what the handle holds of its uid's budget: 1,
+		// and 1 more with f.
+		charged int64
 	}
 }
 
@@ -56,6 +62,11 @@ func (h *fileHandle) Ioctl(ctx context.Context, cmd uint32, arg uint64, in, out 
 	if h.m.ctl == nil {
 		return 0, syscall.ENOTTY
 	}
+	if !ctl.OurCmd(cmd) {
+		// Not a control-path command (Python's open() asks isatty with
+		// TCGETS): no descriptor for it, Control only counts it.
+		return h.m.ctl.FileIoctl(ctx, callerOf(ctx), nil, h.path, cmd, in, out)
+	}
 	f, errno := h.osFile()
 	if errno != 0 {
 		return 0, errno
@@ -74,11 +85,17 @@ func (h *fileHandle) osFile() (*os.File, syscall.Errno) {
 		return nil, syscall.EBADF
 	}
 	// The loopback file owns fd and closes it on Release; a duplicate
-	// gives Control an *os.File with its own lifetime.
+	// gives Control an *os.File with its own lifetime. It is the
+	// opener's descriptor too.
+	if errno := h.m.opens.acquire(h.uid, 1); errno != 0 {
+		return nil, errno
+	}
 	dup, err := dupCloexec(fd)
 	if err != nil {
+		h.m.opens.release(h.uid, 1)
 		return nil, gofs.ToErrno(err)
 	}
+	h.os.charged++
 	h.os.f = os.NewFile(uintptr(dup), h.path)
 	return h.os.f, 0
 }
@@ -105,6 +122,8 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		h.os.f.Close()
 		h.os.f = nil
 	}
+	h.m.opens.release(h.uid, h.os.charged)
+	h.os.charged = 0
 	h.os.Unlock()
 	h.n.files.Lock()
 	h.n.files.fds = slices.DeleteFunc(h.n.files.fds, func(fd int) bool { return fd == h.fd })

@@ -22,11 +22,13 @@ import (
 
 // fakeControl records what the FUSE layer asks of the control path.
 type fakeControl struct {
-	mu       sync.Mutex
-	changed  []string
-	sessions []*fakeSession
-	ioctls   []fileIoctl
-	closed   chan *fakeSession
+	mu sync.Mutex
+	// refuseSessions, if set, is what OpenSession fails with.
+	refuseSessions syscall.Errno
+	changed        []string
+	sessions       []*fakeSession
+	ioctls         []fileIoctl
+	closed         chan *fakeSession
 }
 
 type fileIoctl struct {
@@ -47,6 +49,12 @@ func newFakeControl() *fakeControl {
 }
 
 func (c *fakeControl) OpenSession(ctx context.Context, caller Caller) (Session, syscall.Errno) {
+	c.mu.Lock()
+	refuse := c.refuseSessions
+	c.mu.Unlock()
+	if refuse != 0 {
+		return nil, refuse
+	}
 	s := &fakeSession{caller: caller}
 	c.mu.Lock()
 	c.sessions = append(c.sessions, s)
@@ -55,6 +63,9 @@ func (c *fakeControl) OpenSession(ctx context.Context, caller Caller) (Session, 
 }
 
 func (c *fakeControl) FileIoctl(ctx context.Context, caller Caller, f *os.File, path string, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	if f == nil {
+		return 0, syscall.ENOTTY // not a control-path command
+	}
 	buf := make([]byte, 64)
 	n, err := f.ReadAt(buf, 0)
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -112,6 +123,13 @@ func (h *fakeSessionHandle) Close() error {
 // unmounts it when the test ends.
 func testMount(t *testing.T, ctl Control) (mnt, backing string, srv *Server) {
 	t.Helper()
+	return testMountWith(t, Options{Control: ctl})
+}
+
+// testMountWith is testMount with more options (Source, Mountpoint and
+// Logger are set here).
+func testMountWith(t *testing.T, o Options) (mnt, backing string, srv *Server) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mounting FUSE in tests needs root (CI runs as root)")
 	}
@@ -126,7 +144,8 @@ func testMount(t *testing.T, ctl Control) (mnt, backing string, srv *Server) {
 	if testing.Verbose() {
 		log = zerolog.New(zerolog.NewTestWriter(t))
 	}
-	srv, err := Mount(context.Background(), Options{Source: backing, Mountpoint: mnt, Control: ctl, Logger: log})
+	o.Source, o.Mountpoint, o.Logger = backing, mnt, log
+	srv, err := Mount(context.Background(), o)
 	if err != nil {
 		t.Fatalf("Mount: %v", err)
 	}
@@ -140,9 +159,10 @@ func testMount(t *testing.T, ctl Control) (mnt, backing string, srv *Server) {
 	return mnt, backing, srv
 }
 
-// iowr is _IOWR('g', nr, size), the shape control-path ioctls have.
+// iowr is _IOWR('G', nr, size), the shape control-path ioctls have (ctl's
+// type letter: the mount hands only those a descriptor).
 func iowr(nr, size uintptr) uint32 {
-	return uint32(3<<30 | size<<16 | 'g'<<8 | nr)
+	return uint32(3<<30 | size<<16 | 'G'<<8 | nr)
 }
 
 func ioctl(fd uintptr, cmd uint32, buf []byte) (int, error) {

@@ -67,6 +67,12 @@ type Options struct {
 	Control Control
 	// Logger receives the mount's logs. The zero value discards them.
 	Logger zerolog.Logger
+	// MaxOpenPerUser is each uid's budget of the daemon's descriptors
+	// held by its open files, directories and control sessions on the
+	// mount (openbudget.go); past it that uid's opens fail with EMFILE.
+	// Zero: a quarter of what the daemon's RLIMIT_NOFILE leaves after
+	// its reserve.
+	MaxOpenPerUser int64
 }
 
 // Validate reports every problem with o at once.
@@ -77,6 +83,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Source != "" && o.Mountpoint != "" && filepath.Clean(o.Source) == filepath.Clean(o.Mountpoint) {
 		errs = append(errs, fmt.Errorf("fs: Source %q equals Mountpoint; leave Source empty to overmount", o.Source))
+	}
+	if o.MaxOpenPerUser < 0 {
+		errs = append(errs, fmt.Errorf("fs: MaxOpenPerUser (%d) must not be negative; 0 picks the default share", o.MaxOpenPerUser))
 	}
 	return errors.Join(errs...)
 }
@@ -120,6 +129,9 @@ type mountState struct {
 	mk *creators
 	// stash keeps descriptors of recently looked-up files (stash.go).
 	stash lookupStash
+	// opens is each uid's budget of the daemon's descriptors
+	// (openbudget.go).
+	opens *openBudget
 }
 
 // Mount mounts o.Source (or, with no Source, the directory under
@@ -163,7 +175,13 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		rootFd:   -1,
 	}
 	m.pt = newPassthrough(m.log)
-	m.stash.start()
+	limit, err := openLimit()
+	if err != nil {
+		return fail(err)
+	}
+	m.opens = newOpenBudget(limit, o.MaxOpenPerUser, m.log)
+	// The stash's descriptors come out of the reserve.
+	m.stash.start(int(m.opens.reserve / 4))
 	s.m = m
 	if m.rootFd, err = unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return fail(fmt.Errorf("open backing directory %q: %w", root, err))
@@ -257,7 +275,8 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		ev = m.log.Warn()
 	}
 	ev.Str("mountpoint", o.Mountpoint).Str("backing", root).Bool("passthrough", on).Str("why", why).
-		Bool("control", m.ctl != nil).Msg("mounted")
+		Bool("control", m.ctl != nil).Int64("nofile_limit", m.opens.limit).Int64("max_open_per_user", m.opens.perUID).
+		Int64("open_reserve", m.opens.reserve).Msg("mounted")
 	return s, nil
 }
 
@@ -304,6 +323,9 @@ type PassthroughStats struct {
 	// Refused counts kernel refusals of a backing file.
 	Refused uint64
 }
+
+// OpenStats returns the descriptors each uid's opens hold and the budget.
+func (s *Server) OpenStats() OpenStats { return s.m.opens.stats() }
 
 // Stats returns the passthrough counters.
 func (s *Server) Stats() PassthroughStats { return s.m.pt.stats() }

@@ -163,15 +163,29 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 // fileHandle. O_NONBLOCK guards the open against a FIFO planted under the
 // name (it is dropped afterwards unless the client asked for it).
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	uid := callerOf(ctx).UID
+	if errno := n.m.opens.acquire(uid, 1); errno != 0 {
+		return nil, 0, errno
+	}
+	fd, errno := n.openFile(flags)
+	if errno != 0 {
+		n.m.opens.release(uid, 1)
+		return nil, 0, errno
+	}
+	return n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath(), uid), 0, 0
+}
+
+// openFile opens the backing file for Open.
+func (n *node) openFile(flags uint32) (int, syscall.Errno) {
 	fl := int(flags) &^ (syscall.O_APPEND | fuse.FMODE_EXEC | syscall.O_CREAT | syscall.O_EXCL | syscall.O_TRUNC | syscall.O_NOCTTY)
 	fd, errno := n.open(fl | syscall.O_NONBLOCK)
 	if errno != 0 {
-		return nil, 0, errno
+		return -1, errno
 	}
 	if flags&syscall.O_NONBLOCK == 0 {
 		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl&^syscall.O_ACCMODE); err != nil {
 			unix.Close(fd)
-			return nil, 0, gofs.ToErrno(err)
+			return -1, gofs.ToErrno(err)
 		}
 	}
 	if flags&syscall.O_TRUNC != 0 {
@@ -179,10 +193,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		// negotiated); honour it anyway if it ever comes.
 		if err := syscall.Ftruncate(fd, 0); err != nil {
 			unix.Close(fd)
-			return nil, 0, gofs.ToErrno(err)
+			return -1, gofs.ToErrno(err)
 		}
 	}
-	return n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath()), 0, 0
+	return fd, 0
 }
 
 // Create creates the backing file as the caller (see creators) and wraps
@@ -197,6 +211,15 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	}
 	defer unix.Close(dir)
 	c := callerOf(ctx)
+	if errno := n.m.opens.acquire(c.UID, 1); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	charged := true
+	defer func() {
+		if charged {
+			n.m.opens.release(c.UID, 1)
+		}
+	}()
 	// Always O_EXCL: the kernel sends CREATE for a name it found absent;
 	// one that appeared since (maybe planted) is opened by a fresh lookup
 	// and the permission checks that come with it, on ESTALE.
@@ -221,7 +244,8 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	// A new file is a change even when opened read-only (it replaced
 	// nothing, but negative lookups cached by Control are now wrong).
 	n.m.changed(p)
-	return ch, nodeOf(ch, n).wrapFile(gofs.NewLoopbackFile(fd), flags|syscall.O_CREAT, p), 0, 0
+	charged = false // the handle's now
+	return ch, nodeOf(ch, n).wrapFile(gofs.NewLoopbackFile(fd), flags|syscall.O_CREAT, p, c.UID), 0, 0
 }
 
 // newFileChild makes the inode of a file just created as fd in dir (fixing
@@ -265,6 +289,15 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 	}
 	defer unix.Close(dir)
 	c := callerOf(ctx)
+	if errno := n.m.opens.acquire(c.UID, 1); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	charged := true
+	defer func() {
+		if charged {
+			n.m.opens.release(c.UID, 1)
+		}
+	}()
 	fd := -1
 	fix, err := n.m.mk.do(c, func() error {
 		var err error
@@ -278,7 +311,8 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	return ch, nodeOf(ch, n).wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath()), 0, 0
+	charged = false // the handle's now
+	return ch, nodeOf(ch, n).wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath(), c.UID), 0, 0
 }
 
 // Ioctl sends ioctls on data files to the control path. Nothing is ever
@@ -301,12 +335,18 @@ func (n *node) Ioctl(ctx context.Context, f gofs.FileHandle, cmd uint32, arg uin
 	return rc, errno
 }
 
-func (n *node) wrapFile(fh gofs.FileHandle, flags uint32, p string) gofs.FileHandle {
+// wrapFile wraps the loopback file of an open by uid, which was charged
+// one descriptor for it (the handle returns it on Release).
+func (n *node) wrapFile(fh gofs.FileHandle, flags uint32, p string, uid uint32) gofs.FileHandle {
 	lf, ok := fh.(*gofs.LoopbackFile)
 	if !ok {
+		// Never: NewLoopbackFile makes a *LoopbackFile. Such a handle
+		// would never return the charge.
+		n.m.opens.release(uid, 1)
 		return fh
 	}
-	h := &fileHandle{LoopbackFile: lf, m: n.m, n: n, fd: -1, path: p, writable: isWriteOpen(flags)}
+	h := &fileHandle{LoopbackFile: lf, m: n.m, n: n, fd: -1, path: p, writable: isWriteOpen(flags), uid: uid}
+	h.os.charged = 1
 	if fd, ok := lf.PassthroughFd(); ok {
 		h.fd = fd
 		n.files.Lock()

@@ -33,6 +33,9 @@ type lookupStash struct {
 	mu   sync.Mutex
 	ring [lookupStashSize]stashEntry // GUARDED_BY(mu)
 	next int                         // GUARDED_BY(mu)
+	// size is how much of ring is used: fewer descriptors than
+	// lookupStashSize for a daemon with a small descriptor limit.
+	size int
 
 	stop chan struct{} // closed by close: ends the sweeper
 	once sync.Once
@@ -43,8 +46,10 @@ type stashEntry struct {
 	at time.Time
 }
 
-// start runs the sweeper that closes stashes older than lookupStashTTL.
-func (s *lookupStash) start() {
+// start runs the sweeper that closes stashes older than lookupStashTTL;
+// the stash holds at most size descriptors (within [8, lookupStashSize]).
+func (s *lookupStash) start(size int) {
+	s.size = min(max(size, 8), lookupStashSize)
 	s.stop = make(chan struct{})
 	go func() {
 		t := time.NewTicker(lookupStashTTL / 2)
@@ -87,7 +92,7 @@ func (s *lookupStash) put(n *node, fd int) {
 	s.mu.Lock()
 	victim := s.ring[s.next].n
 	s.ring[s.next] = stashEntry{n: n, at: time.Now()}
-	s.next = (s.next + 1) % len(s.ring)
+	s.next = (s.next + 1) % max(s.size, 1)
 	s.mu.Unlock()
 	if victim != nil && victim != n {
 		victim.dropStash()

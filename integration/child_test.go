@@ -29,6 +29,8 @@ func childTest(family string) string {
 		return "TestConformanceChild"
 	case "AUDIT":
 		return "TestAuditChild"
+	case "FDCAP":
+		return "TestFDCapChild"
 	}
 	return ""
 }

@@ -71,6 +71,7 @@ func TestNilMetricsIsNoop(t *testing.T) {
 	m.SetPool(func() gpubuf.Stats { return gpubuf.Stats{} })
 	m.SetIndex(nil)
 	m.SetPassthrough(nil)
+	m.SetOpenFiles(nil)
 }
 
 func TestErrnoName(t *testing.T) {
@@ -104,6 +105,13 @@ func TestStateCallbacks(t *testing.T) {
 	m.SetPassthrough(func() Passthrough {
 		return Passthrough{Enabled: true, PassthroughStats: fs.PassthroughStats{Passthrough: 5, Daemon: 1}}
 	})
+	var opens []fs.UIDOpenStats
+	for i := range MaxUIDLabels + 2 {
+		opens = append(opens, fs.UIDOpenStats{UID: uint32(2000 + i), Open: int64(i + 1), Refused: 1})
+	}
+	m.SetOpenFiles(func() fs.OpenStats {
+		return fs.OpenStats{Limit: 1 << 20, Reserve: 8192, PerUID: 260096, UIDs: opens}
+	})
 	m.SessionOpened()
 	m.SessionOpened()
 	m.SessionClosed()
@@ -136,6 +144,13 @@ func TestStateCallbacks(t *testing.T) {
 		{"gdsfs_fuse_opens_total", []string{"mode", "daemon"}, 1},
 		{"gdsfs_control_sessions", nil, 1},
 		{"gdsfs_control_sessions_opened_total", nil, 2},
+		{"gdsfs_fuse_nofile_limit", nil, 1 << 20},
+		{"gdsfs_fuse_open_files_reserve", nil, 8192},
+		{"gdsfs_fuse_open_files_uid_budget", nil, 260096},
+		{"gdsfs_fuse_open_files", []string{"uid", "2033"}, 34},
+		// The two smallest holders are summed: uids 2000 and 2001.
+		{"gdsfs_fuse_open_files", []string{"uid", "other"}, 1 + 2},
+		{"gdsfs_fuse_open_files_refused_total", []string{"uid", "other"}, 2},
 	}
 	for _, tt := range tests {
 		got, ok := s.Get(tt.name, tt.labels...)

@@ -45,10 +45,19 @@ func (m *Metrics) SetPassthrough(f func() Passthrough) {
 	}
 }
 
+// SetOpenFiles makes every scrape read the daemon's descriptors held by
+// each uid's opens on the mount, and their budget, through f.
+func (m *Metrics) SetOpenFiles(f func() fs.OpenStats) {
+	if m != nil {
+		m.state.set(func(s *sources) { s.openFiles = f })
+	}
+}
+
 type sources struct {
 	pool        func() gpubuf.Stats
 	index       func() cache.IndexStats
 	passthrough func() Passthrough
+	openFiles   func() fs.OpenStats
 }
 
 // stateCollector turns the callbacks into metrics at scrape time, so the
@@ -66,6 +75,7 @@ type stateCollector struct {
 	idxParses, idxParseErrors                       *prometheus.Desc
 	idxBudget, idxUsed                              *prometheus.Desc
 	ptEnabled, ptOpens, ptRefused                   *prometheus.Desc
+	ofLimit, ofReserve, ofBudget, ofOpen, ofRefused *prometheus.Desc
 }
 
 func newStateCollector() *stateCollector {
@@ -96,6 +106,11 @@ func newStateCollector() *stateCollector {
 		ptEnabled:      d("fuse", "passthrough_enabled", "1 while the kernel serves reads and writes of open files itself (FUSE passthrough), 0 otherwise."),
 		ptOpens:        d("fuse", "opens_total", "Opens of data files by how their I/O is served (mode=passthrough|daemon).", "mode"),
 		ptRefused:      d("fuse", "passthrough_refused_total", "Backing files the kernel refused for passthrough."),
+		ofLimit:        d("fuse", "nofile_limit", "The daemon's RLIMIT_NOFILE when it mounted."),
+		ofReserve:      d("fuse", "open_files_reserve", "Descriptors of the daemon's no user's opens can take."),
+		ofBudget:       d("fuse", "open_files_uid_budget", "Most of the daemon's descriptors one uid's opens may hold (--max-open-per-user)."),
+		ofOpen:         d("fuse", "open_files", "The daemon's descriptors held by one uid's open files, directories and control sessions (at most 32 uids, the rest as uid=\"other\").", "uid"),
+		ofRefused:      d("fuse", "open_files_refused_total", "Opens of one uid refused with EMFILE (its budget held) or ENFILE (every user's together).", "uid"),
 	}
 }
 
@@ -111,6 +126,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.uidLeased, c.uidSessions, c.poolShare, c.poolFreed, c.uidAllocated, c.uidRefused, c.uidFreed,
 		c.idxHits, c.idxMisses, c.idxEvictions, c.idxParses, c.idxParseErrors, c.idxBudget, c.idxUsed,
 		c.ptEnabled, c.ptOpens, c.ptRefused,
+		c.ofLimit, c.ofReserve, c.ofBudget, c.ofOpen, c.ofRefused,
 	} {
 		ch <- d
 	}
@@ -168,6 +184,47 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.ptOpens, pt.Daemon, "daemon")
 		counter(c.ptRefused, pt.Refused)
 	}
+	if src.openFiles != nil {
+		of := src.openFiles()
+		gauge(c.ofLimit, float64(of.Limit))
+		gauge(c.ofReserve, float64(of.Reserve))
+		gauge(c.ofBudget, float64(of.PerUID))
+		for _, u := range boundOpenUIDs(of.UIDs) {
+			gauge(c.ofOpen, float64(u.Open), u.label)
+			counter(c.ofRefused, u.Refused, u.label)
+		}
+	}
+}
+
+type labelledOpens struct {
+	fs.UIDOpenStats
+	label string
+}
+
+// boundOpenUIDs keeps the MaxUIDLabels uids holding the most descriptors
+// and sums the rest into "other".
+func boundOpenUIDs(uids []fs.UIDOpenStats) []labelledOpens {
+	sorted := append([]fs.UIDOpenStats(nil), uids...)
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].Open != sorted[j].Open {
+			return sorted[i].Open > sorted[j].Open
+		}
+		return sorted[i].UID < sorted[j].UID
+	})
+	var out []labelledOpens
+	var rest fs.UIDOpenStats
+	for i, u := range sorted {
+		if i < MaxUIDLabels {
+			out = append(out, labelledOpens{u, strconv.FormatUint(uint64(u.UID), 10)})
+			continue
+		}
+		rest.Open += u.Open
+		rest.Refused += u.Refused
+	}
+	if len(sorted) > MaxUIDLabels {
+		out = append(out, labelledOpens{rest, "other"})
+	}
+	return out
 }
 
 type labelledUID struct {

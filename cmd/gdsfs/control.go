@@ -38,18 +38,19 @@ func addControlFlags(cmd *cobra.Command) *controlFlags {
 // source absolute; logFile absolute or empty).
 func (cf *controlFlags) config(cmd *cobra.Command, c *mountConfig, log zerolog.Logger) (daemon.Config, error) {
 	cfg := daemon.Config{
-		Mountpoint:    c.mountpoint,
-		Source:        c.source,
-		ReadOnly:      c.readOnly,
-		AllowOther:    c.allowOther,
-		Debug:         c.debug,
-		NoPassthrough: c.noPass,
-		AttrTimeout:   flagTimeout(c.attrTimeout),
-		EntryTimeout:  flagTimeout(c.entryTimeout),
-		MetricsAddr:   cf.metricsAddr,
-		SlabSocket:    cf.slabSocket,
-		LogFile:       c.logFile,
-		Log:           log,
+		Mountpoint:     c.mountpoint,
+		Source:         c.source,
+		ReadOnly:       c.readOnly,
+		AllowOther:     c.allowOther,
+		Debug:          c.debug,
+		NoPassthrough:  c.noPass,
+		AttrTimeout:    flagTimeout(c.attrTimeout),
+		EntryTimeout:   flagTimeout(c.entryTimeout),
+		MaxOpenPerUser: c.maxOpenPerUser,
+		MetricsAddr:    cf.metricsAddr,
+		SlabSocket:     cf.slabSocket,
+		LogFile:        c.logFile,
+		Log:            log,
 	}
 	sizeFlag, err := metaCacheFlag(cmd)
 	if err != nil {

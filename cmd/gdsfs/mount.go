@@ -41,6 +41,9 @@ type mountConfig struct {
 	entryTimeout time.Duration
 	logLevel     string
 	logFile      string
+	// maxOpenPerUser is each uid's budget of the daemon's descriptors
+	// (0: the default share, fs.Options.MaxOpenPerUser).
+	maxOpenPerUser int64
 }
 
 func newMountCmd() *cobra.Command {
@@ -90,6 +93,7 @@ The mount runs in the foreground until SIGINT/SIGTERM or 'gdsfs unmount'.`,
 	f.BoolVar(&c.background, "background", false, "detach once the mount is ready; exit 0 only then")
 	f.DurationVar(&c.attrTimeout, "attr-timeout", fs.DefaultAttrTimeout, "how long the kernel caches file attributes (0 disables)")
 	f.DurationVar(&c.entryTimeout, "entry-timeout", fs.DefaultEntryTimeout, "how long the kernel caches names (0 disables)")
+	f.Int64Var(&c.maxOpenPerUser, "max-open-per-user", 0, "most of the daemon's descriptors one uid's open files, directories and control sessions on the mount may hold; past it that uid's opens fail with EMFILE (default 0: a quarter of what the daemon's RLIMIT_NOFILE leaves after its reserve)")
 	f.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&c.logFile, "log-file", "", "append logs to this file, rotated at 64 MiB (default: stderr; with --background /var/log/gdsfs/MOUNTPOINT.log as root, $XDG_STATE_HOME/gdsfs/ otherwise)")
 	return cmd
@@ -121,6 +125,9 @@ func runMount(cmd *cobra.Command, c *mountConfig, cf *controlFlags) error {
 func prepareMount(c *mountConfig, log zerolog.Logger) error {
 	if _, err := zerolog.ParseLevel(c.logLevel); err != nil || c.logLevel == "" {
 		return usagef("--log-level %q: use debug, info, warn or error", c.logLevel)
+	}
+	if c.maxOpenPerUser < 0 {
+		return usagef("--max-open-per-user %d: give a number of descriptors, or 0 for the default share", c.maxOpenPerUser)
 	}
 	var err error
 	c.mountpoint, c.source, err = daemon.PrepareMountpoint(c.mountpoint, c.source, c.allowOther, log)

@@ -16,9 +16,9 @@ func TestMountFlags(t *testing.T) {
 	}{
 		{"defaults", []string{"/data"}, mountConfig{mountpoint: "/data", attrTimeout: time.Second, entryTimeout: time.Second, logLevel: "info"}},
 		{"everything", []string{"--source", "/src", "--read-only", "--allow-other", "--debug", "--no-passthrough", "--background",
-			"--attr-timeout", "5s", "--entry-timeout", "0", "--log-level", "debug", "--log-file", "/l", "/m"},
+			"--attr-timeout", "5s", "--entry-timeout", "0", "--log-level", "debug", "--log-file", "/l", "--max-open-per-user", "500", "/m"},
 			mountConfig{mountpoint: "/m", source: "/src", readOnly: true, allowOther: true, debug: true, noPass: true, background: true,
-				attrTimeout: 5 * time.Second, logLevel: "debug", logFile: "/l"}},
+				attrTimeout: 5 * time.Second, logLevel: "debug", logFile: "/l", maxOpenPerUser: 500}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -54,6 +54,7 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"mount"}, exitUsage},
 		{[]string{"mount", "--nope", "/x"}, exitUsage},
 		{[]string{"mount", "--log-level", "loud", "/nonexistent-gdsfs-test"}, exitUsage},
+		{[]string{"mount", "--max-open-per-user", "-1", "/nonexistent-gdsfs-test"}, exitUsage},
 		{[]string{"mount", "/nonexistent-gdsfs-test"}, exitUsage},
 		{[]string{"unmount", "/nonexistent-gdsfs-test"}, exitUsage},
 		{[]string{"bench", "mount", "--size", "1"}, exitUsage},

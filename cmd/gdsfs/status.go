@@ -14,6 +14,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/ctlserver"
+	"github.com/gdsfs/gdsfs/fs"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -25,6 +26,8 @@ func newStatusCmd() *cobra.Command {
 		Long: `Ask the daemon serving MOUNTPOINT for its figures: the engine, the buffer
 pool per device (budget, allocated, leased, the per-uid share of --uid-share),
 what each uid holds (leased, allocated, allocations refused), open sessions,
+the daemon's descriptors each uid's open files hold and their budget
+(--max-open-per-user),
 counters of reads, writes and refusals by errno, and the shard-index
 cache (hits, misses, evictions, parses).`,
 		Example: `  gdsfs status /data
@@ -112,6 +115,7 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 		fmt.Fprintf(w, "uid %d: %d sessions, %s leased, %s allocated, %d allocations refused, %d idle slabs freed for others\n",
 			u.UID, u.Sessions, humanize.IBytes(uint64(u.LeasedBytes)), humanize.IBytes(uint64(u.AllocatedBytes)), u.Refused, u.FreedSlabs)
 	}
+	printOpenFiles(w, st.OpenFiles)
 	c := st.Counters
 	fmt.Fprintf(w, "reads:    %d requests, %d ranges, %s\n", c.Reads, c.ReadRanges, humanize.IBytes(c.ReadBytes))
 	fmt.Fprintf(w, "writes:   %d requests, %s\n", c.Writes, humanize.IBytes(c.WriteBytes))
@@ -136,4 +140,18 @@ func printStatus(w io.Writer, mp string, doc []byte, h ctl.HelloReply, asJSON bo
 		fmt.Fprintln(w)
 	}
 	return nil
+}
+
+// printOpenFiles renders the daemon's descriptors held by open files on the
+// mount: the total and budget, then each uid's share (root sees every uid,
+// another uid its own).
+func printOpenFiles(w io.Writer, of *fs.OpenStats) {
+	if of == nil {
+		return
+	}
+	fmt.Fprintf(w, "open files: %d daemon descriptors held, %d per uid at most (--max-open-per-user), %d of the daemon's limit %d kept for itself, %d opens refused\n",
+		of.Open, of.PerUID, of.Reserve, of.Limit, of.Refused)
+	for _, u := range of.UIDs {
+		fmt.Fprintf(w, "uid %d: %d open files (descriptors) of %d, %d opens refused\n", u.UID, u.Open, of.PerUID, u.Refused)
+	}
 }

@@ -69,3 +69,23 @@ func TestPrintStatusDeviceUUIDs(t *testing.T) {
 		}
 	}
 }
+
+// gdsfs status shows the daemon's descriptors held by open files, the
+// budget, and each uid's share with its refusals.
+func TestPrintStatusOpenFiles(t *testing.T) {
+	doc := []byte(`{"engine":"host","pool":{"backend":"host"},
+		"open_files":{"limit":1048576,"reserve":8192,"per_uid":260096,"open":12,"refused":3,
+			"uids":[{"uid":0,"open":1,"refused":0},{"uid":10001,"open":11,"refused":3}]}}`)
+	var out bytes.Buffer
+	if err := printStatus(&out, "/mnt", doc, ctl.HelloReply{}, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"open files: 12 daemon descriptors held, 260096 per uid at most (--max-open-per-user), 8192 of the daemon's limit 1048576 kept for itself, 3 opens refused",
+		"uid 10001: 11 open files (descriptors) of 260096, 3 opens refused",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+}
