@@ -36,6 +36,9 @@ func (s *Server) choose(c fs.Caller, f *os.File, path string, off, n int64, byCa
 	if !ok {
 		return s.opts.Engines.Choose(f, path, off, n)
 	}
+	if s.opts.ResidencyToReaders {
+		return rc.ChooseAs(f, path, off, n, func() bool { return true })
+	}
 	return rc.ChooseAs(f, path, off, n, func() bool { return mayTell(c, f, byCaller && writable(f)) })
 }
 

@@ -121,10 +121,17 @@ func TestResidencyNotToldToOtherUsers(t *testing.T) {
 		return answer{ls[0].Engine, string(info)}
 	}
 	for _, tc := range []struct {
-		who  string
-		uid  uint32
-		told bool
-	}{{"owner", 10001, true}, {"other user", 10002, false}, {"root", 0, true}} {
+		who     string
+		uid     uint32
+		readers bool // --residency readers
+		told    bool
+	}{
+		{"owner", 10001, false, true},
+		{"other user", 10002, false, false},
+		{"root", 0, false, true},
+		{"other user, --residency readers", 10002, true, true},
+	} {
+		e.srv.opts.ResidencyToReaders = tc.readers
 		warm, cold := ask(tc.uid, true), ask(tc.uid, false)
 		switch {
 		case tc.told && (warm.engine == cold.engine || warm.info == cold.info):

@@ -97,6 +97,13 @@ type Options struct {
 	// under other ordinals can name the daemon's. Nil: unknown (clients
 	// then use ordinals as they are). Ignored with host memory.
 	DeviceUUIDs []string
+	// ResidencyToReaders lets every caller who may read a file learn its
+	// page-cache residency through the engine a READ or user.gdsfs.info
+	// names (gdsfs mount --residency readers), as kernels before 5.2 let
+	// mincore tell anyone. False: only its owners and writers, as the
+	// kernel's cachestat and mincore do now; others get the engine that
+	// does not depend on residency (residency.go).
+	ResidencyToReaders bool
 }
 
 // Validate reports every problem of o at once.

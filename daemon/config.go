@@ -88,6 +88,11 @@ type Config struct {
 	// sequential READs (gdsfs mount --readahead; ctlserver readahead.go):
 	// 0: readahead.DefaultMaxBytes, negative: off.
 	ReadaheadBytes int64
+	// ResidencyToReaders tells every reader of a file its page-cache
+	// residency through the engine chosen (gdsfs mount --residency
+	// readers; ctlserver.Options.ResidencyToReaders). False: owners and
+	// writers only, as the kernel does.
+	ResidencyToReaders bool
 
 	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
 	// served at /metrics (port 0 picks a free one, see MetricsAddr).

@@ -236,6 +236,7 @@ func (d *Daemon) startControl(context.Context) error {
 		TierCopier:          d.engines,
 		Readahead:           readahead.Config{MaxBytes: d.cfg.ReadaheadBytes},
 		DeviceUUIDs:         d.engines.DeviceUUIDs(),
+		ResidencyToReaders:  d.cfg.ResidencyToReaders,
 	})
 	if err != nil {
 		slabs.Close()

@@ -17,6 +17,7 @@ type controlFlags struct {
 	tierBudget  string // tierflags.go
 	gpuCache    string // tierflags.go
 	readahead   string
+	residency   string
 }
 
 // addControlFlags registers the control path's flags on the mount command.
@@ -29,6 +30,7 @@ func addControlFlags(cmd *cobra.Command) *controlFlags {
 	cmd.Flags().StringVar(&cf.slabSocket, "slab-socket", "", "where clients fetch slab memory descriptors: a path (created mode 0666; put it where clients in other containers see it) or @name in the abstract namespace (default: @gdsfs-slabs-<pid>-<random>, reachable in the daemon's network namespace)")
 	cmd.Flags().StringVar(&cf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9477 (default: off)")
 	cmd.Flags().StringVar(&cf.readahead, "readahead", "32MiB", "most the daemon reads ahead of a run of sequential control-path READs of small ranges (a dataset worker's batches), e.g. 64MiB; 0 turns it off")
+	cmd.Flags().StringVar(&cf.residency, "residency", "owners", "who may learn whether a file is in the page cache from the engine a READ or user.gdsfs.info names: owners (its owner, root and users who may write it, as the kernel's mincore and cachestat) or readers (anyone who may read it: faster warm reads of another user's files with --engine auto)")
 	addTierFlags(cmd, &cf.tierBudget, &cf.gpuCache)
 	return cf
 }
@@ -70,6 +72,13 @@ func (cf *controlFlags) config(cmd *cobra.Command, c *mountConfig, log zerolog.L
 	}
 	if cfg.ReadaheadBytes == 0 {
 		cfg.ReadaheadBytes = -1 // --readahead 0: off
+	}
+	switch cf.residency {
+	case "owners":
+	case "readers":
+		cfg.ResidencyToReaders = true
+	default:
+		return cfg, usagef("--residency %q: give owners or readers", cf.residency)
 	}
 	s, err := cf.engine.parse(log)
 	if err != nil {

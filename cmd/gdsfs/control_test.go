@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
 
@@ -52,5 +53,43 @@ func TestMetaCacheFlag(t *testing.T) {
 	usage := cmd.UsageString()
 	if !strings.Contains(usage, "--meta-cache") || strings.Contains(usage, "--index-cache") {
 		t.Errorf("mount usage should show --meta-cache and hide --index-cache:\n%s", usage)
+	}
+}
+
+// --residency says who may learn a file's page-cache residency from the
+// engine named; anything but owners or readers is a usage error.
+func TestResidencyFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		readers  bool
+		usageErr bool
+	}{
+		{nil, false, false},
+		{[]string{"--residency", "owners"}, false, false},
+		{[]string{"--residency", "readers"}, true, false},
+		{[]string{"--residency", "everyone"}, false, true},
+	} {
+		var cfgErr error
+		var readers bool
+		cmd := &cobra.Command{Use: "mount"}
+		cf := addControlFlags(cmd)
+		cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+			cfg, err := cf.config(cmd, &mountConfig{mountpoint: "/m"}, zerolog.Nop())
+			cfgErr, readers = err, cfg.ResidencyToReaders
+			return nil
+		}
+		cmd.SetArgs(tc.args)
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		var ue usageError
+		switch {
+		case tc.usageErr:
+			if !errors.As(cfgErr, &ue) || !strings.Contains(cfgErr.Error(), "--residency") {
+				t.Errorf("%v: %v, want a usage error naming --residency", tc.args, cfgErr)
+			}
+		case cfgErr != nil || readers != tc.readers:
+			t.Errorf("%v: readers %v err %v; want %v", tc.args, readers, cfgErr, tc.readers)
+		}
 	}
 }
