@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -38,7 +39,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return usagef("%w (see %s --help)", err, c.CommandPath())
+		return flagError(c, err)
 	})
 	root.AddCommand(
 		// subcommands, one file each
@@ -77,6 +78,30 @@ func run(args []string) int {
 		return exitUsage
 	}
 	return exitFailure
+}
+
+// badFlagValue matches pflag's error for a value its type cannot parse:
+// invalid argument "abc" for "--max-open-per-user" flag: strconv.ParseInt: ...
+var badFlagValue = regexp.MustCompile(`^invalid argument "(.*)" for "(?:-[^,]+, )?--([^"]+)" flag: `)
+
+// flagError turns pflag's parse errors into the CLI's one-line usage errors:
+// a value the flag's type cannot take names the flag, the value and what to
+// give (not strconv's words); other flag errors get the --help pointer.
+func flagError(c *cobra.Command, err error) error {
+	m := badFlagValue.FindStringSubmatch(err.Error())
+	if m != nil {
+		if f := c.Flags().Lookup(m[2]); f != nil {
+			want := map[string]string{
+				"int": "a whole number", "int64": "a whole number", "int32": "a whole number",
+				"uint": "a whole number >= 0", "uint64": "a whole number >= 0", "uint32": "a whole number >= 0",
+				"float64": "a number", "duration": "a duration such as 1s, 500ms or 2m", "bool": "true or false",
+			}[f.Value.Type()]
+			if want != "" {
+				return usagef("--%s %q: give %s (see %s --help)", m[2], m[1], want, c.CommandPath())
+			}
+		}
+	}
+	return usagef("%w (see %s --help)", err, c.CommandPath())
 }
 
 // isCobraUsageError recognises cobra's own argument errors (unknown command,

@@ -152,11 +152,16 @@ def find_mount(path: PathLike) -> str | None:
 
     Returns:
         The absolute mount root, or None when path is not on a gdsfs mount.
+
+    Raises:
+        GDSUnavailableError: (errno ENOTCONN) path lies under a FUSE mount whose daemon exited,
+            where neither the daemon nor plain reads can serve it.
     """
     try:
         p = os.path.realpath(os.fspath(path))
     except (TypeError, ValueError):
         return None
+    _raise_if_dead_mount(p)
     if not os.path.exists(p):
         p = os.path.dirname(p)
     while True:
@@ -171,6 +176,28 @@ def find_mount(path: PathLike) -> str | None:
         if parent == p:
             return None
         p = parent
+
+
+def _raise_if_dead_mount(p: str) -> None:
+    """Raise GDSUnavailableError when a directory on the way from p to / answers ENOTCONN: the
+    mount of a daemon that exited (killed, crashed), left in place until someone cleans it up."""
+    dead = ""
+    q = p
+    while True:
+        try:
+            os.stat(q)
+            break
+        except OSError as e:
+            if e.errno in (_errno.ENOTCONN, _errno.ECONNABORTED):
+                dead = q  # the topmost one is the mount point
+        parent = os.path.dirname(q)
+        if parent == q:
+            break
+        q = parent
+    if dead:
+        raise GDSUnavailableError(
+            f"gdsfs: the mount at {dead!r} is not connected (its daemon exited): run `gdsfs mount` on it "
+            f"again (that cleans it up), or `gdsfs unmount --force {dead}`", errno=_errno.ENOTCONN)
 
 
 def is_gdsfs_path(path: PathLike) -> bool:
@@ -194,7 +221,8 @@ def on_gdsfs(path: PathLike, *, strict: bool, cause: str, doing: str = "using pl
     """
     if find_mount(path) is not None:
         return True
-    warn_fallback(f"{os.fspath(path)!r} is not on a gdsfs mount", strict=strict, stacklevel=4, cause=cause, doing=doing)
+    warn_fallback(f"{os.fspath(path)!r} is not on a gdsfs mount", strict=strict, stacklevel=4, cause=cause, doing=doing,
+                  fix="mount its directory with `gdsfs mount`")
     return False
 
 
@@ -752,7 +780,8 @@ class Session:
         cannot serve it; strict=True raises GDSUnavailableError instead."""
         mount = find_mount(path)
         if mount is None:
-            warn_fallback(f"{os.fspath(path)!r} is not on a gdsfs mount", strict=strict, cause="off-mount")
+            warn_fallback(f"{os.fspath(path)!r} is not on a gdsfs mount", strict=strict, cause="off-mount",
+                          fix="mount its directory with `gdsfs mount`")
             return None
         try:
             return cls(mount, device=device)

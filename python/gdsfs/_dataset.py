@@ -16,6 +16,7 @@ import math
 import multiprocessing
 import multiprocessing.context
 import os
+import pickle
 import struct
 import tarfile
 import threading
@@ -418,6 +419,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     out.extend(found)
                     continue
                 if not os.path.exists(q):
+                    _core.find_mount(q)  # a mount whose daemon exited: its own error, not "does not exist"
                     raise FileNotFoundError(f"gdsfs: shard {q!r} does not exist: check the path or brace pattern")
                 out.append(q)
         return out
@@ -1038,7 +1040,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 if daemon:
                     st.plans[idx] = (key, fields, geo)
             except (GDSShardError, ValueError) as e:
-                err = e if isinstance(e, GDSShardError) else GDSShardError(f"gdsfs: sample {key!r} of shard {st.path!r}: {e}", path=st.path, key=key, reason=str(e))
+                why = str(e).removeprefix("gdsfs: ")
+                err = e if isinstance(e, GDSShardError) else GDSShardError(
+                    f"gdsfs: sample {key!r} of shard {st.path!r} cannot be read: {why}: rewrite or remove the shard, "
+                    "or pass handler='warn_and_skip' to skip bad samples", path=st.path, key=key, reason=why)
                 if self.handler != "warn_and_skip":
                     raise err from None
                 # Read nothing of it; the reading loop yields it as bad, and __iter__ skips it.
@@ -1208,9 +1213,11 @@ class DataLoader(torch.utils.data.DataLoader):
             ds._main_iteration_starting(batched or 0)
         try:
             it = super().__iter__()
-        except BaseException:
+        except BaseException as e:
             if isinstance(ds, GDSShardDataset):
                 ds._batched = 0  # never in this process's own iterations
+            if self.num_workers > 0 and isinstance(e, (AttributeError, TypeError, pickle.PicklingError)) and "pickle" in str(e):
+                raise self._unpicklable(e) from None
             raise
         if isinstance(ds, GDSShardDataset) and self.num_workers > 0:
             ds._main_iteration_started()
@@ -1244,6 +1251,24 @@ class DataLoader(torch.utils.data.DataLoader):
                     shutdown()
                 del it
                 ds.reclaim()
+
+    def _unpicklable(self, err: BaseException) -> TypeError:
+        """The one-line error for workers that could not be started because what they are sent
+        (collate_fn, worker_init_fn, the dataset with its map=/decode=) does not pickle, as under
+        the spawn and forkserver start methods, which pickle it; fork does not."""
+        ctx = self.multiprocessing_context
+        method = ctx.get_start_method() if ctx is not None else multiprocessing.get_start_method()
+        what = "what they run"
+        for name, obj in (("collate_fn", self.collate_fn), ("worker_init_fn", self.worker_init_fn),
+                          ("the dataset (its map=, decode= or another function it holds)", self.dataset)):
+            try:
+                pickle.dumps(obj)
+            except Exception:
+                what = name if name.startswith("the") else f"{name}={getattr(obj, '__qualname__', obj)!r}"
+                break
+        return TypeError(f"gdsfs: DataLoader workers started with {method!r} are sent {what} by pickle, and it cannot be "
+                         f"pickled ({err}): define it with def at module level (a lambda or nested function cannot be "
+                         "pickled), or pass multiprocessing_context='fork'")
 
     def _loop_pins(self) -> bool:
         """Batches of gdsfs.torch.collate are pinned (copied to the GPU) by this loader's own loop,

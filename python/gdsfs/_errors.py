@@ -54,7 +54,9 @@ class GDSShardError(ValueError):
     decode. ``path`` is the shard, ``key`` the sample key (None for the whole shard), ``reason``
     what is wrong with it."""
 
-    def __init__(self, message: str, *, path: str, key: str | None = None, reason: str = "") -> None:
+    def __init__(self, message: str, *, path: str = "", key: str | None = None, reason: str = "") -> None:
+        # path has a default so that torch's DataLoader, which re-raises a worker's exception as
+        # ``type(e)(message)``, keeps it a GDSShardError (not a RuntimeError) in the main process.
         super().__init__(message)
         self.path = path
         self.key = key
@@ -72,7 +74,7 @@ _warned: set[str] = set()
 
 
 def warn_fallback(message: str, *, strict: bool = False, stacklevel: int = 3, cause: str | None = None,
-                  doing: str = "using plain reads") -> None:
+                  doing: str = "using plain reads", fix: str = "") -> None:
     """Raise GDSUnavailableError when strict, else warn once per process and cause.
 
     Args:
@@ -84,11 +86,14 @@ def warn_fallback(message: str, *, strict: bool = False, stacklevel: int = 3, ca
             or the daemon's mount); default: the message itself.
         doing: what gdsfs does instead, ending the warning ("using plain reads", "using plain
             writes").
+        fix: what the user can do about it, named in the strict error (e.g. "mount its directory
+            with `gdsfs mount`").
     """
     if message.startswith("gdsfs: "):
         message = message[len("gdsfs: "):]
     if strict:
-        raise GDSUnavailableError(f"gdsfs: {message}")
+        todo = f": {fix}, or" if fix else "; to accept that,"
+        raise GDSUnavailableError(f"gdsfs: {message}{todo} drop strict=True to go on {doing}")
     key = cause if cause is not None else message
     with _warned_lock:
         if key in _warned:

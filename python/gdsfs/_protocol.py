@@ -339,4 +339,6 @@ ERRNO_HINTS = {
     _errno.EBADF: "the file is not open for writing",
     _errno.EOPNOTSUPP: "the entry is not one plain byte range (compressed zip record, sparse tar member): read it with plain I/O",
     _errno.ENODATA: "the file has no recognised format (tar, MDS, safetensors, torch zip, npy)",
+    _errno.ENOTCONN: "the gdsfs daemon exited: run `gdsfs mount` on the mountpoint again, then reopen files and sessions",
+    _errno.ECONNABORTED: "the gdsfs daemon exited: run `gdsfs mount` on the mountpoint again, then reopen files and sessions",
 }

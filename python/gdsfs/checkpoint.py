@@ -27,7 +27,7 @@ from typing import IO, Any, BinaryIO, Callable, Union
 
 import torch
 
-from gdsfs._ckpt import atomic, torchzip
+from gdsfs._ckpt import atomic, torchzip, zipfmt
 from gdsfs._ckpt.tensorio import BUFFER as _BUFFER, PosixMover, transfer
 from gdsfs._core import on_gdsfs
 from gdsfs._devices import parse_device
@@ -149,8 +149,13 @@ def _load_path(path: str, restore: Callable[[str], torch.device], weights_only: 
                pickle_load_args: dict[str, Any], *, strict: bool, via_daemon: bool) -> Any:
     """Decode the archive at ``path`` and fill its storages in one batched transfer."""
     with open(path, "rb", buffering=_BUFFER) as fh:
-        dec = torchzip.decode(fh, 0, os.fstat(fh.fileno()).st_size, restore, weights_only=weights_only,
-                              pickle_load_args=pickle_load_args)
+        try:
+            dec = torchzip.decode(fh, 0, os.fstat(fh.fileno()).st_size, restore, weights_only=weights_only,
+                                  pickle_load_args=pickle_load_args)
+        except zipfmt.ZipFormatError as e:
+            why = str(e).removeprefix("zip: ")
+            raise zipfmt.ZipFormatError(f"gdsfs: {path!r} is not a readable torch.save archive ({why}): it is truncated "
+                                        "or corrupt; save it again, or check that it is the file you meant") from None
         if via_daemon:
             transfer(path, fh.fileno(), dec.items, write=False, strict=strict)
         else:

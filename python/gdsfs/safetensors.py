@@ -77,8 +77,13 @@ def _torch_dtype(name: str, tensor: str) -> torch.dtype:
     return dt
 
 
-def _read_header(fh: Any) -> stformat.Header:
-    return stformat.read_header(fh, os.fstat(fh.fileno()).st_size)
+def _read_header(fh: Any, path: str) -> stformat.Header:
+    try:
+        return stformat.read_header(fh, os.fstat(fh.fileno()).st_size)
+    except stformat.SafetensorsError as e:
+        why = str(e).removeprefix("safetensors: ")
+        raise stformat.SafetensorsError(f"gdsfs: {path!r} is not a valid safetensors file ({why}): it is truncated or "
+                                        "corrupt; save it again, or check that it is the file you meant") from None
 
 
 def _load_tensors(path: str, fh: Any, infos: Sequence[stformat.TensorInfo], dev: torch.device,
@@ -130,7 +135,7 @@ def load_file(
                 return real.load_file(path, device=str(dev), backend=backend)
             return real.load_file(path, device=str(dev))
     with open(path, "rb", buffering=_BUFFER) as fh:
-        header = _read_header(fh)
+        header = _read_header(fh, path)
         return _load_tensors(path, fh, list(header.tensors.values()), dev, on, strict)
 
 
@@ -313,7 +318,7 @@ class safe_open:
         self._on = on_gdsfs(self._path, strict=strict, cause=_OFF_MOUNT)
         self._fh: Any = open(self._path, "rb", buffering=_BUFFER)
         try:
-            self._header = _read_header(self._fh)
+            self._header = _read_header(self._fh, self._path)
         except BaseException:
             self._fh.close()
             raise

@@ -35,6 +35,27 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _save_error(dest: str, err: OSError) -> OSError:
+    """The one-line error of a save the directory refuses: what is wrong and what to do (the
+    temporary file it names is gdsfs's, not the user's); other errors are left as they are."""
+    parent = os.path.dirname(dest)
+    if err.errno in (_errno.EACCES, _errno.EPERM):
+        why = f"no permission to create files in {parent!r} (uid {os.geteuid()}): save to a directory you can write, or change its permissions"
+    elif err.errno == _errno.EROFS:
+        why = f"{parent!r} is on a read-only filesystem (or a `gdsfs mount --read-only`): save elsewhere"
+    elif err.errno in (_errno.ENOSPC, _errno.EDQUOT):
+        try:
+            st = os.statvfs(parent)
+            free = f"{st.f_bavail * st.f_frsize / (1 << 20):.1f} MiB"
+        except OSError:
+            free = "the space"
+        why = (f"the filesystem of {parent!r} is full ({os.strerror(err.errno)}: the save needs more than the {free} it has): "
+               "free space or save elsewhere; nothing was replaced")
+    else:
+        return err
+    return type(err)(err.errno, f"gdsfs: cannot save {dest!r}: {why}")
+
+
 @contextmanager
 def replace(dest: str | os.PathLike[str], *, sync: bool = True, sync_dir: bool = True) -> Iterator[tuple[str, int]]:
     """Create a temp file next to ``dest``; on success make it ``dest`` atomically.
@@ -57,17 +78,22 @@ def replace(dest: str | os.PathLike[str], *, sync: bool = True, sync_dir: bool =
     if os.path.isdir(dest):
         raise IsADirectoryError(_errno.EISDIR, f"gdsfs: cannot save to {dest!r}: it is a directory")
     tmp = temp_name(dest)
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        raise _save_error(dest, e) from None
     try:
         yield tmp, fd
         if sync:
             os.fsync(fd)
-    except BaseException:
+    except BaseException as e:
         os.close(fd)
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.errno in (_errno.ENOSPC, _errno.EDQUOT):
+            raise _save_error(dest, e) from None
         raise
     os.close(fd)
     try:
