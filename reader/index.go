@@ -32,12 +32,14 @@ func Index(ctx context.Context, path string) ([]byte, error) {
 		return nil, usage.Errorf("%s: no such file", path)
 	case errors.Is(err, syscall.ENODATA):
 		return nil, noIndexError(path)
+	case errors.Is(err, syscall.EACCES):
+		return nil, usage.Errorf("%s: permission denied; this user may not read it", path)
 	case !errors.Is(err, syscall.E2BIG):
 		return nil, fmt.Errorf("read user.gdsfs.index of %s: %w", path, err)
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, usage.Errorf("open %s: %v", path, err)
+		return nil, usage.Errorf("%v", err) // "open PATH: why"
 	}
 	defer f.Close()
 	cl, err := ctl.OpenSession(mp)
@@ -87,7 +89,7 @@ func indexErrorOf(info []byte) string {
 func LocalIndex(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, usage.Errorf("open %s: %v", path, err)
+		return nil, usage.Errorf("%v", err) // "open PATH: why"
 	}
 	defer f.Close()
 	st, err := f.Stat()

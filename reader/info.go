@@ -8,6 +8,7 @@ import (
 	"sort"
 	"syscall"
 
+	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/internal/usage"
 	"github.com/gdsfs/gdsfs/internal/xattr"
 )
@@ -20,6 +21,10 @@ func Info(path string) ([]byte, error) {
 	switch {
 	case errors.Is(err, syscall.ENOENT):
 		return nil, usage.Errorf("%s: no such file or directory", path)
+	case mountinfo.Unreachable(path, err) != "":
+		return nil, usage.Errorf("%s", mountinfo.Unreachable(path, err))
+	case errors.Is(err, syscall.EACCES):
+		return nil, usage.Errorf("%s: permission denied; this user may not read it", path)
 	case errors.Is(err, syscall.ENODATA), errors.Is(err, syscall.ENOTSUP):
 		return nil, usage.Errorf("%s is not on a gdsfs mount (it has no user.gdsfs.info); mount its directory with gdsfs mount", path)
 	case err != nil:

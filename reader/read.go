@@ -16,6 +16,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/internal/usage"
 )
 
@@ -38,6 +39,9 @@ func FindMount(path string) (string, error) {
 		st, err := os.Stat(filepath.Join(dir, ctl.ControlName))
 		if err == nil && st.Mode().IsRegular() {
 			return dir, nil
+		}
+		if why := mountinfo.Unreachable(dir, err); why != "" {
+			return "", usage.Errorf("%s", why)
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
@@ -90,7 +94,7 @@ func Read(ctx context.Context, w, stderr io.Writer, path string, o Options) erro
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return usage.Errorf("open %s: %v", path, err)
+		return usage.Errorf("%v", err) // "open PATH: why"
 	}
 	defer f.Close()
 	st, err := f.Stat()

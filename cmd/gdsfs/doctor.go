@@ -51,11 +51,29 @@ Exits 0 when gdsfs can serve (a CPU-only host with the host engine counts),
 				doctor.Print(out, r)
 			}
 			if !r.CanServe {
-				return fmt.Errorf("gdsfs cannot serve on this host: %s", strings.Join(r.Hints, "; "))
+				return fmt.Errorf("cannot serve on this host: %s", strings.Join(fatalHints(r), "; "))
 			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd
+}
+
+// fatalHints are the hints of the failed probes that stop gdsfs from
+// serving (the verdict's reason), without those that only rule out a
+// faster engine (no NVIDIA driver, no passthrough), which the table shows.
+func fatalHints(r doctor.Report) []string {
+	var out []string
+	for _, p := range r.Probes {
+		if p.OK || !p.Fatal {
+			continue
+		}
+		h := p.Hint
+		if h == "" {
+			h = p.Name + ": " + p.Detail
+		}
+		out = append(out, h)
+	}
+	return out
 }

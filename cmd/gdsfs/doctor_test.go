@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/doctor"
 )
 
@@ -64,5 +65,20 @@ func TestDoctorTable(t *testing.T) {
 func TestDoctorBadPathIsUsageError(t *testing.T) {
 	if code := run([]string{"doctor", "/nonexistent/gdsfs-doctor"}); code != exitUsage {
 		t.Errorf("exit code %d, want %d", code, exitUsage)
+	}
+}
+
+// TestDoctorVerdictNamesOnlyBlockers: the error line of a host gdsfs
+// cannot serve names what stops it, not the hints for a faster engine.
+func TestDoctorVerdictNamesOnlyBlockers(t *testing.T) {
+	r := doctor.Report{Probes: []doctor.Probe{
+		{Probe: cufile.Probe{Name: "libcuda", Detail: "not loadable"}, Hint: "no NVIDIA driver: install it"},
+		{Probe: cufile.Probe{Name: "/dev/fuse", Detail: "permission denied"}, Fatal: true, Hint: "give this user access to /dev/fuse"},
+		{Probe: cufile.Probe{Name: "fusermount3", Detail: "missing"}, Fatal: true},
+		{Probe: cufile.Probe{Name: "kernel", OK: true}, Fatal: true, Hint: "unused"},
+	}}
+	got := strings.Join(fatalHints(r), "; ")
+	if want := "give this user access to /dev/fuse; fusermount3: missing"; got != want {
+		t.Errorf("fatalHints = %q, want %q", got, want)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/ctlserver"
 	"github.com/gdsfs/gdsfs/fs"
+	"github.com/gdsfs/gdsfs/internal/mountinfo"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -52,6 +53,9 @@ func runStatus(ctx context.Context, w io.Writer, mp string, asJSON bool) error {
 		ctx = context.Background()
 	}
 	if st, err := os.Stat(filepath.Join(mp, ctl.ControlName)); err != nil || !st.Mode().IsRegular() {
+		if why := mountinfo.Unreachable(mp, err); why != "" {
+			return usagef("%s", why)
+		}
 		return usagef("%s is not a gdsfs mountpoint (no %s in it); give the directory gdsfs mount was given", mp, ctl.ControlName)
 	}
 	cl, err := ctl.OpenSession(mp)

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/status"
 )
 
@@ -36,6 +37,9 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, wf watchFlags) 
 		return usagef("--interval %s: give at least 100ms, such as 2s", wf.every)
 	}
 	if st, err := os.Stat(filepath.Join(mp, ctl.ControlName)); err != nil || !st.Mode().IsRegular() {
+		if why := mountinfo.Unreachable(mp, err); why != "" {
+			return usagef("%s", why)
+		}
 		return usagef("%s is not a gdsfs mountpoint (no %s in it); give the directory gdsfs mount was given", mp, ctl.ControlName)
 	}
 	if ctx == nil {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Entry is one line of /proc/self/mountinfo, the fields gdsfs needs.
@@ -123,4 +124,30 @@ func Containing(path string) (Entry, bool) {
 			return Entry{}, false
 		}
 	}
+}
+
+// Unreachable says why this process cannot use the gdsfs mount that holds
+// path, given the error a stat or getxattr under it returned: its daemon
+// exited (ENOTCONN, ECONNABORTED), or it was mounted without --allow-other
+// for another user (EACCES, which the kernel returns for every access of
+// such a mount). It returns "" when path is on no gdsfs mount or the error
+// is another. The text names what to do; callers make it a usage error.
+func Unreachable(path string, err error) string {
+	dead := errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
+	if !dead && !errors.Is(err, syscall.EACCES) {
+		return ""
+	}
+	m, ok := Containing(path)
+	if !ok || m.FSType != GDSFSType {
+		return ""
+	}
+	if dead {
+		return fmt.Sprintf("%s is a gdsfs mount whose daemon exited; run gdsfs mount %s again (it cleans up the dead mount), or gdsfs unmount --force %s",
+			m.MountPoint, m.MountPoint, m.MountPoint)
+	}
+	if _, serr := os.Stat(m.MountPoint); !errors.Is(serr, syscall.EACCES) {
+		return "" // the mount itself is usable: a file under it is not this user's to read
+	}
+	return fmt.Sprintf("%s is a gdsfs mount uid %d may not use: it was mounted without --allow-other; mount it with gdsfs mount --allow-other to let other users in",
+		m.MountPoint, os.Geteuid())
 }

@@ -1,0 +1,114 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// runGdsfsAs runs the binary as uid:uid (no supplementary groups) and
+// returns its combined output and exit code.
+func runGdsfsAs(t *testing.T, uid uint32, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gdsfsBin(t), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), 0
+	case errors.As(err, &ee):
+		return out.String(), ee.ExitCode()
+	}
+	t.Fatalf("run gdsfs %v as uid %d: %v", args, uid, err)
+	return "", -1
+}
+
+// TestCLIUnusableMounts: a gdsfs mount the caller cannot use (mounted
+// without --allow-other for another user, or left by a killed daemon) and
+// a file the caller may not read are one line naming what is wrong and
+// what to do, exit 2 — not "not a gdsfs mount" or a doubled "open: open".
+func TestCLIUnusableMounts(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} { // let uid 10001 reach the mounts
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	privSrc, priv := mk("privsrc"), mk("priv") // no --allow-other
+	writeFile(t, filepath.Join(privSrc, "f"), []byte("data"))
+	startBinDaemon(t, privSrc, priv, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	openSrc, open := mk("opensrc"), mk("open")
+	writeFile(t, filepath.Join(openSrc, "secret"), []byte("root only"))
+	if err := os.Chmod(filepath.Join(openSrc, "secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startBinDaemon(t, openSrc, open, "--allow-other", "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	deadSrc, dead := mk("deadsrc"), mk("dead")
+	writeFile(t, filepath.Join(deadSrc, "f"), []byte("data"))
+	d := startBinDaemon(t, deadSrc, dead, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	if err := syscall.Kill(d.pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExited(t, d.pid())
+	t.Cleanup(func() { runGdsfs(t, "unmount", "--force", dead) })
+
+	noOther := fmt.Sprintf("%s is a gdsfs mount uid 10001 may not use: it was mounted without --allow-other; mount it with gdsfs mount --allow-other to let other users in", priv)
+	exited := fmt.Sprintf("%s is a gdsfs mount whose daemon exited; run gdsfs mount %s again (it cleans up the dead mount), or gdsfs unmount --force %s", dead, dead, dead)
+	secret := filepath.Join(open, "secret")
+	tests := []struct {
+		name string
+		uid  uint32
+		args []string
+		want string // after "gdsfs: "
+	}{
+		{"status without allow-other", 10001, []string{"status", priv}, noOther},
+		{"status --watch without allow-other", 10001, []string{"status", "--watch", priv}, noOther},
+		{"read without allow-other", 10001, []string{"read", filepath.Join(priv, "f")}, noOther},
+		{"stat without allow-other", 10001, []string{"stat", filepath.Join(priv, "f")}, noOther},
+		{"status of a dead mount", 0, []string{"status", dead}, exited},
+		{"read of a dead mount", 0, []string{"read", filepath.Join(dead, "f")}, exited},
+		{"stat of a dead mount", 0, []string{"stat", filepath.Join(dead, "f")}, exited},
+		{"stat of an unreadable file", 10001, []string{"stat", secret}, secret + ": permission denied; this user may not read it"},
+		{"index of an unreadable file", 10001, []string{"index", secret}, secret + ": permission denied; this user may not read it"},
+		{"read of an unreadable file", 10001, []string{"read", secret}, "open " + secret + ": permission denied"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, code := runGdsfsAs(t, tt.uid, tt.args...)
+			if code != 2 {
+				t.Errorf("gdsfs %s (uid %d): exit %d, want 2\n%s", strings.Join(tt.args, " "), tt.uid, code, out)
+			}
+			if got := strings.TrimSpace(out); got != "gdsfs: "+tt.want {
+				t.Errorf("gdsfs %s (uid %d):\n got: %s\nwant: gdsfs: %s", strings.Join(tt.args, " "), tt.uid, got, tt.want)
+			}
+		})
+	}
+	// The force unmount the message names detaches the dead mount.
+	if out, code := runGdsfs(t, "unmount", "--force", dead); code != 0 {
+		t.Fatalf("gdsfs unmount --force of a dead mount: exit %d: %s", code, out)
+	}
+	if typ := mountType(t, dead); typ != "" {
+		t.Errorf("%s is still a %s mount after gdsfs unmount --force", dead, typ)
+	}
+}
