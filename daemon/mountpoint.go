@@ -148,6 +148,9 @@ func UnmountPath(path string, force bool) error {
 		return err
 	}
 	if !mounted {
+		if _, serr := os.Lstat(mp); errors.Is(serr, os.ErrNotExist) {
+			return usage.Errorf("%s does not exist; nothing to unmount (check the path)", mp)
+		}
 		return usage.Errorf("%s is not a mount point; nothing to unmount", mp)
 	}
 	if m.FSType != mountinfo.GDSFSType {

@@ -126,6 +126,14 @@ func prepareMount(c *mountConfig, log zerolog.Logger) error {
 	if _, err := zerolog.ParseLevel(c.logLevel); err != nil || c.logLevel == "" {
 		return usagef("--log-level %q: use debug, info, warn or error", c.logLevel)
 	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--attr-timeout", c.attrTimeout}, {"--entry-timeout", c.entryTimeout}} {
+		if d.v < 0 {
+			return usagef("%s %s: give a duration >= 0 such as 1s (0 disables the cache)", d.flag, d.v)
+		}
+	}
 	if c.maxOpenPerUser < 0 {
 		return usagef("--max-open-per-user %d: give a number of descriptors, or 0 for the default share", c.maxOpenPerUser)
 	}
