@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/gdsfs/gdsfs/cache"
@@ -62,7 +63,7 @@ func noIndexError(path string) error {
 	info, err := xattr.Get(path, "user.gdsfs.info")
 	if err == nil {
 		if why := indexErrorOf(info); why != "" {
-			return usage.Errorf("%s: %s", path, why)
+			return corruptError(path, why)
 		}
 	}
 	_, err = LocalIndex(path)
@@ -70,6 +71,12 @@ func noIndexError(path string) error {
 		return fmt.Errorf("%s: the daemon serves no index for it, though it parses here (was it just written? try again)", path)
 	}
 	return err
+}
+
+// corruptError is gdsfs index's one line for a file its format parser
+// refuses: the parser's reason, without the package's prefix, and what to do.
+func corruptError(path, why string) error {
+	return usage.Errorf("%s: %s; the file is truncated or corrupt: write it again", path, strings.TrimPrefix(why, "cache: "))
 }
 
 // indexErrorOf returns the index_error of a user.gdsfs.info document ("" when
@@ -104,7 +111,7 @@ func LocalIndex(path string) ([]byte, error) {
 	case errors.Is(err, cache.ErrNoIndex):
 		return nil, usage.Errorf("%s has no index: it is not a tar, MDS shard or index.json, safetensors, torch.save zip or .npy file", path)
 	case errors.Is(err, cache.ErrInvalid):
-		return nil, usage.Errorf("%s: %v", path, err)
+		return nil, corruptError(path, err.Error())
 	case err != nil:
 		return nil, fmt.Errorf("index %s: %w", path, err)
 	}

@@ -28,6 +28,9 @@ func TestNoIndexErrorFromInfo(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "the daemon's reason") || !errors.As(err, &ue) {
 		t.Errorf("noIndexError = %v, want a usage error with the daemon's index_error", err)
 	}
+	if want := p + ": not a valid tar: the daemon's reason; the file is truncated or corrupt: write it again"; err == nil || err.Error() != want {
+		t.Errorf("noIndexError = %v, want %q (no package prefix, what to do)", err, want)
+	}
 	for doc, want := range map[string]string{`{"index_error":"why"}`: "why", `{"format":"tar"}`: "", `nope`: ""} {
 		if got := indexErrorOf([]byte(doc)); got != want {
 			t.Errorf("indexErrorOf(%s) = %q, want %q", doc, got, want)
