@@ -154,8 +154,9 @@ def find_mount(path: PathLike) -> str | None:
         The absolute mount root, or None when path is not on a gdsfs mount.
 
     Raises:
-        GDSUnavailableError: (errno ENOTCONN) path lies under a FUSE mount whose daemon exited,
-            where neither the daemon nor plain reads can serve it.
+        GDSUnavailableError: path lies under a FUSE mount whose daemon exited (errno ENOTCONN),
+            or under a gdsfs mount made without --allow-other by another uid (EACCES), where
+            neither the daemon nor plain reads can serve it.
     """
     try:
         p = os.path.realpath(os.fspath(path))
@@ -178,10 +179,27 @@ def find_mount(path: PathLike) -> str | None:
         p = parent
 
 
+def _gdsfs_mount_points() -> set[str]:
+    """The mount points of gdsfs mounts in this process's mount table (/proc/self/mountinfo)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return set()
+    out = set()
+    for line in lines:
+        fields = line.split()
+        if "-" in fields[6:] and fields[fields.index("-", 6) + 1:][:1] == ["fuse.gdsfs"]:
+            out.add(fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\"))
+    return out
+
+
 def _raise_if_dead_mount(p: str) -> None:
-    """Raise GDSUnavailableError when a directory on the way from p to / answers ENOTCONN: the
-    mount of a daemon that exited (killed, crashed), left in place until someone cleans it up."""
-    dead = ""
+    """Raise GDSUnavailableError when a directory on the way from p to / is a gdsfs mount this
+    process cannot use: one answering ENOTCONN (the mount of a daemon that exited, left in place
+    until someone cleans it up), or a gdsfs mount answering EACCES (mounted without --allow-other,
+    so the kernel refuses every uid but the one that mounted it)."""
+    dead, refused = "", ""
     q = p
     while True:
         try:
@@ -190,6 +208,8 @@ def _raise_if_dead_mount(p: str) -> None:
         except OSError as e:
             if e.errno in (_errno.ENOTCONN, _errno.ECONNABORTED):
                 dead = q  # the topmost one is the mount point
+            elif e.errno == _errno.EACCES:
+                refused = q
         parent = os.path.dirname(q)
         if parent == q:
             break
@@ -198,6 +218,10 @@ def _raise_if_dead_mount(p: str) -> None:
         raise GDSUnavailableError(
             f"gdsfs: the mount at {dead!r} is not connected (its daemon exited): run `gdsfs mount` on it "
             f"again (that cleans it up), or `gdsfs unmount --force {dead}`", errno=_errno.ENOTCONN)
+    if refused and refused in _gdsfs_mount_points():
+        raise GDSUnavailableError(
+            f"gdsfs: the gdsfs mount at {refused!r} refuses uid {os.geteuid()}: it was mounted without --allow-other; "
+            "mount it with `gdsfs mount --allow-other` to let other users in", errno=_errno.EACCES)
 
 
 def is_gdsfs_path(path: PathLike) -> bool:

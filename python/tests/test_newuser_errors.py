@@ -224,3 +224,33 @@ def test_mount_whose_daemon_was_killed(tmp_path, gdsfs_bin) -> None:
 def _mount_points() -> set[str]:
     with open("/proc/self/mountinfo") as f:
         return {line.split()[4] for line in f}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another uid")
+def test_mount_without_allow_other_as_another_uid(gdsfs_bin) -> None:
+    base = tempfile.mkdtemp(prefix="gdsfs-nu-noother-", dir="/tmp")
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.chmod(base, 0o755)
+    os.mkdir(src)
+    os.mkdir(mnt)
+    write_tar(os.path.join(src, "a.tar"), {"0.x.npy": npy(np.ones(4, np.float32))})
+    m = mount(gdsfs_bin, src, mnt, os.path.join(base, "daemon.log"))  # no --allow-other
+    try:
+        code = ("import gdsfs, gdsfs.torch as gt, gdsfs.safetensors as st\n"
+                f"for call in (lambda: gt.GDSShardDataset({mnt!r} + '/a.tar', gpu_keys=['x.npy']),\n"
+                f"             lambda: gdsfs.Session({mnt!r}), lambda: st.load_file({mnt!r} + '/m.safetensors')):\n"
+                "    try:\n"
+                "        call()\n"
+                "        print('no error')\n"
+                "    except gdsfs.GDSUnavailableError as e:\n"
+                "        print(e.errno, e)\n")
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), PYTHONWARNINGS="error")
+        r = subprocess.run(["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=120, env=env)
+        lines = r.stdout.splitlines()
+        assert r.returncode == 0 and len(lines) == 3, r.stdout + r.stderr
+        want = f"13 gdsfs: the gdsfs mount at {mnt!r} refuses uid 10001: it was mounted without --allow-other; "
+        assert all(line.startswith(want) and "gdsfs mount --allow-other" in line for line in lines), r.stdout
+    finally:
+        unmount(gdsfs_bin, m.mnt)
+        shutil.rmtree(base, ignore_errors=True)
