@@ -408,6 +408,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             if os.path.isdir(p):
                 tars = sorted(glob.glob(os.path.join(glob.escape(p), "*.tar")))
                 if not tars:
+                    _check_listable(p)
                     raise ValueError(f"gdsfs: directory {p!r} has no index.json and no .tar files: pass shard files, a pattern, or an MDS directory")
                 out.extend(tars)
                 continue
@@ -415,11 +416,14 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 if any(c in q for c in "*?["):
                     found = sorted(glob.glob(q))
                     if not found:
+                        _core.find_mount(q)
+                        _check_listable(os.path.dirname(q) or ".")
                         raise FileNotFoundError(f"gdsfs: no shard matches {q!r}: check the pattern")
                     out.extend(found)
                     continue
                 if not os.path.exists(q):
                     _core.find_mount(q)  # a mount whose daemon exited: its own error, not "does not exist"
+                    _check_listable(os.path.dirname(q) or ".", list_it=False)
                     raise FileNotFoundError(f"gdsfs: shard {q!r} does not exist: check the path or brace pattern")
                 out.append(q)
         return out
@@ -1159,6 +1163,25 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     session.release(list(held.values()))
                 except GDSUnavailableError:
                     pass
+
+
+def _check_listable(d: str, *, list_it: bool = True) -> None:
+    """Raise PermissionError when this uid cannot search directory d (nor, with list_it, list
+    it), or cannot reach it: the reason shards there look missing, which "does not exist" would
+    misname."""
+    if any(c in d for c in "*?["):
+        return  # a pattern's directory part: glob said what it could
+    try:
+        os.stat(d)
+    except PermissionError:
+        raise PermissionError(errno.EACCES, f"gdsfs: {d!r} cannot be reached by uid {os.geteuid()}: a directory above it "
+                              "is not searchable (x); ask its owner for access, or use shards you can read") from None
+    except OSError:
+        return
+    need, bits = (os.R_OK | os.X_OK, "r and x") if list_it else (os.X_OK, "x")
+    if os.path.isdir(d) and not os.access(d, need):
+        raise PermissionError(errno.EACCES, f"gdsfs: directory {d!r} is not open to uid {os.geteuid()} (it needs {bits}): "
+                              "ask its owner for access, or use shards you can read")
 
 
 class DataLoader(torch.utils.data.DataLoader):

@@ -254,3 +254,35 @@ def test_mount_without_allow_other_as_another_uid(gdsfs_bin) -> None:
     finally:
         unmount(gdsfs_bin, m.mnt)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another uid")
+def test_shards_in_a_directory_the_uid_may_not_open(gdsfs_bin) -> None:
+    base = tempfile.mkdtemp(prefix="gdsfs-nu-closed-", dir="/tmp")
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.chmod(base, 0o755)
+    os.mkdir(src, 0o755)
+    os.mkdir(mnt)
+    os.mkdir(os.path.join(src, "closed"), 0o700)
+    write_tar(os.path.join(src, "closed", "a.tar"), {"0.x.npy": npy(np.ones(4, np.float32))})
+    m = mount(gdsfs_bin, src, mnt, os.path.join(base, "daemon.log"), "--allow-other")
+    try:
+        d = os.path.join(mnt, "closed")
+        code = ("import gdsfs.torch as gt\n"
+                f"for p, bits in (({d!r}, 'r and x'), ({d!r} + '/*.tar', 'r and x'), ({d!r} + '/a.tar', 'x')):\n"
+                "    try:\n"
+                "        gt.GDSShardDataset(p, gpu_keys=['x.npy'])\n"
+                "        print('no error')\n"
+                "    except PermissionError as e:\n"
+                "        print(bits, '|', e)\n")
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), PYTHONWARNINGS="ignore")
+        r = subprocess.run(["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=120, env=env)
+        lines = r.stdout.splitlines()
+        assert r.returncode == 0 and len(lines) == 3, r.stdout + r.stderr
+        for line in lines:
+            bits, msg = line.split(" | ", 1)
+            assert f"directory {d!r} is not open to uid 10001 (it needs {bits})" in msg and "does not exist" not in msg, line
+    finally:
+        unmount(gdsfs_bin, m.mnt)
+        shutil.rmtree(base, ignore_errors=True)
