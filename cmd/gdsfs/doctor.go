@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/doctor"
+	"github.com/gdsfs/gdsfs/internal/mountinfo"
 )
 
 func newDoctorCmd() *cobra.Command {
@@ -36,6 +37,9 @@ Exits 0 when gdsfs can serve (a CPU-only host with the host engine counts),
 			if len(args) == 1 {
 				path = args[0]
 				if _, err := os.Stat(path); err != nil {
+					if why := mountinfo.Unreachable(path, err); why != "" {
+						return usagef("%s", why)
+					}
 					return usagef("PATH %q: %v; name an existing file or directory", path, err)
 				}
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/internal/pagecache"
 )
 
@@ -83,6 +84,9 @@ func runWarm(cmd *cobra.Command, c *warmConfig) error {
 		if _, err := os.Stat(p); err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				return usagef("%s does not exist; name files or directories to warm", p)
+			}
+			if why := mountinfo.Unreachable(p, err); why != "" {
+				return usagef("%s", why)
 			}
 			return usagef("%s: %v", p, err)
 		}
