@@ -238,6 +238,10 @@ func mountProbes(path string) []Probe {
 	if err != nil {
 		p.Detail = fmt.Sprintf("%s: %v", m.MountPoint, err)
 		p.Hint = "the daemon of " + m.MountPoint + " does not answer: see its log (gdsfs status names it), or remount it"
+		if why := mountinfo.Unreachable(m.MountPoint, err); why != "" {
+			// Nothing on this mount can be served to this user: the verdict for PATH.
+			p.Hint, p.Fatal = why, true
+		}
 		return []Probe{p}
 	}
 	defer cl.Close()

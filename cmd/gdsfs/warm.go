@@ -116,6 +116,9 @@ func runWarm(cmd *cobra.Command, c *warmConfig) error {
 	if err != nil {
 		return err
 	}
+	if err := unusableMount(plan.Skipped); err != nil {
+		return err
+	}
 	for _, e := range plan.Skipped {
 		fmt.Fprintf(errOut, "gdsfs: warm: skipped %v\n", e)
 	}
@@ -205,4 +208,20 @@ func rateSuffix(read int64, elapsed time.Duration) string {
 		return ""
 	}
 	return fmt.Sprintf(" at %s/s", humanize.IBytes(uint64(float64(read)/elapsed.Seconds())))
+}
+
+// unusableMount is the usage error for a walk whose skipped entries lie on a
+// gdsfs mount this user cannot use at all (its daemon exited, or it was
+// mounted without --allow-other): nothing there can be warmed, so it is not
+// a per-file skip (nil when no skip is of that kind).
+func unusableMount(skipped []error) error {
+	for _, e := range skipped {
+		var pe *os.PathError
+		if errors.As(e, &pe) {
+			if why := mountinfo.Unreachable(pe.Path, e); why != "" {
+				return usagef("%s", why)
+			}
+		}
+	}
+	return nil
 }

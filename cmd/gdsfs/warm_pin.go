@@ -21,6 +21,9 @@ func runWarmPin(ctx context.Context, cmd *cobra.Command, c *warmConfig, show boo
 	if err != nil {
 		return err
 	}
+	if err := unusableMount(plan.Skipped); err != nil {
+		return err
+	}
 	for _, e := range plan.Skipped {
 		fmt.Fprintf(errOut, "gdsfs: warm: skipped %v\n", e)
 	}
