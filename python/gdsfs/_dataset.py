@@ -328,6 +328,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         if fmt not in ("auto", "tar", "mds", "npy", "raw"):
             raise ValueError(f"gdsfs: format {format!r} is not one of auto, wds, mds, npy, raw")
         self.format = fmt
+        for name, val in (("gpu_keys", gpu_keys), ("keys", keys)):
+            if isinstance(val, (str, bytes)):  # tuple("x.npy") would name the fields 'x', '.', 'n', ...
+                raise TypeError(f"gdsfs: {name}={val!r} is a string, not a list of field names: pass {name}=[{val!r}]")
         self.gpu_keys = tuple(gpu_keys or ())
         self.keys = None if keys is None else tuple(keys)
         if isinstance(decode, str):

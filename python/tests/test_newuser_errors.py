@@ -286,3 +286,11 @@ def test_shards_in_a_directory_the_uid_may_not_open(gdsfs_bin) -> None:
     finally:
         unmount(gdsfs_bin, m.mnt)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kw", ["gpu_keys", "keys"])
+def test_a_string_for_a_list_of_fields(datasets, kw) -> None:
+    with pytest.raises(TypeError) as ei:
+        gt.GDSShardDataset(datasets.wds_shards(), **{kw: "x.npy"})
+    msg = one_line(ei.value)
+    assert msg == f"gdsfs: {kw}='x.npy' is a string, not a list of field names: pass {kw}=['x.npy']", msg
