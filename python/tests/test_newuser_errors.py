@@ -294,3 +294,19 @@ def test_a_string_for_a_list_of_fields(datasets, kw) -> None:
         gt.GDSShardDataset(datasets.wds_shards(), **{kw: "x.npy"})
     msg = one_line(ei.value)
     assert msg == f"gdsfs: {kw}='x.npy' is a string, not a list of field names: pass {kw}=['x.npy']", msg
+
+
+def test_save_onto_a_read_only_mount(tmp_path, gdsfs_bin) -> None:
+    src, mnt = tmp_path / "ro-src", tmp_path / "ro-mnt"
+    src.mkdir()
+    mnt.mkdir()
+    m = mount(gdsfs_bin, str(src), str(mnt), str(tmp_path / "daemon.log"), "--read-only")
+    try:
+        for save in (gdsfs.checkpoint.save, gdsfs.safetensors.save_file):
+            dest = os.path.join(m.mnt, "c.bin")
+            with pytest.raises(OSError) as ei:
+                save({"a": torch.ones(3)}, dest)
+            msg = one_line(ei.value)
+            assert ei.value.errno == 30 and f"cannot save {dest!r}" in msg and "read-only" in msg and "save elsewhere" in msg, msg
+    finally:
+        unmount(gdsfs_bin, m.mnt)
