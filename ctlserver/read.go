@@ -2,6 +2,7 @@ package ctlserver
 
 import (
 	"context"
+	"hash/fnv"
 	"os"
 	"syscall"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/fileid"
 )
 
 // read serves READ and READ_NAMES.
@@ -26,9 +28,10 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 		return syscall.EBADF
 	}
 	var (
-		tok    ctl.Token
-		dev    int32
-		ranges []ctl.Range
+		tok     ctl.Token
+		dev     int32
+		version uint64
+		ranges  []ctl.Range
 	)
 	if byName {
 		req, err := ctl.DecodeReadNamesRequest(in)
@@ -49,7 +52,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 		if err != nil {
 			return plainErrno(err)
 		}
-		tok, dev, ranges = req.Token, req.Device, req.Ranges
+		tok, dev, version, ranges = req.Token, req.Device, req.Version, req.Ranges
 	}
 	ss, errno := s.session(tok, c)
 	if errno != 0 {
@@ -62,6 +65,16 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	pdev, errno := s.device(dev)
 	if errno != 0 {
 		return errno
+	}
+	if version != 0 {
+		// Before the ranges are checked against the size: a file cut
+		// short since its index is ESTALE, not EINVAL.
+		if errno = sameVersion(f, version); errno != 0 {
+			return errno
+		}
+		if size, errno = statFile(f); errno != 0 {
+			return errno
+		}
 	}
 	plan, errno := s.plan(ranges, size)
 	if errno != 0 {
@@ -77,8 +90,46 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
+	if version != 0 {
+		// Changed while it was read: the bytes may be of either version
+		// or a mix; none is handed out (all or nothing).
+		if errno = sameVersion(f, version); errno != 0 {
+			ss.dropLeases(leases)
+			return errno
+		}
+	}
 	s.ra.afterRead(c.UID, f, eng, plan, size)
 	(&ctl.ReadReply{Leases: leases}).Encode(out)
+	return 0
+}
+
+// fileVersion is the version of f's contents that INDEX names and READ
+// checks (ctl.CapReadVersion): the FNV-1a 64 hash of its identity (device,
+// inode, size, mtime and ctime in ns), never 0. Any write, truncate or
+// in-place rewrite changes it, within the filesystem's timestamp
+// granularity.
+func fileVersion(f *os.File) (uint64, syscall.Errno) {
+	id, err := fileid.OfFile(f)
+	if err != nil {
+		return 0, plainErrno(err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte(id.Key())) // never fails
+	if v := h.Sum64(); v != 0 {
+		return v, 0
+	}
+	return 1, 0
+}
+
+// sameVersion is ESTALE unless f is at version now.
+func sameVersion(f *os.File, version uint64) syscall.Errno {
+	v, errno := fileVersion(f)
+	if errno != 0 {
+		return errno
+	}
+	if v != version {
+		return syscall.ESTALE
+	}
 	return 0
 }
 
