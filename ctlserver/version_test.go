@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/fileid"
 )
 
 // tarOf is a tar of members of the given sizes (bytes i*7+size).
@@ -197,4 +199,44 @@ func TestReadVersionEncoding(t *testing.T) {
 		})
 	}
 	e.checkIdle()
+}
+
+// BenchmarkServerRead4KiBVersion is BenchmarkServerRead4KiB with the
+// file's version named: the two fstat calls of the check on top.
+func BenchmarkServerRead4KiBVersion(b *testing.B) {
+	e := newEnv(b, envOptions{slabBytes: 1 << 20, budgetBytes: 64 << 20, noIndexes: true})
+	cl := e.client(1000, ctl.Token{})
+	f, _ := e.file("a.bin", 1<<20, os.O_RDONLY)
+	version, errno := fileVersion(f)
+	if errno != 0 {
+		b.Fatal(errno)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		off := uint64(i%256) * 4096
+		ls, err := cl.ReadVersion(ctx, f, ctl.HostDevice, version, []ctl.Range{{Offset: off, Length: 4096}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := cl.Release(ctx, ls[0].ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// fileVersion is FNV-1a 64 of the identity's key bytes (the documented
+// hash, docs/protocol.md 3.5).
+func TestFileVersionIsFNVOfTheIdentity(t *testing.T) {
+	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 2 << 20, noIndexes: true})
+	f, _ := e.file("a.bin", 5000, os.O_RDONLY)
+	id, err := fileid.OfFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte(id.Key()))
+	if v, errno := fileVersion(f); errno != 0 || v != h.Sum64() {
+		t.Fatalf("fileVersion %#x (%v), FNV-1a of the identity %#x", v, errno, h.Sum64())
+	}
 }
