@@ -23,6 +23,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/ctlserver"
+	"github.com/gdsfs/gdsfs/internal/xattr"
 )
 
 // Hostile local users (issue 12): each test runs the attack as a non-root
@@ -456,12 +457,11 @@ func hasUID(st ctlserver.Stats, uid uint32) bool {
 }
 
 func unixGetxattr(p, name string) ([]byte, error) {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Getxattr(p, name, buf)
+	b, err := xattr.Get(p, name)
 	if err != nil {
 		return nil, fmt.Errorf("getxattr %s %s: %w", p, name, err)
 	}
-	return buf[:n], nil
+	return b, nil
 }
 
 // childStats holds a lease and prints user.gdsfs.stats and STATUS (one

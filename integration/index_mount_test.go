@@ -17,6 +17,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/internal/xattr"
 )
 
 // indexTar writes a WebDataset shard of n samples (jpg, cls) to path and
@@ -70,12 +71,7 @@ func wantIndex(t testing.TB, path string) []byte {
 }
 
 func xattrIndex(p string) ([]byte, error) {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Getxattr(p, "user.gdsfs.index", buf)
-	if err != nil {
-		return nil, err
-	}
-	return buf[:n], nil
+	return xattr.Get(p, "user.gdsfs.index") // EINTR asked again, as gdsfs's own commands do
 }
 
 // TestIndexThroughMount serves indexes of each format through the

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/internal/xattr"
 )
 
 // loadResult is what one client process reports, as one JSON line after
@@ -296,12 +297,11 @@ func (c *loadClient) xattrIndex(ctx context.Context) error {
 }
 
 func getxattrJSON(p, name string, v any) error {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Getxattr(p, name, buf)
+	b, err := xattr.Get(p, name)
 	if err != nil {
 		return fmt.Errorf("getxattr %s %s: %w", p, name, err)
 	}
-	if err := json.Unmarshal(buf[:n], v); err != nil {
+	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("getxattr %s %s: %w", p, name, err)
 	}
 	return nil
