@@ -1198,32 +1198,14 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 held.update((r.lease, r) for r in got if r.lease)
                 # This process's Holds of the group's leases, in one pass over the lease book.
                 holds[shard] = _leases.hold_many([(r, *n) for r, n in zip(got, names[shard])])
-            out: list[GDSSample] = []
-            for (pos, shard, st, key, fields, geo), locs, values in zip(group, where, cpu):
-                sample = GDSSample(__key__=key, __url__=st.path)
-                at = 0
-                for fp in fields:
-                    if fp.name in geo and shard in refs:
-                        _off, nb, dt, shape, fortran = geo[fp.name]
-                        j, start = locs[at]
-                        at += 1
-                        r, h = refs[shard][j], holds[shard][j]
-                        if r.valid < start + nb:
-                            got_n = max(0, r.valid - start)
-                            raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({got_n} of {nb} bytes): "
-                                                "rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
-                        sample[fp.name] = TensorRef(r, dt, shape, start, fortran, fp.name, key, st.path, h)
-                    elif fp.gpu:
-                        sample[fp.name] = self._plain_tensor(st, fp, key)
-                    else:
-                        sample[fp.name] = values[fp.name]  # decoded below
-                sample.progress = (slot, pos - lo + 1, slots)
-                sample.epoch = epoch
-                sample.gpu_fields = self.gpu_keys
-                out.append(sample)
-            for shard, st in states.items():
-                if shard not in checked and st.changed():
-                    raise _ShardChanged(shard)
+            try:
+                out = self._assemble(group, where, cpu, refs, holds, slot, lo, slots, epoch)
+            except GDSShardError:
+                # Plain reads of a shard rewritten meanwhile fail as "truncated" or "not npy":
+                # the change is the error.
+                self._raise_if_changed(states, checked)
+                raise
+            self._raise_if_changed(states, checked)
             for sample, (_pos, _shard, st, key, fields, _geo) in zip(out, group):
                 for fp in fields:
                     if not fp.gpu:
@@ -1248,6 +1230,43 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     session.release(list(held.values()))
                 except GDSUnavailableError:
                     pass
+
+    @staticmethod
+    def _raise_if_changed(states: dict[int, _ShardState], checked: set[int]) -> None:
+        """_ShardChanged for a shard of the group the daemon did not check that fstat() shows
+        rewritten since its index was read."""
+        for shard, st in states.items():
+            if shard not in checked and st.changed():
+                raise _ShardChanged(shard)
+
+    def _assemble(self, group: list[Any], where: list[list[tuple[int, int]]], cpu: list[dict[str, bytes]], refs: dict[int, list[Ref]],
+                  holds: dict[int, list[Optional[_leases.Hold]]], slot: int, lo: int, slots: int, epoch: int) -> list[GDSSample]:
+        """The group's samples: gpu fields as TensorRefs of the READs (plain reads where the
+        daemon did not serve), CPU fields as the bytes read (decoded by the caller)."""
+        out: list[GDSSample] = []
+        for (pos, shard, st, key, fields, geo), locs, values in zip(group, where, cpu):
+            sample = GDSSample(__key__=key, __url__=st.path)
+            at = 0
+            for fp in fields:
+                if fp.name in geo and shard in refs:
+                    _off, nb, dt, shape, fortran = geo[fp.name]
+                    j, start = locs[at]
+                    at += 1
+                    r, h = refs[shard][j], holds[shard][j]
+                    if r.valid < start + nb:
+                        got = max(0, r.valid - start)
+                        raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({got} of {nb} bytes): "
+                                            "rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
+                    sample[fp.name] = TensorRef(r, dt, shape, start, fortran, fp.name, key, st.path, h)
+                elif fp.gpu:
+                    sample[fp.name] = self._plain_tensor(st, fp, key)
+                else:
+                    sample[fp.name] = values[fp.name]  # decoded by the caller
+            sample.progress = (slot, pos - lo + 1, slots)
+            sample.epoch = epoch
+            sample.gpu_fields = self.gpu_keys
+            out.append(sample)
+        return out
 
 
 class _Iteration:

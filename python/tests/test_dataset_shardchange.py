@@ -246,3 +246,32 @@ def test_resume_after_the_error_is_exact(gdsfs_mount) -> None:
     assert len(got) + len(after) == N
     ds2.close()
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+@pytest.mark.parametrize("how", ["same_size", "half"])
+def test_off_a_mount_plain_reads_see_the_change_too(tmp_path, how: str) -> None:
+    """Shards on a plain directory (the fallback: every field read with pread): the worker
+    fstat()s the shard after each group's reads, so a rewrite mid-shard is the same error."""
+    import warnings
+
+    import numpy as np
+
+    import gdsfs.torch as gt
+    from _wds_helpers import write_tar
+
+    rng = np.random.default_rng(3)
+    p = str(tmp_path / "s0.tar")
+    write_tar(p, _version(rng, _keys(0), _sizes()))
+    _old_mtime(p)
+    old = _oracle(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GDSFallbackWarning: not on a mount
+        ds = gt.GDSShardDataset(p, gpu_keys=["x.npy"], read_ahead=8)
+    assert ds.session is None
+    it = iter(ds)
+    got = _check(((s["__key__"], s["x.npy"].numpy().tobytes(), s["txt"]) for _, s in zip(range(8), it)), [old])
+    _write_in_place(p, _rewrites()[how](rng, p))
+    versions = [old] + ([_oracle(p)] if how != "half" else [])
+    rest, err = _changed_or_consistent(lambda: _check(((s["__key__"], s["x.npy"].numpy().tobytes(), s["txt"]) for s in it), versions), p)
+    assert err is not None, f"{len(got) + len(rest)} samples after a {how} rewrite, no error"
+    ds.close()
