@@ -220,6 +220,11 @@ class _ShardChanged(Exception):
         self.shard = shard
 
 
+def _sample_count(index: Mapping[str, Any]) -> int:
+    """Samples in a shard's index (a file of the npy and raw formats is one)."""
+    return len(index["samples"]) if index["format"] in ("tar", "mds") else 1
+
+
 def _changed_error(path: str) -> GDSShardChangedError:
     return GDSShardChangedError(
         f"gdsfs: shard {path!r} changed while it was being read (rewritten in place: its size, mtime or ctime is not the planned one's); "
@@ -762,6 +767,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             ident = _file_ident(fd)
             index, version = self._index_of(path, fd)
             st = _ShardState(path, fd, index, ident, version)
+            counts = getattr(self, "counts", None)  # None while the constructor counts
+            if counts is not None and i not in self._bad and _sample_count(index) != counts[i]:
+                # Rewritten since the epoch's plan was made from its sample count.
+                raise _changed_error(path)
         except BaseException:
             os.close(fd)
             raise
@@ -780,10 +789,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             warnings.warn(f"gdsfs: skipping shard {self.shards[i]!r}: {e.reason}", GDSShardWarning, stacklevel=4)
             self._bad.add(i)
             return 0
-        f = idx["format"]
-        if f in ("tar", "mds"):
-            return len(idx["samples"])
-        return 1
+        return _sample_count(idx)
 
     def _shard_field_names(self, i: int, wanted: frozenset[str] = frozenset()) -> set[str]:
         """Field names of shard i's samples (tar: stops once every wanted name was seen)."""
@@ -1111,12 +1117,11 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             raise _changed_error(path)
         it.replanned.add(shard)
         try:
-            fresh = self._shard(shard)
-            n = len(fresh.index["samples"]) if fresh.index["format"] in ("tar", "mds") else 1
+            self._shard(shard)  # GDSShardChangedError when its sample count changed
+        except GDSShardChangedError:
+            raise
         except (OSError, GDSShardError, ValueError, KeyError):
             raise _changed_error(path) from None
-        if n != self.counts[shard]:
-            raise _changed_error(path)
 
     def _runs(self, group: list[Any], first: int) -> tuple[dict[int, list[tuple[int, int]]], dict[int, list[tuple[str, str, str]]], list[list[tuple[int, int]]]]:
         """The READ ranges of a group: per shard the ranges and the (field, sample, shard) each

@@ -275,3 +275,22 @@ def test_off_a_mount_plain_reads_see_the_change_too(tmp_path, how: str) -> None:
     rest, err = _changed_or_consistent(lambda: _check(((s["__key__"], s["x.npy"].numpy().tobytes(), s["txt"]) for s in it), versions), p)
     assert err is not None, f"{len(got) + len(rest)} samples after a {how} rewrite, no error"
     ds.close()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_shard_with_another_sample_count_before_the_epoch_is_the_error(gdsfs_mount, workers: int) -> None:
+    """The epoch's plan counts each shard's samples at construction; a shard rewritten before
+    the iteration with more samples cannot be planned anew exactly once: the one error, before
+    any of its samples (and no IndexError or sample of the wrong position)."""
+    import gdsfs.torch as gt
+    from gdsfs.torch import GDSShardChangedError
+
+    backing, paths, rng = _make(gdsfs_mount, f"count-{workers}")
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], read_ahead=8, strict=True)
+    more = _keys(0) + [f"s0_x{i:03d}" for i in range(8)]
+    _write_in_place(backing[0], _tar_bytes(_version(rng, more, [64] * len(more))))
+    with pytest.raises(GDSShardChangedError, match="changed while it was being read"):
+        for _ in gt.DataLoader(ds, batch_size=4, num_workers=workers):
+            pytest.fail("a batch of a shard whose sample count changed")
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
