@@ -294,3 +294,27 @@ def test_a_shard_with_another_sample_count_before_the_epoch_is_the_error(gdsfs_m
             pytest.fail("a batch of a shard whose sample count changed")
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_read_that_fails_in_a_later_chunk_keeps_no_lease(gdsfs_mount) -> None:
+    """Session.read splits ranges into READs of at most max_ranges: when a later READ fails
+    (here a range past the end, as a shard cut short gives), the leases of the earlier READs
+    of the call go back too: all or nothing, as one READ."""
+    import gdsfs
+    from gdsfs import GDSUnavailableError
+    from _wds_helpers import fresh_dir
+
+    src, mnt = fresh_dir(gdsfs_mount, "chunks")
+    with open(os.path.join(src, "f.bin"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+    s = gdsfs.Session(mnt, device=-1)
+    try:
+        fd = os.open(os.path.join(mnt, "f.bin"), os.O_RDONLY)
+        ranges = [(i * 4096, 100) for i in range(s.hello.max_ranges)] + [(2 << 20, 100)]
+        with pytest.raises(GDSUnavailableError):
+            s.read(fd, ranges)
+        os.close(fd)
+        assert int(gdsfs_mount.stats()["leases"]) == 0
+    finally:
+        s.close()
+    assert gdsfs_mount.wait_leases(0) == 0
