@@ -139,13 +139,21 @@ func (c *Client) Token() Token { return c.tok }
 // several requests; if one fails, the leases of the earlier ones are
 // released and the error returned.
 func (c *Client) Read(ctx context.Context, f *os.File, device int32, ranges []Range) ([]Lease, error) {
+	return c.ReadVersion(ctx, f, device, 0, ranges)
+}
+
+// ReadVersion is Read of f at version (IndexVersion's, with
+// CapReadVersion; 0: any): when the file is not at that version before and
+// after its bytes are read, the error is syscall.ESTALE and no lease of
+// the call remains.
+func (c *Client) ReadVersion(ctx context.Context, f *os.File, device int32, version uint64, ranges []Range) ([]Lease, error) {
 	var out []Lease
 	buf := c.readBuf()
 	defer c.putReadBuf(buf)
 	for len(ranges) > 0 {
 		batch := ranges[:min(len(ranges), MaxRanges)]
 		ranges = ranges[len(batch):]
-		req := ReadRequest{Token: c.tok, Device: device, Ranges: batch}
+		req := ReadRequest{Token: c.tok, Device: device, Version: version, Ranges: batch}
 		req.Encode(buf)
 		ls, err := c.readCall(ctx, f, CmdRead, buf)
 		if err != nil {
@@ -435,47 +443,61 @@ func (c *Client) Status(ctx context.Context) ([]byte, error) {
 
 // Index returns f's shard index (JSON), however large.
 func (c *Client) Index(ctx context.Context, f *os.File) ([]byte, error) {
-	doc, err := c.pages(ctx, func(buf []byte) error { return c.t.File(ctx, f, CmdIndex, buf) })
+	doc, _, err := c.IndexVersion(ctx, f)
+	return doc, err
+}
+
+// IndexVersion returns f's shard index and the version of the file it was
+// parsed from (0 from a daemon without CapReadVersion), for ReadVersion.
+func (c *Client) IndexVersion(ctx context.Context, f *os.File) ([]byte, uint64, error) {
+	doc, version, err := c.pagesVersion(ctx, func(buf []byte) error { return c.t.File(ctx, f, CmdIndex, buf) })
 	if err != nil {
-		return nil, fmt.Errorf("gdsfs: INDEX %s: %w", f.Name(), err)
+		return nil, 0, fmt.Errorf("gdsfs: INDEX %s: %w", f.Name(), err)
 	}
-	return doc, nil
+	return doc, version, nil
 }
 
 // pages reads a paged document, starting again when it changes meanwhile.
 func (c *Client) pages(ctx context.Context, call func([]byte) error) ([]byte, error) {
+	doc, _, err := c.pagesVersion(ctx, call)
+	return doc, err
+}
+
+// pagesVersion is pages with the first page's Version; a page of another
+// generation or version starts the document again.
+func (c *Client) pagesVersion(ctx context.Context, call func([]byte) error) ([]byte, uint64, error) {
 	buf := make([]byte, SizePage)
 	for attempt := 0; attempt < 5; attempt++ {
 		var doc []byte
-		var gen uint64
+		var gen, version uint64
 		for {
 			(&PageRequest{Offset: uint64(len(doc))}).Encode(buf)
 			if err := call(buf); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			p, err := DecodePageReply(buf)
 			if err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			if len(doc) == 0 {
-				gen = p.Generation
+				gen, version = p.Generation, p.Version
 				if p.Total > 1<<32 {
-					return nil, fmt.Errorf("document of %d bytes: %w", p.Total, syscall.EBADMSG)
+					return nil, 0, fmt.Errorf("document of %d bytes: %w", p.Total, syscall.EBADMSG)
 				}
 				doc = make([]byte, 0, p.Total)
-			} else if p.Generation != gen {
+			} else if p.Generation != gen || p.Version != version {
 				break
 			}
 			if len(p.Data) == 0 && uint64(len(doc)) < p.Total {
-				return nil, fmt.Errorf("empty page at %d of %d: %w", len(doc), p.Total, syscall.EBADMSG)
+				return nil, 0, fmt.Errorf("empty page at %d of %d: %w", len(doc), p.Total, syscall.EBADMSG)
 			}
 			doc = append(doc, p.Data...)
 			if uint64(len(doc)) >= p.Total {
-				return doc[:p.Total], nil
+				return doc[:p.Total], version, nil
 			}
 		}
 	}
-	return nil, fmt.Errorf("document kept changing while it was read: %w", syscall.EAGAIN)
+	return nil, 0, fmt.Errorf("document kept changing while it was read: %w", syscall.EAGAIN)
 }
 
 // Close unmaps every slab and closes the control file, which ends the

@@ -128,7 +128,17 @@ const (
 	// view differs from the daemon's can name the daemon's ordinal of
 	// its own GPU (docs/protocol.md, section 2 "Device").
 	CapDeviceUUIDs
+	// CapReadVersion: INDEX replies carry the version of the file the
+	// index was parsed from (PageReply.Version), and a READ that names a
+	// version (ReadRequest.Version) is refused with ESTALE unless the
+	// file is still at that version before and after its bytes are read
+	// (docs/protocol.md, READ).
+	CapReadVersion
 )
+
+// ReadFlagVersion is READ's flags bit 0: the request's version field
+// (bytes 48..55) holds a file version from INDEX.
+const ReadFlagVersion uint32 = 1
 
 // Slab kinds of SlabReply.Kind.
 const (
@@ -272,14 +282,21 @@ type PageRequest struct {
 type PageReply struct {
 	Total      uint64
 	Generation uint64
-	Data       []byte // at most PageBytes
+	// Version is INDEX's file version (with CapReadVersion): an opaque
+	// non-zero name of the file's contents at the time the index was
+	// parsed; 0 for STATUS and from daemons without CapReadVersion.
+	Version uint64
+	Data    []byte // at most PageBytes
 }
 
 // ReadRequest asks for file ranges in slabs.
 type ReadRequest struct {
 	Token  Token
 	Device int32
-	Ranges []Range // 1..MaxRanges
+	// Version, when non-zero, is a PageReply.Version of INDEX: the daemon
+	// answers ESTALE unless the file is at that version (ReadFlagVersion).
+	Version uint64
+	Ranges  []Range // 1..MaxRanges
 }
 
 // ReadNamesRequest asks for index entries in slabs.
@@ -422,6 +439,7 @@ const (
 	pageTotal      u64 = 32
 	pageGeneration u64 = 40
 	pageLen        u32 = 48
+	pageVersion    u64 = 56 // INDEX, with CapReadVersion
 	pageData           = 64 // PageBytes
 )
 
@@ -430,7 +448,9 @@ const (
 	readDevice      u32 = 32
 	readFlags       u32 = 36
 	readCount       u32 = 40
-	readReserved        = 44 // READ: to readRanges
+	readReserved        = 44 // READ: to readVersion
+	readVersion     u64 = 48 // READ with ReadFlagVersion
+	readReserved2       = 56 // READ: to readRanges
 	readRanges          = 64 // rangeBytes each
 	namesLen        u32 = 44
 	namesReserved       = 48 // READ_NAMES: to namesArea
@@ -831,6 +851,16 @@ func EncodePageGen(b []byte, doc []byte, offset, generation uint64) error {
 	return nil
 }
 
+// EncodeIndexPage is EncodePageGen for INDEX, with the file version the
+// index was parsed from (non-zero, CapReadVersion).
+func EncodeIndexPage(b []byte, doc []byte, offset, generation, version uint64) error {
+	if err := EncodePageGen(b, doc, offset, generation); err != nil {
+		return err
+	}
+	pageVersion.put(b, version)
+	return nil
+}
+
 // DecodePageReply decodes a STATUS or INDEX reply.
 func DecodePageReply(b []byte) (PageReply, error) {
 	if err := checkReplyHeader(b, SizePage); err != nil {
@@ -843,6 +873,7 @@ func DecodePageReply(b []byte) (PageReply, error) {
 	return PageReply{
 		Total:      pageTotal.get(b),
 		Generation: pageGeneration.get(b),
+		Version:    pageVersion.get(b),
 		Data:       append([]byte(nil), b[pageData:pageData+n]...),
 	}, nil
 }
@@ -865,6 +896,10 @@ func (r *ReadRequest) Encode(b []byte) {
 	}
 	readDevice.put(b, uint32(r.Device))
 	readCount.put(b, uint32(len(rs)))
+	if r.Version != 0 {
+		readFlags.put(b, ReadFlagVersion)
+		readVersion.put(b, r.Version)
+	}
 	for i, rg := range rs {
 		e := b[readRanges+rangeBytes*i:]
 		rangeOffset.put(e, rg.Offset)
@@ -882,8 +917,17 @@ func DecodeReadRequest(b []byte) (ReadRequest, error) {
 	if err != nil {
 		return ReadRequest{}, err
 	}
-	if readFlags.get(b) != 0 || !allZero(b[readReserved:readRanges]) {
+	flags := readFlags.get(b)
+	if flags&^ReadFlagVersion != 0 || !allZero(b[readReserved:readVersion]) || !allZero(b[readReserved2:readRanges]) {
 		return ReadRequest{}, syscall.EINVAL
+	}
+	var version uint64
+	if flags&ReadFlagVersion != 0 {
+		if version = readVersion.get(b); version == 0 {
+			return ReadRequest{}, syscall.EINVAL // no version is 0
+		}
+	} else if readVersion.get(b) != 0 {
+		return ReadRequest{}, syscall.EINVAL // reserved without the flag
 	}
 	n := readCount.get(b)
 	switch {
@@ -897,7 +941,7 @@ func DecodeReadRequest(b []byte) (ReadRequest, error) {
 		e := b[readRanges+rangeBytes*i:]
 		rs[i] = Range{Offset: rangeOffset.get(e), Length: rangeLength.get(e)}
 	}
-	return ReadRequest{Token: t, Device: int32(readDevice.get(b)), Ranges: rs}, nil
+	return ReadRequest{Token: t, Device: int32(readDevice.get(b)), Version: version, Ranges: rs}, nil
 }
 
 // Encode writes the READ_NAMES request into b (SizeRead bytes). It fails

@@ -68,15 +68,21 @@ func FuzzRanges(f *testing.F) {
 		{2, 1<<64 - 10, 20, 0, 0, false},     // overflowing range
 		{3, 4096, 128 << 10, 4096, 0, false}, // aligned direct write
 		{3, 100, 100 << 10, 7, ctl.WriteSync, false},
-		{3, 1<<63 - 1, 2, 0, 0, false},      // write past the largest offset
-		{3, 0, leaseBytes + 1, 0, 0, false}, // longer than the lease
-		{3, 0, 1, 1<<64 - 1, 0, false},      // lease offset overflowing
-		{3, 1 << 40, 4096, 0, 0, false},     // far past the end: a sparse file
+		{3, 1<<63 - 1, 2, 0, 0, false},                  // write past the largest offset
+		{3, 0, leaseBytes + 1, 0, 0, false},             // longer than the lease
+		{3, 0, 1, 1<<64 - 1, 0, false},                  // lease offset overflowing
+		{3, 1 << 40, 4096, 0, 0, false},                 // far past the end: a sparse file
+		{2, 5, 9000, 0, ctl.ReadFlagVersion, false},     // a READ at the file's version
+		{2, 5, 9000, 77, ctl.ReadFlagVersion | 2, true}, // at another version: ESTALE
 	} {
 		f.Add(s.op, s.off, s.n, s.leaseOff, s.flags, s.other)
 	}
 	e, tr := rangesEnv(f)
 	data, content := e.file("data", dataBytes, os.O_RDONLY)
+	version, errno := fileVersion(data)
+	if errno != 0 {
+		f.Fatal(errno)
+	}
 	out, _ := e.file("out", 64<<10, os.O_RDWR)
 	fill := make([]byte, leaseBytes)
 	for i := range fill {
@@ -112,7 +118,14 @@ func FuzzRanges(f *testing.F) {
 			}
 			(&ctl.PinRequest{Offset: off, Length: n, Flags: flags}).Encode(in)
 		case 2:
-			cmd, in = ctl.CmdRead, readBuf(tok, ctl.HostDevice, ctl.Range{Offset: off, Length: n})
+			cmd, in = ctl.CmdRead, make([]byte, ctl.SizeRead)
+			req := ctl.ReadRequest{Token: tok, Device: ctl.HostDevice, Ranges: []ctl.Range{{Offset: off, Length: n}}}
+			if flags&1 != 0 { // a versioned READ: the file's version, or leaseOff's (ESTALE unless equal)
+				if req.Version = leaseOff; flags&2 == 0 {
+					req.Version = version
+				}
+			}
+			req.Encode(in)
 		case 3:
 			if l, err = cl.Alloc(ctx, ctl.HostDevice, leaseBytes); err != nil {
 				t.Fatal(err)
@@ -135,6 +148,9 @@ func FuzzRanges(f *testing.F) {
 				t.Fatalf("PIN %d+%d flags %#x: %+v, %v", off, n, flags, r, err)
 			}
 		case cmd == ctl.CmdRead:
+			if v := le.Uint64(in[48:]); v != 0 && v != version {
+				t.Fatalf("READ at version %#x of a file at %#x accepted", v, version)
+			}
 			r, err := ctl.DecodeReadReply(reply)
 			if err != nil || len(r.Leases) != 1 {
 				t.Fatalf("READ %d+%d: %+v, %v", off, n, r, err)

@@ -52,6 +52,13 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	if err != nil {
 		return plainErrno(err)
 	}
+	// The version before the lookup: an index parsed from a later version
+	// (the file changed in between) is then refused at READ, never read
+	// with offsets of another version.
+	version, errno := fileVersion(f)
+	if errno != 0 {
+		return errno
+	}
 	x, errno := s.lookup(ctx, c, path, f)
 	if errno != 0 {
 		return errno
@@ -60,7 +67,7 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	if err != nil {
 		return s.indexErrno(failIndex, err, path)
 	}
-	return plainErrno(ctl.EncodePageGen(out, doc, req.Offset, gen))
+	return plainErrno(ctl.EncodeIndexPage(out, doc, req.Offset, gen, version))
 }
 
 // Changed implements fs.Control.

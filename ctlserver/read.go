@@ -9,6 +9,7 @@ import (
 	"github.com/gdsfs/gdsfs/cufile"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
+	"github.com/gdsfs/gdsfs/internal/fileid"
 )
 
 // read serves READ and READ_NAMES.
@@ -26,9 +27,10 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 		return syscall.EBADF
 	}
 	var (
-		tok    ctl.Token
-		dev    int32
-		ranges []ctl.Range
+		tok     ctl.Token
+		dev     int32
+		version uint64
+		ranges  []ctl.Range
 	)
 	if byName {
 		req, err := ctl.DecodeReadNamesRequest(in)
@@ -49,7 +51,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 		if err != nil {
 			return plainErrno(err)
 		}
-		tok, dev, ranges = req.Token, req.Device, req.Ranges
+		tok, dev, version, ranges = req.Token, req.Device, req.Version, req.Ranges
 	}
 	ss, errno := s.session(tok, c)
 	if errno != 0 {
@@ -62,6 +64,16 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	pdev, errno := s.device(dev)
 	if errno != 0 {
 		return errno
+	}
+	if version != 0 {
+		// Before the ranges are checked against the size: a file cut
+		// short since its index is ESTALE, not EINVAL.
+		if errno = sameVersion(f, version); errno != 0 {
+			return errno
+		}
+		if size, errno = statFile(f); errno != 0 {
+			return errno
+		}
 	}
 	plan, errno := s.plan(ranges, size)
 	if errno != 0 {
@@ -77,8 +89,53 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	if errno != 0 {
 		return errno
 	}
+	if version != 0 {
+		// Changed while it was read: the bytes may be of either version
+		// or a mix; none is handed out (all or nothing).
+		if errno = sameVersion(f, version); errno != 0 {
+			ss.dropLeases(leases)
+			return errno
+		}
+	}
 	s.ra.afterRead(c.UID, f, eng, plan, size)
 	(&ctl.ReadReply{Leases: leases}).Encode(out)
+	return 0
+}
+
+// fileVersion is the version of f's contents that INDEX names and READ
+// checks (ctl.CapReadVersion): the FNV-1a 64 hash of its identity (device,
+// inode, size, mtime and ctime in ns), never 0. Any write, truncate or
+// in-place rewrite changes it, within the filesystem's timestamp
+// granularity.
+func fileVersion(f *os.File) (uint64, syscall.Errno) {
+	id, err := fileid.OfFile(f)
+	if err != nil {
+		return 0, plainErrno(err)
+	}
+	// FNV-1a 64 over the fields' little-endian bytes, as of id.Key(), without
+	// its allocations (two per READ).
+	v := uint64(14695981039346656037)
+	for _, x := range [5]uint64{id.Dev, id.Ino, uint64(id.Size), uint64(id.MtimeNs), uint64(id.CtimeNs)} {
+		for range 8 {
+			v = (v ^ (x & 0xff)) * 1099511628211
+			x >>= 8
+		}
+	}
+	if v == 0 {
+		v = 1
+	}
+	return v, 0
+}
+
+// sameVersion is ESTALE unless f is at version now.
+func sameVersion(f *os.File, version uint64) syscall.Errno {
+	v, errno := fileVersion(f)
+	if errno != 0 {
+		return errno
+	}
+	if v != version {
+		return syscall.ESTALE
+	}
 	return 0
 }
 

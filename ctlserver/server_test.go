@@ -657,6 +657,9 @@ func FuzzServer(f *testing.F) {
 	}
 	r := readBuf(ctl.Token{Session: 1, Secret: 0}, -1, ctl.Range{Offset: 0, Length: 5000})
 	f.Add(ctl.CmdRead, r[:96], false)
+	rv := make([]byte, ctl.SizeRead)
+	(&ctl.ReadRequest{Token: ctl.Token{Session: 1}, Device: -1, Version: 1, Ranges: []ctl.Range{{Offset: 0, Length: 5000}}}).Encode(rv)
+	f.Add(ctl.CmdRead, rv[:96], false) // versioned: ESTALE (the fuzzer may find the version)
 
 	// One server for every input of this process: building one costs far
 	// more than an input.

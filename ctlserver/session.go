@@ -429,3 +429,14 @@ func fdatasync(f *os.File) error {
 	}
 	return serr
 }
+
+// dropLeases releases leases of a READ that is refused after its bytes
+// were read (ESTALE): the reply is never written, so the client never
+// learns their ids.
+func (ss *session) dropLeases(ls []ctl.Lease) {
+	for _, l := range ls {
+		if l.ID != 0 && ss.forget(l.ID) {
+			_ = ss.srv.opts.Pool.Release(ss.owner(), l.ID)
+		}
+	}
+}

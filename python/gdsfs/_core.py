@@ -452,6 +452,11 @@ def _ioctl_eintr(fd: int, cmd: int, buf: bytearray) -> None:
 
 
 def _paged(fd: int, cmd: int, size: int, op: str) -> bytes:
+    return _paged_version(fd, cmd, size, op)[0]
+
+
+def _paged_version(fd: int, cmd: int, size: int, op: str) -> tuple[bytes, int]:
+    """A paged document and its first page's version (INDEX with CAP_READ_VERSION, else 0)."""
     for _attempt in range(8):
         buf = proto.encode_page(None, size, 0)
         _ioctl_eintr(fd, cmd, buf)
@@ -463,7 +468,7 @@ def _paged(fd: int, cmd: int, size: int, op: str) -> bytes:
             buf = proto.encode_page(None, size, got)
             _ioctl_eintr(fd, cmd, buf)
             page = proto.decode_page(buf)
-            if page.generation != first.generation:
+            if page.generation != first.generation or page.version != first.version:
                 restart = True
                 break
             if not page.data:
@@ -471,7 +476,7 @@ def _paged(fd: int, cmd: int, size: int, op: str) -> bytes:
             parts.append(page.data)
             got += len(page.data)
         if not restart:
-            return b"".join(parts)
+            return b"".join(parts), first.version
     raise GDSUnavailableError(f"gdsfs: {op}: the document kept changing while being read; retry")
 
 
@@ -995,7 +1000,7 @@ class Session:
                     continue
                 raise
 
-    def read(self, fd: Any, ranges: Sequence[tuple[int, int]], *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> list[Ref]:
+    def read(self, fd: Any, ranges: Sequence[tuple[int, int]], *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S, version: int = 0) -> list[Ref]:
         """Read byte ranges of an open file on the mount into slab memory.
 
         Args:
@@ -1004,6 +1009,9 @@ class Session:
                 at most max_ranges).
             device: override the session's target device.
             timeout: seconds to wait for pool space when the pool is full.
+            version: the file's version from INDEX (CAP_READ_VERSION; 0:
+                any): a file no longer at it is GDSUnavailableError with
+                errno ESTALE, and no lease of the call remains.
 
         Returns:
             One Ref per range, in order. The bytes are in place on return.
@@ -1021,12 +1029,20 @@ class Session:
                 raise ValueError(f"gdsfs: range ({off}, {length}) is longer than one slab ({self.hello.max_lease} bytes): split it")
         out: list[Ref] = []
         step = max(1, min(self.hello.max_ranges or proto.MAX_RANGES, proto.MAX_RANGES))
-        for i in range(0, len(ranges), step):
-            self._read_chunk(fdn, list(ranges[i : i + step]), dev, timeout, out)
+        try:
+            for i in range(0, len(ranges), step):
+                self._read_chunk(fdn, list(ranges[i : i + step]), dev, timeout, out, version)
+        except BaseException:
+            if out:  # all or nothing: the leases of the READs that succeeded go back
+                try:
+                    self.release(out)
+                except GDSUnavailableError:
+                    pass
+            raise
         return out
 
-    def _read_chunk(self, fd: int, ranges: list[tuple[int, int]], dev: int, timeout: float, out: list[Ref]) -> None:
-        buf = proto.encode_read(self.token, self._wire_device(dev), ranges)
+    def _read_chunk(self, fd: int, ranges: list[tuple[int, int]], dev: int, timeout: float, out: list[Ref], version: int = 0) -> None:
+        buf = proto.encode_read(self.token, self._wire_device(dev), ranges, version)
         t0 = time.perf_counter() if self.timing is not None else 0.0
         try:
             self._ioctl_retry(fd, proto.READ, buf, "READ", timeout)
@@ -1036,8 +1052,8 @@ class Session:
             if e.errno == _errno.E2BIG and len(ranges) > 1:
                 # Together larger than the pool: read in halves.
                 half = len(ranges) // 2
-                self._read_chunk(fd, ranges[:half], dev, timeout, out)
-                self._read_chunk(fd, ranges[half:], dev, timeout, out)
+                self._read_chunk(fd, ranges[:half], dev, timeout, out, version)
+                self._read_chunk(fd, ranges[half:], dev, timeout, out, version)
                 return
             raise _daemon_error("READ", e, f"of {len(ranges)} ranges") from e
         out.extend(self._make_ref(d, dev) for d in proto.decode_read(buf, len(ranges)))

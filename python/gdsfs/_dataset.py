@@ -31,7 +31,7 @@ from . import _core, _devmap, _layout, _leases, _tensors
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _release_refs, collate
-from ._errors import GDSShardError, GDSShardWarning, GDSUnavailableError, warn_fallback
+from ._errors import GDSShardChangedError, GDSShardError, GDSShardWarning, GDSUnavailableError, warn_fallback
 from ._plan import EpochPlan, expand_braces
 from ._tensors import GDSBatch, GDSSample, TensorRef, _numel, _torch_dtype, _view_as
 
@@ -173,10 +173,14 @@ class _ShardState:
     .npy headers, so they live exactly as long as the index does; a later epoch of a persistent
     worker reuses them instead of planning and pread-ing each header again)."""
 
-    def __init__(self, path: str, fd: int, index: dict[str, Any], ident: Optional[tuple[int, int, int, int, int]] = None) -> None:
+    def __init__(self, path: str, fd: int, index: dict[str, Any], ident: Optional[tuple[int, int, int, int, int]] = None, version: int = 0) -> None:
         self.path, self.fd, self.index = path, fd, index
         # The file's identity from before its index was read (a rewrite in between then shows).
         self.ident = ident if ident is not None else _file_ident(fd)
+        # The daemon's name of the file version the index was parsed from (INDEX, with
+        # CAP_READ_VERSION; 0: none): every READ of the shard names it, and the daemon answers
+        # ESTALE once the file is at another version (docs/protocol.md, READ).
+        self.version = version
         self.plans: dict[int, tuple[str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = {}
         # A tar's .npy geometries as the daemon's index gives them (its "npy_headers", parsed
         # from the same header bytes as _layout.parse_npy_header would be, docs/index-format.md):
@@ -206,6 +210,31 @@ class _ShardState:
 
     def close(self) -> None:
         _core._close_quietly(self.fd)  # a read-only shard: nothing is lost when close reports ENOTCONN
+
+
+class _ShardChanged(Exception):
+    """Shard i changed since it was planned (a READ at its version was ESTALE, or its identity
+    differs after plain reads): raised by _read_group before it yields any sample of the group."""
+
+    def __init__(self, shard: int) -> None:
+        super().__init__(shard)
+        self.shard = shard
+
+
+def _sample_count(index: Mapping[str, Any]) -> int:
+    """Samples in a shard's index (a file of the npy and raw formats is one)."""
+    return len(index["samples"]) if index["format"] in ("tar", "mds") else 1
+
+
+def _changed_error(path: str) -> GDSShardChangedError:
+    return GDSShardChangedError(
+        f"gdsfs: shard {path!r} changed while it was being read (rewritten in place: its size, mtime or ctime is not the planned one's); "
+        "restart the epoch (or resume from a state_dict), and write shards under a new name and rename them into place",
+        path=path, reason="changed while it was being read")
+
+
+# One planned sample: (position, shard, state, key, field plans, gpu fields' geometry).
+_Planned = tuple[int, int, _ShardState, str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]
 
 
 def _file_ident(fd: int) -> tuple[int, int, int, int, int]:
@@ -672,13 +701,15 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
     def _shard_format(self, path: str) -> str:
         return _layout.detect_format(path) if self.format == "auto" else self.format
 
-    def _index_of(self, path: str, fd: int) -> dict[str, Any]:
+    def _index_of(self, path: str, fd: int) -> tuple[dict[str, Any], int]:
+        """The shard's index and the daemon's version of the file it was parsed from (0: none)."""
         fmt = self._shard_format(path)
         if fmt == "raw":
-            return {"format": "raw", "file_size": os.fstat(fd).st_size}
+            return {"format": "raw", "file_size": os.fstat(fd).st_size}, 0
         if self._session is not None:
             try:
-                doc = json.loads(_core._paged(fd, proto.INDEX, proto.INDEX_SIZE, "INDEX"))
+                raw, version = _core._paged_version(fd, proto.INDEX, proto.INDEX_SIZE, "INDEX")
+                doc = json.loads(raw)
             except OSError as e:
                 why = self._index_error(path) if e.errno == errno.ENODATA else ""
                 if why:
@@ -688,11 +719,11 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 if self.strict:
                     raise err from e
                 warn_fallback(str(err), cause=f"INDEX {self._session.mount} errno {e.errno}")
-                return self._local_index(path, fmt)
+                return self._local_index(path, fmt), 0
             if doc.get("format") != fmt:
                 raise ValueError(f"gdsfs: {path!r} is indexed as {doc.get('format')!r}, expected {fmt!r}: pass format= explicitly")
-            return doc
-        return self._local_index(path, fmt)
+            return doc, version if self._session.hello.caps & proto.CAP_READ_VERSION else 0
+        return self._local_index(path, fmt), 0
 
     @staticmethod
     def _index_error(path: str) -> str:
@@ -743,7 +774,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             ident = _file_ident(fd)
-            st = _ShardState(path, fd, self._index_of(path, fd), ident)
+            index, version = self._index_of(path, fd)
+            st = _ShardState(path, fd, index, ident, version)
+            counts = getattr(self, "counts", None)  # None while the constructor counts
+            if counts is not None and i not in self._bad and _sample_count(index) != counts[i]:
+                # Rewritten since the epoch's plan was made from its sample count.
+                raise _changed_error(path)
         except BaseException:
             os.close(fd)
             raise
@@ -762,10 +798,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             warnings.warn(f"gdsfs: skipping shard {self.shards[i]!r}: {e.reason}", GDSShardWarning, stacklevel=4)
             self._bad.add(i)
             return 0
-        f = idx["format"]
-        if f in ("tar", "mds"):
-            return len(idx["samples"])
-        return 1
+        return _sample_count(idx)
 
     def _shard_field_names(self, i: int, wanted: frozenset[str] = frozenset()) -> set[str]:
         """Field names of shard i's samples (tar: stops once every wanted name was seen)."""
@@ -1018,22 +1051,21 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._consumed = {slot: skip}
         plan = self._plan(slots)
         epoch = self.epoch
+        it = _Iteration(resumed=skip > 0)
         pending: list[tuple[int, int, int]] = []
         count = 0  # samples of this iteration before pending's first
         for item in plan.positions(slot, skip):
             pending.append(item)
             if len(pending) >= self.read_ahead:
-                yield from self._emit(pending, slot, plan, epoch, count)
+                yield from self._emit(pending, slot, plan, epoch, count, it)
                 count += len(pending)
                 pending = []
         if pending:
-            yield from self._emit(pending, slot, plan, epoch, count)
+            yield from self._emit(pending, slot, plan, epoch, count, it)
 
-    def _emit(self, items: list[tuple[int, int, int]], slot: int, plan: EpochPlan, epoch: int, first: int = 0) -> Iterator[GDSSample]:
-        """Plan every sample of a chunk, then read it in groups of at most
-        read_ahead_bytes of gpu fields with one daemon request per shard."""
-        lo = plan.block(slot)[0]
-        planned: list[tuple[int, int, _ShardState, str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = []
+    def _plan_items(self, items: list[tuple[int, int, int]]) -> list[_Planned]:
+        """(position, shard, state, key, field plans, gpu geometry) of each item."""
+        planned: list[_Planned] = []
         daemon = self._session is not None
         for pos, shard, idx in items:
             st = self._shard(shard)
@@ -1057,6 +1089,17 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 fields, geo = [_FieldPlan("__error__", 0, 0, False, "error")], {}
                 self._errors[(st.path, key)] = err
             planned.append((pos, shard, st, key, fields, geo))
+        return planned
+
+    def _emit(self, items: list[tuple[int, int, int]], slot: int, plan: EpochPlan, epoch: int, first: int = 0, it: Optional["_Iteration"] = None) -> Iterator[GDSSample]:
+        """Plan every sample of a chunk, then read it in groups of at most
+        read_ahead_bytes of gpu fields with one daemon request per shard. A shard that
+        changed since it was planned (_ShardChanged: nothing of the group was yielded) is
+        planned once more from its new index when no sample of it was yielded in this
+        iteration yet and it has as many samples as before; else GDSShardChangedError."""
+        it = it if it is not None else _Iteration(resumed=False)
+        lo = plan.block(slot)[0]
+        planned = self._plan_items(items)
         start = 0
         while start < len(planned):
             end, acc = start, 0
@@ -1066,8 +1109,31 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     break
                 acc += nb
                 end += 1
-            yield from self._read_group(planned[start:end], slot, lo, plan.slots, epoch, first + start)
+            try:
+                yield from self._read_group(planned[start:end], slot, lo, plan.slots, epoch, first + start, it)
+            except _ShardChanged as e:
+                self._replan(e.shard, it)
+                planned[start:] = self._plan_items(items[start:])
+                continue
             start = end
+
+    def _replan(self, shard: int, it: "_Iteration") -> None:
+        """Open shard anew after it changed, or raise GDSShardChangedError when the epoch
+        cannot go on exactly once (some of its samples were yielded, it was planned anew
+        already, the iteration resumed mid-epoch, or its sample count changed)."""
+        path = self.shards[shard]
+        st = self._open.pop(shard, None)
+        if st is not None:
+            st.close()
+        if shard in it.yielded or shard in it.replanned or it.resumed:
+            raise _changed_error(path)
+        it.replanned.add(shard)
+        try:
+            self._shard(shard)  # GDSShardChangedError when its sample count changed
+        except GDSShardChangedError:
+            raise
+        except (OSError, GDSShardError, ValueError, KeyError):
+            raise _changed_error(path) from None
 
     def _runs(self, group: list[Any], first: int) -> tuple[dict[int, list[tuple[int, int]]], dict[int, list[tuple[str, str, str]]], list[list[tuple[int, int]]]]:
         """The READ ranges of a group: per shard the ranges and the (field, sample, shard) each
@@ -1106,49 +1172,63 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             where.append(locs)
         return wanted, names, where
 
-    def _read_group(self, group: list[Any], slot: int, lo: int, slots: int, epoch: int, first: int = 0) -> Iterator[GDSSample]:
+    def _read_group(self, group: list[Any], slot: int, lo: int, slots: int, epoch: int, first: int = 0, it: Optional["_Iteration"] = None) -> Iterator[GDSSample]:
+        """Read and yield a group's samples: CPU fields with pread first, then the gpu fields
+        with one READ per shard at the version of the shard's index (or, without gpu fields, a
+        READ of nothing that checks that version): the daemon answers ESTALE unless the shard
+        is still at it, before and after reading, which covers the preads too. A shard that
+        is checked by nobody (plain reads) is fstat()ed after its reads. A change raises
+        _ShardChanged before any sample is yielded; the leases read so far go back."""
         wanted, names, where = self._runs(group, first)
         refs: dict[int, list[Ref]] = {}
         holds: dict[int, list[Optional[_leases.Hold]]] = {}
         session = self._session
         held: dict[int, Ref] = {}  # lease id -> Ref, of samples not yet handed out
+        checked: set[int] = set()  # shards whose version the daemon checked after the preads
         try:
-            for shard, ranges in wanted.items():
-                assert session is not None
+            # The CPU fields' bytes (decoded once the shard's version is checked: stale bytes
+            # would fail to decode with a misleading error, or decode into wrong values).
+            cpu: list[dict[str, bytes]] = []
+            for (_pos, _shard, st, _key, fields, _geo) in group:
+                cpu.append({fp.name: os.pread(st.fd, fp.length, fp.offset) for fp in fields if not fp.gpu})
+            states = {shard: st for (_p, shard, st, *_r) in group}
+            for shard, st in states.items():
+                if session is None:
+                    break
+                ranges = wanted.get(shard)
+                if ranges is None and not st.version:
+                    continue
                 try:
-                    refs[shard] = session.read(self._shard(shard).fd, ranges)
+                    got = session.read(st.fd, ranges or [(0, 0)], version=st.version)
                 except GDSUnavailableError as e:
+                    if e.errno == errno.ESTALE:
+                        raise _ShardChanged(shard) from None
                     # The daemon cannot serve this shard now: plain reads
                     # (warned once per mount and errno), unless strict.
                     warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
                     continue
-                held.update((r.lease, r) for r in refs[shard] if r.lease)
+                if st.version:
+                    checked.add(shard)
+                if ranges is None:
+                    continue
+                refs[shard] = got
+                held.update((r.lease, r) for r in got if r.lease)
                 # This process's Holds of the group's leases, in one pass over the lease book.
-                holds[shard] = _leases.hold_many([(r, *n) for r, n in zip(refs[shard], names[shard])])
-            out: list[GDSSample] = []
-            for (pos, shard, st, key, fields, geo), locs in zip(group, where):
-                sample = GDSSample(__key__=key, __url__=st.path)
-                at = 0
+                holds[shard] = _leases.hold_many([(r, *n) for r, n in zip(got, names[shard])])
+            try:
+                out = self._assemble(group, where, cpu, refs, holds, slot, lo, slots, epoch)
+            except GDSShardError:
+                # Plain reads of a shard rewritten meanwhile fail as "truncated" or "not npy":
+                # the change is the error.
+                self._raise_if_changed(states, checked)
+                raise
+            self._raise_if_changed(states, checked)
+            for sample, (_pos, _shard, st, key, fields, _geo) in zip(out, group):
                 for fp in fields:
-                    if fp.name in geo and shard in refs:
-                        _off, nb, dt, shape, fortran = geo[fp.name]
-                        j, start = locs[at]
-                        at += 1
-                        r, h = refs[shard][j], holds[shard][j]
-                        if r.valid < start + nb:
-                            got = max(0, r.valid - start)
-                            raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({got} of {nb} bytes): "
-                                                "rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
-                        sample[fp.name] = TensorRef(r, dt, shape, start, fortran, fp.name, key, st.path, h)
-                    elif fp.gpu:
-                        sample[fp.name] = self._plain_tensor(st, fp, key)
-                    else:
-                        sample[fp.name] = self._decode_cpu(fp, os.pread(st.fd, fp.length, fp.offset), st, key)
-                sample.progress = (slot, pos - lo + 1, slots)
-                sample.epoch = epoch
-                sample.gpu_fields = self.gpu_keys
-                out.append(sample)
-            for sample in out:
+                    if not fp.gpu:
+                        sample[fp.name] = self._decode_cpu(fp, sample[fp.name], st, key)
+            yielded = it.yielded if it is not None else set()
+            for sample, (_pos, shard, *_r) in zip(out, group):
                 with self._lock:
                     self._consumed[slot] = sample.progress[1]  # type: ignore[index]
                 # Handed out: its leases are the consumer's from the yield
@@ -1157,15 +1237,65 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 for v in sample.values():
                     if isinstance(v, TensorRef):
                         held.pop(v.ref.lease, None)
+                yielded.add(shard)
                 yield sample
         finally:
-            # Samples read but never handed out (an error, or the consumer
+            # Samples read but never handed out (an error, a changed shard, or the consumer
             # stopped early): give their leases back now.
             if held and session is not None:
                 try:
                     session.release(list(held.values()))
                 except GDSUnavailableError:
                     pass
+
+    @staticmethod
+    def _raise_if_changed(states: dict[int, _ShardState], checked: set[int]) -> None:
+        """_ShardChanged for a shard of the group the daemon did not check that fstat() shows
+        rewritten since its index was read."""
+        for shard, st in states.items():
+            if shard not in checked and st.changed():
+                raise _ShardChanged(shard)
+
+    def _assemble(self, group: list[Any], where: list[list[tuple[int, int]]], cpu: list[dict[str, bytes]], refs: dict[int, list[Ref]],
+                  holds: dict[int, list[Optional[_leases.Hold]]], slot: int, lo: int, slots: int, epoch: int) -> list[GDSSample]:
+        """The group's samples: gpu fields as TensorRefs of the READs (plain reads where the
+        daemon did not serve), CPU fields as the bytes read (decoded by the caller)."""
+        out: list[GDSSample] = []
+        for (pos, shard, st, key, fields, geo), locs, values in zip(group, where, cpu):
+            sample = GDSSample(__key__=key, __url__=st.path)
+            at = 0
+            for fp in fields:
+                if fp.name in geo and shard in refs:
+                    _off, nb, dt, shape, fortran = geo[fp.name]
+                    j, start = locs[at]
+                    at += 1
+                    r, h = refs[shard][j], holds[shard][j]
+                    if r.valid < start + nb:
+                        got = max(0, r.valid - start)
+                        raise GDSShardError(f"gdsfs: field {fp.name!r} of sample {key!r} in shard {st.path!r} is truncated ({got} of {nb} bytes): "
+                                            "rewrite the shard", path=st.path, key=key, reason=f"field {fp.name!r} is truncated")
+                    sample[fp.name] = TensorRef(r, dt, shape, start, fortran, fp.name, key, st.path, h)
+                elif fp.gpu:
+                    sample[fp.name] = self._plain_tensor(st, fp, key)
+                else:
+                    sample[fp.name] = values[fp.name]  # decoded by the caller
+            sample.progress = (slot, pos - lo + 1, slots)
+            sample.epoch = epoch
+            sample.gpu_fields = self.gpu_keys
+            out.append(sample)
+        return out
+
+
+class _Iteration:
+    """One iteration's record of the shards it yielded samples of and planned anew, for
+    _emit's choice between planning a changed shard again and GDSShardChangedError."""
+
+    __slots__ = ("resumed", "yielded", "replanned")
+
+    def __init__(self, resumed: bool) -> None:
+        self.resumed = resumed
+        self.yielded: set[int] = set()
+        self.replanned: set[int] = set()
 
 
 def _check_listable(d: str, *, list_it: bool = True) -> None:

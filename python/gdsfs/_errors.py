@@ -63,6 +63,16 @@ class GDSShardError(ValueError):
         self.reason = reason
 
 
+class GDSShardChangedError(GDSShardError):
+    """A shard was rewritten in place (same path and inode, other contents) while a dataset read
+    it: the samples it planned from the old contents cannot be read from the new ones. Restart
+    the epoch (or resume from a state_dict); write shards under a new name and rename them into
+    place. Its one-argument form is what a DataLoader worker's error is re-raised as."""
+
+    def __init__(self, message: str, *, path: str = "", key: str | None = None, reason: str = "") -> None:
+        super().__init__(message, path=path, key=key, reason=reason)
+
+
 class GDSShardWarning(UserWarning):
     """A bad shard or sample was skipped (GDSShardDataset(handler="warn_and_skip"))."""
 

@@ -30,6 +30,9 @@ CAP_INDEX = 1 << 3
 CAP_WRITE = 1 << 4
 CAP_SLAB_FD = 1 << 5  # slab descriptors on the slab socket named in HELLO
 CAP_DEVICE_UUIDS = 1 << 6  # STATUS names each CUDA device's UUID (pool.devices[].uuid)
+CAP_READ_VERSION = 1 << 7  # INDEX names the file's version; READ at a version is ESTALE once it changed
+
+READ_FLAG_VERSION = 1  # READ flags bit 0: the request's version field holds INDEX's version
 
 SLAB_KIND_HOST = 1
 SLAB_KIND_CUDA = 2  # legacy 64-byte CUDA IPC handle (a bearer capability)
@@ -125,6 +128,7 @@ class Page(NamedTuple):
     total: int
     generation: int
     data: bytes
+    version: int = 0  # INDEX, with CAP_READ_VERSION: the file's version the index was parsed from
 
 
 def request(size: int, token: Token | None = None) -> bytearray:
@@ -259,15 +263,19 @@ def decode_page(buf: bytes) -> Page:
     total, generation, n = struct.unpack_from("<QQI", buf, 32)
     if n > len(buf) - PAGE_DATA_OFFSET:
         raise ValueError(f"gdsfs: page len {n} exceeds the buffer")
-    return Page(total, generation, bytes(buf[PAGE_DATA_OFFSET : PAGE_DATA_OFFSET + n]))
+    (version,) = struct.unpack_from("<Q", buf, 56)
+    return Page(total, generation, bytes(buf[PAGE_DATA_OFFSET : PAGE_DATA_OFFSET + n]), version)
 
 
-def encode_read(token: Token, device: int, ranges: Sequence[tuple[int, int]]) -> bytearray:
+def encode_read(token: Token, device: int, ranges: Sequence[tuple[int, int]], version: int = 0) -> bytearray:
+    """A READ request; version (INDEX's, non-zero) asks for ESTALE unless the file is at it."""
     n = len(ranges)
     if not 1 <= n <= MAX_RANGES:
         raise ValueError(f"gdsfs: READ of {n} ranges (1..{MAX_RANGES})")
     buf = request(READ_SIZE, token)
-    struct.pack_into("<iII", buf, 32, device, 0, n)
+    struct.pack_into("<iII", buf, 32, device, READ_FLAG_VERSION if version else 0, n)
+    if version:
+        struct.pack_into("<Q", buf, 48, version)
     flat: list[int] = []
     for off, length in ranges:
         flat.append(off)
@@ -339,6 +347,7 @@ ERRNO_HINTS = {
     _errno.EBADF: "the file is not open for writing",
     _errno.EOPNOTSUPP: "the entry is not one plain byte range (compressed zip record, sparse tar member): read it with plain I/O",
     _errno.ENODATA: "the file has no recognised format (tar, MDS, safetensors, torch zip, npy)",
+    _errno.ESTALE: "the file changed (rewritten in place) since its index was read: read its index again",
     _errno.ENOTCONN: "the gdsfs daemon exited: run `gdsfs mount` on the mountpoint again, then reopen files and sessions",
     _errno.ECONNABORTED: "the gdsfs daemon exited: run `gdsfs mount` on the mountpoint again, then reopen files and sessions",
 }

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ._collate import collate
 from ._dataset import DataLoader, GDSShardDataset, StatefulDataLoader, default_decode, stateful_dataloader
-from ._errors import GDSShardError, GDSShardWarning
+from ._errors import GDSShardChangedError, GDSShardError, GDSShardWarning
 from ._tensors import GDSBatch, GDSSample, TensorRef, materialize, tensor_from_ref, writable_view
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "GDSBatch",
     "GDSSample",
     "GDSShardDataset",
+    "GDSShardChangedError",
     "GDSShardError",
     "GDSShardWarning",
     "StatefulDataLoader",

@@ -273,7 +273,7 @@ def test_pages(doc: Doc) -> None:
     for size in (proto.STATUS_SIZE, proto.INDEX_SIZE):
         _check_encoder(doc, "3.5 request", proto.encode_page(TOKEN, size, 0x0102030405), {"offset": 0x0102030405}, size)
     r = _layout(doc, "3.5 reply")
-    assert set(r) == {"total", "generation", "len", "data"}
+    assert set(r) == {"total", "generation", "len", "version", "data"}
     assert proto.PAGE_DATA_OFFSET == r["data"].off and r["data"].off + _width(r["data"]) == proto.STATUS_SIZE
     buf = bytearray(proto.STATUS_SIZE)
     data = b'{"x": 1}'
@@ -281,16 +281,20 @@ def test_pages(doc: Doc) -> None:
     _put(buf, r["generation"], 0x0200000000000003)
     _put(buf, r["len"], len(data))
     buf[r["data"].off : r["data"].off + len(data)] = data
-    assert proto.decode_page(bytes(buf)) == (0x0100000000000009, 0x0200000000000003, data)
+    assert proto.decode_page(bytes(buf)) == (0x0100000000000009, 0x0200000000000003, data, 0)
+    _put(buf, r["version"], 0x0300000000000005)
+    assert proto.decode_page(bytes(buf)).version == 0x0300000000000005
 
 
 def test_read(doc: Doc) -> None:
     f = _layout(doc, "3.6 request")
-    assert set(f) == {"device", "flags", "count", "ranges"}
+    assert set(f) == {"device", "flags", "count", "version", "ranges"}
     assert f["ranges"].typ == f"16 bytes × {proto.MAX_RANGES}" and f["ranges"].off + _width(f["ranges"]) <= proto.READ_SIZE
     ranges = [(0x0100000000000001, 0x0200000000000002), (0x0300000000000003, 0x0400000000000004)]
     flat = struct.pack("<4Q", *(x for r in ranges for x in r))
     _check_encoder(doc, "3.6 request", proto.encode_read(TOKEN, -3, ranges), {"device": -3, "count": len(ranges)}, proto.READ_SIZE, {"ranges": flat})
+    _check_encoder(doc, "3.6 request", proto.encode_read(TOKEN, -3, ranges, 0x0500000000000007),
+                   {"device": -3, "flags": proto.READ_FLAG_VERSION, "count": len(ranges), "version": 0x0500000000000007}, proto.READ_SIZE, {"ranges": flat})
     r = _layout(doc, "3.6 reply")
     # The reply's count echoes the request's: the Python client keeps its own.
     assert set(r) == {"count"}
