@@ -477,6 +477,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
     def _pick_device(device: Union[int, str, torch.device, None], path: str, mount: Optional[str] = None) -> Optional[int]:
         if isinstance(device, (str, torch.device)):
             d = torch.device(device)
+            if d.type not in ("cpu", "cuda"):
+                raise ValueError(f"gdsfs: device={device!r}: GDSShardDataset reads gpu_keys fields into CPU or CUDA memory "
+                                 "only; pass device='cpu' or 'cuda[:N]' (move batches elsewhere with batch_map=)")
             if d.type != "cuda":
                 return -1
             return GDSShardDataset._cuda_device(d.index if d.index is not None else 0, path, mount)

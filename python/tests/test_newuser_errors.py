@@ -310,3 +310,11 @@ def test_save_onto_a_read_only_mount(tmp_path, gdsfs_bin) -> None:
             assert ei.value.errno == 30 and f"cannot save {dest!r}" in msg and "read-only" in msg and "save elsewhere" in msg, msg
     finally:
         unmount(gdsfs_bin, m.mnt)
+
+
+@pytest.mark.parametrize("device", ["meta", torch.device("meta")])
+def test_dataset_device_that_is_neither_cpu_nor_cuda(datasets, device) -> None:
+    with pytest.raises(ValueError) as ei:
+        gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=["x.npy"], device=device)
+    msg = one_line(ei.value)
+    assert "CPU or CUDA memory only" in msg and "device='cpu'" in msg, msg
