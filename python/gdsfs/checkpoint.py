@@ -141,8 +141,21 @@ def load(
     try:
         return _load_path(path, restore, wo, pickle_load_args, strict=strict, via_daemon=True)
     except torchzip.NotAddressable as e:
+        if _is_safetensors(path):
+            raise ValueError(f"gdsfs: {path!r} is a safetensors file, not a torch.save archive: load it with "
+                             "gdsfs.safetensors.load_file") from None
         warn_fallback(f"{path!r} needs torch.load ({e})", strict=strict)
         return _stock_load(f, map_location, pickle_module, wo, mmap, pickle_load_args)
+
+
+def _is_safetensors(path: str) -> bool:
+    """True when path starts like a safetensors file: a little-endian u64 header length, then '{'."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(9)
+    except OSError:
+        return False
+    return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < 100_000_000
 
 
 def _load_path(path: str, restore: Callable[[str], torch.device], weights_only: bool,

@@ -318,3 +318,14 @@ def test_dataset_device_that_is_neither_cpu_nor_cuda(datasets, device) -> None:
         gt.GDSShardDataset(datasets.wds_shards(), gpu_keys=["x.npy"], device=device)
     msg = one_line(ei.value)
     assert "CPU or CUDA memory only" in msg and "device='cpu'" in msg, msg
+
+
+def test_checkpoint_load_of_a_safetensors_file(gdsfs_mount) -> None:
+    p = gdsfs_mount.path("nu-model.safetensors")
+    gdsfs.safetensors.save_file({"w": torch.ones(8)}, p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "needs torch.load ... using plain reads" first
+        with pytest.raises(ValueError) as ei:
+            gdsfs.checkpoint.load(p)
+    msg = one_line(ei.value)
+    assert msg == f"gdsfs: {p!r} is a safetensors file, not a torch.save archive: load it with gdsfs.safetensors.load_file", msg
