@@ -1,6 +1,6 @@
 """A new user's common mistakes, each one line naming what is wrong and what to do.
 
-docs/newuser-trial.md lists them: a mount whose daemon was killed, a truncated safetensors or
+docs/first-hour.md lists them: a mount whose daemon was killed, a truncated safetensors or
 torch.save file, a corrupt tar member (also through DataLoader workers), strict=True off a
 mount, a lambda collate_fn under spawn, a save into a directory the user cannot write, and a save
 onto a full disk.
