@@ -121,3 +121,57 @@ func TestCLIUnusableMounts(t *testing.T) {
 		t.Errorf("%s is still a %s mount after gdsfs unmount --force", dead, typ)
 	}
 }
+
+// TestWarmOfUnreadableFilesFails: gdsfs warm warms what the user may read
+// and skips the rest with one line each, but does not exit 0 when it
+// skipped something: a job that warms a dataset before training must see
+// that part of it was not warmed (as cat, du or vmtouch would).
+func TestWarmOfUnreadableFilesFails(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, mnt := filepath.Join(dir, "src"), filepath.Join(dir, "mnt")
+	for _, d := range []string{src, mnt} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, filepath.Join(src, "open.bin"), bytes.Repeat([]byte("o"), 8192))
+	writeFile(t, filepath.Join(src, "secret.bin"), []byte("root only"))
+	if err := os.Chmod(filepath.Join(src, "secret.bin"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startBinDaemon(t, src, mnt, "--allow-other", "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	secret := filepath.Join(mnt, "secret.bin")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"a readable file", []string{"warm", filepath.Join(mnt, "open.bin")}, 0, []string{"warmed 1 files"}},
+		{"a tree with an unreadable file", []string{"warm", mnt}, 2, []string{"warmed 1 files",
+			"gdsfs: warm: skipped open " + secret + ": permission denied",
+			"gdsfs: warm: 1 path could not be read (listed above); the rest was warmed"}},
+		{"an unreadable file", []string{"warm", secret}, 2, []string{"gdsfs: warm: skipped open " + secret + ": permission denied",
+			"gdsfs: warm: 1 path could not be read (listed above); the rest was warmed"}},
+		{"--pin of an unreadable file", []string{"warm", "--pin", secret}, 2, []string{"gdsfs: warm: skipped " + secret + ": permission denied",
+			"gdsfs: warm --pin: no file could be pinned (listed above)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code := runGdsfsAs(t, 10001, tc.args...)
+			if code != tc.code {
+				t.Errorf("gdsfs %s (uid 10001): exit %d, want %d\n%s", strings.Join(tc.args, " "), code, tc.code, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("gdsfs %s (uid 10001): output lacks %q:\n%s", strings.Join(tc.args, " "), w, out)
+				}
+			}
+		})
+	}
+}

@@ -150,7 +150,20 @@ func runWarm(cmd *cobra.Command, c *warmConfig) error {
 		fmt.Fprintf(out, "note: %s did not stay cached: the data is larger than the memory the kernel could spare\n",
 			humanize.IBytes(uint64(measured-resident)))
 	}
-	return nil
+	return skippedError(plan.Skipped)
+}
+
+// skippedError is warm's exit status when it skipped paths it could not
+// read (each already named on stderr): a job that warms a dataset before
+// training must not take a partial warm for a whole one. Nil when none.
+func skippedError(skipped []error) error {
+	switch len(skipped) {
+	case 0:
+		return nil
+	case 1:
+		return usagef("warm: 1 path could not be read (listed above); the rest was warmed")
+	}
+	return usagef("warm: %d paths could not be read (listed above); the rest was warmed", len(skipped))
 }
 
 // unmeasuredWhy says why warm cannot tell what of some files is cached.

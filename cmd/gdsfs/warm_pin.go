@@ -38,7 +38,7 @@ func runWarmPin(ctx context.Context, cmd *cobra.Command, c *warmConfig, show boo
 	}
 	if len(plan.Files) == 0 {
 		if len(plan.Skipped) > 0 {
-			return errors.New("warm --pin: no file could be pinned")
+			return usagef("warm --pin: no file could be pinned (listed above)")
 		}
 		fmt.Fprintln(out, "no files to pin")
 		return nil
@@ -72,5 +72,5 @@ func runWarmPin(ctx context.Context, cmd *cobra.Command, c *warmConfig, show boo
 	fmt.Fprintf(out, "pinned %d files, %s: read %s into the tier%s in %s (%s were already in it); the tier holds %s of %s (yours: %s)\n",
 		len(plan.Files), humanize.IBytes(uint64(plan.Total)), humanize.IBytes(uint64(read)), rate, elapsed.Round(time.Millisecond),
 		humanize.IBytes(uint64(plan.Cached)), humanize.IBytes(plan.Last.Used), humanize.IBytes(plan.Last.Budget), humanize.IBytes(plan.Last.Yours))
-	return nil
+	return skippedError(plan.Skipped)
 }
