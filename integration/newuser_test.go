@@ -175,3 +175,46 @@ func TestWarmOfUnreadableFilesFails(t *testing.T) {
 		})
 	}
 }
+
+// TestMountOverNonEmptyDirSaysSo: gdsfs mount --source S DIR over a DIR
+// with files of its own hides them while mounted, as mount(8) does; the
+// user is told once, on the terminal, and the mount still succeeds.
+func TestMountOverNonEmptyDirSaysSo(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	src, mnt := filepath.Join(dir, "src"), filepath.Join(dir, "mnt")
+	for _, d := range []string{src, mnt} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, filepath.Join(mnt, "mine.txt"), []byte("hidden while mounted"))
+	writeFile(t, filepath.Join(src, "served.txt"), []byte("served"))
+	out, code := runGdsfs(t, "mount", "--background", "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB",
+		"--log-file", filepath.Join(dir, "log"), "--source", src, mnt)
+	if code != 0 {
+		t.Fatalf("gdsfs mount: exit %d\n%s", code, out)
+	}
+	t.Cleanup(func() { runGdsfs(t, "unmount", "--force", mnt) })
+	want := fmt.Sprintf("gdsfs: note: %s is not empty: its 1 entries are hidden while it is mounted (leave --source out to serve them instead)", mnt)
+	if !strings.Contains(out, want) {
+		t.Errorf("gdsfs mount over a non-empty directory said:\n%s\nwant a line %q", out, want)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "served.txt")); err != nil || string(b) != "served" {
+		t.Errorf("the mount does not serve --source: %q, %v", b, err)
+	}
+	// An empty mountpoint says nothing of the kind.
+	empty := filepath.Join(dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, code = runGdsfs(t, "mount", "--background", "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB",
+		"--log-file", filepath.Join(dir, "log2"), "--source", src, empty)
+	if code != 0 {
+		t.Fatalf("gdsfs mount: exit %d\n%s", code, out)
+	}
+	t.Cleanup(func() { runGdsfs(t, "unmount", "--force", empty) })
+	if strings.Contains(out, "note:") {
+		t.Errorf("gdsfs mount over an empty directory said %q", out)
+	}
+}

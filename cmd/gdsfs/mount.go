@@ -176,6 +176,9 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, cf *controlFlags, repor
 	if err := prepareMount(c, log); err != nil {
 		return err
 	}
+	if report == nil {
+		noteHidden(cmd.ErrOrStderr(), c)
+	}
 	if c.background && report == nil {
 		return startBackground(c)
 	}
@@ -303,4 +306,27 @@ func newLogger(w io.Writer, level string) (zerolog.Logger, error) {
 		w = zerolog.ConsoleWriter{Out: f, TimeFormat: time.TimeOnly}
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// noteHidden tells the user, on the terminal, that mounting --source over
+// a directory with entries of its own hides them while mounted (as
+// mount(8) does, silently). Without --source gdsfs serves them.
+func noteHidden(w io.Writer, c *mountConfig) {
+	if c.source == "" {
+		return
+	}
+	d, err := os.Open(c.mountpoint)
+	if err != nil {
+		return
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(1000)
+	if len(names) == 0 {
+		return
+	}
+	n := fmt.Sprint(len(names))
+	if len(names) == 1000 {
+		n = "1000 or more"
+	}
+	fmt.Fprintf(w, "gdsfs: note: %s is not empty: its %s entries are hidden while it is mounted (leave --source out to serve them instead)\n", c.mountpoint, n)
 }
