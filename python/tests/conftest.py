@@ -59,10 +59,23 @@ def _engine_flag(binary: str) -> list[str]:
     return ["--engine", "host"] if "--engine" in out else []
 
 
+def _mounted(mnt: str) -> bool:
+    """Whether mnt is a mount point in this mount namespace. /proc/self/mountinfo, not
+    os.path.ismount: a mount whose daemon died answers lstat with ENOTCONN, which ismount
+    takes for "not a mount", and the dead mount would be left behind."""
+    target = os.path.realpath(mnt)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            # Field 5 is the mount point, with spaces and the like written as octal escapes.
+            return any(line.split()[4].encode().decode("unicode_escape") == target for line in f)
+    except OSError:
+        return os.path.ismount(mnt)
+
+
 def unmount(binary: str, mnt: str) -> None:
-    """Unmount, falling back to fusermount3 -u and umount -l."""
+    """Unmount, falling back to fusermount3 -u and umount -l (also a mount whose daemon died)."""
     for cmd in ([binary, "unmount", mnt], ["fusermount3", "-u", mnt], ["umount", "-l", mnt]):
-        if not os.path.ismount(mnt):
+        if not _mounted(mnt):
             return
         try:
             subprocess.run(cmd, capture_output=True, timeout=30)
