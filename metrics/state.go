@@ -156,11 +156,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.poolFreed, dv.FreedSlabs, l)
 		}
 		for _, u := range boundUIDs(ps.UIDs) {
-			gauge(c.uidLeased, float64(u.LeasedBytes), u.label)
-			gauge(c.uidSessions, float64(u.Sessions), u.label)
-			gauge(c.uidAllocated, float64(u.AllocatedBytes), u.label)
-			counter(c.uidRefused, u.Refused, u.label)
-			counter(c.uidFreed, u.FreedSlabs, u.label)
+			gauge(c.uidLeased, float64(u.stats.LeasedBytes), u.label)
+			gauge(c.uidSessions, float64(u.stats.Sessions), u.label)
+			gauge(c.uidAllocated, float64(u.stats.AllocatedBytes), u.label)
+			counter(c.uidRefused, u.stats.Refused, u.label)
+			counter(c.uidFreed, u.stats.FreedSlabs, u.label)
 		}
 	}
 	if src.index != nil {
@@ -190,73 +190,62 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.ofReserve, float64(of.Reserve))
 		gauge(c.ofBudget, float64(of.PerUID))
 		for _, u := range boundOpenUIDs(of.UIDs) {
-			gauge(c.ofOpen, float64(u.Open), u.label)
-			counter(c.ofRefused, u.Refused, u.label)
+			gauge(c.ofOpen, float64(u.stats.Open), u.label)
+			counter(c.ofRefused, u.stats.Refused, u.label)
 		}
 	}
 }
 
-type labelledOpens struct {
-	fs.UIDOpenStats
+// labelled is one uid's figures and the label its metrics carry: the uid,
+// or "other" for the sum of the uids past MaxUIDLabels.
+type labelled[T any] struct {
+	stats T
 	label string
 }
 
-// boundOpenUIDs keeps the MaxUIDLabels uids holding the most descriptors
-// and sums the rest into "other".
-func boundOpenUIDs(uids []fs.UIDOpenStats) []labelledOpens {
-	sorted := append([]fs.UIDOpenStats(nil), uids...)
+// boundByUID keeps the MaxUIDLabels entries that weigh the most (ties: the
+// lower uid first) and sums the rest into one "other" entry with add, so a
+// node with many users keeps a bounded number of series.
+func boundByUID[T any](items []T, uid func(T) uint32, weight func(T) int64, add func(sum *T, x T)) []labelled[T] {
+	sorted := append([]T(nil), items...)
 	sort.Slice(sorted, func(i, j int) bool {
-		if sorted[i].Open != sorted[j].Open {
-			return sorted[i].Open > sorted[j].Open
+		if wi, wj := weight(sorted[i]), weight(sorted[j]); wi != wj {
+			return wi > wj
 		}
-		return sorted[i].UID < sorted[j].UID
+		return uid(sorted[i]) < uid(sorted[j])
 	})
-	var out []labelledOpens
-	var rest fs.UIDOpenStats
-	for i, u := range sorted {
+	var out []labelled[T]
+	var rest T
+	for i, x := range sorted {
 		if i < MaxUIDLabels {
-			out = append(out, labelledOpens{u, strconv.FormatUint(uint64(u.UID), 10)})
+			out = append(out, labelled[T]{x, strconv.FormatUint(uint64(uid(x)), 10)})
 			continue
 		}
-		rest.Open += u.Open
-		rest.Refused += u.Refused
+		add(&rest, x)
 	}
 	if len(sorted) > MaxUIDLabels {
-		out = append(out, labelledOpens{rest, "other"})
+		out = append(out, labelled[T]{rest, other})
 	}
 	return out
 }
 
-type labelledUID struct {
-	gpubuf.UIDStats
-	label string
+// boundOpenUIDs keeps the uids holding the most descriptors.
+func boundOpenUIDs(uids []fs.UIDOpenStats) []labelled[fs.UIDOpenStats] {
+	return boundByUID(uids, func(u fs.UIDOpenStats) uint32 { return u.UID }, func(u fs.UIDOpenStats) int64 { return u.Open },
+		func(sum *fs.UIDOpenStats, u fs.UIDOpenStats) {
+			sum.Open += u.Open
+			sum.Refused += u.Refused
+		})
 }
 
-// boundUIDs keeps the MaxUIDLabels uids holding the most bytes and sums
-// the rest into "other".
-func boundUIDs(uids []gpubuf.UIDStats) []labelledUID {
-	sorted := append([]gpubuf.UIDStats(nil), uids...)
-	sort.Slice(sorted, func(i, j int) bool {
-		if sorted[i].LeasedBytes != sorted[j].LeasedBytes {
-			return sorted[i].LeasedBytes > sorted[j].LeasedBytes
-		}
-		return sorted[i].UID < sorted[j].UID
-	})
-	var out []labelledUID
-	var rest gpubuf.UIDStats
-	for i, u := range sorted {
-		if i < MaxUIDLabels {
-			out = append(out, labelledUID{u, strconv.FormatUint(uint64(u.UID), 10)})
-			continue
-		}
-		rest.Sessions += u.Sessions
-		rest.LeasedBytes += u.LeasedBytes
-		rest.AllocatedBytes += u.AllocatedBytes
-		rest.Refused += u.Refused
-		rest.FreedSlabs += u.FreedSlabs
-	}
-	if len(sorted) > MaxUIDLabels {
-		out = append(out, labelledUID{rest, other})
-	}
-	return out
+// boundUIDs keeps the uids holding the most leased bytes.
+func boundUIDs(uids []gpubuf.UIDStats) []labelled[gpubuf.UIDStats] {
+	return boundByUID(uids, func(u gpubuf.UIDStats) uint32 { return u.UID }, func(u gpubuf.UIDStats) int64 { return u.LeasedBytes },
+		func(sum *gpubuf.UIDStats, u gpubuf.UIDStats) {
+			sum.Sessions += u.Sessions
+			sum.LeasedBytes += u.LeasedBytes
+			sum.AllocatedBytes += u.AllocatedBytes
+			sum.Refused += u.Refused
+			sum.FreedSlabs += u.FreedSlabs
+		})
 }
