@@ -103,28 +103,13 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 }
 
 // fileVersion is the version of f's contents that INDEX names and READ
-// checks (ctl.CapReadVersion): the FNV-1a 64 hash of its identity (device,
-// inode, size, mtime and ctime in ns), never 0. Any write, truncate or
-// in-place rewrite changes it, within the filesystem's timestamp
-// granularity.
+// checks (ctl.CapReadVersion): fileid.ID.Version of its fstat.
 func fileVersion(f *os.File) (uint64, syscall.Errno) {
 	id, err := fileid.OfFile(f)
 	if err != nil {
 		return 0, plainErrno(err)
 	}
-	// FNV-1a 64 over the fields' little-endian bytes, as of id.Key(), without
-	// its allocations (two per READ).
-	v := uint64(14695981039346656037)
-	for _, x := range [5]uint64{id.Dev, id.Ino, uint64(id.Size), uint64(id.MtimeNs), uint64(id.CtimeNs)} {
-		for range 8 {
-			v = (v ^ (x & 0xff)) * 1099511628211
-			x >>= 8
-		}
-	}
-	if v == 0 {
-		v = 1
-	}
-	return v, 0
+	return id.Version(), 0
 }
 
 // sameVersion is ESTALE unless f is at version now.

@@ -65,6 +65,26 @@ func (id ID) Key() string {
 	return string(b[:])
 }
 
+// Version is the FNV-1a 64 hash of the identity's fields in Key's byte
+// order, never 0: a version of the file's contents that any write,
+// truncate or in-place rewrite changes (within the filesystem's timestamp
+// granularity). The control path's INDEX names it and READ checks it.
+func (id ID) Version() uint64 {
+	// Over the fields' little-endian bytes as Key lays them out, without
+	// Key's allocation (it is computed twice per READ).
+	v := uint64(14695981039346656037)
+	for _, x := range [5]uint64{id.Dev, id.Ino, uint64(id.Size), uint64(id.MtimeNs), uint64(id.CtimeNs)} {
+		for range 8 {
+			v = (v ^ (x & 0xff)) * 1099511628211
+			x >>= 8
+		}
+	}
+	if v == 0 {
+		v = 1
+	}
+	return v
+}
+
 // String formats the identity for logs and xattrs.
 func (id ID) String() string {
 	return fmt.Sprintf("dev=%d ino=%d size=%d mtime=%d ctime=%d", id.Dev, id.Ino, id.Size, id.MtimeNs, id.CtimeNs)
