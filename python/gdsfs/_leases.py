@@ -365,39 +365,18 @@ def release(holds: Iterable[Optional[Hold]], *, check_held: bool = True) -> None
     zero-copy view owns, or already released, are left alone.
 
     With check_held, raise GDSLeaseError (naming lease, field, sample and
-    shard) when a lease was not held here any more, or the daemon says it
-    did not hold it: the bytes just copied are not to be trusted.
+    shard) when a lease was not held here any more (then none is released),
+    or the daemon says it did not hold it: the bytes just copied are not to
+    be trusted.
     """
-    drain()
-    b = _book
-    todo: list[_Entry] = []
-    seen: set[int] = set()
-    with b.lock:
-        hs = [h for h in holds if h is not None]
-        if check_held:
-            for h in hs:
-                if h.entry.state != HELD:
-                    raise h.entry.error(_REASONS[h.entry.state])
-        for h in hs:
-            e = h.entry
-            if id(e) in seen or e.state != HELD:
-                continue  # spent, or a zero-copy view owns it
-            seen.add(id(e))
-            e.state = RELEASED
-            b.forget(e)
-            todo.append(e)
-    bad = _release_entries(todo) if todo else []
-    for e in todo:
-        e.session = None  # a spent holder keeps no session alive
-    end_free_sessions()
-    if bad and check_held:
-        e, why = bad[0]
-        raise e.error(why)
+    err = release_groups([list(holds)], check_held=check_held)[0]
+    if err is not None:
+        raise err
 
 
-def release_groups(groups: Sequence[Sequence[Optional[Hold]]]) -> list[Optional[GDSLeaseError]]:
-    """release(holds, check_held=True) of several groups of holds (the batches a loader settles
-    together) with one RELEASE request per session for all of them. For each group: None, or the
+def release_groups(groups: Sequence[Sequence[Optional[Hold]]], *, check_held: bool = True) -> list[Optional[GDSLeaseError]]:
+    """release(holds) of several groups of holds (the batches a loader settles together) with one
+    RELEASE request per session for all of them. For each group: None, or (with check_held) the
     GDSLeaseError that release() would have raised for it alone (a lease not held here any more:
     then none of that group's leases is released, as release() releases none; or one the daemon
     did not hold). A lease in several groups is released once, for the first."""
@@ -409,14 +388,15 @@ def release_groups(groups: Sequence[Sequence[Optional[Hold]]]) -> list[Optional[
     with b.lock:
         for gi, holds in enumerate(groups):
             hs = [h for h in holds if h is not None]
-            bad = next((h for h in hs if h.entry.state != HELD and id(h.entry) not in group_of), None)
-            if bad is not None:
-                errs[gi] = bad.entry.error(_REASONS[bad.entry.state])
-                continue
+            if check_held:
+                bad = next((h for h in hs if h.entry.state != HELD and id(h.entry) not in group_of), None)
+                if bad is not None:
+                    errs[gi] = bad.entry.error(_REASONS[bad.entry.state])
+                    continue
             for h in hs:
                 e = h.entry
                 if id(e) in group_of or e.state != HELD:
-                    continue
+                    continue  # spent, or a zero-copy view owns it
                 group_of[id(e)] = gi
                 e.state = RELEASED
                 b.forget(e)
@@ -425,10 +405,11 @@ def release_groups(groups: Sequence[Sequence[Optional[Hold]]]) -> list[Optional[
     for e in todo:
         e.session = None  # a spent holder keeps no session alive
     end_free_sessions()
-    for e, why in bad_entries:
-        gi = group_of[id(e)]
-        if errs[gi] is None:
-            errs[gi] = e.error(why)
+    if check_held:
+        for e, why in bad_entries:
+            gi = group_of[id(e)]
+            if errs[gi] is None:
+                errs[gi] = e.error(why)
     return errs
 
 
