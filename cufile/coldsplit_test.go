@@ -170,12 +170,16 @@ func TestRunChunksCancelAndBound(t *testing.T) {
 		const workers, cancelAt = 3, 5
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		var calls atomic.Int32
+		var cancelled atomic.Bool
+		var late atomic.Int32 // chunks that began after the cancel
 		_, err := runChunks(ctx, 1000, 1, workers, func(context.Context) (worker, error) {
 			return funcWorker{doFn: func(c chunk) (int64, error) {
-				calls.Add(1)
+				if cancelled.Load() {
+					late.Add(1)
+				}
 				if c.index == cancelAt {
 					cancel()
+					cancelled.Store(true)
 				}
 				return c.n, nil
 			}}, nil
@@ -183,10 +187,12 @@ func TestRunChunksCancelAndBound(t *testing.T) {
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("runChunks = %v, want context.Canceled", err)
 		}
-		// Chunks 0..cancelAt, plus at most one started by each other
-		// worker before it saw the cancellation.
-		if n := calls.Load(); n > cancelAt+workers {
-			t.Errorf("%d chunks ran after a cancel at chunk %d with %d workers", n, cancelAt, workers)
+		// Chunk indices are claimed by whichever worker is free, so chunks
+		// after cancelAt may run before it; what the cancel bounds is what
+		// begins after it: at most one chunk by each other worker that had
+		// checked the context just before.
+		if n := late.Load(); n > workers-1 {
+			t.Errorf("%d chunks began after a cancel at chunk %d with %d workers", n, cancelAt, workers)
 		}
 	})
 	t.Run("cancel through the host engine", func(t *testing.T) {
