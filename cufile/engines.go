@@ -458,6 +458,13 @@ type fallbackEngine struct {
 
 func (f *fallbackEngine) Name() string { return f.e.gds.Name() }
 
+// ReadsBuffered implements BufferedReader: without nvidia-fs cuFile runs in
+// compat mode, reading with POSIX preads of the buffered descriptor it was
+// registered with, so the file's page cache (and the readahead that fills
+// it) serves it as it serves the posix engine. With nvidia-fs it reads by
+// DMA around the page cache.
+func (f *fallbackEngine) ReadsBuffered(int64) bool { return !f.e.nvfs }
+
 func (f *fallbackEngine) demote(file *os.File, err error) {
 	f.e.refused.note(file, f.path, err, "cufile: cuFile failed on file; serving it with the posix engine from now on", refusalHint(err))
 	f.e.mu.Lock()

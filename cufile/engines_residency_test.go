@@ -198,3 +198,35 @@ func TestChooseAsHidesResidency(t *testing.T) {
 		t.Errorf("mayKnow asked %d times for 2 choices", asked)
 	}
 }
+
+// TestCompatModeReadsBuffered: cuFile in compat mode (no nvidia-fs) reads
+// through the page cache, so the control path's readahead must keep a
+// sequential run going across READs that the chooser gives to it (a cold
+// run of small samples alternates posix and compat READs as the kernel's
+// own readahead caches the next batch); with nvidia-fs it reads around
+// the page cache and reading ahead would read twice.
+func TestCompatModeReadsBuffered(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(p, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, tc := range []struct {
+		nvfs bool
+		want bool
+	}{{nvfs: false, want: true}, {nvfs: true, want: false}} {
+		e := autoCompatEngines(t, f)
+		e.nvfs = tc.nvfs
+		k, _ := keyOf(f)
+		eng := e.files[k].engine
+		br, ok := BufferedReaderOf(eng)
+		got := ok && br.ReadsBuffered(1<<20)
+		if got != tc.want {
+			t.Errorf("nvidia-fs %v: the gds engine reads buffered = %v, want %v", tc.nvfs, got, tc.want)
+		}
+	}
+}

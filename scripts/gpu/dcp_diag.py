@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Diagnose two findings of the 2026-12-01 18:30 GPU run (checkpoint section, 8 GiB):
+
+1. stock ``dcp.save(FileSystemWriter)`` of 64 x 128 MiB bf16 CUDA tensors failed on the mount
+   ("unexpected pos 704 vs 598" from torch.save's zip writer): the same save into the backing
+   directory and into the mount, full tracebacks;
+2. ``gdsfs.dcp.GDSFileSystemReader`` loaded the gdsfs writer's 8 GiB at 2.05 GB/s "warm" (the
+   disk's rate): how much of the files is in the page cache after the save, after each load,
+   and after reading them through the page cache, with each load's rate.
+
+Usage: dcp_diag.py MOUNTPOINT BACKING_DIR [--gib N] [--bin gdsfs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+import gdsfs.dcp as gdcp  # noqa: E402
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def log(msg: str) -> None:
+    print(f"dcp_diag: {msg}", flush=True)
+
+
+def resident(path: str) -> tuple[int, int]:
+    """Pages of path in the page cache, and its pages (mincore of a shared mapping)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0, 0
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return -1, pages
+        vec = ctypes.create_string_buffer(pages)
+        libc.mincore(addr, size, vec)
+        libc.munmap(addr, size)
+        return sum(b & 1 for b in vec.raw), pages
+    finally:
+        os.close(fd)
+
+
+def residency(d: str) -> str:
+    got = tot = 0
+    for root, _, files in os.walk(d):
+        for n in files:
+            r, p = resident(os.path.join(root, n))
+            got += max(r, 0)
+            tot += p
+    return f"{got * mmap.PAGESIZE / 2**30:.2f} of {tot * mmap.PAGESIZE / 2**30:.2f} GiB cached"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mount")
+    ap.add_argument("backing")
+    ap.add_argument("--gib", type=float, default=8)
+    ap.add_argument("--bin", default="build/gpu/gdsfs")
+    a = ap.parse_args()
+    per = 8192 * 8192
+    n = max(1, int(round(a.gib * (1 << 30) / (per * 2))))
+    sd = {f"layers.{i}.weight": torch.randn(8192, 8192, device="cuda").to(torch.bfloat16) for i in range(n)}
+    nbytes = n * per * 2
+    log(f"torch {torch.__version__}, {n} bf16 tensors, {nbytes / 2**30:.2f} GiB")
+
+    def status() -> None:
+        out = subprocess.run([a.bin, "status", a.mount], capture_output=True, text=True, timeout=30)
+        for line in (out.stdout + out.stderr).splitlines():
+            if any(w in line for w in ("engine", "read", "lease", "pool")):
+                log(f"  status: {line.strip()}")
+
+    # 1. stock FileSystemWriter, backing dir then mount, small then full.
+    for where, base in (("backing", a.backing), ("mount", a.mount)):
+        for label, keys in (("4 tensors", list(sd)[:4]), ("all", list(sd))):
+            p = os.path.join(base, f"diag-stock-{where}-{len(keys)}")
+            shutil.rmtree(p, ignore_errors=True)
+            t = time.perf_counter()
+            try:
+                dcp.save({k: sd[k] for k in keys}, storage_writer=dcp.FileSystemWriter(p))
+                log(f"stock FileSystemWriter into the {where}, {label}: ok in {time.perf_counter() - t:.1f} s; "
+                    f"files {sorted(os.listdir(p))}")
+            except BaseException as e:  # noqa: BLE001
+                log(f"stock FileSystemWriter into the {where}, {label}: FAILED {type(e).__name__}")
+                traceback.print_exc()
+            shutil.rmtree(p, ignore_errors=True)
+
+    # 2. gdsfs writer, then loads with residency between.
+    p = os.path.join(a.mount, "diag-gdsfs")
+    bp = os.path.join(a.backing, "diag-gdsfs")
+    shutil.rmtree(p, ignore_errors=True)
+    t = time.perf_counter()
+    dcp.save(sd, storage_writer=gdcp.GDSFileSystemWriter(p))
+    log(f"gdsfs writer: {nbytes / (time.perf_counter() - t) / 1e9:.2f} GB/s; {residency(bp)}")
+
+    def load(label: str) -> None:
+        dst = {k: torch.empty_like(v) for k, v in sd.items()}
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dcp.load(dst, storage_reader=gdcp.GDSFileSystemReader(p))
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - t
+        ok = all(torch.equal(dst[k], sd[k]) for k in list(sd)[:: max(1, n // 4)])
+        log(f"{label}: {nbytes / secs / 1e9:.2f} GB/s, bytes {'equal' if ok else 'DIFFER'}; after: {residency(bp)}")
+        del dst
+        torch.cuda.empty_cache()
+
+    for i in range(3):
+        load(f"gdsfs reader load {i + 1}")
+    status()
+    t = time.perf_counter()
+    for root, _, files in os.walk(bp):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                while fh.read(64 << 20):
+                    pass
+    log(f"read the backing files through the page cache in {time.perf_counter() - t:.1f} s: {residency(bp)}")
+    for i in range(2):
+        load(f"gdsfs reader load after the cache fill {i + 1}")
+    status()
+    shutil.rmtree(p, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
