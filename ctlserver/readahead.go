@@ -90,7 +90,7 @@ func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan 
 		return
 	}
 	br, ok := cufile.BufferedReaderOf(eng)
-	if !ok || !br.ReadsBuffered(longest) {
+	if !ok || !br.ReadsBuffered(longest, size) {
 		// Direct reads (or a tier hit) do not use the page cache: a
 		// window read into it would be read twice.
 		ra.t.Forget(f)

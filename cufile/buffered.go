@@ -6,9 +6,10 @@ package cufile
 // next reads from memory.
 type BufferedReader interface {
 	// ReadsBuffered reports whether the engine reads ranges of at most
-	// n bytes through the page cache whatever their residency (an engine
-	// that may choose O_DIRECT for them answers false).
-	ReadsBuffered(n int64) bool
+	// n bytes of a file of size bytes through the page cache whatever
+	// their residency (an engine that may choose O_DIRECT for them
+	// answers false).
+	ReadsBuffered(n, size int64) bool
 }
 
 // Wrapper is implemented by engines that wrap another (metrics'
@@ -35,22 +36,23 @@ func BufferedReaderOf(e Engine) (BufferedReader, bool) {
 }
 
 // readsBuffered is the posix and host engines' answer: useDirect reads
-// ranges below four chunks buffered in "auto" mode.
-func (opts Options) readsBuffered(n int64) bool {
+// ranges below four chunks, and any range of a file of at most
+// DirectReadMinFile, buffered in "auto" mode.
+func (opts Options) readsBuffered(n, size int64) bool {
 	switch opts.Direct {
 	case "always":
 		return false
 	case "never":
 		return true
 	}
-	return n < 4*opts.ChunkBytes
+	return n < 4*opts.ChunkBytes || (opts.DirectReadMinFile >= 0 && size <= opts.DirectReadMinFile)
 }
 
 // ReadsBuffered implements BufferedReader.
-func (e *posixEngine) ReadsBuffered(n int64) bool { return e.opts.readsBuffered(n) }
+func (e *posixEngine) ReadsBuffered(n, size int64) bool { return e.opts.readsBuffered(n, size) }
 
 // ReadsBuffered implements BufferedReader.
-func (e *hostEngine) ReadsBuffered(n int64) bool { return e.opts.readsBuffered(n) }
+func (e *hostEngine) ReadsBuffered(n, size int64) bool { return e.opts.readsBuffered(n, size) }
 
 var (
 	_ BufferedReader = (*posixEngine)(nil)

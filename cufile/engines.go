@@ -366,7 +366,7 @@ func (e *Engines) ChooseAs(f *os.File, path string, off, n int64, mayKnow func()
 			return e.posix, ReasonNoResidency
 		}
 		if !rangeMostlyCached(f, off, n) {
-			return e.posix, "posix: range not in the page cache, where the posix pipeline (O_DIRECT) reads faster than cuFile compat mode"
+			return e.posix, "posix: range not in the page cache, where the posix pipeline reads faster than cuFile compat mode"
 		}
 		return c.engine, "gds-compat: range in the page cache, where cuFile compat mode reads faster than the posix pipeline"
 	}
@@ -463,7 +463,7 @@ func (f *fallbackEngine) Name() string { return f.e.gds.Name() }
 // registered with, so the file's page cache (and the readahead that fills
 // it) serves it as it serves the posix engine. With nvidia-fs it reads by
 // DMA around the page cache.
-func (f *fallbackEngine) ReadsBuffered(int64) bool { return !f.e.nvfs }
+func (f *fallbackEngine) ReadsBuffered(_, _ int64) bool { return !f.e.nvfs }
 
 func (f *fallbackEngine) demote(file *os.File, err error) {
 	f.e.refused.note(file, f.path, err, "cufile: cuFile failed on file; serving it with the posix engine from now on", refusalHint(err))

@@ -224,7 +224,7 @@ func TestCompatModeReadsBuffered(t *testing.T) {
 		k, _ := keyOf(f)
 		eng := e.files[k].engine
 		br, ok := BufferedReaderOf(eng)
-		got := ok && br.ReadsBuffered(1<<20)
+		got := ok && br.ReadsBuffered(1<<20, 4096)
 		if got != tc.want {
 			t.Errorf("nvidia-fs %v: the gds engine reads buffered = %v, want %v", tc.nvfs, got, tc.want)
 		}

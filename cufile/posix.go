@@ -49,9 +49,17 @@ type Options struct {
 	// Default 2.
 	Slots int
 	// Direct chooses O_DIRECT reads: "auto" (default: when less than half of
-	// a range of at least 4 chunks is in the page cache), "always" or
-	// "never".
+	// a range of at least 4 chunks is in the page cache and the file is
+	// larger than DirectReadMinFile), "always" or "never".
 	Direct string
+	// DirectReadMinFile is the smallest file whose cold ranges "auto" reads
+	// with O_DIRECT. A smaller file is read through the page cache even
+	// when cold, so that reading it again is served from memory, as any
+	// program's second read of a local file is (a checkpoint loaded by an
+	// eval job after training, a restart); a larger one would push out more
+	// of the cache than a second read gains. Default: a quarter of the
+	// machine's memory (DefaultDirectReadMinFile); negative: any size.
+	DirectReadMinFile int64
 	// ColdTaskBytes is the task size of a buffered read of a range that
 	// is mostly not in the page cache (see readTaskBytes). Default
 	// DefaultColdTaskBytes; ChunkBytes or more turns the split off.
@@ -100,7 +108,20 @@ func (opts Options) withDefaults() Options {
 		opts.ColdTaskBytes = DefaultColdTaskBytes
 	}
 	opts.ColdTaskBytes = min(opts.ChunkBytes, gpubuf.AlignUp(opts.ColdTaskBytes))
+	if opts.DirectReadMinFile == 0 {
+		opts.DirectReadMinFile = DefaultDirectReadMinFile()
+	}
 	return opts
+}
+
+// DefaultDirectReadMinFile is Options.DirectReadMinFile's default: a
+// quarter of the machine's memory (1 GiB where sysinfo fails).
+func DefaultDirectReadMinFile() int64 {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil || si.Totalram == 0 {
+		return 1 << 30
+	}
+	return int64(si.Totalram) * int64(max(si.Unit, 1)) / 4
 }
 
 func newPosixEngine(st stager, opts Options) *posixEngine {
@@ -196,8 +217,10 @@ func deviceOf(m gpubuf.Memory) int {
 }
 
 // useDirect decides whether a read of [off, off+n) of f goes around the page
-// cache: cold data reads faster with O_DIRECT (no copy through the cache, no
-// readahead limits), cached data faster buffered.
+// cache: cold data of a file too large to keep cached reads faster with
+// O_DIRECT (no copy through the cache, no readahead limits), cached data
+// faster buffered, and a file the cache can hold is read through it so
+// that its next read is warm (Options.DirectReadMinFile).
 func (opts Options) useDirect(f *os.File, off, n int64) bool {
 	switch opts.Direct {
 	case "always":
@@ -205,11 +228,20 @@ func (opts Options) useDirect(f *os.File, off, n int64) bool {
 	case "never":
 		return false
 	}
-	if n < 4*opts.ChunkBytes {
+	if n < 4*opts.ChunkBytes || !opts.directFile(f) {
 		return false
 	}
 	cached, ok := pagecache.Cached(f, off, n)
 	return ok && cached < n/2
+}
+
+// directFile reports whether f is large enough for "auto" O_DIRECT reads.
+func (opts Options) directFile(f *os.File) bool {
+	if opts.DirectReadMinFile < 0 {
+		return true
+	}
+	st, err := f.Stat()
+	return err == nil && st.Size() > opts.DirectReadMinFile
 }
 
 // openDirect reopens f with O_DIRECT for reading; nil when f is not open

@@ -38,7 +38,7 @@ func addEngineFlags(fs *pflag.FlagSet) *engineFlags {
 	fs.StringVar(&f.chunk, "chunk-size", "8MiB", "size of one parallel transfer task")
 	fs.StringVar(&f.coldTask, "cold-chunk-size", "1MiB", "size of one parallel task of a buffered read of a range not in the page cache (ranges of at least twice this are split); --chunk-size or more: no split")
 	fs.IntVar(&f.workers, "io-workers", 0, "parallel transfer workers per request (default: CPU count, 4 to 16)")
-	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix and host engines: auto (reads of ranges not cached, writes of at least 1 MiB), always or never")
+	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix and host engines: auto (reads of cold ranges of files larger than a quarter of memory, writes of at least 1 MiB), always or never")
 	return f
 }
 

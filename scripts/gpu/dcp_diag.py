@@ -78,6 +78,7 @@ def main() -> int:
     ap.add_argument("backing")
     ap.add_argument("--gib", type=float, default=8)
     ap.add_argument("--bin", default="build/gpu/gdsfs")
+    ap.add_argument("--no-stock", action="store_true", help="skip the stock FileSystemWriter saves")
     a = ap.parse_args()
     per = 8192 * 8192
     n = max(1, int(round(a.gib * (1 << 30) / (per * 2))))
@@ -92,7 +93,7 @@ def main() -> int:
                 log(f"  status: {line.strip()}")
 
     # 1. stock FileSystemWriter, backing dir then mount, small then full.
-    for where, base in (("backing", a.backing), ("mount", a.mount)):
+    for where, base in () if a.no_stock else (("backing", a.backing), ("mount", a.mount)):
         for label, keys in (("4 tensors", list(sd)[:4]), ("all", list(sd))):
             p = os.path.join(base, f"diag-stock-{where}-{len(keys)}")
             shutil.rmtree(p, ignore_errors=True)
