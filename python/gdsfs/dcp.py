@@ -13,7 +13,8 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   directory fsync after the last makes their names durable; ``finish`` commits ``.metadata`` the
   stock way (temp, fsync, rename) and then fsyncs the directory. A save the filesystem has no
   room for (statvfs) is refused before any file is created, with an OSError(ENOSPC) naming the
-  directory and the bytes needed. Saving over an existing
+  directory and the bytes needed. A save that fails midway (the disk fills up after the check, a write
+  fails) removes the data files it had already renamed into place before it raises. Saving over an existing
   checkpoint writes data files of new names (``__{rank}_{n}.{save id}.distcp``), so a crash leaves
   the old checkpoint intact; once the new ``.metadata`` is committed, the data files the old one
   named, and only those, are removed. A data file missing after the save is an error naming it.
@@ -272,12 +273,15 @@ class GDSFileSystemWriter(FileSystemWriter):
                 files.append((f"{prefix}{len(files)}{tag}{_SUFFIX}", [item]))
         results: list[Any] = []
         self._release_early = not self._all_staged(plan.items, planner)
+        # Names this save may put in place; those there before it are not its to remove.
+        there_before = {name for name, _ in files if os.path.lexists(os.path.join(root, name))}
         try:
             layouts = [self._layout_file(name, items, planner) for name, items in files]
             self._check_space(root, layouts)
             if nstaged > 1:
                 from concurrent.futures import ThreadPoolExecutor
 
+                # Leaving the with block waits for every write: none renames after the cleanup.
                 with ThreadPoolExecutor(len(files), thread_name_prefix="gdsfs-dcp-write") as ex:
                     futs = [ex.submit(self._write_file, os.path.join(root, lay.name), lay) for lay in layouts]
                     for f in futs:
@@ -285,6 +289,17 @@ class GDSFileSystemWriter(FileSystemWriter):
             else:
                 for lay in layouts:
                     results += self._write_file(os.path.join(root, lay.name), lay)
+        except BaseException:
+            # A data file written and renamed into place before another failed (the disk filled
+            # up, a write failed) is named by no .metadata: remove it, so that a failed save
+            # leaves the directory as it found it, not a half-written checkpoint.
+            for name, _ in files:
+                if name not in there_before:
+                    try:
+                        os.unlink(os.path.join(root, name))
+                    except FileNotFoundError:
+                        pass
+            raise
         finally:
             self._release_staged()
         if self.sync_files:

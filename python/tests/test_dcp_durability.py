@@ -283,3 +283,51 @@ def test_trainer_killed_before_metadata_commit_leaves_previous_loadable(pool_mou
         S.save(tensors(7), gdcp.GDSFileSystemWriter(d))
     assert same(read_dcp_raw(d), tensors(7))
     assert len([n for n in os.listdir(d) if n.endswith(".distcp")]) == 1
+
+
+@pytest.mark.parametrize("over_existing", [False, True], ids=["fresh", "over-existing"])
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "plain"])
+def test_a_save_that_fails_midway_leaves_none_of_its_files(pool_mount, monkeypatch, over_existing, staged):
+    """The disk fills up (or a write fails) after some of a save's data files are written and
+    renamed into place: the save raises, and the directory holds only what it held before (no
+    data file of the failed save under its final name, no temporary file); a previous checkpoint
+    loads intact. Before, the files already renamed stayed behind: in a fresh directory, data
+    files with no .metadata, a half-written checkpoint."""
+    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)  # several data files
+    d = pool_mount.path(f"midway-{over_existing}-{staged}")
+    old = tensors(8)
+    if over_existing:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            S.save(old, gdcp.GDSFileSystemWriter(d))
+    else:
+        os.makedirs(d)
+    before = sorted(os.listdir(d))
+    real_write = gdcp.GDSFileSystemWriter._write_file
+    written: list[str] = []
+    lock = threading.Lock()
+
+    def failing_write(self, path, lay):  # type: ignore[no-untyped-def]
+        with lock:
+            n = len(written)
+            written.append(path)
+        if n >= 2:
+            time.sleep(0.2)  # the first two are renamed into place first
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, path, lay)
+
+    monkeypatch.setattr(gdcp.GDSFileSystemWriter, "_write_file", failing_write)
+    new = tensors(9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # Plain: a file per item (single_file_per_rank=False), so that there are several.
+        w = gdcp.GDSFileSystemWriter(d) if staged else gdcp.GDSFileSystemWriter(d, single_file_per_rank=False)
+        snap = w.stage(new) if staged else new
+        with pytest.raises(OSError) as ei:
+            finish_save(w, snap)
+    assert ei.value.errno == errno.ENOSPC, repr(ei.value)
+    assert len(written) >= 3, f"the test wrote {len(written)} data files: it needs 3 or more"
+    assert sorted(os.listdir(d)) == before, f"the failed save left files behind: {sorted(set(os.listdir(d)) - set(before))}"
+    if over_existing:
+        assert same(read_dcp_raw(d), old), "the previous checkpoint does not load intact"
+    assert pool_mount.wait_leases(0) == 0
