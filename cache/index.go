@@ -81,6 +81,11 @@ type Index struct {
 	jsonHash uint64
 	jsonErr  error
 
+	colsOnce sync.Once // ColumnsHash (tar only)
+	cols     []byte
+	colsHash uint64
+	colsErr  error
+
 	namesOnce sync.Once
 	names     map[string]nameEntry
 }
@@ -150,16 +155,20 @@ func (x *Index) marshal() ([]byte, error) {
 	if len(body) < 2 || body[0] != '{' {
 		return nil, fmt.Errorf("BUG: cache: %s index body is not a JSON object", x.Format)
 	}
-	// The envelope fields go first so a reader can dispatch on "format"
-	// before the (possibly large) body.
-	head := fmt.Sprintf(`{"format":%q,"version":%d,"file_size":%d`, x.Format, IndexVersion, x.FileSize)
+	return envelope(x.Format, x.FileSize, body), nil
+}
+
+// envelope is the index document of a format's body (a JSON object): the
+// envelope fields go first so a reader can dispatch on "format" before the
+// (possibly large) body.
+func envelope(f Format, fileSize int64, body []byte) []byte {
+	head := fmt.Sprintf(`{"format":%q,"version":%d,"file_size":%d`, f, IndexVersion, fileSize)
 	out := make([]byte, 0, len(head)+len(body)+1)
 	out = append(out, head...)
 	if len(body) > 2 {
 		out = append(out, ',')
 	}
-	out = append(out, body[1:]...)
-	return out, nil
+	return append(out, body[1:]...)
 }
 
 // Resolve returns the byte range of name, using the naming of the index's
@@ -268,7 +277,13 @@ func (x *Index) cost() int64 {
 	js, _ := x.JSON()
 	// The JSON is cached alongside the parsed structs, which take about as
 	// much again; the name map is built on demand and is smaller than both.
-	return 256 + 3*int64(len(js))
+	// A tar's columns form (ColumnsHash, on demand) is smaller than its
+	// JSON: counted as a JSON more.
+	n := 3 * int64(len(js))
+	if x.Tar != nil {
+		n += int64(len(js))
+	}
+	return 256 + n
 }
 
 // Parse detects the format of the file r (size bytes, named name: only the

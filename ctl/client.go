@@ -457,6 +457,18 @@ func (c *Client) IndexVersion(ctx context.Context, f *os.File) ([]byte, uint64, 
 	return doc, version, nil
 }
 
+// IndexColumns is IndexVersion asking for the columns form
+// (IndexFlagColumns; the daemon must have CapIndexColumns): a tar's index
+// comes as IndexFormTarColumns (cache.DecodeTarColumns decodes it), any
+// other file's as IndexFormJSON.
+func (c *Client) IndexColumns(ctx context.Context, f *os.File) (doc []byte, form uint32, version uint64, err error) {
+	doc, version, form, err = c.pagesForm(ctx, IndexFlagColumns, func(buf []byte) error { return c.t.File(ctx, f, CmdIndex, buf) })
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("gdsfs: INDEX %s: %w", f.Name(), err)
+	}
+	return doc, form, version, nil
+}
+
 // pages reads a paged document, starting again when it changes meanwhile.
 func (c *Client) pages(ctx context.Context, call func([]byte) error) ([]byte, error) {
 	doc, _, err := c.pagesVersion(ctx, call)
@@ -466,38 +478,46 @@ func (c *Client) pages(ctx context.Context, call func([]byte) error) ([]byte, er
 // pagesVersion is pages with the first page's Version; a page of another
 // generation or version starts the document again.
 func (c *Client) pagesVersion(ctx context.Context, call func([]byte) error) ([]byte, uint64, error) {
+	doc, version, _, err := c.pagesForm(ctx, 0, call)
+	return doc, version, err
+}
+
+// pagesForm is pagesVersion with request flags (INDEX's IndexFlagColumns)
+// and the first page's Form; a page of another form starts again too.
+func (c *Client) pagesForm(_ context.Context, flags uint32, call func([]byte) error) ([]byte, uint64, uint32, error) {
 	buf := make([]byte, SizePage)
 	for attempt := 0; attempt < 5; attempt++ {
 		var doc []byte
 		var gen, version uint64
+		var form uint32
 		for {
-			(&PageRequest{Offset: uint64(len(doc))}).Encode(buf)
+			(&PageRequest{Offset: uint64(len(doc)), Flags: flags}).Encode(buf)
 			if err := call(buf); err != nil {
-				return nil, 0, err
+				return nil, 0, 0, err
 			}
 			p, err := DecodePageReply(buf)
 			if err != nil {
-				return nil, 0, err
+				return nil, 0, 0, err
 			}
 			if len(doc) == 0 {
-				gen, version = p.Generation, p.Version
+				gen, version, form = p.Generation, p.Version, p.Form
 				if p.Total > 1<<32 {
-					return nil, 0, fmt.Errorf("document of %d bytes: %w", p.Total, syscall.EBADMSG)
+					return nil, 0, 0, fmt.Errorf("document of %d bytes: %w", p.Total, syscall.EBADMSG)
 				}
 				doc = make([]byte, 0, p.Total)
-			} else if p.Generation != gen || p.Version != version {
+			} else if p.Generation != gen || p.Version != version || p.Form != form {
 				break
 			}
 			if len(p.Data) == 0 && uint64(len(doc)) < p.Total {
-				return nil, 0, fmt.Errorf("empty page at %d of %d: %w", len(doc), p.Total, syscall.EBADMSG)
+				return nil, 0, 0, fmt.Errorf("empty page at %d of %d: %w", len(doc), p.Total, syscall.EBADMSG)
 			}
 			doc = append(doc, p.Data...)
 			if uint64(len(doc)) >= p.Total {
-				return doc[:p.Total], version, nil
+				return doc[:p.Total], version, form, nil
 			}
 		}
 	}
-	return nil, 0, fmt.Errorf("document kept changing while it was read: %w", syscall.EAGAIN)
+	return nil, 0, 0, fmt.Errorf("document kept changing while it was read: %w", syscall.EAGAIN)
 }
 
 // Close unmaps every slab and closes the control file, which ends the

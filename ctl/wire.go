@@ -134,6 +134,20 @@ const (
 	// file is still at that version before and after its bytes are read
 	// (docs/protocol.md, READ).
 	CapReadVersion
+	// CapIndexColumns: INDEX accepts IndexFlagColumns and then serves a
+	// tar's index as columns (PageReply.Form IndexFormTarColumns,
+	// docs/index-format.md "Tar columns"); set with CapIndex.
+	CapIndexColumns
+)
+
+// IndexFlagColumns is INDEX's request flags bit 0 (CapIndexColumns): serve
+// the index in the compact columns form where the file's format has one.
+const IndexFlagColumns uint32 = 1
+
+// INDEX reply forms (PageReply.Form): what the paged document is.
+const (
+	IndexFormJSON       uint32 = 0 // the JSON document (docs/index-format.md)
+	IndexFormTarColumns uint32 = 1 // a tar's columns document (cache.DecodeTarColumns)
 )
 
 // ReadFlagVersion is READ's flags bit 0: the request's version field
@@ -276,6 +290,9 @@ type ReleaseReply struct {
 type PageRequest struct {
 	Token  Token
 	Offset uint64
+	// Flags: INDEX only, IndexFlagColumns (with CapIndexColumns); 0 for
+	// STATUS.
+	Flags uint32
 }
 
 // PageReply is one page of a JSON document.
@@ -286,7 +303,11 @@ type PageReply struct {
 	// non-zero name of the file's contents at the time the index was
 	// parsed; 0 for STATUS and from daemons without CapReadVersion.
 	Version uint64
-	Data    []byte // at most PageBytes
+	// Form is what the document is: IndexFormJSON, or for an INDEX
+	// request with IndexFlagColumns, IndexFormTarColumns where the file
+	// is a tar.
+	Form uint32
+	Data []byte // at most PageBytes
 }
 
 // ReadRequest asks for file ranges in slabs.
@@ -435,10 +456,12 @@ const (
 // STATUS and INDEX (3.5).
 const (
 	pageReqOffset  u64 = 32
-	pageReqEnd         = 40 // reserved from here
+	pageReqFlags   u32 = 40 // INDEX: IndexFlagColumns
+	pageReqEnd         = 44 // reserved from here
 	pageTotal      u64 = 32
 	pageGeneration u64 = 40
 	pageLen        u32 = 48
+	pageForm       u32 = 52 // IndexForm*
 	pageVersion    u64 = 56 // INDEX, with CapReadVersion
 	pageData           = 64 // PageBytes
 )
@@ -805,6 +828,7 @@ func (r *PageRequest) Encode(b []byte) {
 	clear(b)
 	PutHeader(b, r.Token)
 	pageReqOffset.put(b, r.Offset)
+	pageReqFlags.put(b, r.Flags)
 }
 
 // DecodePageRequest decodes a STATUS or INDEX request.
@@ -819,7 +843,7 @@ func DecodePageRequest(b []byte) (PageRequest, error) {
 	if !allZero(b[pageReqEnd:]) {
 		return PageRequest{}, syscall.EINVAL
 	}
-	return PageRequest{Token: t, Offset: pageReqOffset.get(b)}, nil
+	return PageRequest{Token: t, Offset: pageReqOffset.get(b), Flags: pageReqFlags.get(b)}, nil
 }
 
 // EncodePage writes the page of doc at offset into b (SizePage bytes). It
@@ -854,10 +878,17 @@ func EncodePageGen(b []byte, doc []byte, offset, generation uint64) error {
 // EncodeIndexPage is EncodePageGen for INDEX, with the file version the
 // index was parsed from (non-zero, CapReadVersion).
 func EncodeIndexPage(b []byte, doc []byte, offset, generation, version uint64) error {
+	return EncodeIndexPageForm(b, doc, offset, generation, version, IndexFormJSON)
+}
+
+// EncodeIndexPageForm is EncodeIndexPage of a document of the given form
+// (IndexFormJSON or IndexFormTarColumns).
+func EncodeIndexPageForm(b []byte, doc []byte, offset, generation, version uint64, form uint32) error {
 	if err := EncodePageGen(b, doc, offset, generation); err != nil {
 		return err
 	}
 	pageVersion.put(b, version)
+	pageForm.put(b, form)
 	return nil
 }
 
@@ -874,6 +905,7 @@ func DecodePageReply(b []byte) (PageReply, error) {
 		Total:      pageTotal.get(b),
 		Generation: pageGeneration.get(b),
 		Version:    pageVersion.get(b),
+		Form:       pageForm.get(b),
 		Data:       append([]byte(nil), b[pageData:pageData+n]...),
 	}, nil
 }

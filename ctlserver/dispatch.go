@@ -125,5 +125,8 @@ func (ss *session) statusCmd(_ context.Context, _ fs.Caller, in, out []byte) sys
 	if err != nil {
 		return plainErrno(err)
 	}
+	if req.Flags != 0 {
+		return syscall.EINVAL // INDEX's flags only
+	}
 	return ss.statusPage(req.Offset, out)
 }

@@ -2,6 +2,7 @@ package ctlserver
 
 import (
 	"context"
+	"errors"
 	"os"
 	"syscall"
 	"time"
@@ -52,6 +53,9 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	if err != nil {
 		return plainErrno(err)
 	}
+	if req.Flags&^ctl.IndexFlagColumns != 0 {
+		return syscall.EINVAL
+	}
 	// The version before the lookup: an index parsed from a later version
 	// (the file changed in between) is then refused at READ, never read
 	// with offsets of another version.
@@ -62,6 +66,16 @@ func (s *Server) index(ctx context.Context, c fs.Caller, f *os.File, path string
 	x, errno := s.lookup(ctx, c, path, f)
 	if errno != 0 {
 		return errno
+	}
+	if req.Flags&ctl.IndexFlagColumns != 0 {
+		// The columns form where the format has one (tar), else the JSON.
+		doc, gen, err := x.ColumnsHash()
+		if err == nil {
+			return plainErrno(ctl.EncodeIndexPageForm(out, doc, req.Offset, gen, version, ctl.IndexFormTarColumns))
+		}
+		if !errors.Is(err, cache.ErrNoColumns) {
+			return s.indexErrno(failIndex, err, path)
+		}
 	}
 	doc, gen, err := x.JSONHash()
 	if err != nil {

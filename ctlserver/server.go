@@ -279,7 +279,7 @@ func (s *Server) caps() uint64 {
 		c |= ctl.CapCUDASlabs
 	}
 	if s.opts.Indexes != nil {
-		c |= ctl.CapReadNames | ctl.CapIndex | ctl.CapReadVersion
+		c |= ctl.CapReadNames | ctl.CapIndex | ctl.CapReadVersion | ctl.CapIndexColumns
 	}
 	if !s.opts.ReadOnly {
 		c |= ctl.CapWrite
