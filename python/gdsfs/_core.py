@@ -457,18 +457,30 @@ def _paged(fd: int, cmd: int, size: int, op: str) -> bytes:
 
 def _paged_version(fd: int, cmd: int, size: int, op: str) -> tuple[bytes, int]:
     """A paged document and its first page's version (INDEX with CAP_READ_VERSION, else 0)."""
+    doc, version, _form = _paged_form(fd, cmd, size, op, 0)
+    return doc, version
+
+
+def _paged_index(fd: int, *, columns: bool) -> tuple[bytes, int, int]:
+    """fd's INDEX document, its version and its form (proto.INDEX_FORM_*); columns: ask for
+    a tar's columns form (only with CAP_INDEX_COLUMNS: an older daemon refuses the flag)."""
+    return _paged_form(fd, proto.INDEX, proto.INDEX_SIZE, "INDEX", proto.INDEX_FLAG_COLUMNS if columns else 0)
+
+
+def _paged_form(fd: int, cmd: int, size: int, op: str, flags: int) -> tuple[bytes, int, int]:
+    """A paged document asked for with flags, and its first page's version and form."""
     for _attempt in range(8):
-        buf = proto.encode_page(None, size, 0)
+        buf = proto.encode_page(None, size, 0, flags)
         _ioctl_eintr(fd, cmd, buf)
         first = proto.decode_page(buf)
         parts = [first.data]
         got = len(first.data)
         restart = False
         while got < first.total:
-            buf = proto.encode_page(None, size, got)
+            buf = proto.encode_page(None, size, got, flags)
             _ioctl_eintr(fd, cmd, buf)
             page = proto.decode_page(buf)
-            if page.generation != first.generation or page.version != first.version:
+            if page.generation != first.generation or page.version != first.version or page.form != first.form:
                 restart = True
                 break
             if not page.data:
@@ -476,7 +488,7 @@ def _paged_version(fd: int, cmd: int, size: int, op: str) -> tuple[bytes, int]:
             parts.append(page.data)
             got += len(page.data)
         if not restart:
-            return b"".join(parts), first.version
+            return b"".join(parts), first.version, first.form
     raise GDSUnavailableError(f"gdsfs: {op}: the document kept changing while being read; retry")
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, N
 import torch
 import torch.utils.data
 
-from . import _core, _devmap, _layout, _leases, _tensors
+from . import _core, _devmap, _indexcols, _layout, _leases, _tensors
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _release_refs, collate
@@ -711,8 +711,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             return {"format": "raw", "file_size": os.fstat(fd).st_size}, 0
         if self._session is not None:
             try:
-                raw, version = _core._paged_version(fd, proto.INDEX, proto.INDEX_SIZE, "INDEX")
-                doc = json.loads(raw)
+                doc, version = self._daemon_index(path, fd)
             except OSError as e:
                 why = self._index_error(path) if e.errno == errno.ENODATA else ""
                 if why:
@@ -727,6 +726,27 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 raise ValueError(f"gdsfs: {path!r} is indexed as {doc.get('format')!r}, expected {fmt!r}: pass format= explicitly")
             return doc, version if self._session.hello.caps & proto.CAP_READ_VERSION else 0
         return self._local_index(path, fmt), 0
+
+    def _daemon_index(self, path: str, fd: int) -> tuple[dict[str, Any], int]:
+        """INDEX: a tar's in the columns form where the daemon has it (CAP_INDEX_COLUMNS: one
+        pass per column, no dict per sample until it is planned), else the JSON. A malformed
+        columns document raises GDSUnavailableError; with strict=False it warns and the shard
+        is indexed here."""
+        assert self._session is not None
+        cols = bool(self._session.hello.caps & proto.CAP_INDEX_COLUMNS)
+        raw, version, form = _core._paged_index(fd, columns=cols)
+        if form == proto.INDEX_FORM_JSON:
+            return json.loads(raw), version
+        try:
+            if form != proto.INDEX_FORM_TAR_COLUMNS:
+                raise GDSUnavailableError(f"gdsfs: INDEX {path!r}: the daemon answered index form {form}, which this client does not know; "
+                                          "run a gdsfs client and daemon of the same version")
+            return _indexcols.decode(raw, path), version
+        except GDSUnavailableError as e:
+            if self.strict:
+                raise
+            warn_fallback(str(e), cause=f"INDEX columns {self._session.mount}")
+            return self._local_index(path, self._shard_format(path)), 0
 
     @staticmethod
     def _index_error(path: str) -> str:
@@ -808,6 +828,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         x = self._shard(i).index
         f = x["format"]
         if f == "tar":
+            if _indexcols.is_columns(x["samples"]):
+                return set(x["samples"].names)
             names: set[str] = set()
             for s in x["samples"]:
                 names.update(s["fields"])
@@ -867,6 +889,13 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         x = st.index
         f = x["format"]
         plans: list[_FieldPlan] = []
+        if f == "tar" and _indexcols.is_columns(x["samples"]):
+            key, fields = x["samples"].fields(idx)
+            for name, off, length, npy in fields:
+                gpu = name in self.gpu_keys
+                kind = "npy" if (gpu and name.rsplit(".", 1)[-1] == "npy" and name not in self.field_spec) else "bytes"
+                plans.append(_FieldPlan(name, off, length, gpu, kind, npy if kind == "npy" else -1))
+            return key, plans
         if f == "tar":
             s = x["samples"][idx]
             for name, m in s["fields"].items():

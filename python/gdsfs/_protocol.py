@@ -31,6 +31,11 @@ CAP_WRITE = 1 << 4
 CAP_SLAB_FD = 1 << 5  # slab descriptors on the slab socket named in HELLO
 CAP_DEVICE_UUIDS = 1 << 6  # STATUS names each CUDA device's UUID (pool.devices[].uuid)
 CAP_READ_VERSION = 1 << 7  # INDEX names the file's version; READ at a version is ESTALE once it changed
+CAP_INDEX_COLUMNS = 1 << 8  # INDEX flags bit 0: a tar's index in the columns form (docs/index-format.md)
+
+INDEX_FLAG_COLUMNS = 1  # INDEX flags bit 0 (with CAP_INDEX_COLUMNS)
+INDEX_FORM_JSON = 0  # Page.form: the JSON document
+INDEX_FORM_TAR_COLUMNS = 1  # Page.form: a tar's columns document (gdsfs._indexcols)
 
 READ_FLAG_VERSION = 1  # READ flags bit 0: the request's version field holds INDEX's version
 
@@ -129,6 +134,7 @@ class Page(NamedTuple):
     generation: int
     data: bytes
     version: int = 0  # INDEX, with CAP_READ_VERSION: the file's version the index was parsed from
+    form: int = 0  # INDEX: INDEX_FORM_JSON, or INDEX_FORM_TAR_COLUMNS (asked with INDEX_FLAG_COLUMNS)
 
 
 def request(size: int, token: Token | None = None) -> bytearray:
@@ -253,9 +259,10 @@ def decode_release(buf: bytes, count: int) -> tuple[int, list[int]]:
     return released, list(struct.unpack_from(f"<{count}i", buf, 64))
 
 
-def encode_page(token: Token | None, size: int, offset: int) -> bytearray:
+def encode_page(token: Token | None, size: int, offset: int, flags: int = 0) -> bytearray:
+    """A STATUS/INDEX page request; flags: INDEX only (INDEX_FLAG_COLUMNS)."""
     buf = request(size, token)
-    struct.pack_into("<Q", buf, 32, offset)
+    struct.pack_into("<QI", buf, 32, offset, flags)
     return buf
 
 
@@ -263,8 +270,9 @@ def decode_page(buf: bytes) -> Page:
     total, generation, n = struct.unpack_from("<QQI", buf, 32)
     if n > len(buf) - PAGE_DATA_OFFSET:
         raise ValueError(f"gdsfs: page len {n} exceeds the buffer")
+    (form,) = struct.unpack_from("<I", buf, 52)
     (version,) = struct.unpack_from("<Q", buf, 56)
-    return Page(total, generation, bytes(buf[PAGE_DATA_OFFSET : PAGE_DATA_OFFSET + n]), version)
+    return Page(total, generation, bytes(buf[PAGE_DATA_OFFSET : PAGE_DATA_OFFSET + n]), version, form)
 
 
 def encode_read(token: Token, device: int, ranges: Sequence[tuple[int, int]], version: int = 0) -> bytearray:

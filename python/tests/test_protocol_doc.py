@@ -269,11 +269,13 @@ def test_release(doc: Doc) -> None:
 
 def test_pages(doc: Doc) -> None:
     f = _layout(doc, "3.5 request")
-    assert set(f) == {"offset"}
+    assert set(f) == {"offset", "flags"}
     for size in (proto.STATUS_SIZE, proto.INDEX_SIZE):
         _check_encoder(doc, "3.5 request", proto.encode_page(TOKEN, size, 0x0102030405), {"offset": 0x0102030405}, size)
+    _check_encoder(doc, "3.5 request", proto.encode_page(TOKEN, proto.INDEX_SIZE, 7, proto.INDEX_FLAG_COLUMNS),
+                   {"offset": 7, "flags": proto.INDEX_FLAG_COLUMNS}, proto.INDEX_SIZE)
     r = _layout(doc, "3.5 reply")
-    assert set(r) == {"total", "generation", "len", "version", "data"}
+    assert set(r) == {"total", "generation", "len", "form", "version", "data"}
     assert proto.PAGE_DATA_OFFSET == r["data"].off and r["data"].off + _width(r["data"]) == proto.STATUS_SIZE
     buf = bytearray(proto.STATUS_SIZE)
     data = b'{"x": 1}'
@@ -281,9 +283,11 @@ def test_pages(doc: Doc) -> None:
     _put(buf, r["generation"], 0x0200000000000003)
     _put(buf, r["len"], len(data))
     buf[r["data"].off : r["data"].off + len(data)] = data
-    assert proto.decode_page(bytes(buf)) == (0x0100000000000009, 0x0200000000000003, data, 0)
+    assert proto.decode_page(bytes(buf)) == (0x0100000000000009, 0x0200000000000003, data, 0, 0)
     _put(buf, r["version"], 0x0300000000000005)
     assert proto.decode_page(bytes(buf)).version == 0x0300000000000005
+    _put(buf, r["form"], proto.INDEX_FORM_TAR_COLUMNS)
+    assert proto.decode_page(bytes(buf)).form == proto.INDEX_FORM_TAR_COLUMNS
 
 
 def test_read(doc: Doc) -> None:
