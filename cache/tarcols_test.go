@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -181,6 +182,52 @@ func FuzzTarColumns(f *testing.F) {
 		}
 		if got, want := mustJSON(t, z), mustJSON(t, x); got != want {
 			t.Fatalf("columns decode to\n%s\nnot the tar's\n%s", got, want)
+		}
+	})
+}
+
+// BenchmarkTarColumns50k: the daemon's one-time cost of a 25,000-sample
+// shard's columns document against its JSON, and the Go client's decode of
+// each (DecodeTarColumns against json.Unmarshal of the generic document).
+func BenchmarkTarColumns50k(b *testing.B) {
+	path := b.TempDir() + "/shard-000000.tar"
+	writeBigTar(b, path, 50_000)
+	data := mustRead(b, path)
+	x, err := Parse(bytes.NewReader(data), int64(len(data)), "shard.tar")
+	if err != nil {
+		b.Fatal(err)
+	}
+	js, _ := x.JSON()
+	cols, _, _ := x.ColumnsHash()
+	b.Run("encode-json", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := (&Index{Format: x.Format, FileSize: x.FileSize, Tar: x.Tar}).JSON(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(len(js)), "bytes")
+	})
+	b.Run("encode-columns", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := (&Index{Format: x.Format, FileSize: x.FileSize, Tar: x.Tar}).ColumnsHash(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(len(cols)), "bytes")
+	})
+	b.Run("decode-json", func(b *testing.B) {
+		for b.Loop() {
+			var v map[string]any
+			if err := json.Unmarshal(js, &v); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decode-columns", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := DecodeTarColumns(cols); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 }
