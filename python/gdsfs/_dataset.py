@@ -189,6 +189,7 @@ class _ShardState:
         self.npy_headers = [_layout.NpyHeader(int(h["header_length"]), str(h["dtype"]), tuple(int(d) for d in h["shape"]), bool(h["fortran_order"]))
                             for h in index.get("npy_headers", ())]
         self._npy_geo: dict[int, tuple[int, int, torch.dtype]] = {}
+        self.field_kinds: dict[str, tuple[bool, str]] = {}  # a tar field name's (gpu, plan kind), columns form
 
     def npy_geometry(self, k: int) -> tuple[_layout.NpyHeader, int, torch.dtype]:
         """(header, data bytes, torch dtype) of npy_headers[k]; the dtype's error as
@@ -890,11 +891,17 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         f = x["format"]
         plans: list[_FieldPlan] = []
         if f == "tar" and _indexcols.is_columns(x["samples"]):
-            key, fields = x["samples"].fields(idx)
-            for name, off, length, npy in fields:
-                gpu = name in self.gpu_keys
-                kind = "npy" if (gpu and name.rsplit(".", 1)[-1] == "npy" and name not in self.field_spec) else "bytes"
-                plans.append(_FieldPlan(name, off, length, gpu, kind, npy if kind == "npy" else -1))
+            # The columns form: no dict per sample; each field name's (gpu, kind) worked out once.
+            key, a, b = x["samples"].span(idx)
+            names, ids, offs, lens, npys = x["samples"].columns
+            kinds = st.field_kinds
+            for j in range(a, b):
+                name = names[ids[j]]
+                k = kinds.get(name)
+                if k is None:
+                    gpu = name in self.gpu_keys
+                    k = kinds[name] = (gpu, "npy" if (gpu and name.rsplit(".", 1)[-1] == "npy" and name not in self.field_spec) else "bytes")
+                plans.append(_FieldPlan(name, offs[j], lens[j], k[0], k[1], npys[j] - 1 if k[1] == "npy" else -1))
             return key, plans
         if f == "tar":
             s = x["samples"][idx]

@@ -214,19 +214,37 @@ class TarSamples(Sequence):  # type: ignore[type-arg]
 
     def key(self, i: int) -> str:
         """Sample i's key."""
-        i = self._pos(i)
-        if isinstance(self._keys, list):
-            return self._keys[i]
-        return self._keys[self._key_end[i - 1] if i else 0 : self._key_end[i]]
+        if not 0 <= i < len(self._key_end):
+            i = self._pos(i)
+        keys = self._keys
+        if isinstance(keys, list):
+            return keys[i]
+        ke = self._key_end
+        return keys[ke[i - 1] if i else 0 : ke[i]]
+
+    def span(self, i: int) -> tuple[str, int, int]:
+        """Sample i's key and the range [start, end) of its fields in the columns (field j:
+        names[name_ids[j]], offsets[j], lengths[j], npys[j] - 1), for a planner's loop."""
+        if not 0 <= i < len(self._field_end):
+            i = self._pos(i)
+        fe = self._field_end
+        return self.key(i), fe[i - 1] if i else 0, fe[i]
+
+    @property
+    def columns(self) -> tuple[list[str], "array.array[int]", "array.array[int]", "array.array[int]", "array.array[int]"]:
+        """(names, name_ids, offsets, lengths, npys): the field columns span() indexes (npys:
+        1 + the index in npy_headers, 0 for none)."""
+        return self.names, self._ids, self._off, self._len, self._npy
 
     def fields(self, i: int) -> tuple[str, list[tuple[str, int, int, int]]]:
         """Sample i's key and its fields in archive order: (field, offset, length, npy), npy
         the field's index in the head's npy_headers or -1."""
-        i = self._pos(i)
-        a = self._field_end[i - 1] if i else 0
-        b = self._field_end[i]
+        if not 0 <= i < len(self._field_end):
+            i = self._pos(i)
+        fe = self._field_end
+        a = fe[i - 1] if i else 0
         names, ids, off, ln, npy = self.names, self._ids, self._off, self._len, self._npy
-        return self.key(i), [(names[ids[j]], off[j], ln[j], npy[j] - 1) for j in range(a, b)]
+        return self.key(i), [(names[ids[j]], off[j], ln[j], npy[j] - 1) for j in range(a, fe[i])]
 
     def _sample(self, i: int) -> dict[str, Any]:
         key, fs = self.fields(i)
