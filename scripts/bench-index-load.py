@@ -13,6 +13,7 @@ and in the columns form (docs/index-format.md, "Tar columns"):
 - a fresh worker's path in this process (its shards closed, as a forked DataLoader worker starts):
   from the shard's open to its index in hand, and from there to the first READ sent (planning the
   first group of samples), split as the worker sees it;
+- the same worker's index and the plans of all of the shard's samples (no reads);
 - a dataset's construction over the shards (the main process indexes every shard to count its
   samples and check the fields);
 - a fresh gdsfs.torch.DataLoader's first batch with --workers workers (worker start included).
@@ -104,6 +105,16 @@ def _worker_path(ds: Any) -> tuple[float, float]:
     return marks["indexed"] - marks["open"], marks["read"] - marks["indexed"]
 
 
+def _plan_all(ds: Any) -> float:
+    """A fresh worker's index of one shard and the plans of all its samples (no reads)."""
+    ds._close_shards()
+    t0 = time.perf_counter()
+    st = ds._shard(0)
+    for i in range(len(st.index["samples"])):
+        ds._sample_fields(st, i)
+    return time.perf_counter() - t0
+
+
 def _construct(shards: list[str], columns: bool) -> float:
     t0 = time.perf_counter()
     if columns:
@@ -168,6 +179,7 @@ def main() -> int:
             probes: list[tuple[str, Callable[[bool], Any]]] = [
                 ("fetch", lambda c: _fetch(shards[0], c)),
                 ("worker", lambda c: _worker_path(dss[c])),
+                ("index + plan all", lambda c: _plan_all(dss[c])),
                 ("construct", lambda c: _construct(shards, c)),
                 ("first batch", lambda c: _first_batch(shards, c, a.workers)),
             ]
