@@ -301,3 +301,21 @@ func FuzzDecode(f *testing.F) {
 		_, _ = DecodeReleaseReply(fit(SizeRelease), MaxReleaseIDs)
 	})
 }
+
+// TestAllZero: a non-zero byte anywhere in a buffer of any length, at
+// every alignment of the word-wise loop, is found.
+func TestAllZero(t *testing.T) {
+	for n := 0; n <= 80; n++ {
+		b := make([]byte, n)
+		if !allZero(b) {
+			t.Fatalf("%d zero bytes: not all zero", n)
+		}
+		for i := range b {
+			b[i] = 0x80
+			if allZero(b) {
+				t.Fatalf("%d bytes with byte %d set: all zero", n, i)
+			}
+			b[i] = 0
+		}
+	}
+}

@@ -90,3 +90,36 @@ func TestIndexColumns(t *testing.T) {
 		t.Fatalf("STATUS without flags: %v", errno)
 	}
 }
+
+// BenchmarkServerIndexPage: the daemon's work for one INDEX page of a
+// cached 4,096-sample tar index (lookup, version, copy), JSON and columns.
+func BenchmarkServerIndexPage(b *testing.B) {
+	e := newEnv(b, envOptions{slabBytes: 1 << 20, budgetBytes: 4 << 20})
+	sizes := make([]int, 8192)
+	for i := range sizes {
+		sizes[i] = 16
+	}
+	p := filepath.Join(e.dir, "s.tar")
+	if err := os.WriteFile(p, tarOf(b, sizes...), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	for _, tc := range []struct {
+		name  string
+		flags uint32
+	}{{"json", 0}, {"columns", ctl.IndexFlagColumns}} {
+		b.Run(tc.name, func(b *testing.B) {
+			buf := make([]byte, ctl.SizePage)
+			for b.Loop() {
+				(&ctl.PageRequest{Flags: tc.flags}).Encode(buf)
+				if errno := e.rawFile(1000, f, ctl.CmdIndex, buf); errno != 0 {
+					b.Fatal(errno)
+				}
+			}
+		})
+	}
+}

@@ -19,7 +19,7 @@ import (
 )
 
 // tarOf is a tar of members of the given sizes (bytes i*7+size).
-func tarOf(t *testing.T, sizes ...int) []byte {
+func tarOf(t testing.TB, sizes ...int) []byte {
 	t.Helper()
 	var b bytes.Buffer
 	w := tar.NewWriter(&b)
