@@ -220,7 +220,14 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 	if nd {
 		geo = make([]int32, n*int64(len(cols)))
 	}
-	br := newBufReaderAt(r, size)
+	// The sample prefixes and ndarray headers through a read-ahead buffer:
+	// many small samples per read, and for large ones 512 bytes from the
+	// sample's start (a larger buffer would copy most of the file).
+	bufBytes := int64(tarBufBytes)
+	if n > 0 && (offs[n]-offs[0])/n > 4<<10 {
+		bufBytes = 512
+	}
+	br := &bufReaderAt{r: r, size: size, buf: make([]byte, 0, max(min(size, bufBytes), 512))}
 	prefix := make([]byte, 4*nvar)
 	colRanges := make([]Range, n*int64(len(cols)))
 	for i := range n {
@@ -253,7 +260,12 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 			}
 			s.Columns[c] = Range{Offset: at, Length: l}
 			if sp := specs[c]; sp != nil {
-				if head := br.peek(at, int(min(l, mdsNdMaxHead))); head != nil {
+				// The header's first two bytes say its length.
+				head := br.peek(at, int(min(l, 2)))
+				if end, ok := sp.headerLen(head); head != nil && !ok && end > len(head) && int64(end) <= l {
+					head = br.peek(at, end)
+				}
+				if head != nil {
 					s.Ndarray[c] = int32(geoTable.value(c, sp, head, l))
 				}
 			}
