@@ -15,7 +15,7 @@ import (
 
 // newTierEnv is newEnv's server with a memory tier of budget bytes (64 KiB
 // extents, half a budget per uid).
-func newTierEnv(t *testing.T, budget int64) (*testEnv, *tier.Tier) {
+func newTierEnv(t testing.TB, budget int64) (*testEnv, *tier.Tier) {
 	t.Helper()
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20, noIndexes: true})
 	tr, err := tier.New(tier.Config{BudgetBytes: budget, UIDShareBytes: budget / 2, ChunkBytes: 64 << 10, SettleTime: -1})

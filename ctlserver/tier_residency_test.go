@@ -226,3 +226,41 @@ func checkBytes(t *testing.T, cl *ctl.Client, ranges []ctl.Range, ls []ctl.Lease
 		}
 	}
 }
+
+// BenchmarkTierHit is a READ of 16 x 64 KiB served from the tier, by the
+// file's owner (told: engine tier) and by another user (not told: the
+// residency rule and the engine it would get are asked too).
+func BenchmarkTierHit(b *testing.B) {
+	e, _ := newTierEnv(b, 8<<20)
+	f, _ := e.file("x", 2<<20, os.O_RDONLY)
+	if err := os.Chown(f.Name(), 10001, 10001); err != nil {
+		b.Fatal(err)
+	}
+	if errno := e.rawFile(10001, f, ctl.CmdPin, pinBuf(0, 1<<30, 0)); errno != 0 {
+		b.Fatal(errno)
+	}
+	e.srv.opts.Readahead.MaxBytes = -1
+	rs := batch(0, 16, 64<<10)
+	for _, c := range []struct {
+		name string
+		uid  uint32
+		want ctl.EngineCode
+	}{{"owner", 10001, ctl.EngineTier}, {"other", 10002, ctl.EngineHost}} {
+		b.Run(c.name, func(b *testing.B) {
+			cl := e.client(c.uid, ctl.Token{})
+			ids := make([]uint64, len(rs))
+			for b.Loop() {
+				ls, err := cl.Read(context.Background(), f, ctl.HostDevice, rs)
+				if err != nil || ls[0].Engine != c.want {
+					b.Fatalf("READ: %v, engine %v", err, ls[0].Engine)
+				}
+				for i, l := range ls {
+					ids[i] = l.ID
+				}
+				if err := cl.Release(context.Background(), ids...); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
