@@ -43,7 +43,7 @@ func (s *Server) choose(c fs.Caller, f *os.File, path string, off, n int64, byCa
 }
 
 // tierTold reports whether c may be told what the memory tier holds of
-// f's file: the tier is residency too (docs/security-tiersee.md), told by
+// f's file: the tier is residency too (docs/security.md, "The memory tier is residency too"), told by
 // the kernel's rule for the page cache unless --residency readers. byCaller
 // as for choose. A caller not told gets answers that do not depend on what
 // other uids pinned: a READ served from the tier names the engine it would
