@@ -35,13 +35,17 @@ class GDSLeaseError(RuntimeError):
         key: the sample key ("" when unknown).
         path: the shard or file the bytes were read from ("" when unknown).
         reason: what happened to the lease.
+
+    The message ends with what to do: read the sample again, or, when the daemon exited, mount
+    again and start a new pass (``hint``).
     """
 
-    def __init__(self, lease: int, reason: str, *, field: str = "", key: str = "", path: str = "") -> None:
+    def __init__(self, lease: int, reason: str, *, field: str = "", key: str = "", path: str = "", hint: str = "") -> None:
         what = f" of field {field!r}" if field else ""
         what += f" of sample {key!r}" if key else ""
         what += f" from {path!r}" if path else ""
-        super().__init__(f"gdsfs: lease {lease}{what} is not held any more: {reason}; read the sample again (materialize each TensorRef once, before its session ends)")
+        hint = hint or "read the sample again (materialize each TensorRef once, before its session ends)"
+        super().__init__(f"gdsfs: lease {lease}{what} is not held any more: {reason}; {hint}")
         self.lease, self.field, self.key, self.path, self.reason = lease, field, key, path, reason
 
 

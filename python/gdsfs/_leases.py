@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import errno as _errno
 import os
 import threading
 import time
@@ -77,8 +78,8 @@ class _Entry:
         self.gen = 0  # bumped when a new Hold takes over a collected one's entry
         self.field, self.sample, self.path = field, sample, path
 
-    def error(self, reason: str) -> GDSLeaseError:
-        return GDSLeaseError(self.ref.lease, reason, field=self.field, key=self.sample, path=self.path)
+    def error(self, reason: str, hint: str = "") -> GDSLeaseError:
+        return GDSLeaseError(self.ref.lease, reason, field=self.field, key=self.sample, path=self.path, hint=hint)
 
 
 class Hold:
@@ -340,23 +341,33 @@ def _session_of(e: _Entry) -> "Session":
     return _core.session_for(e.ref)
 
 
-def _release_entries(entries: Sequence[_Entry]) -> list[tuple[_Entry, str]]:
-    """RELEASE the entries' leases, one request per session; (entry, why)
-    for each lease the daemon did not release."""
+# What to do when the daemon that held a lease is gone: the mount is dead until `gdsfs mount`
+# runs again, and a new daemon knows none of the old one's leases.
+DAEMON_GONE_HINT = ("run `gdsfs mount` on the mountpoint again (`gdsfs status` tells whether it serves), then "
+                    "read the samples from a new iterator (or resume from the dataset's state_dict)")
+
+
+def _release_entries(entries: Sequence[_Entry]) -> list[tuple[_Entry, str, str]]:
+    """RELEASE the entries' leases, one request per session; (entry, why,
+    hint) for each lease the daemon did not release."""
     by: dict[tuple[str, int, int], list[_Entry]] = {}
     for e in entries:
         by.setdefault((e.ref.mount, e.ref.daemon_pid, e.ref.session), []).append(e)
-    bad: list[tuple[_Entry, str]] = []
+    bad: list[tuple[_Entry, str, str]] = []
     for es in by.values():
         try:
             status = _session_of(es[0])._release_ids([e.ref.lease for e in es])
         except (GDSUnavailableError, OSError) as err:
-            bad.extend((e, f"the daemon refused to release it ({err}): its session ended") for e in es)
+            if getattr(err, "errno", None) in (_errno.ECONNABORTED, _errno.ENOTCONN):
+                why = f"the gdsfs daemon exited (pid {es[0].ref.daemon_pid}) and its leases with it"
+                bad.extend((e, why, DAEMON_GONE_HINT) for e in es)
+            else:
+                bad.extend((e, f"the daemon refused to release it ({err}): its session ended", "") for e in es)
             continue
         for e, st in zip(es, status):
             if st != 0:
                 bad.append((e, "the daemon no longer had it when it was released after the copy "
-                               "(its session ended or it was released elsewhere), so the bytes copied cannot be trusted"))
+                               "(its session ended or it was released elsewhere), so the bytes copied cannot be trusted", ""))
     return bad
 
 
@@ -406,10 +417,10 @@ def release_groups(groups: Sequence[Sequence[Optional[Hold]]], *, check_held: bo
         e.session = None  # a spent holder keeps no session alive
     end_free_sessions()
     if check_held:
-        for e, why in bad_entries:
+        for e, why, hint in bad_entries:
             gi = group_of[id(e)]
             if errs[gi] is None:
-                errs[gi] = e.error(why)
+                errs[gi] = e.error(why, hint)
     return errs
 
 
