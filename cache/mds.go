@@ -30,6 +30,10 @@ type MDS struct {
 	Columns []MDSColumn
 	// Samples with their absolute ranges and per-column value ranges.
 	Samples []MDSSample
+	// NdarrayHeaders are the distinct geometries of the values of ndarray
+	// columns whose encoding leaves dtype or shape to each sample (the
+	// samples' Ndarray index them).
+	NdarrayHeaders []MDSNdarray
 }
 
 // MDSColumn is a column of an MDS dataset. Size is the fixed value size,
@@ -46,10 +50,15 @@ type MDSColumn struct {
 type MDSSample struct {
 	Range
 	Columns []Range
+	// Ndarray holds, per column, 1 + the index in MDS.NdarrayHeaders of the
+	// value's geometry, 0 for none (not such an ndarray column, or a header
+	// the client parses itself); nil when the shard has no such column.
+	Ndarray []int32
 }
 
 // MarshalJSON writes {"kind": "shard", "columns": [...], "samples":
-// [{"offset", "length", "columns": {"<name>": {"offset", "length"}}}]}.
+// [{"offset", "length", "columns": {"<name>": {"offset", "length"[, "ndarray"]}}}]
+// [, "ndarray_headers": [...]]}.
 func (m *MDS) MarshalJSON() ([]byte, error) {
 	cols, err := json.Marshal(m.Columns)
 	if err != nil {
@@ -77,11 +86,25 @@ func (m *MDS) MarshalJSON() ([]byte, error) {
 			}
 			out = append(out, names[c]...)
 			out = appendRange(append(out, ":{"...), r)
+			if s.Ndarray != nil && s.Ndarray[c] > 0 {
+				out = strconv.AppendInt(append(out, `,"ndarray":`...), int64(s.Ndarray[c]-1), 10)
+			}
 			out = append(out, '}')
 		}
 		out = append(out, "}}"...)
 	}
-	return append(out, "]}"...), nil
+	out = append(out, ']')
+	if len(m.NdarrayHeaders) > 0 {
+		out = append(out, `,"ndarray_headers":[`...)
+		for i := range m.NdarrayHeaders {
+			if i > 0 {
+				out = append(out, ',')
+			}
+			out = m.NdarrayHeaders[i].appendJSON(out)
+		}
+		out = append(out, ']')
+	}
+	return append(out, '}'), nil
 }
 
 func appendRange(b []byte, r Range) []byte {
@@ -180,24 +203,48 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 	}
 	m := &MDS{Columns: cols, Samples: make([]MDSSample, n)}
 	var fixed, nvar int64
-	for _, c := range cols {
-		if c.Size < 0 {
+	specs := make([]*mdsNdSpec, len(cols))
+	nd := false
+	for c, col := range cols {
+		if col.Size < 0 {
 			nvar++
 		} else {
-			fixed += c.Size
+			fixed += col.Size
+		}
+		if sp, ok := parseMDSNdSpec(col.Encoding); ok {
+			specs[c], nd = &sp, true
 		}
 	}
+	var geo []int32
+	geoTable := mdsNdTable{byRaw: make([]map[string]int, len(cols))}
+	if nd {
+		geo = make([]int32, n*int64(len(cols)))
+	}
+	// The sample prefixes and ndarray headers through a read-ahead buffer:
+	// many small samples per read, and for large ones 512 bytes from the
+	// sample's start (a larger buffer would copy most of the file).
+	bufBytes := int64(tarBufBytes)
+	if n > 0 && (offs[n]-offs[0])/n > 4<<10 {
+		bufBytes = 512
+	}
+	br := &bufReaderAt{r: r, size: size, buf: make([]byte, 0, max(min(size, bufBytes), 512))}
 	prefix := make([]byte, 4*nvar)
 	colRanges := make([]Range, n*int64(len(cols)))
 	for i := range n {
 		s := &m.Samples[i]
 		s.Range = Range{Offset: offs[i], Length: offs[i+1] - offs[i]}
-		s.Columns = colRanges[i*int64(len(cols)) : (i+1)*int64(len(cols)) : (i+1)*int64(len(cols))]
+		lo, hi := i*int64(len(cols)), (i+1)*int64(len(cols))
+		s.Columns = colRanges[lo:hi:hi]
+		if nd {
+			s.Ndarray = geo[lo:hi:hi]
+		}
 		if s.Length < 4*nvar+fixed {
 			return nil, invalidf(what, "sample %d has %d bytes, fewer than its columns' %d", i, s.Length, 4*nvar+fixed)
 		}
 		if nvar > 0 {
-			if err := readAt(r, prefix, s.Offset); err != nil {
+			if p := br.peek(s.Offset, len(prefix)); p != nil {
+				copy(prefix, p)
+			} else if err := readAt(r, prefix, s.Offset); err != nil {
 				return nil, fmt.Errorf("cache: read MDS sample %d: %w", i, err)
 			}
 		}
@@ -212,9 +259,20 @@ func ParseMDS(r io.ReaderAt, size int64) (*MDS, error) {
 				return nil, invalidf(what, "sample %d: column %q of %d bytes runs past the sample's end", i, col.Name, l)
 			}
 			s.Columns[c] = Range{Offset: at, Length: l}
+			if sp := specs[c]; sp != nil {
+				// The header's first two bytes say its length.
+				head := br.peek(at, int(min(l, 2)))
+				if end, ok := sp.headerLen(head); head != nil && !ok && end > len(head) && int64(end) <= l {
+					head = br.peek(at, end)
+				}
+				if head != nil {
+					s.Ndarray[c] = int32(geoTable.value(c, sp, head, l))
+				}
+			}
 			at += l
 		}
 	}
+	m.NdarrayHeaders = geoTable.list
 	return m, nil
 }
 

@@ -189,6 +189,8 @@ func TestMDSRejects(t *testing.T) {
 func FuzzMDS(f *testing.F) {
 	f.Add(writeMDSShard(testSamples(4)))
 	f.Add(writeMDSShard(nil))
+	f.Add(mdsShard([]string{"v", "x"}, []string{"ndarray:int16", "ndarray"}, []int64{-1, -1},
+		[][][]byte{{ndValue(-1, 0, []uint64{3}, 6), ndValue(34, 1, []uint64{2, 2}, 16)}, {ndValue(-1, 0, nil, 2), ndValue(7, 0, []uint64{1}, 1)}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkParse(t, data, ParseMDS, func(x *MDS) *Index { return &Index{Format: FormatMDS, MDS: x} })
 	})

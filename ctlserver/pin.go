@@ -40,13 +40,21 @@ func (s *Server) pin(ctx context.Context, c fs.Caller, f *os.File, path string, 
 	if ctl.AddOverflows(req.Offset, 0) {
 		return syscall.ERANGE
 	}
+	// A caller the file's residency is not told to learns nothing of
+	// other uids' pins of it: PIN reports what its own pins hold and
+	// added, and unpin drops only those (Server.tierTold).
+	told := s.tierTold(c, f, true)
 	var res tier.PinResult
 	if req.Flags&ctl.PinUnpin != 0 {
 		id, err := tier.Stat(f)
 		if err != nil {
 			return s.ioErrno(err, "unpin", path)
 		}
-		if _, err := t.Unpin(id, c.UID); err != nil {
+		unpin := t.Unpin
+		if !told {
+			unpin = t.UnpinOwn
+		}
+		if _, err := unpin(id, c.UID); err != nil {
 			return s.pinErrno(err, path)
 		}
 		res.Size = id.Size
@@ -59,16 +67,30 @@ func (s *Server) pin(ctx context.Context, c fs.Caller, f *os.File, path string, 
 		if err != nil {
 			return s.pinErrno(err, path)
 		}
+		if !told {
+			res.Cached, res.Filled = res.Mine, res.MineFilled
+		}
 	}
 	st := t.Stats()
 	r := ctl.PinReply{Size: uint64(res.Size), Cached: uint64(res.Cached), Filled: uint64(res.Filled), Chunk: uint64(st.ChunkBytes),
-		Budget: uint64(st.BudgetBytes), Used: uint64(st.UsedBytes), Share: uint64(st.UIDShareBytes)}
+		Budget: uint64(st.BudgetBytes), Used: uint64(st.UsedBytes), Share: uint64(st.UIDShareBytes), Yours: uint64(s.tierYours(c.UID, &st))}
+	r.Encode(out)
+	return 0
+}
+
+// tierYours is the caller's bytes of the tier, as PIN and STATUS tell
+// them: root's charges, and for any other uid what its pins hold
+// (tier.HeldFor), which does not depend on other uids' pins (its charges
+// would: a pin of extents another uid's pin read charges nothing).
+func (s *Server) tierYours(uid uint32, st *tier.Stats) int64 {
+	if uid != 0 {
+		return s.opts.Tier.HeldFor(uid)
+	}
 	for _, u := range st.UIDs {
-		if u.UID == c.UID {
-			r.Yours = uint64(u.Bytes)
+		if u.UID == uid {
+			return u.Bytes
 		}
 	}
-	r.Encode(out)
 	return 0
 }
 
@@ -149,21 +171,18 @@ func (s *Server) tierCached(st *syscall.Stat_t) *int64 {
 	return &n
 }
 
-// tierStats is STATUS's tier for uid: root sees every uid's bytes, any
-// other uid its own (S7).
+// tierStats is STATUS's tier for uid: root sees every uid's bytes (their
+// charges), any other uid its own, as what its pins hold (S7, tierYours).
 func (s *Server) tierStats(uid uint32) *tier.Stats {
 	if !s.opts.Tier.Enabled() {
 		return nil
 	}
 	st := s.opts.Tier.Stats()
 	if uid != 0 {
-		own := st.UIDs[:0:0]
-		for _, u := range st.UIDs {
-			if u.UID == uid {
-				own = append(own, u)
-			}
+		st.UIDs = st.UIDs[:0:0]
+		if n := s.tierYours(uid, &st); n > 0 {
+			st.UIDs = []tier.UIDStats{{UID: uid, Bytes: n}}
 		}
-		st.UIDs = own
 	}
 	return &st
 }

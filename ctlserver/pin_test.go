@@ -15,7 +15,7 @@ import (
 
 // newTierEnv is newEnv's server with a memory tier of budget bytes (64 KiB
 // extents, half a budget per uid).
-func newTierEnv(t *testing.T, budget int64) (*testEnv, *tier.Tier) {
+func newTierEnv(t testing.TB, budget int64) (*testEnv, *tier.Tier) {
 	t.Helper()
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20, noIndexes: true})
 	tr, err := tier.New(tier.Config{BudgetBytes: budget, UIDShareBytes: budget / 2, ChunkBytes: 64 << 10, SettleTime: -1})
@@ -42,6 +42,11 @@ func pinBuf(off, n uint64, flags uint32) []byte {
 func TestPinRefusals(t *testing.T) {
 	e, _ := newTierEnv(t, 256<<10)
 	ro, _ := e.file("ro", 100<<10, os.O_RDONLY)
+	// Others may write it: uid 10002 is told what the tier holds of it
+	// (Server.tierTold), so an unpin of uid 10001's pin is refused.
+	if err := os.Chmod(ro.Name(), 0o666); err != nil {
+		t.Fatal(err)
+	}
 	wo, _ := e.file("wo", 4096, os.O_WRONLY)
 	big, _ := e.file("big", 200<<10, os.O_RDONLY)
 	dir, err := os.Open(e.dir)
@@ -65,7 +70,7 @@ func TestPinRefusals(t *testing.T) {
 		{"offset past the end", 10001, ro, pinBuf(1<<30, 1, 0), syscall.EINVAL},
 		{"offset beyond int64", 10001, ro, pinBuf(1<<63, 1, 0), syscall.ERANGE},
 		{"beyond the share", 10001, big, pinBuf(0, 1<<20, 0), syscall.E2BIG},
-		{"unpin of another uid's", 10002, ro, pinBuf(0, 0, ctl.PinUnpin), syscall.EPERM},
+		{"unpin of another uid's, by a writer", 10002, ro, pinBuf(0, 0, ctl.PinUnpin), syscall.EPERM},
 		{"unpin of its own", 10001, ro, pinBuf(0, 0, ctl.PinUnpin), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,12 +86,15 @@ func TestPinRefusals(t *testing.T) {
 	}
 }
 
-// TestPinHit: a pinned file's READ is served by the tier (engine code 5)
-// byte-exact; user.gdsfs.info says cached; STATUS shows a uid only its
-// own part of the tier.
+// TestPinHit: a pinned file's READ is served by the tier (engine code 5,
+// to its owner) byte-exact; user.gdsfs.info says cached; STATUS shows a
+// uid only its own part of the tier.
 func TestPinHit(t *testing.T) {
 	e, _ := newTierEnv(t, 1<<20)
 	f, data := e.file("x", 100<<10+3, os.O_RDONLY)
+	if err := os.Chown(f.Name(), 10001, 10001); err != nil { // told: its owner
+		t.Fatal(err)
+	}
 	b := pinBuf(0, 1<<20, 0)
 	if errno := e.rawFile(10001, f, ctl.CmdPin, b); errno != 0 {
 		t.Fatal(errno)

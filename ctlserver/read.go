@@ -85,7 +85,16 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 	} else if eng, errno = s.readEngine(c, f, path, plan); errno != 0 {
 		return errno
 	}
-	leases, errno := ss.readRanges(ctx, f, eng, ctl.EngineCodeOf(eng.Name()), pdev, plan)
+	told, hidden := eng, false // the engine the leases name, and readahead's
+	if view != nil && !s.tierTold(c, f, true) {
+		// Served from the tier, named as the caller's READ would be
+		// without it: what others pinned is not the caller's to learn.
+		if told, errno = s.readEngine(c, f, path, plan); errno != 0 {
+			return errno
+		}
+		hidden = true
+	}
+	leases, errno := ss.readRanges(ctx, f, eng, ctl.EngineCodeOf(told.Name()), pdev, plan)
 	if errno != 0 {
 		return errno
 	}
@@ -97,7 +106,7 @@ func (s *Server) read(ctx context.Context, c fs.Caller, f *os.File, path string,
 			return errno
 		}
 	}
-	s.ra.afterRead(c.UID, f, eng, plan, size)
+	s.ra.afterRead(c.UID, f, told, plan, size, hidden)
 	(&ctl.ReadReply{Leases: leases}).Encode(out)
 	return 0
 }

@@ -80,8 +80,11 @@ func (ra *readaheads) stop() {
 // starts reading the window after it into the page cache when the READ
 // continues a sequential run. Only f is read ahead: the caller's own open
 // of the file, which the READ was checked to be allowed to read. Keyed by
-// f, so one open's run never reads ahead another's file.
-func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan []span, size int64) {
+// f, so one open's run never reads ahead another's file. fromTier: the
+// memory tier served the READ, for a caller not told so (eng is the engine
+// it was told): its run and figures go on as eng's would, and the window,
+// which the tier holds, is not read (as one already cached).
+func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan []span, size int64, fromTier bool) {
 	if ra == nil || ra.t.Config().Off() {
 		return
 	}
@@ -103,7 +106,7 @@ func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan 
 	// Counted for uid before residency is measured: a uid's own figures
 	// must not say what is cached of a file the kernel would not tell it.
 	ra.note(uid, func(u *uidReadahead) { u.windows++; u.bytes += uint64(r.Len()) })
-	if cached(f, r) {
+	if fromTier || cached(f, r) {
 		return
 	}
 	if !ra.take(uid) {

@@ -36,11 +36,11 @@ func TestReadaheadJobsPerUID(t *testing.T) {
 	}
 	first := []span{{off: 0, length: 4096, valid: 4096, start: 0, end: 4096}}
 	for i := range 2 * readaheadJobs {
-		ra.afterRead(10002, sparse(fmt.Sprint("b", i)), buffered, first, 48<<20)
+		ra.afterRead(10002, sparse(fmt.Sprint("b", i)), buffered, first, 48<<20, false)
 	}
 	a := sparse("a")
 	before := ra.started.Load()
-	ra.afterRead(10001, a, buffered, first, 48<<20)
+	ra.afterRead(10001, a, buffered, first, 48<<20, false)
 	if ra.started.Load() == before {
 		t.Errorf("uid 10002 holds %d readahead jobs (of %d, %d dropped); uid 10001's READ got none",
 			before, readaheadJobs, ra.dropped.Load())

@@ -191,7 +191,7 @@ func TestReadahead(t *testing.T) {
 		if _, err := fl.Fill(context.Background(), f, 0, 1<<20); err == nil {
 			t.Error("readahead of a closed file succeeded")
 		}
-		e.srv.ra.afterRead(1000, f, buffered, []span{{off: 1 << 20, length: 4096, valid: 4096, start: 1 << 20, end: 1<<20 + 4096}}, 8<<20)
+		e.srv.ra.afterRead(1000, f, buffered, []span{{off: 1 << 20, length: 4096, valid: 4096, start: 1 << 20, end: 1<<20 + 4096}}, 8<<20, false)
 		e.srv.ra.wg.Wait()
 	})
 }

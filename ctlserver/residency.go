@@ -42,6 +42,17 @@ func (s *Server) choose(c fs.Caller, f *os.File, path string, off, n int64, byCa
 	return rc.ChooseAs(f, path, off, n, func() bool { return mayTell(c, f, byCaller && writable(f)) })
 }
 
+// tierTold reports whether c may be told what the memory tier holds of
+// f's file: the tier is residency too (docs/security.md, "The memory tier is residency too"), told by
+// the kernel's rule for the page cache unless --residency readers. byCaller
+// as for choose. A caller not told gets answers that do not depend on what
+// other uids pinned: a READ served from the tier names the engine it would
+// have got without it, user.gdsfs.info has no cached, and PIN reports what
+// its own pins hold (tier.PinResult.Mine).
+func (s *Server) tierTold(c fs.Caller, f *os.File, byCaller bool) bool {
+	return s.opts.ResidencyToReaders || mayTell(c, f, byCaller && writable(f))
+}
+
 // mayTell reports whether the kernel would tell c the page-cache residency
 // of f's file; false when f cannot be stat'ed.
 func mayTell(c fs.Caller, f *os.File, writable bool) bool {

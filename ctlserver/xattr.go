@@ -33,7 +33,8 @@ type fileInfo struct {
 	// ENODATA for it, as for a file of no format.
 	IndexError string `json:"index_error,omitempty"`
 	// Cached is the bytes of the file in the memory tier; absent when the
-	// mount has no tier.
+	// mount has no tier, and for a caller the file's residency is not told
+	// to (Server.tierTold).
 	Cached *int64 `json:"cached,omitempty"`
 }
 
@@ -105,7 +106,9 @@ func (s *Server) info(ctx context.Context, c fs.Caller, t fs.XattrTarget) ([]byt
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		fi.Type = "file"
-		fi.Cached = s.tierCached(&st)
+		if s.tierTold(c, f, false) {
+			fi.Cached = s.tierCached(&st)
+		}
 		var eng cufile.Engine
 		if eng, fi.Reason = s.choose(c, f, path, 0, -1, false); eng != nil {
 			fi.Engine = eng.Name()

@@ -31,6 +31,8 @@ func childTest(family string) string {
 		return "TestAuditChild"
 	case "FDCAP":
 		return "TestFDCapChild"
+	case "TIERSEE":
+		return "TestTierseeChild"
 	}
 	return ""
 }

@@ -42,6 +42,7 @@ type tierOpts struct {
 	source  string // "": a fresh backing directory
 	metrics bool   // serve metrics on a free port
 	noPass  bool   // no kernel passthrough: writes reach the daemon
+	readers bool   // --residency readers
 }
 
 // startTier starts a daemon the way startDaemon does, with a tier, and
@@ -66,7 +67,7 @@ func startTier(t *testing.T, o tierOpts) *tierMount {
 		Engine: cufile.Config{Engine: cufile.EngineHost,
 			HostDir: filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-itest-%d-%s", os.Getpid(), randHex(4)))},
 		HostPoolBytes: 64 << 20, MetaCacheBytes: 16 << 20, Version: "itest",
-		TierBytes: o.budget, TierChunkBytes: tierChunk, NoPassthrough: o.noPass,
+		TierBytes: o.budget, TierChunkBytes: tierChunk, NoPassthrough: o.noPass, ResidencyToReaders: o.readers,
 	}
 	if o.metrics {
 		c.MetricsAddr = "127.0.0.1:0"

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -157,12 +158,13 @@ type entry struct {
 	id   Identity
 	path string // the backing path it was pinned by (InvalidatePath)
 	// GUARDED_BY(Tier.mu)
-	ext       []*extent // per chunk; nil: not held
-	filling   []bool    // per chunk: a Pin is reading it
-	filler    []uint32  // per chunk being filled: the uid it is charged to
-	held      int64     // file bytes in held extents
-	refs      int       // hits and fills using the entry
-	dead      bool      // unreachable (T3): freed when refs is 0
+	ext       []*extent  // per chunk; nil: not held
+	filling   []bool     // per chunk: a Pin is reading it
+	filler    []uint32   // per chunk being filled: the uid it is charged to
+	pinners   [][]uint32 // per chunk: the uids whose pins asked for it (PinnedBy)
+	held      int64      // file bytes in held extents
+	refs      int        // hits and fills using the entry
+	dead      bool       // unreachable (T3): freed when refs is 0
 	elem      *list.Element
 	wake      chan struct{}    // closed (and replaced) when a fill of it ends
 	dev       map[int]*devCopy // copies on GPUs (device.go)
@@ -262,6 +264,13 @@ type PinResult struct {
 	Size   int64 // the file's size
 	Cached int64 // bytes of the file in the tier now
 	Filled int64 // bytes this call read into the tier
+	// Mine is the bytes of the file in the tier that the uid's pins asked
+	// for (PinnedBy), whoever's pin read them; MineFilled the bytes of
+	// them this call added. They do not depend on what other uids pinned:
+	// for a uid the file's residency may not be told to, they are what
+	// Cached and Filled would be had no other uid pinned the file (its
+	// pins read every extent themselves).
+	Mine, MineFilled int64
 }
 
 // Pin reads the extents of [off, off+n) of f (n < 0: to end of file) that
@@ -286,13 +295,13 @@ func (t *Tier) Pin(ctx context.Context, f *os.File, path string, uid uint32, off
 		n = id.Size - off
 	}
 	if n == 0 || id.Size == 0 {
-		res.Cached = t.Cached(id)
+		res.Cached, res.Mine = t.Cached(id), t.PinnedBy(id, uid)
 		return res, nil
 	}
 	if err := t.settle(ctx, id); err != nil {
 		return res, err
 	}
-	e, todo, err := t.reserve(id, path, uid, off, n)
+	e, todo, marked, err := t.reserve(id, path, uid, off, n)
 	if err != nil {
 		return res, err
 	}
@@ -303,9 +312,19 @@ func (t *Tier) Pin(ctx context.Context, f *os.File, path string, uid uint32, off
 		// Extents another pin was filling: the answer waits for them.
 		err = t.waitFills(ctx, e, off, n)
 	}
-	res.Cached = t.Cached(id)
+	res.Cached, res.Mine = t.Cached(id), t.PinnedBy(id, uid)
+	t.mu.Lock()
+	for _, i := range marked {
+		if e.ext[i] != nil {
+			res.MineFilled += t.dataBytes(e.id.Size, i)
+		}
+	}
+	t.mu.Unlock()
 	return res, err
 }
+
+// dataBytes is the file bytes of extent i of a file of size bytes.
+func (t *Tier) dataBytes(size int64, i int) int64 { return min(t.chunk, size-int64(i)*t.chunk) }
 
 // waitFills waits until no extent of [off, off+n) of e is being filled.
 func (t *Tier) waitFills(ctx context.Context, e *entry, off, n int64) error {
@@ -356,8 +375,9 @@ func (t *Tier) settle(ctx context.Context, id Identity) error {
 // reserve finds or makes the entry of id, picks the extents of [off,
 // off+n) neither held nor being filled, makes room for them (evicting as
 // the package doc says) and charges them to uid. It returns the entry,
-// referenced, and the extents to fill, marked filling.
-func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*entry, []int, error) {
+// referenced, the extents to fill, marked filling, and the extents of the
+// range uid's pins had not asked for, now marked as asked for by uid.
+func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*entry, []int, []int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.mu.entries[id.Key]
@@ -368,7 +388,7 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	}
 	if e == nil {
 		k := t.chunks(id.Size)
-		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), filler: make([]uint32, k), wake: make(chan struct{})}
+		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), filler: make([]uint32, k), pinners: make([][]uint32, k), wake: make(chan struct{})}
 		e.elem = t.mu.lru.PushFront(e)
 		t.mu.entries[id.Key] = e
 		if old := t.mu.paths[path]; old != nil && old != e {
@@ -391,10 +411,17 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 		if e.held == 0 && e.refs == 0 && !hasFilling(e) {
 			t.killLocked(e) // made for this pin only
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	for _, i := range todo {
 		e.filling[i], e.filler[i] = true, uid
+	}
+	var marked []int
+	for i := int(off / t.chunk); i < t.chunks(id.Size) && int64(i)*t.chunk < off+n; i++ {
+		if !slices.Contains(e.pinners[i], uid) {
+			e.pinners[i] = append(e.pinners[i], uid)
+			marked = append(marked, i)
+		}
 	}
 	if need > 0 {
 		// A pin of ranges other users already hold charges nothing, and
@@ -403,7 +430,7 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 		t.mu.uids[uid] += need
 	}
 	e.refs++
-	return e, todo, nil
+	return e, todo, marked, nil
 }
 
 // fillingForOthers reports whether a pin of a uid other than uid is
@@ -597,9 +624,11 @@ feed:
 	return filled, first
 }
 
-// abandonLocked gives back extent i's reservation.
+// abandonLocked gives back extent i's reservation; the extent is then
+// asked for by no uid (a later pin asks again).
 func (t *Tier) abandonLocked(e *entry, uid uint32, i int) {
 	e.filling[i] = false
+	e.pinners[i] = nil
 	e.wakeLocked()
 	n := t.extentBytes(e.id.Size, i)
 	t.mu.used -= n
@@ -765,6 +794,49 @@ func (t *Tier) Cached(id Identity) int64 {
 	return 0
 }
 
+// PinnedBy is the bytes of the file id in the tier that uid's pins asked
+// for, whoever's pin read them (0 for another version): what the tier
+// holds of the file for uid, which does not depend on other uids' pins.
+func (t *Tier) PinnedBy(id Identity, uid uint32) int64 {
+	if !t.Enabled() {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.mu.entries[id.Key]
+	if e == nil || e.id != id {
+		return 0
+	}
+	var n int64
+	for i, x := range e.ext {
+		if x != nil && slices.Contains(e.pinners[i], uid) {
+			n += t.dataBytes(e.id.Size, i)
+		}
+	}
+	return n
+}
+
+// HeldFor is the memory of the extents in the tier that uid's pins asked
+// for, whoever's pin read them (and is charged for them): what uid's pins
+// hold, which does not depend on other uids' pins. It equals uid's charges
+// while no other uid's pin asked for the same extents.
+func (t *Tier) HeldFor(uid uint32) int64 {
+	if !t.Enabled() {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var n int64
+	for _, e := range t.mu.entries {
+		for i, x := range e.ext {
+			if x != nil && slices.Contains(e.pinners[i], uid) {
+				n += x.n
+			}
+		}
+	}
+	return n
+}
+
 // Empty reports whether the tier holds no file (invalidations then have
 // nothing to find).
 func (t *Tier) Empty() bool {
@@ -821,6 +893,32 @@ func (t *Tier) Unpin(id Identity, uid uint32) (int64, error) {
 	n := e.held
 	t.killLocked(e)
 	return n, nil
+}
+
+// UnpinOwn drops uid's pins of the file id, telling uid nothing of other
+// uids' pins: the file as Unpin does when every extent held or being
+// filled is uid's alone; else only uid's asks (PinnedBy), the extents
+// staying for the uids that pinned them. It returns the bytes of the file
+// uid's pins held.
+func (t *Tier) UnpinOwn(id Identity, uid uint32) (int64, error) {
+	if !t.Enabled() {
+		return 0, ErrDisabled
+	}
+	mine := t.PinnedBy(id, uid)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.mu.entries[id.Key]
+	if e == nil {
+		return 0, nil
+	}
+	if uid == 0 || (chargedOnlyTo(e, uid) || e.held == 0) && !fillingForOthers(e, uid) {
+		t.killLocked(e)
+		return mine, nil
+	}
+	for i, p := range e.pinners {
+		e.pinners[i] = slices.DeleteFunc(p, func(u uint32) bool { return u == uid })
+	}
+	return mine, nil
 }
 
 // UIDStats is one uid's part of the tier.

@@ -77,6 +77,9 @@ func checkInvariants(t *testing.T, tr *Tier) {
 			if e.filling[i] {
 				t.Errorf("%s: extent %d still filling", e.path, i)
 			}
+			if x == nil && !e.filling[i] && len(e.pinners[i]) > 0 {
+				t.Errorf("%s: extent %d is not held but marked as pinned by %v", e.path, i, e.pinners[i])
+			}
 			if x != nil {
 				used += x.n
 				uids[x.uid] += x.n

@@ -51,7 +51,9 @@ tier instead (pinned host memory on a GPU machine; the mount needs
 --tier-budget), where they stay after warm exits, until evicted or changed:
 READs of them are then served by one DMA copy from the tier. Only files you
 may read can be pinned; each user may hold a share of the tier
-(--uid-share). --unpin drops your files from it.`,
+(--uid-share). --unpin drops your files from it. As with the page cache,
+what others pinned of files you only read is not told to you: warm --pin
+counts your own pins only (as if you had read the files yourself).`,
 		Example: `  gdsfs warm /data/imagenet/train
   gdsfs warm --workers 16 /data/shards/shard-00*.tar
   gdsfs warm --progress never /data/ckpt/step-1000 && python train.py

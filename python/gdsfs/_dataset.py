@@ -107,6 +107,7 @@ def _mds_decode(encoding: str, data: bytes) -> Any:
         return json.loads(data)
     if encoding.startswith("ndarray"):
         at, dtype, shape = _layout.mds_ndarray_prefix(encoding, data)
+        _layout.mds_ndarray_check(dtype, shape, len(data) - at)
         buf = bytearray(data[at:])
         t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
         return _view_as(t, _torch_dtype(dtype), shape, False)
@@ -136,7 +137,9 @@ class _FieldPlan(NamedTuple):
     length: int
     gpu: bool
     kind: str  # "bytes", "npy", "mds:<encoding>", "raw"
-    npy: int = -1  # a .npy gpu field of a tar: its header in _ShardState.npy_headers (-1: read it)
+    # Its header's geometry in the daemon's index (-1: read it): a tar .npy gpu field's in
+    # _ShardState.npy_headers, an MDS ndarray value's in _ShardState.mds_headers.
+    npy: int = -1
 
 
 def _tar_tail_error(path: str, size: int) -> str:
@@ -190,6 +193,11 @@ class _ShardState:
                             for h in index.get("npy_headers", ())]
         self._npy_geo: dict[int, tuple[int, int, torch.dtype]] = {}
         self.field_kinds: dict[str, tuple[bool, str]] = {}  # a tar field name's (gpu, plan kind), columns form
+        # An MDS shard's ndarray geometries, likewise (its "ndarray_headers": the values of
+        # columns whose encoding leaves dtype or shape to each sample): (header length, dtype
+        # name, shape).
+        self.mds_headers = [(int(h["header_length"]), str(h["dtype"]), tuple(int(d) for d in h["shape"]))
+                            for h in index.get("ndarray_headers", ())]
 
     def npy_geometry(self, k: int) -> tuple[_layout.NpyHeader, int, torch.dtype]:
         """(header, data bytes, torch dtype) of npy_headers[k]; the dtype's error as
@@ -914,7 +922,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             s = x["samples"][idx]
             for c in x["columns"]:
                 r = s["columns"][c["name"]]
-                plans.append(_FieldPlan(c["name"], int(r["offset"]), int(r["length"]), c["name"] in self.gpu_keys, "mds:" + c["encoding"]))
+                plans.append(_FieldPlan(c["name"], int(r["offset"]), int(r["length"]), c["name"] in self.gpu_keys, "mds:" + c["encoding"], int(r.get("ndarray", -1))))
             return f"{os.path.basename(st.path)}/{idx}", plans
         stem = os.path.basename(st.path)
         key, _, ext = stem.partition(".")
@@ -957,8 +965,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 nd_dtype, nd_shape = _layout.mds_ndarray_spec(enc)
                 if nd_dtype is not None and nd_shape is not None:
                     return fp.offset, fp.length, _torch_dtype(nd_dtype), nd_shape, False
-                at, dname, shp = _layout.mds_ndarray_prefix(enc, os.pread(st.fd, min(fp.length, 1 + 1 + 8 * 64), fp.offset))
-                return fp.offset + at, fp.length - at, _torch_dtype(dname), shp, False
+                try:
+                    if 0 <= fp.npy < len(st.mds_headers):
+                        at, dname, shp = st.mds_headers[fp.npy]  # the daemon's parse of the same header
+                    else:
+                        at, dname, shp = _layout.mds_ndarray_prefix(enc, os.pread(st.fd, min(fp.length, 1 + 1 + 8 * 64), fp.offset))
+                    _layout.mds_ndarray_check(dname, shp, fp.length - at)
+                    dt = _torch_dtype(dname)
+                except ValueError as e:
+                    raise ValueError(f"gdsfs: MDS column {fp.name!r}: {str(e).removeprefix('gdsfs: ')}") from None
+                return fp.offset + at, fp.length - at, dt, shp, False
             raise ValueError(f"gdsfs: MDS column {fp.name!r} has encoding {enc!r}, which cannot be a gpu_keys tensor (bytes, numeric scalars and ndarray can)")
         return fp.offset, fp.length, torch.uint8, (fp.length,), False
 

@@ -18,7 +18,7 @@ import tarfile
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-__all__ = ["NpyHeader", "npy_header_cached", "parse_npy_header", "local_index", "detect_format", "mds_ndarray_prefix", "MDS_FIXED"]
+__all__ = ["NpyHeader", "npy_header_cached", "parse_npy_header", "local_index", "detect_format", "mds_ndarray_prefix", "mds_ndarray_check", "MDS_FIXED"]
 
 # WebDataset's base_plus_ext: the key is the path up to the first dot of the
 # last path component, the field everything after it.
@@ -206,19 +206,41 @@ def mds_ndarray_prefix(encoding: str, head: bytes) -> tuple[int, str, tuple[int,
 
     Returns:
         (prefix bytes, dtype name, shape).
+
+    Raises:
+        ValueError: an unknown dtype code, or a prefix longer than head.
     """
     dtype, shape = mds_ndarray_spec(encoding)
     at = 0
     if dtype is None:
+        if not head:
+            raise ValueError("gdsfs: MDS ndarray value is empty: it lacks the dtype byte its encoding stores per sample")
         code = head[0]
         if code not in MDS_DTYPE_CODES:
             raise ValueError(f"gdsfs: MDS ndarray dtype code {code} is unknown")
         dtype = MDS_DTYPE_CODES[code]
         at = 1
     if shape is None:
+        if len(head) <= at:
+            raise ValueError(f"gdsfs: MDS ndarray value of {len(head)} bytes lacks the shape its encoding stores per sample")
         magic = head[at]
         ndim, code = magic >> 2, magic & 3
         fmt, size = _MDS_SHAPE_FMT[code]
+        if len(head) < at + 1 + ndim * size:
+            raise ValueError(f"gdsfs: MDS ndarray value of {len(head)} bytes is shorter than its {ndim}-dimension shape ({at + 1 + ndim * size} bytes)")
         shape = tuple(struct.unpack_from(f"<{ndim}{fmt}", head, at + 1))
         at += 1 + ndim * size
     return at, dtype, shape
+
+
+def mds_ndarray_check(dtype: str, shape: tuple[int, ...], nbytes: int) -> None:
+    """Raise ValueError unless nbytes, an MDS ndarray value's bytes after its prefix, are those
+    of shape in dtype (as NDArray.decode's reshape requires; dtypes MDS does not encode are left
+    to the tensor view)."""
+    size = MDS_FIXED.get(dtype, ("", 0))[1] if dtype in MDS_DTYPE_CODES.values() else 0
+    if size:
+        n = size
+        for d in shape:
+            n *= d
+        if n != nbytes:
+            raise ValueError(f"gdsfs: MDS ndarray value has {nbytes} array bytes, but its header says {dtype} of shape {shape} ({n} bytes)")
