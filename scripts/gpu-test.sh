@@ -17,15 +17,31 @@
 #   GDSFS_PYTEST_ARGS   extra pytest arguments for the pytest section (e.g. -k safetensors)
 #   GDSFS_DATASET_ARGS  dataset_check.py arguments (default: issue 15's table, --sizes 16,64,256,4096
 #                       --batch 16 --features-sizes 4096; about 3.5 minutes)
+#   GDSFS_GPU_PACK      a .tgz path: every log under OUT is packed into it on exit (the device tool
+#                       brings back at most 8 files from its $OUT: GDSFS_GPU_PACK=$OUT/all.tgz)
+#   GDSFS_GPU_DEADLINE_S  seconds from the start after which no further section starts (the rest
+#                       are listed as skipped), so that a call's time limit cuts no summary
 set -uo pipefail
 sections=" ${GDSFS_GPU_SECTIONS:-mount engines ipcuid devuuid control dataset checkpoint dcp dcp2 tier pytest} "
-want() { [[ "$sections" == *" $1 "* ]]; }
+deadline=${GDSFS_GPU_DEADLINE_S:-0}
+want() {
+	[[ "$sections" == *" $1 "* ]] || return 1
+	if [ "$deadline" -gt 0 ] && [ "$SECONDS" -ge "$deadline" ]; then
+		echo "== $1: SKIP (GDSFS_GPU_DEADLINE_S=$deadline reached after ${SECONDS}s)" | tee -a "$out/skipped.txt"
+		sections=${sections/ $1 / }
+		return 1
+	fi
+}
 cd "$(dirname "$0")/.."
 bin=build/gpu
 out=${OUT:-/tmp/gdsfs-gpu-out}
 work=${GDSFS_GPU_TEST_DIR:-/root/gdsfs-gpu}
 size=${GDSFS_BENCH_SIZE:-4GiB}
 mkdir -p "$out" "$work"
+if [ -n "${GDSFS_GPU_PACK:-}" ]; then
+	# shellcheck disable=SC2064
+	trap "tar czf '$GDSFS_GPU_PACK' -C '$out' . 2>/dev/null" EXIT
+fi
 need=(gdsfs)
 if want engines; then need+=(cufile.test gpubuf.test); fi
 for b in "${need[@]}"; do
@@ -233,6 +249,7 @@ for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
 [ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|tier load profile|fresh|page-cache load profile|residency|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }
 [ -f "$out/devuuid.txt" ] && { echo "-- devuuid"; grep -hE '^--- (PASS|FAIL|SKIP): TestGPUDeviceUUIDs' "$out/devuuid-cufile.txt" 2>/dev/null; grep -E '^devuuid_check: (ok|FAIL|PASS|SKIP|CUDA_VISIBLE)' "$out/devuuid.txt"; }
+[ -f "$out/skipped.txt" ] && cat "$out/skipped.txt"
 # pytest's closing count ("N passed, M skipped in S s", or the failures), else why there is none.
 if [ -f "$out/pytest.txt" ]; then
 	count=$(grep -E '^gpu-test: pytest timed out|^=* *[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$out/pytest.txt" | tail -n 1 | sed 's/^gpu-test: //; s/^=* *//; s/ *=*$//')
