@@ -32,6 +32,10 @@ type MountConfig struct {
 	MinRatio      float64 // --min-ratio: fail below this warm mount/direct ratio (0: no goal)
 	Keep          bool    // --keep: keep the temporary directory
 	NoPassthrough bool    // --no-passthrough: the daemon serves all I/O
+	NoCold        bool    // --no-cold: skip the cold reads (no dropping of the page cache)
+	// --entry-timeout, --attr-timeout: the mount's kernel cache timeouts
+	// (0: the mount's defaults).
+	EntryTimeout, AttrTimeout time.Duration
 }
 
 // Mount is the mount suite: sequential, random and stat throughput through
@@ -82,7 +86,7 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) ([]Result, error) {
 	}
 	backing := filepath.Join(work, "backing")
 	mnt := filepath.Join(work, "mnt")
-	for _, d := range []string{backing, mnt, filepath.Join(backing, "stat")} {
+	for _, d := range []string{backing, mnt, filepath.Join(backing, "stat"), filepath.Join(backing, "open"), filepath.Join(backing, "list")} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return nil, fmt.Errorf("bench setup: %w", err)
 		}
@@ -91,14 +95,19 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) ([]Result, error) {
 	if err := writeBenchFile(filepath.Join(backing, "data"), b.sizeBytes); err != nil {
 		return nil, err
 	}
-	for i := range b.Files {
-		p := filepath.Join(backing, "stat", fmt.Sprintf("f%06d", i))
-		if err := os.WriteFile(p, []byte{byte(i)}, 0o644); err != nil {
-			return nil, fmt.Errorf("bench setup: %w", err)
+	// One set of small files per first-access measurement, so that each
+	// measures names the mount has never looked up.
+	for _, sub := range []string{"stat", "open", "list"} {
+		for i := range b.Files {
+			p := filepath.Join(backing, sub, fmt.Sprintf("f%06d", i))
+			if err := os.WriteFile(p, []byte{byte(i)}, 0o644); err != nil {
+				return nil, fmt.Errorf("bench setup: %w", err)
+			}
 		}
 	}
 
-	srv, err := fs.Mount(ctx, fs.Options{Source: backing, Mountpoint: mnt, NoPassthrough: b.NoPassthrough, Logger: zerolog.Nop()})
+	srv, err := fs.Mount(ctx, fs.Options{Source: backing, Mountpoint: mnt, NoPassthrough: b.NoPassthrough, Logger: zerolog.Nop(),
+		EntryTimeout: b.EntryTimeout, AttrTimeout: b.AttrTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("bench mount: %w", err)
 	}
@@ -145,7 +154,9 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) ([]Result, error) {
 	// Cold reads alternate too: VM disks are cached on the host, and
 	// their speed drifts.
 	row = benchRow{name: "sequential read, cold", unit: "MB/s"}
-	if err := dropCaches(); err != nil {
+	if b.NoCold {
+		row.skippedBecause = "--no-cold"
+	} else if err := dropCaches(); err != nil {
 		row.skippedBecause = err.Error()
 	} else {
 		if row.direct, row.viaFS, err = alternate(b.Runs, direct, viaFS, func(p string) (float64, error) { return seq(p, true) }); err != nil {
@@ -178,6 +189,27 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) ([]Result, error) {
 		return nil, err
 	}
 	if row.viaFS, err = statAll(filepath.Join(mnt, "stat"), b.Files); err != nil {
+		return nil, err
+	}
+	rows = append(rows, row)
+	// What a data loader does per sample: open, fstat, read, close a file
+	// it has not opened before (LOOKUP, OPEN, FLUSH and RELEASE reach the
+	// daemon, the read goes through passthrough).
+	row = benchRow{name: fmt.Sprintf("open+read %d files, first", b.Files), unit: "files/s"}
+	if row.direct, err = openAll(filepath.Join(backing, "open"), b.Files); err != nil {
+		return nil, err
+	}
+	if row.viaFS, err = openAll(filepath.Join(mnt, "open"), b.Files); err != nil {
+		return nil, err
+	}
+	rows = append(rows, row)
+	// A listing (READDIRPLUS) primes the kernel's caches: the stats that
+	// follow it need no LOOKUP.
+	row = benchRow{name: fmt.Sprintf("list+stat %d files, first", b.Files), unit: "files/s"}
+	if row.direct, err = listStatAll(filepath.Join(backing, "list")); err != nil {
+		return nil, err
+	}
+	if row.viaFS, err = listStatAll(filepath.Join(mnt, "list")); err != nil {
 		return nil, err
 	}
 	rows = append(rows, row)
@@ -341,6 +373,50 @@ func statAll(dir string, n int) (float64, error) {
 		}
 	}
 	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// openAll opens, fstats, reads and closes dir/f000000.. ; it returns
+// files/s.
+func openAll(dir string, n int) (float64, error) {
+	var st unix.Stat_t
+	buf := make([]byte, 4096)
+	start := time.Now()
+	for i := range n {
+		p := filepath.Join(dir, fmt.Sprintf("f%06d", i))
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return 0, fmt.Errorf("open %s: %w", p, err)
+		}
+		err = unix.Fstat(fd, &st)
+		if err == nil {
+			_, err = unix.Read(fd, buf)
+		}
+		if cerr := unix.Close(fd); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", p, err)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// listStatAll lists dir and lstats every entry (os.scandir and os.stat);
+// it returns files/s.
+func listStatAll(dir string) (float64, error) {
+	start := time.Now()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", dir, err)
+	}
+	var st syscall.Stat_t
+	for _, e := range es {
+		p := filepath.Join(dir, e.Name())
+		if err := syscall.Lstat(p, &st); err != nil {
+			return 0, fmt.Errorf("stat %s: %w", p, err)
+		}
+	}
+	return float64(len(es)) / time.Since(start).Seconds(), nil
 }
 
 // dropCaches empties the page cache (root only), for cold reads.

@@ -50,8 +50,10 @@ func newBenchMountCmd() (bench.Suite, *cobra.Command) {
 		Long: `Creates a data file and many small files in a temporary backing directory,
 mounts it with gdsfs (no control path) and measures, through the mount and
 directly: sequential read of the data file (warm page cache, and cold after
-dropping caches when running as root), random 4 KiB reads, and stat of every
-small file. Prints one table with mount/direct ratios.`,
+dropping caches when running as root), random 4 KiB reads, and of sets of small
+files never looked up before: stat of each, open+fstat+read+close of each (a
+data loader's sample), and a listing followed by a stat of each. Prints one
+table with mount/direct ratios.`,
 		Example: `  gdsfs bench mount
   gdsfs bench mount --size 4GiB --dir /nvme/tmp --min-ratio 0.9`,
 	}
@@ -64,6 +66,9 @@ small file. Prints one table with mount/direct ratios.`,
 	f.Float64Var(&c.MinRatio, "min-ratio", 0, "fail unless warm sequential mount/direct throughput is at least this (e.g. 0.9)")
 	f.BoolVar(&c.Keep, "keep", false, "keep the temporary directory")
 	f.BoolVar(&c.NoPassthrough, "no-passthrough", false, "mount with the daemon serving all I/O (to see what passthrough gains)")
+	f.BoolVar(&c.NoCold, "no-cold", false, "skip the cold read (which drops the whole page cache as root)")
+	f.DurationVar(&c.EntryTimeout, "entry-timeout", 0, "the mount's kernel name cache timeout (0: the mount's default)")
+	f.DurationVar(&c.AttrTimeout, "attr-timeout", 0, "the mount's kernel attribute cache timeout (0: the mount's default)")
 	return bench.Mount(c), cmd
 }
 
