@@ -172,7 +172,17 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		n.m.opens.release(uid, 1)
 		return nil, 0, errno
 	}
-	return n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath(), uid), 0, 0
+	var fl uint32
+	if !isWriteOpen(flags) {
+		// The kernel then closes the file without a FLUSH, a round trip
+		// each sample of a data loader would wait for: the loopback's
+		// flush (dup and close of the backing descriptor) has nothing
+		// to write back for a read-only open, and no locks to drop
+		// (its POSIX locks are OFD locks of the handle's descriptor,
+		// released with it on RELEASE, as before).
+		fl = fuse.FOPEN_NOFLUSH
+	}
+	return n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath(), uid), fl, 0
 }
 
 // openFile opens the backing file for Open.
