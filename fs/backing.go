@@ -200,6 +200,13 @@ func (n *node) open(flags int) (int, syscall.Errno) {
 	}
 	pfd, name, errno := n.parentFd()
 	if errno != 0 {
+		if errno == syscall.ENOENT {
+			// No name left: renamed over through the mount (the
+			// kernel still holds the inode it resolved before).
+			if fd, ok := n.openStashed(flags); ok {
+				return fd, 0
+			}
+		}
 		return -1, errno
 	}
 	defer unix.Close(pfd)
@@ -217,7 +224,8 @@ func (n *node) open(flags int) (int, syscall.Errno) {
 		unix.Close(fd)
 		if errno == syscall.ESTALE {
 			// Replaced since the kernel looked it up: open the inode
-			// that lookup found, if it is still stashed.
+			// that lookup found, if it was renamed over through the
+			// mount and is still stashed.
 			if fd, ok := n.openStashed(flags); ok {
 				return fd, 0
 			}

@@ -127,7 +127,7 @@ type mountState struct {
 	dev    uint64
 	// mk creates inodes as their callers (creds.go).
 	mk *creators
-	// stash keeps descriptors of recently looked-up files (stash.go).
+	// stash keeps descriptors of files just renamed over (stash.go).
 	stash lookupStash
 	// opens is each uid's budget of the daemon's descriptors
 	// (openbudget.go).

@@ -28,9 +28,9 @@ type node struct {
 	*gofs.LoopbackNode
 	m *mountState
 
-	// stashed is the O_PATH descriptor of this node's last lookup
-	// (lookupStash); stashMu keeps it open while it is used. It is taken
-	// alone or after lookupStash.mu, never before it.
+	// stashed is the O_PATH descriptor of this node taken before a
+	// rename over it (lookupStash); stashMu keeps it open while it is
+	// used. It is taken alone or after lookupStash.mu, never before it.
 	stashed stashedFd
 	stashMu sync.Mutex
 	// replaced is set when another file was renamed over this one through
@@ -122,26 +122,13 @@ func nodeOf(ch *gofs.Inode, def *node) *node {
 }
 
 // lookupAt stats name in dir (not following it) and returns its inode.
-// The inode is reached by an O_PATH descriptor, stashed for the OPEN that
-// usually follows (stash.go), and statted through it.
 func (n *node) lookupAt(ctx context.Context, dir int, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	fd, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	st, gen, err := statAt(dir, name, 0)
 	if err != nil {
-		return nil, gofs.ToErrno(err)
-	}
-	st, gen, err := statAt(fd, "", unix.AT_EMPTY_PATH)
-	if err != nil {
-		unix.Close(fd)
 		return nil, gofs.ToErrno(err)
 	}
 	out.Attr.FromStat(&st)
-	ch := n.newChild(ctx, &st, gen)
-	if cn := nodeOf(ch, nil); cn != nil && (st.Mode&syscall.S_IFMT == syscall.S_IFREG || st.Mode&syscall.S_IFMT == syscall.S_IFLNK) {
-		n.m.stash.put(cn, fd)
-	} else {
-		unix.Close(fd)
-	}
-	return ch, 0
+	return n.newChild(ctx, &st, gen), 0
 }
 
 // Lookup serves the control file at the root, and the backing tree
@@ -687,13 +674,18 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// The file renamed over, if the kernel knows it: an OPEN the kernel
 	// resolved to it before the rename may still come (stash.go).
 	var victim *node
-	if ch := np.GetChild(newName); ch != nil {
-		victim = nodeOf(ch, nil)
+	if ch := np.GetChild(newName); ch != nil && flags&unix.RENAME_EXCHANGE == 0 {
+		if victim = nodeOf(ch, nil); victim != nil {
+			victim.stashForRename()
+		}
 	}
 	if err := unix.Renameat2(from, name, to, newName, uint(flags)); err != nil {
+		if victim != nil {
+			victim.dropStash()
+		}
 		return gofs.ToErrno(err)
 	}
-	if victim != nil && flags&unix.RENAME_EXCHANGE == 0 {
+	if victim != nil {
 		victim.replaced.Store(true)
 	}
 	n.m.changed(n.childPath(name))

@@ -3,12 +3,14 @@ package fs
 import (
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// lookupStashSize bounds the O_PATH descriptors kept for recent lookups;
+// lookupStashSize bounds the O_PATH descriptors kept for files renamed
+// over;
 // lookupStashTTL bounds how long one is kept (a stashed descriptor of a
 // file deleted meanwhile holds its blocks until it is closed).
 const (
@@ -16,19 +18,20 @@ const (
 	lookupStashTTL  = 2 * time.Second
 )
 
-// lookupStash keeps an O_PATH descriptor of the file or symlink each recent
-// LOOKUP resolved, so that the OPEN (or READLINK) that follows reaches that
-// very inode even when
-// its name was replaced in between (a rename over it through the mount, in
-// a tight loop): a local filesystem opens the inode its path walk found,
-// and so does gdsfs instead of answering ESTALE a second time. Only files
-// replaced through the mount (a rename over them) are served from the stash;
-// one replaced behind the mount's back gets ESTALE, and the kernel looks it
-// up again. Opening the
-// stashed inode is safe: it is the inode whose attributes the kernel checked
-// the caller's permission against. At most lookupStashSize descriptors are
-// held; the oldest stash is closed to make room, and an open takes its
-// node's stash (one use).
+// lookupStash keeps an O_PATH descriptor of each file or symlink that is
+// about to be renamed over through the mount, taken just before the
+// rename, so that an OPEN (or READLINK) the kernel resolved to it before
+// the rename (a rename over it in a tight loop, or a descriptor held
+// open O_PATH and reopened through /proc) reaches that very inode instead
+// of ESTALE or ENOENT: a local filesystem opens the inode its path walk
+// found, and so does gdsfs. Only files replaced through the mount are
+// served from the stash; one replaced behind the mount's back gets ESTALE,
+// and the kernel looks it up again. Opening the stashed inode is safe: it
+// is the inode whose attributes the kernel checked the caller's permission
+// against. At most lookupStashSize descriptors are held, each for at most
+// lookupStashTTL; the oldest stash is closed to make room. (Until 2026-12
+// every LOOKUP stashed its file, which cost each lookup an open and a
+// close and a shared lock for the rare rename.)
 type lookupStash struct {
 	mu   sync.Mutex
 	ring [lookupStashSize]stashEntry // GUARDED_BY(mu)
@@ -81,6 +84,21 @@ func (s *lookupStash) sweep(cutoff time.Time) {
 type stashedFd struct{ v atomic.Int64 }
 
 func (s *stashedFd) swap(fd int) int { return int(s.v.Swap(int64(fd)+1)) - 1 }
+
+// stashForRename stashes n's file before a rename over it through the
+// mount (files and symlinks only: the kernel does not reopen a directory
+// it resolved). A failure to open n leaves it without a stash: an OPEN
+// resolved before the rename then gets ESTALE or ENOENT, as before.
+func (n *node) stashForRename() {
+	if t := n.StableAttr().Mode & syscall.S_IFMT; t != syscall.S_IFREG && t != syscall.S_IFLNK {
+		return
+	}
+	fd, errno := n.open(unix.O_PATH)
+	if errno != 0 {
+		return
+	}
+	n.m.stash.put(n, fd)
+}
 
 // put makes fd (owned by the stash from now on) n's stashed descriptor.
 func (s *lookupStash) put(n *node, fd int) {
