@@ -33,8 +33,8 @@ type MountConfig struct {
 	Keep          bool    // --keep: keep the temporary directory
 	NoPassthrough bool    // --no-passthrough: the daemon serves all I/O
 	NoCold        bool    // --no-cold: skip the cold reads (no dropping of the page cache)
-	// --entry-timeout, --attr-timeout: the mount's kernel cache timeouts
-	// (0: the mount's defaults).
+	// --entry-timeout, --attr-timeout: the mount's kernel cache timeouts,
+	// as fs.Options takes them (0: the defaults; negative: no caching).
 	EntryTimeout, AttrTimeout time.Duration
 }
 
@@ -190,6 +190,26 @@ func (b *mountBench) run(ctx context.Context, out io.Writer) ([]Result, error) {
 	}
 	if row.viaFS, err = statAll(filepath.Join(mnt, "stat"), b.Files); err != nil {
 		return nil, err
+	}
+	rows = append(rows, row)
+	// Once the kernel's entries and attributes expired (a data loader's
+	// next epoch), every stat is a LOOKUP again, of a name the daemon
+	// knows.
+	row = benchRow{name: fmt.Sprintf("stat %d files, caches expired", b.Files), unit: "stats/s"}
+	if wait := max(kernelTimeout(b.EntryTimeout, fs.DefaultEntryTimeout), kernelTimeout(b.AttrTimeout, fs.DefaultAttrTimeout)); wait > maxExpiryWait {
+		row.skippedBecause = fmt.Sprintf("the kernel caches for %v, longer than the %v this waits", wait, maxExpiryWait)
+	} else {
+		select {
+		case <-time.After(wait + 50*time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if row.direct, err = statAll(filepath.Join(backing, "stat"), b.Files); err != nil {
+			return nil, err
+		}
+		if row.viaFS, err = statAll(filepath.Join(mnt, "stat"), b.Files); err != nil {
+			return nil, err
+		}
 	}
 	rows = append(rows, row)
 	// What a data loader does per sample: open, fstat, read, close a file
@@ -373,6 +393,22 @@ func statAll(dir string, n int) (float64, error) {
 		}
 	}
 	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// maxExpiryWait bounds how long the suite waits for the kernel's caches
+// to expire.
+const maxExpiryWait = 10 * time.Second
+
+// kernelTimeout is how long the kernel caches with timeout d as fs.Options
+// takes it (0: def; negative: not at all).
+func kernelTimeout(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
 }
 
 // openAll opens, fstats, reads and closes dir/f000000.. ; it returns

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"io"
 	"os"
 
 	"github.com/rs/zerolog"
@@ -8,6 +10,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/bench"
 	"github.com/gdsfs/gdsfs/cufile"
+	"github.com/gdsfs/gdsfs/fs"
 )
 
 // newBenchCmd is `gdsfs bench`: one subcommand per suite of package bench;
@@ -67,9 +70,20 @@ table with mount/direct ratios.`,
 	f.BoolVar(&c.Keep, "keep", false, "keep the temporary directory")
 	f.BoolVar(&c.NoPassthrough, "no-passthrough", false, "mount with the daemon serving all I/O (to see what passthrough gains)")
 	f.BoolVar(&c.NoCold, "no-cold", false, "skip the cold read (which drops the whole page cache as root)")
-	f.DurationVar(&c.EntryTimeout, "entry-timeout", 0, "the mount's kernel name cache timeout (0: the mount's default)")
-	f.DurationVar(&c.AttrTimeout, "attr-timeout", 0, "the mount's kernel attribute cache timeout (0: the mount's default)")
-	return bench.Mount(c), cmd
+	f.DurationVar(&c.EntryTimeout, "entry-timeout", fs.DefaultEntryTimeout, "how long the kernel caches names, as gdsfs mount's flag (0 disables)")
+	f.DurationVar(&c.AttrTimeout, "attr-timeout", fs.DefaultAttrTimeout, "how long the kernel caches file attributes, as gdsfs mount's flag (0 disables)")
+	s := bench.Mount(c)
+	// The flags take durations as gdsfs mount's do; fs.Options as
+	// MountConfig passes them on.
+	s.Run = func(ctx context.Context, out io.Writer) ([]bench.Result, error) {
+		if c.EntryTimeout < 0 || c.AttrTimeout < 0 {
+			return nil, usagef("--entry-timeout and --attr-timeout: give durations >= 0 such as 1s (0 disables the cache)")
+		}
+		cfg := *c
+		cfg.EntryTimeout, cfg.AttrTimeout = flagTimeout(c.EntryTimeout), flagTimeout(c.AttrTimeout)
+		return bench.Mount(&cfg).Run(ctx, out)
+	}
+	return s, cmd
 }
 
 func newBenchEnginesCmd() (bench.Suite, *cobra.Command) {
