@@ -10,4 +10,5 @@ export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
 go build -trimpath -o "$out/gdsfs" ./cmd/gdsfs
 go test -c -trimpath -o "$out/cufile.test" ./cufile
 go test -c -trimpath -o "$out/gpubuf.test" ./gpubuf
+go test -c -trimpath -o "$out/fs.test" ./fs # BenchmarkLookup (GPU-RUN.txt)
 ls -l "$out"
