@@ -135,7 +135,15 @@ func (n *node) lookupAt(ctx context.Context, dir int, name string, out *fuse.Ent
 		return nil, gofs.ToErrno(err)
 	}
 	out.Attr.FromStat(&st)
-	ch := n.newChild(ctx, &st, gen)
+	// A name the kernel looks up again (its entry timed out, a walk
+	// revalidates it) is usually an inode go-fuse already knows: it keeps
+	// its node and drops a fresh one, so the stash goes on the known node,
+	// where Unlink's dropStash and openStashed find it (on a dropped node
+	// it held a deleted file's blocks until the sweeper ran).
+	ch := n.GetChild(name)
+	if ch == nil || ch.StableAttr() != (gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Gen: gen, Ino: n.m.ino(&st)}) {
+		ch = n.newChild(ctx, &st, gen)
+	}
 	if cn := nodeOf(ch, nil); cn != nil && (st.Mode&syscall.S_IFMT == syscall.S_IFREG || st.Mode&syscall.S_IFMT == syscall.S_IFLNK) {
 		n.m.stash.put(cn, fd)
 	} else {
