@@ -192,12 +192,10 @@ func (sp *mdsNdSpec) parse(raw []byte) (h MDSNdarray, nbytes int64, ok bool) {
 // parsed: those of values whose array bytes fill the rest of the value
 // (others are parsed, and remembered, but not listed).
 type mdsNdTable struct {
-	list     []MDSNdarray
+	geoList[MDSNdarray]
 	byRaw    []map[string]int // per column: header bytes -> index into seen
 	seen     []mdsNdSeen
-	byGeo    map[string]int // geometry key -> index into list
-	rawBytes int            // memory of byRaw and seen, estimated
-	size     int            // estimated JSON bytes of list
+	rawBytes int // memory of byRaw and seen, estimated
 }
 
 // mdsNdSeen is a header parsed before: its geometry, array bytes and index
@@ -257,20 +255,7 @@ func (t *mdsNdTable) add(h MDSNdarray) int {
 	for _, d := range h.Shape {
 		key = strconv.AppendInt(append(key, ' '), d, 10)
 	}
-	if k, ok := t.byGeo[string(key)]; ok {
-		return k
-	}
-	cost := 64 + len(h.Dtype) + 20*len(h.Shape)
-	if t.size+cost > mdsNdTableBytes {
-		return -1
-	}
-	if t.byGeo == nil {
-		t.byGeo = make(map[string]int)
-	}
-	t.size += cost
-	t.byGeo[string(key)] = len(t.list)
-	t.list = append(t.list, h)
-	return len(t.list) - 1
+	return t.geoList.add(key, 64+len(h.Dtype)+20*len(h.Shape), mdsNdTableBytes, h)
 }
 
 // appendJSON appends the geometry as a JSON object.

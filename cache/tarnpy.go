@@ -33,11 +33,9 @@ const (
 
 // npyTable collects a tar's distinct npy headers while it is parsed.
 type npyTable struct {
-	list     []NpyHeader
+	geoList[NpyHeader]
 	byRaw    map[string]int // header bytes -> index into list, or -1: no geometry
-	byGeo    map[string]int // geometry key -> index into list
 	rawBytes int
-	size     int // estimated JSON bytes of list
 }
 
 // isNpyField reports whether a sample field holds a .npy array by its name,
@@ -82,20 +80,7 @@ func (t *npyTable) add(h NpyHeader) int {
 	for _, d := range h.Shape {
 		key = strconv.AppendInt(append(key, ' '), d, 10)
 	}
-	if k, ok := t.byGeo[string(key)]; ok {
-		return k
-	}
-	cost := 80 + len(h.Dtype) + 20*len(h.Shape)
-	if t.size+cost > npyTableBytes {
-		return -1
-	}
-	if t.byGeo == nil {
-		t.byGeo = make(map[string]int)
-	}
-	t.size += cost
-	t.byGeo[string(key)] = len(t.list)
-	t.list = append(t.list, h)
-	return len(t.list) - 1
+	return t.geoList.add(key, 80+len(h.Dtype)+20*len(h.Shape), npyTableBytes, h)
 }
 
 // npyHeaderEnd returns where the header of the .npy bytes b ends (magic,

@@ -128,6 +128,12 @@ func (n *node) lookupAt(ctx context.Context, dir int, name string, out *fuse.Ent
 		return nil, gofs.ToErrno(err)
 	}
 	out.Attr.FromStat(&st)
+	// A name the kernel looks up again (its entry timed out, a walk
+	// revalidates it) is usually an inode go-fuse already knows: reuse
+	// its node rather than make one go-fuse would drop for it.
+	if ch := n.GetChild(name); ch != nil && ch.StableAttr() == (gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Gen: gen, Ino: n.m.ino(&st)}) {
+		return ch, 0
+	}
 	return n.newChild(ctx, &st, gen), 0
 }
 

@@ -145,28 +145,3 @@ def decode_shard(path: str) -> tuple[dict[str, str], list[dict[str, Any]], list[
         samples.append(row)
         ranges.append(where)
     return dict(zip(names, encs)), samples, ranges
-
-
-class PreadTrace:
-    """worker_init_fn: the worker notes itself, and each pread it makes at one of starts (per
-    shard file name, offsets: the ndarray values' first bytes, where a header read lands), in
-    files under log."""
-
-    def __init__(self, log: str, starts: Mapping[str, set[int]]) -> None:
-        self.log, self.starts = log, {k: set(v) for k, v in starts.items()}
-
-    def __call__(self, wid: int) -> None:
-        real, log, starts = os.pread, self.log, self.starts
-        open(os.path.join(log, f"worker-{wid}"), "w").close()
-
-        def pread(fd: int, n: int, off: int) -> bytes:
-            try:
-                name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-            except OSError:
-                name = ""
-            if off in starts.get(name, ()):
-                with open(os.path.join(log, f"hdr-{wid}"), "a") as f:
-                    f.write(f"{name} {off} {n}\n")
-            return real(fd, n, off)
-
-        os.pread = pread  # type: ignore[assignment]

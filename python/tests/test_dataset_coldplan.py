@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 import pytest
 
+from _pread_trace import PreadTrace
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -309,7 +311,7 @@ def test_fresh_cold_worker_reads_no_npy_headers(gdsfs_mount, tmp_path) -> None:
     os.makedirs(log)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     seen: dict[str, bytes] = {}
-    for b in gt.DataLoader(ds, batch_size=16, num_workers=2, worker_init_fn=_PreadTrace(log, starts)):
+    for b in gt.DataLoader(ds, batch_size=16, num_workers=2, worker_init_fn=PreadTrace(log, starts, prefix="npy")):
         for i, k in enumerate(b["__key__"]):
             assert k not in seen, f"{k} delivered twice"
             seen[k] = b["x.npy"][i].cpu().numpy().tobytes()
@@ -320,30 +322,6 @@ def test_fresh_cold_worker_reads_no_npy_headers(gdsfs_mount, tmp_path) -> None:
     hits = [open(os.path.join(log, n)).read() for n in traced if n.startswith("npy-")]
     assert not hits, f"{sum(h.count(chr(10)) for h in hits)} preads of x.npy headers, e.g. {hits[0][:200]}"
     assert gdsfs_mount.wait_leases(0) == 0
-
-
-class _PreadTrace:
-    """worker_init_fn: the worker notes itself, and each pread it makes at an x.npy member's
-    first byte (a header read), in files under log."""
-
-    def __init__(self, log: str, starts: dict[str, list[int]]) -> None:
-        self.log, self.starts = log, {k: set(v) for k, v in starts.items()}
-
-    def __call__(self, wid: int) -> None:
-        real, log, starts = os.pread, self.log, self.starts
-        open(os.path.join(log, f"worker-{wid}"), "w").close()
-
-        def pread(fd: int, n: int, off: int) -> bytes:
-            try:
-                name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-            except OSError:
-                name = ""
-            if off in starts.get(name, ()):
-                with open(os.path.join(log, f"npy-{wid}"), "a") as f:
-                    f.write(f"{name} {off} {n}\n")
-            return real(fd, n, off)
-
-        os.pread = pread  # type: ignore[assignment]
 
 
 def test_a_persistent_worker_plans_a_rewritten_shard_anew(gdsfs_mount) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import _mds_helpers as mh
+from _pread_trace import PreadTrace
 
 COLUMNS = {"id": "int64", "raw": "bytes", "x": "ndarray", "y": "ndarray:float32", "z": "ndarray:int16:3,5"}
 GPU = ["x", "y", "z"]
@@ -82,7 +83,7 @@ def test_workers_plan_variable_ndarray_columns_without_header_preads(gdsfs_mount
     os.makedirs(log)
     ds = gt.GDSShardDataset(mnt, gpu_keys=GPU, strict=True, shuffle=True, seed=3)
     seen = set()
-    for batch in gt.DataLoader(ds, batch_size=8, num_workers=2, worker_init_fn=mh.PreadTrace(log, starts)):
+    for batch in gt.DataLoader(ds, batch_size=8, num_workers=2, worker_init_fn=PreadTrace(log, starts)):
         for row in _rows(batch):
             key = row["__key__"]
             assert key not in seen, f"{key} delivered twice"

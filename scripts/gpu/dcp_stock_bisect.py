@@ -3,9 +3,21 @@
 process (2026-12-01 18:30 GPU run: "unexpected pos 704 vs 598" from torch.save's zip writer).
 
 Runs the benchmark's steps in its order on a small state dict; after each, a stock
-FileSystemWriter save of two CUDA tensors into the mount, loaded back and compared.
+FileSystemWriter save of two CUDA tensors into the mount, loaded back and compared. Every
+failure names the error behind torch's "unexpected pos" (checkpoint_check.root_cause) and the
+backing filesystem's free space and deleted-but-open files.
 
-Usage: dcp_stock_bisect.py MOUNTPOINT BACKING_DIR [--gib N]
+Then the two experiments that decide the 18:30 failure (docs/gpu-pending.md):
+- space: a gdsfs DCP save loaded three times and deleted through the mount must give its blocks
+  back at once (the daemon's lookup stash kept them 2-3 s before fs commit "a re-lookup stashes
+  on the node go-fuse keeps"), measured by statvfs right after the delete;
+- full disk: with the backing filesystem filled to 64 MiB short of full, a stock save of one
+  8192x8192 bf16 tensor must fail with the same "unexpected pos 704 vs 598" and an ENOSPC behind
+  it: the 18:30 message is then a write error, and its record offsets (598: the start of data/0
+  after data.pkl, .format_version, .storage_alignment "64" and byteorder; 704: past its 106-byte
+  local header) match.
+
+Usage: dcp_stock_bisect.py MOUNTPOINT BACKING_DIR [--gib N] [--no-fill]
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
@@ -26,6 +39,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 import gdsfs.checkpoint as gck  # noqa: E402
 import gdsfs.dcp as gdcp  # noqa: E402
 import gdsfs.safetensors as gst  # noqa: E402
+from checkpoint_check import describe_error, root_cause, space_report  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -39,6 +53,7 @@ def main() -> int:
     ap.add_argument("mount")
     ap.add_argument("backing")
     ap.add_argument("--gib", type=float, default=1)
+    ap.add_argument("--no-fill", action="store_true", help="skip the full-disk experiment")
     a = ap.parse_args()
     n = max(2, int(round(a.gib * (1 << 30) / (8192 * 8192 * 2))))
     sd = {f"layers.{i}.weight": torch.randn(8192, 8192, device="cuda").to(torch.bfloat16) for i in range(n)}
@@ -61,8 +76,12 @@ def main() -> int:
             if not ok:
                 broken.append(after)
         except BaseException as e:  # noqa: BLE001
-            log(f"after {after}: stock dcp.save {'of the full dict ' if full else ''}FAILED: {type(e).__name__}: {str(e)[-300:]}")
+            log(f"after {after}: stock dcp.save {'of the full dict ' if full else ''}FAILED: {describe_error(e)[:400]}")
             traceback.print_exc(limit=3)
+            rc = root_cause(e)
+            if rc is not e:
+                traceback.print_exception(type(rc), rc, rc.__traceback__, limit=6, chain=False)
+            log(f"after {after}: {space_report(a.backing)}")
             broken.append(after)
         shutil.rmtree(p, ignore_errors=True)
 
@@ -110,9 +129,83 @@ def main() -> int:
     step("gdsfs dcp reader", lambda: dcp.load({k: torch.empty_like(v) for k, v in sd.items()},
                                               storage_reader=gdcp.GDSFileSystemReader(dp)))
     probe("everything", full=True)
-    shutil.rmtree(w, ignore_errors=True)
     log(f"first broken after: {broken[0] if broken else 'none'}")
-    return 1 if broken else 0
+    freed = space_freed(sd, w, a.backing)
+    fill = None if a.no_fill else full_disk(w, a.backing)
+    shutil.rmtree(w, ignore_errors=True)
+    return 1 if broken or not freed or fill is False else 0
+
+
+def avail(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def space_freed(sd: dict, w: str, backing: str) -> bool:
+    """A gdsfs DCP save, loaded three times (the loads look its names up again), deleted through
+    the mount: statvfs right after the delete must show its bytes back (within 64 MiB)."""
+    p = os.path.join(w, "freed")
+    before = avail(backing)
+    dcp.save(sd, storage_writer=gdcp.GDSFileSystemWriter(p))
+    size = sum(os.path.getsize(os.path.join(p, n)) for n in os.listdir(p))
+    for _ in range(3):
+        dcp.load({k: torch.empty_like(v) for k, v in sd.items()}, storage_reader=gdcp.GDSFileSystemReader(p))
+    shutil.rmtree(p)
+    short = before - avail(backing)
+    ok = short < (64 << 20)
+    log(f"space: a {size / 2**30:.2f} GiB gdsfs DCP save, loaded 3 times, deleted through the mount: "
+        f"{short / 2**20:.0f} MiB short of the space before it right after the delete "
+        f"({'ok' if ok else 'NOT FREED AT ONCE'}); {space_report(backing)}")
+    return ok
+
+
+def full_disk(w: str, backing: str) -> bool | None:
+    """Fill the backing filesystem to 64 MiB short of full (root may write into the reserved
+    blocks: f_bfree), then a stock save of one 8192x8192 bf16 tensor (128 MiB): True when it
+    fails as the 18:30 run did with an ENOSPC behind it, False when it fails otherwise, None when
+    the filler could not be made. The filler is removed before returning."""
+    import errno
+
+    filler = os.path.join(backing, "bisect-filler")
+    st = os.statvfs(backing)
+    made = False
+    # Root may write into the reserved blocks (f_bfree); where it may not, f_bavail is the wall.
+    for free in (st.f_bfree, st.f_bavail):
+        n = free * st.f_frsize - (64 << 20)
+        if n <= 0:
+            continue
+        try:
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, n)
+            finally:
+                os.close(fd)
+            made = True
+            break
+        except OSError as e:
+            log(f"full disk: cannot make a {n / 2**30:.1f} GiB filler ({e})")
+            if os.path.exists(filler):
+                os.unlink(filler)
+    if not made:
+        log("full disk: no filler: skipped")
+        return None
+    p = os.path.join(w, "full")
+    try:
+        log(f"full disk: {space_report(backing)}")
+        dcp.save({"w": torch.randn(8192, 8192, device="cuda").to(torch.bfloat16)}, storage_writer=dcp.FileSystemWriter(p))
+        log("full disk: the stock save SUCCEEDED with 64 MiB free: the filler did not fill the disk")
+        return None
+    except BaseException as e:  # noqa: BLE001
+        rc = root_cause(e)
+        same = "unexpected pos 704 vs 598" in str(getattr(e, "failures", {0: (e,)}).get(0, (e,))[0])
+        enospc = isinstance(rc, OSError) and rc.errno == errno.ENOSPC
+        log(f"full disk: stock save failed: {describe_error(e)[:300]}")
+        log(f"full disk: torch's message {'IS' if same else 'is NOT'} the 18:30 one (704 vs 598); the error "
+            f"behind it {'is' if enospc else 'is NOT'} ENOSPC")
+        return same and enospc
+    finally:
+        os.unlink(filler)
+        shutil.rmtree(p, ignore_errors=True)
 
 
 if __name__ == "__main__":
