@@ -26,7 +26,7 @@ import (
 type MountConfig struct {
 	Dir           string  // --dir: directory for the temporary backing files
 	Size          string  // --size: size of the sequential-read file, such as 1GiB
-	Files         int     // --files: small files to stat
+	Files         int     // --files: small files in each set (stat, open, list)
 	RandomReads   int     // --random-reads: random 4 KiB reads
 	Runs          int     // --runs: runs per measurement (the median counts)
 	MinRatio      float64 // --min-ratio: fail below this warm mount/direct ratio (0: no goal)

@@ -63,7 +63,7 @@ table with mount/direct ratios.`,
 	f := cmd.Flags()
 	f.StringVar(&c.Dir, "dir", os.TempDir(), "directory for the temporary backing files (its filesystem is what is measured)")
 	f.StringVar(&c.Size, "size", "1GiB", "size of the sequential-read file")
-	f.IntVar(&c.Files, "files", 10000, "number of small files to stat")
+	f.IntVar(&c.Files, "files", 10000, "number of small files in each of the stat, open and list sets")
 	f.IntVar(&c.RandomReads, "random-reads", 20000, "number of random 4 KiB reads")
 	f.IntVar(&c.Runs, "runs", 5, "runs per measurement (the median is reported)")
 	f.Float64Var(&c.MinRatio, "min-ratio", 0, "fail unless warm sequential mount/direct throughput is at least this (e.g. 0.9)")
