@@ -29,7 +29,9 @@ const (
 // and the kernel looks it up again. Opening the stashed inode is safe: it
 // is the inode whose attributes the kernel checked the caller's permission
 // against. At most lookupStashSize descriptors are held, each for at most
-// lookupStashTTL; the oldest stash is closed to make room. (Until 2026-12
+// lookupStashTTL and no longer than the kernel keeps the inode (OnForget:
+// the descriptor of a file renamed over holds its blocks, which the next
+// checkpoint save needs); the oldest stash is closed to make room. (Until 2026-12
 // every LOOKUP stashed its file, which cost each lookup an open and a
 // close and a shared lock for the rare rename.)
 type lookupStash struct {
@@ -169,3 +171,8 @@ func (n *node) openStashed(flags int) (int, bool) {
 	}
 	return fd, true
 }
+
+// OnForget implements gofs.NodeOnForgetter: the kernel has forgotten the
+// inode, so no OPEN it resolved to it can come any more, and a stash kept
+// for one (a file renamed over) would only hold the file's blocks.
+func (n *node) OnForget() { n.dropStash() }
