@@ -224,3 +224,35 @@ def test_a_malformed_columns_page_fails_the_dataset(shard, monkeypatch) -> None:
     monkeypatch.undo()
     with _dataset(os.path.join(shard, "b.tar"), columns=False) as ds:
         assert got == _batches(ds, 0)
+
+
+@pytest.mark.parametrize("numpy", [True, False], ids=["numpy", "no-numpy"])
+def test_mutated_columns_decode_or_fail_in_one_line(shard, monkeypatch, numpy: bool) -> None:
+    """The client's fuzz target for the columns decoder (the daemon's is cache's FuzzTarColumns):
+    a real document with bytes changed, counts rewritten or bytes cut out either decodes into
+    samples that can all be read, or is refused with GDSUnavailableError; never another error."""
+    import random
+
+    from gdsfs import _indexcols
+    from gdsfs._errors import GDSUnavailableError
+
+    if not numpy:
+        monkeypatch.setattr(_indexcols, "_np", None)
+    good = _columns_doc(os.path.join(shard, "b.tar"))
+    rng = random.Random(20261201)
+    for _ in range(1500):
+        b = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            k = rng.random()
+            if k < 0.6:
+                b[rng.randrange(len(b))] = rng.randrange(256)
+            elif k < 0.8:
+                struct.pack_into("<I", b, rng.randrange(4, 40, 4), rng.choice([0, 1, 0xFFFFFFFF, len(b), rng.randrange(1 << 22)]))
+            else:
+                del b[rng.randrange(len(b))]
+        try:
+            s = _indexcols.decode(bytes(b), "b.tar")["samples"]
+            for i in range(len(s)):
+                s[i], s.fields(i), s.span(i)
+        except GDSUnavailableError as e:
+            assert "\n" not in str(e)
