@@ -297,8 +297,8 @@ class GDSFileSystemWriter(FileSystemWriter):
                 if name not in there_before:
                     try:
                         os.unlink(os.path.join(root, name))
-                    except FileNotFoundError:
-                        pass
+                    except OSError:  # not written, or the filesystem refuses (read-only after the
+                        pass  # error): the save's own error is the one to raise
             raise
         finally:
             self._release_staged()

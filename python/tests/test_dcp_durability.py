@@ -331,3 +331,33 @@ def test_a_save_that_fails_midway_leaves_none_of_its_files(pool_mount, monkeypat
     if over_existing:
         assert same(read_dcp_raw(d), old), "the previous checkpoint does not load intact"
     assert pool_mount.wait_leases(0) == 0
+
+
+def test_a_failed_save_whose_cleanup_fails_raises_the_save_error(pool_mount, monkeypatch):
+    """A save's write fails after some of its data files are in place, and removing those fails
+    too (the filesystem went read-only after the write error, as ext4's errors=remount-ro does):
+    the save raises the write's error, the one that says what went wrong, not the cleanup's."""
+    d = pool_mount.path("midway-cleanup-fails")
+    os.makedirs(d)
+    real_write = gdcp.GDSFileSystemWriter._write_file
+    written: list[str] = []
+
+    def failing_write(self, path, lay):  # type: ignore[no-untyped-def]
+        written.append(path)
+        if len(written) >= 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, path, lay)
+
+    def readonly_unlink(path, *a, **k):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+
+    monkeypatch.setattr(gdcp.GDSFileSystemWriter, "_write_file", failing_write)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = gdcp.GDSFileSystemWriter(d, single_file_per_rank=False)  # a file per item: several
+        monkeypatch.setattr(gdcp.os, "unlink", readonly_unlink)
+        with pytest.raises(OSError) as ei:
+            finish_save(w, tensors(9))
+        monkeypatch.undo()
+    assert len(written) >= 3, f"the test wrote {len(written)} data files: it needs 3 or more"
+    assert ei.value.errno == errno.ENOSPC, repr(ei.value)
