@@ -1,5 +1,7 @@
 package cache
 
+import "strconv"
+
 // geoList numbers the distinct geometries (npy headers, MDS ndarray
 // headers) of one shard while it is parsed, so that the index lists each
 // once and its members name them by number. Its size is the geometries'
@@ -27,4 +29,22 @@ func (g *geoList[T]) add(key []byte, cost, limit int, h T) int {
 	g.byGeo[string(key)] = len(g.list)
 	g.list = append(g.list, h)
 	return len(g.list) - 1
+}
+
+// appendGeometryJSON appends the fields an npy header and an MDS ndarray
+// header share, as an unclosed JSON object: {"header_length":N,
+// "dtype":"...","shape":[...] (the caller adds its own fields and '}').
+func appendGeometryJSON(b []byte, headerLength int64, dtype string, shape []int64) []byte {
+	b = append(b, `{"header_length":`...)
+	b = strconv.AppendInt(b, headerLength, 10)
+	b = append(b, `,"dtype":`...)
+	b = appendJSONString(b, dtype)
+	b = append(b, `,"shape":[`...)
+	for i, d := range shape {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, d, 10)
+	}
+	return append(b, ']')
 }

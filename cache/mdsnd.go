@@ -260,16 +260,5 @@ func (t *mdsNdTable) add(h MDSNdarray) int {
 
 // appendJSON appends the geometry as a JSON object.
 func (h *MDSNdarray) appendJSON(b []byte) []byte {
-	b = append(b, `{"header_length":`...)
-	b = strconv.AppendInt(b, h.HeaderLength, 10)
-	b = append(b, `,"dtype":`...)
-	b = appendJSONString(b, h.Dtype)
-	b = append(b, `,"shape":[`...)
-	for i, d := range h.Shape {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, d, 10)
-	}
-	return append(b, "]}"...)
+	return append(appendGeometryJSON(b, h.HeaderLength, h.Dtype, h.Shape), '}')
 }

@@ -167,18 +167,8 @@ func parseNpyMember(raw []byte, length int64) (NpyHeader, bool) {
 
 // appendJSON appends the header as a JSON object.
 func (h *NpyHeader) appendJSON(b []byte) []byte {
-	b = append(b, `{"header_length":`...)
-	b = strconv.AppendInt(b, h.HeaderLength, 10)
-	b = append(b, `,"dtype":`...)
-	b = appendJSONString(b, h.Dtype)
-	b = append(b, `,"shape":[`...)
-	for i, d := range h.Shape {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, d, 10)
-	}
-	b = append(b, `],"fortran_order":`...)
+	b = appendGeometryJSON(b, h.HeaderLength, h.Dtype, h.Shape)
+	b = append(b, `,"fortran_order":`...)
 	b = strconv.AppendBool(b, h.FortranOrder)
 	return append(b, '}')
 }
