@@ -48,3 +48,19 @@ func appendGeometryJSON(b []byte, headerLength int64, dtype string, shape []int6
 	}
 	return append(b, ']')
 }
+
+// appendGeometriesJSON appends ,"key":[...] with the n geometries one
+// writes (one(b, i) appends the i-th), or nothing when there are none.
+func appendGeometriesJSON(b []byte, key string, n int, one func(b []byte, i int) []byte) []byte {
+	if n == 0 {
+		return b
+	}
+	b = append(append(append(b, `,"`...), key...), `":[`...)
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = one(b, i)
+	}
+	return append(b, ']')
+}

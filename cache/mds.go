@@ -94,16 +94,7 @@ func (m *MDS) MarshalJSON() ([]byte, error) {
 		out = append(out, "}}"...)
 	}
 	out = append(out, ']')
-	if len(m.NdarrayHeaders) > 0 {
-		out = append(out, `,"ndarray_headers":[`...)
-		for i := range m.NdarrayHeaders {
-			if i > 0 {
-				out = append(out, ',')
-			}
-			out = m.NdarrayHeaders[i].appendJSON(out)
-		}
-		out = append(out, ']')
-	}
+	out = appendGeometriesJSON(out, "ndarray_headers", len(m.NdarrayHeaders), func(b []byte, i int) []byte { return m.NdarrayHeaders[i].appendJSON(b) })
 	return append(out, '}'), nil
 }
 

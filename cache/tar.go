@@ -150,16 +150,7 @@ func (t *Tar) MarshalJSON() ([]byte, error) {
 		}
 		b = append(append(b, `,"skipped":`...), sk...)
 	}
-	if len(t.NpyHeaders) > 0 {
-		b = append(b, `,"npy_headers":[`...)
-		for i := range t.NpyHeaders {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = t.NpyHeaders[i].appendJSON(b)
-		}
-		b = append(b, ']')
-	}
+	b = appendGeometriesJSON(b, "npy_headers", len(t.NpyHeaders), func(b []byte, i int) []byte { return t.NpyHeaders[i].appendJSON(b) })
 	return append(b, '}'), nil
 }
 

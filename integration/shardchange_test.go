@@ -22,11 +22,7 @@ import (
 func TestReadVersionThroughMount(t *testing.T) {
 	m := startMount(t, mountOpts{Daemon: true})
 	ctx := context.Background()
-	cl, err := ctl.OpenSession(m.mnt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := openSession(t, m.mnt)
 	if cl.Hello().Caps&ctl.CapReadVersion == 0 {
 		t.Fatal("the daemon does not advertise READ_VERSION")
 	}
