@@ -102,6 +102,11 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return x.view(torch.uint8) if x.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """The two dicts hold the same keys and byte-identical tensors."""
+    return set(a) == set(b) and all(torch.equal(_bytes(a[k]), _bytes(b[k])) for k in a)
+
+
 def storage_key(t: torch.Tensor) -> int:
     """An identity for the storage under t (shared storages compare equal)."""
     return t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import _dcp_standin as S
-from _ckpt_helpers import _bytes, read_dcp_raw
+from _ckpt_helpers import read_dcp_raw, same
 from conftest import mount, unmount
 
 REAL = S.has_real_dcp()
@@ -51,19 +51,6 @@ def _close_staging():
 def tensors(seed: int, n: int = 4, mib3: int = 3) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {f"w{i}": torch.randn(mib3 * MIB // 4, generator=g) for i in range(n)}
-
-
-def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return set(a) == set(b) and all(torch.equal(_bytes(a[k]), _bytes(b[k])) for k in a)
-
-
-def finish_save(w: gdcp.GDSFileSystemWriter, staged: dict[str, torch.Tensor]) -> None:
-    """dcp.save's calls on a staged snapshot, as async_save's background thread makes them."""
-    items = [S.WriteItem(S.MetadataIndex(k), S.WriteItemType.TENSOR) for k in staged]
-    w.set_up_storage_writer(True, rank=0, use_collectives=True)
-    plan = w.prepare_global_plan([w.prepare_local_plan(S.SavePlan(items))])[0]
-    res = w.write_data(plan, S.SavePlannerStub(staged)).wait()
-    w.finish(S.Metadata(), [res])
 
 
 @pytest.fixture
@@ -141,7 +128,7 @@ def test_every_data_file_is_durable_before_metadata_is_committed(pool_mount, mon
         staged = w.stage(src)
         assert w.stage_stats["stock_bytes"] == 0, w.stage_stats
         trace = Trace(monkeypatch)
-        finish_save(w, staged)
+        S.save(staged, w)
     ev = trace.events
     monkeypatch.undo()
     data = sorted(n for n in os.listdir(d) if n.endswith(".distcp"))
@@ -217,7 +204,7 @@ def test_a_save_that_cannot_fit_is_refused_up_front(tiny_disk, monkeypatch, stag
         w = gdcp.GDSFileSystemWriter(d)
         snap = w.stage(big) if staged else big
         with pytest.raises(OSError) as ei:
-            finish_save(w, snap)
+            S.save(snap, w)
     e = ei.value
     assert e.errno == errno.ENOSPC, repr(e)
     msg = str(e)
@@ -247,7 +234,7 @@ def _saver_killed_before_commit(path: str, seed: int, conn) -> None:  # type: ig
         time.sleep(600)
 
     w.finish = finish  # type: ignore[method-assign]
-    finish_save(w, staged)
+    S.save(staged, w)
 
 
 def test_trainer_killed_before_metadata_commit_leaves_previous_loadable(pool_mount):
@@ -324,7 +311,7 @@ def test_a_save_that_fails_midway_leaves_none_of_its_files(pool_mount, monkeypat
         w = gdcp.GDSFileSystemWriter(d) if staged else gdcp.GDSFileSystemWriter(d, single_file_per_rank=False)
         snap = w.stage(new) if staged else new
         with pytest.raises(OSError) as ei:
-            finish_save(w, snap)
+            S.save(snap, w)
     assert ei.value.errno == errno.ENOSPC, repr(ei.value)
     assert len(written) >= 3, f"the test wrote {len(written)} data files: it needs 3 or more"
     assert sorted(os.listdir(d)) == before, f"the failed save left files behind: {sorted(set(os.listdir(d)) - set(before))}"
@@ -357,7 +344,7 @@ def test_a_failed_save_whose_cleanup_fails_raises_the_save_error(pool_mount, mon
         w = gdcp.GDSFileSystemWriter(d, single_file_per_rank=False)  # a file per item: several
         monkeypatch.setattr(gdcp.os, "unlink", readonly_unlink)
         with pytest.raises(OSError) as ei:
-            finish_save(w, tensors(9))
+            S.save(tensors(9), w)
         monkeypatch.undo()
     assert len(written) >= 3, f"the test wrote {len(written)} data files: it needs 3 or more"
     assert ei.value.errno == errno.ENOSPC, repr(ei.value)

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import _dcp_standin as S
-from _ckpt_helpers import _bytes, read_dcp_raw
+from _ckpt_helpers import read_dcp_raw, same
 from conftest import mount, unmount
 from gdsfs import GDSFallbackWarning
 from gdsfs._errors import _reset_fallback_warning
@@ -71,19 +71,6 @@ def tensors(seed: int, mib3: int = 6) -> dict[str, torch.Tensor]:
     return out
 
 
-def finish_save(w: gdcp.GDSFileSystemWriter, staged: dict[str, torch.Tensor]) -> None:
-    """dcp.save's calls on the staged snapshot, as async_save's background thread makes them."""
-    items = [S.WriteItem(S.MetadataIndex(k), S.WriteItemType.TENSOR) for k in staged]
-    w.set_up_storage_writer(True, rank=0, use_collectives=True)
-    plan = w.prepare_global_plan([w.prepare_local_plan(S.SavePlan(items))])[0]
-    res = w.write_data(plan, S.SavePlannerStub(staged)).wait()
-    w.finish(S.Metadata(), [res])
-
-
-def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return set(a) == set(b) and all(torch.equal(_bytes(a[k]), _bytes(b[k])) for k in a)
-
-
 def test_staging_falls_back_per_tensor_when_the_pool_is_full(small_mount):
     d = small_mount.path("ckpt")
     src = tensors(1)
@@ -106,7 +93,7 @@ def test_staging_falls_back_per_tensor_when_the_pool_is_full(small_mount):
     for v in src.values():
         v.zero_()  # training goes on: neither kind of staged copy may change
     assert same(staged, want)
-    finish_save(w, staged)
+    S.save(staged, w)
     assert small_mount.wait_leases(0) == 0
     assert same(read_dcp_raw(d), want)
     # The warning is issued once per process; a second save stages the same way, silently.
@@ -116,7 +103,7 @@ def test_staging_falls_back_per_tensor_when_the_pool_is_full(small_mount):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Detected an existing checkpoint")
             staged2 = w2.stage(tensors(2))
-            finish_save(w2, staged2)
+            S.save(staged2, w2)
     assert w2.stage_stats == st
     assert same(read_dcp_raw(d), tensors(2))
     assert small_mount.wait_leases(0) == 0
@@ -130,7 +117,7 @@ def test_staging_with_room_uses_slabs_for_every_tensor(small_mount):
         w = gdcp.GDSFileSystemWriter(d)
         staged = w.stage(src)
     assert w.stage_stats["stock_bytes"] == 0 and w.stage_stats["slab_tensors"] == len(src)
-    finish_save(w, staged)
+    S.save(staged, w)
     assert same(read_dcp_raw(d), src)
     assert small_mount.wait_leases(0) == 0
 
@@ -161,7 +148,7 @@ def _staged_saver(path: str, seed: int, moment: str, conn) -> None:
         return n
 
     core.Session.write = write
-    finish_save(w, staged)
+    S.save(staged, w)
 
 
 @pytest.mark.parametrize("moment", ["staged", "writing"])
@@ -228,7 +215,7 @@ def test_daemon_killed_during_staged_save(tmp_path, gdsfs_bin):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 with pytest.raises(BaseException) as err:
-                    finish_save(w, staged)
+                    S.save(staged, w)
         finally:
             core.Session.write = real
         assert not isinstance(err.value, (KeyboardInterrupt, SystemExit)), err.value
@@ -261,7 +248,7 @@ def test_next_snapshot_reuses_the_kept_session(small_mount, monkeypatch):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Detected an existing checkpoint")
             w = gdcp.GDSFileSystemWriter(small_mount.path(f"reuse-{i}"))
-            finish_save(w, w.stage(src))
+            S.save(w.stage(src), w)
         assert same(read_dcp_raw(small_mount.path(f"reuse-{i}")), src)
     assert len(opened) == 1, f"{len(opened)} staging sessions for 3 snapshots"
     assert small_mount.wait_leases(0) == 0
@@ -283,7 +270,7 @@ def test_large_staged_snapshot_goes_to_parallel_files(gdsfs_mount, monkeypatch):
         w = gdcp.GDSFileSystemWriter(d)
         staged = w.stage(src)
         assert w.stage_stats["stock_bytes"] == 0
-        finish_save(w, staged)
+        S.save(staged, w)
     names = sorted(n for n in os.listdir(d) if n.endswith(".distcp"))
     assert names == [f"__0_{i}.distcp" for i in range(4)], names
     assert same(read_dcp_raw(d), src)
@@ -333,7 +320,7 @@ def test_staged_leases_written_direct_are_not_flushed(tmp_path, gdsfs_bin, monke
             warnings.simplefilter("error", GDSFallbackWarning)
             w = gdcp.GDSFileSystemWriter(d)
             staged = w.stage(data)
-            finish_save(w, staged)
+            S.save(staged, w)
         assert w._direct_min == (MIB if direct_io == "auto" else None)
         if direct_io == "auto":
             assert not flushers, "the writer flushed leases the daemon wrote with O_DIRECT"
@@ -380,7 +367,7 @@ def test_a_fully_staged_save_releases_its_leases_after_every_write(small_mount, 
         staged = w.stage(src)
         assert w.stage_stats["slab_tensors"] == len(src), w.stage_stats
         events.clear()
-        finish_save(w, staged)
+        S.save(staged, w)
     assert len([n for n in os.listdir(d) if n.endswith(".distcp")]) == 4
     writes = [i for i, e in enumerate(events) if e == "write"]
     releases = [i for i, e in enumerate(events) if e.startswith("release") and e != "release 0"]
