@@ -207,16 +207,17 @@ func runChunks(ctx context.Context, n, chunkBytes int64, workers int, start func
 // clampToEOF shortens a read of n bytes at off to what the file holds now,
 // so no engine asks for bytes past end of file: cuFile (compat mode) fills
 // the destination up to the size asked for even when the file ends first,
-// with bytes that are not the file's.
-func clampToEOF(f *os.File, off, n int64) (int64, error) {
+// with bytes that are not the file's. It also returns the file's size (0
+// for what is not a regular file), which useDirect weighs.
+func clampToEOF(f *os.File, off, n int64) (int64, int64, error) {
 	st, err := f.Stat()
 	if err != nil {
-		return 0, fmt.Errorf("stat %q: %w", f.Name(), err)
+		return 0, 0, fmt.Errorf("stat %q: %w", f.Name(), err)
 	}
 	if !st.Mode().IsRegular() {
-		return n, nil
+		return n, 0, nil
 	}
-	return max(0, min(n, st.Size()-off)), nil
+	return max(0, min(n, st.Size()-off)), st.Size(), nil
 }
 
 // preadFull reads len(b) bytes at off, stopping early only at end of file.

@@ -199,7 +199,7 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 		return 0, fmt.Errorf("%s %q: descriptor not open for it: %w", op, f.Name(), syscall.EBADF)
 	}
 	if !write {
-		if n, err = clampToEOF(f, fileOff, n); err != nil {
+		if n, _, err = clampToEOF(f, fileOff, n); err != nil {
 			return 0, fmt.Errorf("%s: %w", op, err)
 		}
 		if n == 0 {

@@ -43,11 +43,12 @@ func (e *hostEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, 
 	if err != nil {
 		return 0, err
 	}
-	if n, err = clampToEOF(f, fileOff, n); err != nil || n == 0 {
+	var size int64
+	if n, size, err = clampToEOF(f, fileOff, n); err != nil || n == 0 {
 		return 0, err
 	}
 	var direct *os.File
-	if e.opts.useDirect(f, fileOff, n) && (fileOff-dstOff)%gpubuf.Align == 0 {
+	if e.opts.useDirect(f, fileOff, n, size) && (fileOff-dstOff)%gpubuf.Align == 0 {
 		direct = openDirect(f)
 	}
 	if direct != nil {

@@ -216,32 +216,22 @@ func deviceOf(m gpubuf.Memory) int {
 	return 0
 }
 
-// useDirect decides whether a read of [off, off+n) of f goes around the page
-// cache: cold data of a file too large to keep cached reads faster with
-// O_DIRECT (no copy through the cache, no readahead limits), cached data
-// faster buffered, and a file the cache can hold is read through it so
-// that its next read is warm (Options.DirectReadMinFile).
-func (opts Options) useDirect(f *os.File, off, n int64) bool {
-	switch opts.Direct {
-	case "always":
+// useDirect decides whether a read of [off, off+n) of f, a file of size
+// bytes, goes around the page cache: cold data of a file too large to keep
+// cached reads faster with O_DIRECT (no copy through the cache, no
+// readahead limits), cached data faster buffered, and a file the cache can
+// hold is read through it so that its next read is warm
+// (Options.DirectReadMinFile). readsBuffered is the rule for what is never
+// read direct; the rest is read direct when mostly not cached.
+func (opts Options) useDirect(f *os.File, off, n, size int64) bool {
+	if opts.Direct == "always" {
 		return true
-	case "never":
-		return false
 	}
-	if n < 4*opts.ChunkBytes || !opts.directFile(f) {
+	if opts.readsBuffered(n, size) {
 		return false
 	}
 	cached, ok := pagecache.Cached(f, off, n)
 	return ok && cached < n/2
-}
-
-// directFile reports whether f is large enough for "auto" O_DIRECT reads.
-func (opts Options) directFile(f *os.File) bool {
-	if opts.DirectReadMinFile < 0 {
-		return true
-	}
-	st, err := f.Stat()
-	return err == nil && st.Size() > opts.DirectReadMinFile
 }
 
 // openDirect reopens f with O_DIRECT for reading; nil when f is not open
@@ -268,12 +258,12 @@ func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory,
 	if err := checkRange(dst, dstOff, fileOff, n); err != nil {
 		return 0, err
 	}
-	n, err := clampToEOF(f, fileOff, n)
+	n, size, err := clampToEOF(f, fileOff, n)
 	if err != nil || n == 0 {
 		return 0, err
 	}
 	var direct *os.File
-	if e.opts.useDirect(f, fileOff, n) {
+	if e.opts.useDirect(f, fileOff, n, size) {
 		direct = openDirect(f)
 	}
 	if direct != nil {

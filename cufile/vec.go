@@ -94,7 +94,7 @@ func (e *posixEngine) readPacked(ctx context.Context, f *os.File, segs []Segment
 			return err
 		}
 		s := segs[i]
-		n, err := clampToEOF(f, s.FileOff, s.N)
+		n, _, err := clampToEOF(f, s.FileOff, s.N)
 		if err != nil {
 			return err
 		}
