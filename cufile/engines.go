@@ -111,6 +111,10 @@ type Engines struct {
 	refused *refusals // files cuFile refused or failed on, per cause and filesystem
 
 	tierStreams streamPool // the memory tier's copy streams (tierstreams.go)
+
+	// stopSweeper ends the cuFile handle sweeper (handles.go); nil
+	// without cuFile.
+	stopSweeper func()
 }
 
 type choice struct {
@@ -219,6 +223,7 @@ func (e *Engines) choose(gpuErr error) error {
 	}
 	if e.lib != nil {
 		e.gds = newGDSEngine(e.drv, e.lib, e.cfg.ChunkBytes, e.cfg.Workers, !e.nvfs)
+		e.startSweeper()
 	}
 	switch e.cfg.Engine {
 	case EngineHost:
@@ -495,6 +500,10 @@ func (f *fallbackEngine) WriteAt(ctx context.Context, file *os.File, src gpubuf.
 // driver stays open and libcufile stays loaded (unloading it crashes).
 func (e *Engines) Close() error {
 	var errs []error
+	if e.stopSweeper != nil {
+		e.stopSweeper()
+		e.stopSweeper = nil
+	}
 	if e.gds != nil {
 		e.gds.Close()
 	}
