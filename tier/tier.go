@@ -989,8 +989,14 @@ type UIDStats struct {
 	Bytes int64  `json:"bytes"`
 }
 
+// ScopeUID is Stats.Scope of StatsFor: one uid's figures, no counters.
+const ScopeUID = "uid"
+
 // Stats is the tier's state, for STATUS and metrics.
 type Stats struct {
+	// Scope is "" for the node's figures (Stats), ScopeUID for one uid's
+	// (StatsFor).
+	Scope         string     `json:"scope,omitempty"`
 	Memory        string     `json:"memory"`
 	BudgetBytes   int64      `json:"budget_bytes"`
 	UIDShareBytes int64      `json:"uid_share_bytes"`
@@ -1022,6 +1028,51 @@ func (t *Tier) Stats() Stats {
 	if t.cfg.DeviceAlloc != nil {
 		s.DeviceBudgetBytes = t.cfg.DeviceBytes
 		s.Devices = t.deviceStatsLocked()
+		sort.Slice(s.Devices, func(i, j int) bool { return s.Devices[i].Device < s.Devices[j].Device })
+	}
+	return s
+}
+
+// StatsFor is the tier as uid may see it when the node's figures are not
+// its business (ctlserver's STATUS to a uid other than root): the tier's
+// configuration, and the figures of uid's own pins, which do not depend on
+// other uids' pins: UsedBytes and UIDs its charge, CachedBytes and Files
+// the file bytes and files its pins hold, Devices its own copies. The
+// counters are the node's and are left out (zero); Scope says so.
+func (t *Tier) StatsFor(uid uint32) Stats {
+	s := Stats{Memory: t.cfg.Alloc.Name(), BudgetBytes: t.cfg.BudgetBytes, UIDShareBytes: t.share, ChunkBytes: t.chunk, Scope: ScopeUID}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range t.mu.entries {
+		mine := false
+		for i, x := range e.ext {
+			if x != nil && slices.Contains(e.pinners[i], uid) {
+				s.UsedBytes += x.n
+				s.CachedBytes += t.dataBytes(e.id.Size, i)
+				mine = true
+			}
+		}
+		if mine {
+			s.Files++
+		}
+	}
+	if s.UsedBytes > 0 {
+		s.UIDs = []UIDStats{{UID: uid, Bytes: s.UsedBytes}}
+	}
+	if t.cfg.DeviceAlloc != nil {
+		s.DeviceBudgetBytes = t.cfg.DeviceBytes
+		for d, l := range t.mu.devLRU {
+			ds := DeviceStats{Device: d}
+			for el := l.Front(); el != nil; el = el.Next() {
+				if c := el.Value.(*devCopy); c.uid == uid {
+					ds.Bytes += c.bytes
+					ds.Files++
+				}
+			}
+			if ds.Files > 0 {
+				s.Devices = append(s.Devices, ds)
+			}
+		}
 		sort.Slice(s.Devices, func(i, j int) bool { return s.Devices[i].Device < s.Devices[j].Device })
 	}
 	return s
