@@ -42,7 +42,8 @@ func (s *Server) pin(ctx context.Context, c fs.Caller, f *os.File, path string, 
 	}
 	// A caller the file's residency is not told to learns nothing of
 	// other uids' pins of it: PIN reports what its own pins hold and
-	// added, and unpin drops only those (Server.tierTold).
+	// added, and an unpin of a file none of its pins asked for is no
+	// error (Server.tierTold). Any unpin drops only the caller's pins.
 	told := s.tierTold(c, f, true)
 	var res tier.PinResult
 	if req.Flags&ctl.PinUnpin != 0 {

@@ -872,9 +872,9 @@ func (t *Tier) PinnedBy(id Identity, uid uint32) int64 {
 }
 
 // HeldFor is the memory of the extents in the tier that uid's pins asked
-// for, whoever's pin read them (and is charged for them): what uid's pins
-// hold, which does not depend on other uids' pins. It equals uid's charges
-// while no other uid's pin asked for the same extents.
+// for, whoever's pin read them: what uid's pins hold, which does not
+// depend on other uids' pins. It is uid's charge but for the extents its
+// pins in flight are still reading.
 func (t *Tier) HeldFor(uid uint32) int64 {
 	if !t.Enabled() {
 		return 0
