@@ -154,3 +154,53 @@ func TestTierUnpinMovesChargeMount(t *testing.T) {
 		t.Errorf("uid %d's STATUS after pinning k: %+v", b, st)
 	}
 }
+
+// pinRangeAs issues one PIN of [off, off+n) of path as uid (a Python
+// process: the CLI pins whole files only) and returns its errno, or its
+// cached and filled.
+func pinRangeAs(t *testing.T, uid uint32, path string, off, n int64) string {
+	t.Helper()
+	py := `import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+buf = bytearray(128)
+struct.pack_into("<IHH", buf, 0, 0x53464447, 1, 0)
+struct.pack_into("<QQ", buf, 32, int(sys.argv[2]), int(sys.argv[3]))
+try:
+    fcntl.ioctl(fd, 0xC0804714, buf, True)
+    print("cached", struct.unpack_from("<Q", buf, 40)[0], "filled", struct.unpack_from("<Q", buf, 48)[0])
+except OSError as e:
+    print("errno", e.errno)
+`
+	out, code := runAsUID(t, uid, "/usr/bin/python3", "-c", py, path, fmt.Sprint(off), fmt.Sprint(n))
+	if code != 0 {
+		t.Fatalf("uid %d's PIN: exit %d: %s", uid, code, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+// TestTierShareAboveNotToldMount: uid 10002 (a 3-extent share) PINs the
+// whole of uid 10001's 4-extent file, of which 10001 pinned 2 extents, or
+// nobody did: E2BIG both times, and its STATUS the same. Before, the PIN
+// succeeded when 10001 had pinned 2 extents (it was charged only the 2
+// others).
+func TestTierShareAboveNotToldMount(t *testing.T) {
+	const a, b = 10001, 10002
+	run := func(t *testing.T, pinnedByA bool) string {
+		m := startTier(t, tierOpts{budget: 16 * tierChunk, share: 3 * tierChunk})
+		tierShareFiles(t, m, a, 4*tierChunk, "big.bin")
+		p := filepath.Join(m.mnt, "big.bin")
+		if pinnedByA {
+			if got := pinRangeAs(t, a, p, 0, 2*tierChunk); got != fmt.Sprint("cached ", 2*tierChunk, " filled ", 2*tierChunk) {
+				t.Fatalf("uid %d's PIN of 2 extents: %s", a, got)
+			}
+		}
+		return pinRangeAs(t, b, p, 0, 4*tierChunk) + "\n" + tierSeenBy(t, m, b)
+	}
+	alone, after := run(t, false), run(t, true)
+	if alone != after {
+		t.Errorf("uid %d is told of uid %d's pin:\npinned by %d first:\n%s\npinned by nobody:\n%s", b, a, a, after, alone)
+	}
+	if !strings.HasPrefix(alone, "errno 7\n") {
+		t.Errorf("uid %d's PIN of 4 extents with a 3-extent share: %s; want E2BIG (7)", b, alone)
+	}
+}
