@@ -37,16 +37,16 @@
 //
 // A uid is charged for every extent its pins asked for, held or being
 // filled, whoever's pin read it: its charge is the memory its own pins
-// would hold had no other uid pinned anything, and no figure it is told
-// (the share check, what its pins evicted, its STATUS bytes) depends on
-// other uids' pins of the same files. An extent several uids pinned is
+// would hold had no other uid pinned anything, and what depends on it
+// (the share check, which of its own pins go for its share, its STATUS
+// bytes) does not depend on other uids' pins of the same files. An extent several uids pinned is
 // charged to each of them and allocated once; an UNPIN drops the caller's
 // pins (its charges), and frees the extents no other uid's pin asked for.
 //
 // A pin that does not fit evicts, least recently used first: the pinning
 // uid's own pins (of a file only it pinned the file, of a file other uids
-// pinned too only its pins; those free no memory, so they go for the share,
-// never for the budget); then files of the uid charged the most, but only
+// pinned too only its pins and the extents only it asked for; pins that
+// free no memory go for the share, never for the budget); then files of the uid charged the most, but only
 // while that uid is charged more than the pinning uid would be after the
 // pin (a file several uids pinned only while every one of them is). A uid
 // can therefore take the tier down to equal shares, never evict a uid that
