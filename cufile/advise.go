@@ -3,6 +3,7 @@ package cufile
 import (
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,27 +18,38 @@ import (
 // ahead bytes beyond the tasks finished, so the read still fills the page
 // cache (a second read is warm) at the queue depth of an O_DIRECT read.
 type coldAdvisor struct {
-	credit chan struct{} // one token per advised task not yet finished
-	done   chan struct{}
-	wg     sync.WaitGroup
+	finished atomic.Int64  // tasks the workers finished
+	wake     chan struct{} // a task finished (capacity 1)
+	done     chan struct{}
+	wg       sync.WaitGroup
 }
 
 // adviseAhead starts calling advise for the tasks of task bytes of
 // [off, off+n) in order, at most ahead bytes (rounded down to whole tasks,
-// at least one) past the tasks reported finished. The caller reports each
+// at least one) past the tasks reported finished, skipping the tasks the
+// workers finished before it reached them (the workers take tasks in
+// order, so the count finished is where they are). The caller reports each
 // finished task with taskDone and calls stop before the file may be closed.
 func adviseAhead(off, n, task, ahead int64, advise func(off, n int64)) *coldAdvisor {
 	count := (n + task - 1) / task
-	a := &coldAdvisor{
-		credit: make(chan struct{}, max(1, min(ahead/task, count))),
-		done:   make(chan struct{}),
-	}
+	window := max(1, ahead/task)
+	a := &coldAdvisor{wake: make(chan struct{}, 1), done: make(chan struct{})}
 	a.wg.Go(func() {
-		for k := range count {
+		for k := int64(0); ; k++ {
+			if k = max(k, a.finished.Load()); k >= count {
+				return
+			}
+			for k >= a.finished.Load()+window {
+				select {
+				case <-a.wake:
+				case <-a.done:
+					return
+				}
+			}
 			select {
-			case a.credit <- struct{}{}:
 			case <-a.done:
 				return
+			default:
 			}
 			at := off + k*task
 			advise(at, min(task, off+n-at))
@@ -46,14 +58,16 @@ func adviseAhead(off, n, task, ahead int64, advise func(off, n int64)) *coldAdvi
 	return a
 }
 
-// taskDone makes room for one more advised task. Safe on a nil advisor.
+// taskDone reports one task finished, making room for one more advised
+// task. Safe on a nil advisor.
 func (a *coldAdvisor) taskDone() {
 	if a == nil {
 		return
 	}
+	a.finished.Add(1)
 	select {
-	case <-a.credit:
-	default:
+	case a.wake <- struct{}{}:
+	default: // a wake-up is already pending
 	}
 }
 

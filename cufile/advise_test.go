@@ -1,6 +1,7 @@
 package cufile
 
 import (
+	"slices"
 	"sync"
 	"testing"
 )
@@ -91,5 +92,44 @@ func TestColdAdviceOnlyForColdBufferedSplits(t *testing.T) {
 				t.Errorf("coldAdvice = %v, want advice %v", a != nil, tc.want)
 			}
 		})
+	}
+}
+
+// TestColdAdvisorKeepsItsWindowWhenBehind: when the workers finish tasks
+// the advisor has not reached yet (its advice blocked in the kernel, a
+// disk queue full), the advisor goes on ahead of where the workers are,
+// the full window, skipping the tasks already read. Before, a task
+// finished before the advisor counted it was forgotten: the advisor next
+// advised tasks already read and stayed that many tasks short of its
+// window for the rest of the read.
+func TestColdAdvisorKeepsItsWindowWhenBehind(t *testing.T) {
+	const task, n, window = 1 << 20, 16 << 20, 2
+	var mu sync.Mutex
+	var got []int64
+	calls := make(chan struct{}, 16)
+	entered, gate := make(chan struct{}), make(chan struct{})
+	a := adviseAhead(0, n, task, window*task, func(off, _ int64) {
+		mu.Lock()
+		got = append(got, off/task)
+		mu.Unlock()
+		if off == 0 {
+			close(entered)
+			<-gate // the first advice blocks until the workers are past it
+		}
+		calls <- struct{}{}
+	})
+	<-entered
+	for range 3 { // the workers read tasks 0, 1 and 2 meanwhile
+		a.taskDone()
+	}
+	close(gate)
+	for range window + 1 {
+		<-calls
+	}
+	a.stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []int64{0, 3, 4}; !slices.Equal(got, want) {
+		t.Fatalf("advised tasks %v, want %v (3 finished, %d ahead)", got, want, window)
 	}
 }
