@@ -83,13 +83,13 @@ func (a *coldAdvisor) stop() {
 // coldAdvice returns the advisor for a read of [off, off+n) of f in tasks
 // of task bytes, or nil when there is nothing to advise: an O_DIRECT read,
 // a range read in whole chunks (cached, or too short to split), or advice
-// turned off (ColdReadAheadBytes < 0).
+// not asked for (ColdReadAheadBytes 0, the default).
 func (opts Options) coldAdvice(f *os.File, direct bool, off, n, task int64) *coldAdvisor {
-	if direct || opts.ColdReadAheadBytes < 0 || task >= opts.ChunkBytes || n <= task {
+	if direct || opts.ColdReadAheadBytes == 0 || task >= opts.ChunkBytes || n <= task {
 		return nil
 	}
 	ahead := opts.ColdReadAheadBytes
-	if ahead == 0 {
+	if ahead < 0 {
 		ahead = int64(opts.Workers) * opts.ChunkBytes
 	}
 	fd := int(f.Fd())

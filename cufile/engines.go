@@ -42,7 +42,8 @@ type Config struct {
 	// buffered reads (Options.ColdTaskBytes). Default DefaultColdTaskBytes.
 	ColdChunkBytes int64
 	// ColdReadAheadBytes is the posix and host engines' advice ahead of a
-	// cold buffered read (Options.ColdReadAheadBytes): 0 default, < 0 off.
+	// cold buffered read (Options.ColdReadAheadBytes): 0 (default) none,
+	// < 0 Workers x ChunkBytes.
 	ColdReadAheadBytes int64
 	// HostDir holds host-backend slab files. Default /dev/shm/gdsfs-<pid>-<random>, new per start (gpubuf).
 	HostDir string

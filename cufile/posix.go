@@ -66,8 +66,9 @@ type Options struct {
 	ColdTaskBytes int64
 	// ColdReadAheadBytes is how far ahead of its workers a buffered read of
 	// a cold range, read in ColdTaskBytes tasks, asks the kernel to read
-	// (coldAdvisor). Default (0): Workers x ChunkBytes, an O_DIRECT read's
-	// bytes in flight; negative: no advice.
+	// (coldAdvisor). Default (0): no advice: here WILLNEED halved both the
+	// cold read and the warm re-read after it (docs/reliability-review.md);
+	// negative: Workers x ChunkBytes, an O_DIRECT read's bytes in flight.
 	ColdReadAheadBytes int64
 }
 

@@ -28,14 +28,19 @@ func TestEngineFlags(t *testing.T) {
 					t.Errorf("settings %+v", s)
 				}
 			}},
-		{"cold readahead auto", []string{"--cold-readahead", "auto"}, true, func(t *testing.T, s engineSettings) {
+		{"cold readahead off by default", nil, true, func(t *testing.T, s engineSettings) {
 			if s.cfg.ColdReadAheadBytes != 0 {
-				t.Errorf("ColdReadAheadBytes %d, want 0 (auto)", s.cfg.ColdReadAheadBytes)
+				t.Errorf("ColdReadAheadBytes %d, want 0 (no advice)", s.cfg.ColdReadAheadBytes)
+			}
+		}},
+		{"cold readahead auto", []string{"--cold-readahead", "auto"}, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.ColdReadAheadBytes >= 0 {
+				t.Errorf("ColdReadAheadBytes %d, want < 0 (io-workers x chunk-size)", s.cfg.ColdReadAheadBytes)
 			}
 		}},
 		{"cold readahead off", []string{"--cold-readahead", "0"}, true, func(t *testing.T, s engineSettings) {
-			if s.cfg.ColdReadAheadBytes >= 0 {
-				t.Errorf("ColdReadAheadBytes %d, want < 0 (no advice)", s.cfg.ColdReadAheadBytes)
+			if s.cfg.ColdReadAheadBytes != 0 {
+				t.Errorf("ColdReadAheadBytes %d, want 0 (no advice)", s.cfg.ColdReadAheadBytes)
 			}
 		}},
 		{"cold readahead size", []string{"--cold-readahead", "64MiB"}, true, func(t *testing.T, s engineSettings) {
