@@ -55,6 +55,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import io
 import os
@@ -956,7 +957,7 @@ class GDSFileSystemReader(FileSystemReader):
         self._strict = strict
 
     def read_data(self, plan: Any, planner: Any) -> Future:
-        """Load the plan's items: pickles decoded here, tensor bytes in one batch per file."""
+        """Load the plan's items: pickles decoded here, tensor bytes read in flight across files."""
         root = os.fspath(self.path)
         infos = [self.storage_data[req.storage_index] for req in plan.items]
         if any(getattr(i, "transform_descriptors", None) for i in infos) or not on_gdsfs(root, strict=self._strict, cause=_OFF_MOUNT):
@@ -965,61 +966,53 @@ class GDSFileSystemReader(FileSystemReader):
         for req, info in zip(plan.items, infos):
             per_file.setdefault(info.relative_path, []).append(req)
         batch = _default_hooks(planner)
-        reads = _Reads(self._strict)  # one session for every file: its slab mappings are made once
-        try:
-            for rel, reqs in per_file.items():
-                reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
-                self._read_file(os.path.join(root, rel), reqs, planner, batch, reads)
-        finally:
-            reads.close()
+        reads = _Reads(self._strict, planner)  # one session for every file: its slab mappings are made once
+        with contextlib.ExitStack() as files:  # open until the last read of the call has landed
+            try:
+                for rel, reqs in per_file.items():
+                    reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
+                    path = os.path.join(root, rel)
+                    fh = files.enter_context(open(path, "rb", buffering=_BUFFER))
+                    self._read_file(path, fh, reqs, planner, batch, reads)
+                reads.flush()
+            finally:
+                reads.close()  # before the files close: READs in flight name their descriptors
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
-    def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool, io_: "_Reads") -> None:
-        with open(path, "rb", buffering=_BUFFER) as fh:
-            fd = fh.fileno()
-            # (req, target, source to copy into the target or None when the bytes land in it)
-            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
-            items: list[tuple[int, torch.Tensor]] = []
-            held = 0  # bytes of temporaries the pending items hold
-
-            def flush() -> None:
-                nonlocal held
-                if items:
-                    io_.read(path, fd, list(items))
-                for req, target, src in pending:
-                    if src is not None:
-                        if src.size() != target.size():
-                            raise ValueError(f"gdsfs: {req.storage_index} has size {tuple(src.size())}, the target {tuple(target.size())}")
-                        target.copy_(src)
-                    planner.commit_tensor(req, target)
-                items.clear()
-                pending.clear()
-                held = 0
-
-            for req in reqs:
-                info = self.storage_data[req.storage_index]
-                if req.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(req, io.BytesIO(os.pread(fd, info.length, info.offset)))
-                    continue
-                target = planner.resolve_tensor(req).detach()
-                dev = target.device if target.device.type in ("cpu", "cuda") else torch.device("cpu")
-                got = self._plan_read(fh, info, req, target, dev)
-                if got is None:  # the archive needs torch.load: read it whole, then narrow
-                    fh.seek(info.offset)
-                    saved = torch.load(io.BytesIO(fh.read(info.length)), map_location="cpu", weights_only=True)
-                    target.copy_(_narrow(saved, req.storage_offsets, req.lengths))
-                    planner.commit_tensor(req, target)
-                    continue
-                reads, src = got
-                items.extend(reads)
-                pending.append((req, target, src))
-                if src is not None:
-                    held += sum(t.numel() for _, t in reads)
-                if not batch or held >= _BATCH_TEMP:
-                    flush()
-            flush()
+    def _read_file(self, path: str, fh: Any, reqs: list[Any], planner: Any, batch: bool, io_: "_Reads") -> None:
+        """Plan one file's items and start their reads (``io_`` finishes them: its flush)."""
+        fd = fh.fileno()
+        items: list[tuple[int, torch.Tensor]] = []
+        pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
+        temp = 0  # bytes of the temporaries of pending
+        for req in reqs:
+            info = self.storage_data[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(os.pread(fd, info.length, info.offset)))
+                continue
+            target = planner.resolve_tensor(req).detach()
+            dev = target.device if target.device.type in ("cpu", "cuda") else torch.device("cpu")
+            got = self._plan_read(fh, info, req, target, dev)
+            if got is None:  # the archive needs torch.load: read it whole, then narrow
+                fh.seek(info.offset)
+                saved = torch.load(io.BytesIO(fh.read(info.length)), map_location="cpu", weights_only=True)
+                target.copy_(_narrow(saved, req.storage_offsets, req.lengths))
+                planner.commit_tensor(req, target)
+                continue
+            reads, src = got
+            items.extend(reads)
+            pending.append((req, target, src))
+            if src is not None:
+                temp += sum(t.numel() for _, t in reads)
+            if not batch or io_.held + temp >= _BATCH_TEMP:
+                io_.add(path, fd, items, pending, temp)  # flushes once the temporaries reach _BATCH_TEMP
+                items, pending, temp = [], [], 0
+                if not batch:  # the planner's hooks may need each commit before the next resolve
+                    io_.flush()
+        if items or pending:
+            io_.add(path, fd, items, pending, temp)
 
     def _plan_read(self, fh: Any, info: Any, req: Any, target: torch.Tensor,
                    dev: torch.device) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None] | None:
@@ -1080,42 +1073,93 @@ class GDSFileSystemReader(FileSystemReader):
 
 
 class _Reads:
-    """Reads of one ``read_data`` call through one daemon session (what ``transfer`` does per
-    file: each session that closes drops the slab mappings no other open session of the process
-    uses, so a session per file would map the slabs anew for every file of a resharded load).
+    """Reads of one ``read_data`` call through one daemon session and one ReadPipeline: the READs
+    of every file of the call in flight together, started as each file's items are planned (a
+    session per file would map the slabs anew for every file of a resharded load: each session
+    that closes drops the slab mappings no other open session of the process uses; a read_into
+    per file would read the files one after the other, each from an empty pipeline).
 
-    When the daemon cannot serve, the rest of the call reads with plain I/O after the one-time
-    GDSFallbackWarning (``strict=True`` raises instead); positional reads make a redo safe.
+    ``add`` starts the reads of some items of a file and keeps what to do once they land (copy a
+    temporary into its target, commit); ``flush`` waits for them all and does it. Temporaries
+    (of resharded reads that are not one run of the saved bytes) are flushed once they hold
+    _BATCH_TEMP bytes. When the daemon cannot serve, what was added since the last flush and the
+    rest of the call are read with plain I/O after the one-time GDSFallbackWarning
+    (``strict=True`` raises instead); positional reads make the redo safe.
     """
 
-    def __init__(self, strict: bool) -> None:
+    def __init__(self, strict: bool, planner: Any) -> None:
         self._strict = strict
+        self._planner = planner
         self._mover: Any = None
+        self._pipe: Any = None
         self._plain = False
+        self._added: list[tuple[str, int, list[tuple[int, torch.Tensor]]]] = []  # since the last flush
+        self._pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
+        self._held = 0  # bytes of temporaries the pending items hold
 
-    def read(self, path: str, fd: int, items: list[tuple[int, torch.Tensor]]) -> None:
-        from gdsfs._ckpt.tensorio import PosixMover, open_mover
+    @property
+    def held(self) -> int:
+        """Bytes of temporaries the items added since the last flush hold."""
+        return self._held
 
-        if not self._plain:
-            if self._mover is None:
-                self._mover = open_mover(path, strict=self._strict)
+    def add(self, path: str, fd: int, items: list[tuple[int, torch.Tensor]],
+            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]], temp: int) -> None:
+        """Start reading ``items`` of ``fd`` (``path``); ``pending`` (req, target, temporary's view
+        or None) is done at the flush, ``temp`` is the bytes of their temporaries."""
+        self._pending.extend(pending)
+        self._held += temp
+        if items:
+            self._added.append((path, fd, items))
+            self._daemon(lambda p: p.add(fd, items), path)
+        if self._held >= _BATCH_TEMP:
+            self.flush()
+
+    def flush(self) -> None:
+        """Finish every read added so far, then copy the temporaries and commit, in order."""
+        if self._added:
+            self._daemon(lambda p: p.drain(), self._added[-1][0])
+        if self._plain:
+            from gdsfs._ckpt.tensorio import PosixMover
+
+            for _path, fd, items in self._added:
+                PosixMover().read_into(fd, items)
+        self._added = []
+        pending, self._pending, self._held = self._pending, [], 0
+        for req, target, src in pending:
+            if src is not None:
+                if src.size() != target.size():
+                    raise ValueError(f"gdsfs: {req.storage_index} has size {tuple(src.size())}, the target {tuple(target.size())}")
+                target.copy_(src)
+            self._planner.commit_tensor(req, target)
+
+    def _daemon(self, step: Any, path: str) -> None:
+        """Run ``step(pipeline)`` unless reads are plain; a daemon that cannot serve turns them plain
+        (flush then reads with plain I/O everything added since the last flush)."""
+        from gdsfs._ckpt.tensorio import PosixMover, ReadPipeline, open_mover
+
+        if self._plain:
+            return
+        if self._mover is None:
+            self._mover = open_mover(path, strict=self._strict)
             if isinstance(self._mover, PosixMover):
                 self._plain = True
-            else:
-                try:
-                    self._mover.read_into(fd, items)
-                    return
-                except GDSUnavailableError as e:
-                    if self._strict:
-                        raise
-                    self.close()
-                    self._plain = True
-                    warn_fallback(f"the daemon could not serve {path!r} ({e})", cause=f"transfer errno {e.errno}")
-        PosixMover().read_into(fd, items)
+                return
+            self._pipe = ReadPipeline(self._mover)
+        try:
+            step(self._pipe)
+        except GDSUnavailableError as e:
+            if self._strict:
+                raise
+            self.close()
+            self._plain = True
+            warn_fallback(f"the daemon could not serve {path!r} ({e})", cause=f"transfer errno {e.errno}")
 
     def close(self) -> None:
         from gdsfs._ckpt.tensorio import close_mover
 
+        if self._pipe is not None:
+            pipe, self._pipe = self._pipe, None
+            pipe.close()
         if self._mover is not None:
             close_mover(self._mover)
             self._mover = None
