@@ -62,6 +62,7 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import Any
 
 import torch
@@ -242,8 +243,6 @@ class GDSFileSystemWriter(FileSystemWriter):
 
     def write_data(self, plan: Any, planner: Any) -> Future:
         """Write the plan's items as stock DCP does, tensor bytes through gdsfs."""
-        import time
-
         self.save_times = {k: v for k, v in self.save_times.items() if k in ("stage_s", "t_staged")}
         self.save_times["t_write_data"] = time.perf_counter()
         root = os.fspath(self.path)
@@ -427,8 +426,6 @@ class GDSFileSystemWriter(FileSystemWriter):
     def _write_file(self, path: str, lay: "_FileLayout") -> list[Any]:
         """Write one laid-out data file under a temporary name, fsync it and rename it into place
         (the directory fsync that makes the name durable is write_data's, once for all files)."""
-        import time
-
         small, data = list(lay.small), list(lay.data)
         for pos, t, size in lay.copies:
             if t.device.type not in ("cpu", "cuda"):
@@ -459,6 +456,8 @@ class GDSFileSystemWriter(FileSystemWriter):
                     phase("prealloc_s")
                 self._wait_copies()  # the staging copies into the leases are done
                 phase("copies_wait_s")
+                with self._times_lock:  # when the save's first lease write began
+                    self.save_times.setdefault("t_first_write", last[0])
                 _write_leases(fd, direct, _STAGED_FLUSH_BYTES if sync else 0, self._direct_min)
                 phase("lease_writes_s")
                 if self._release_early:
@@ -488,8 +487,6 @@ class GDSFileSystemWriter(FileSystemWriter):
         left by a crashed save, are ever removed, and never one the new results name: other
         files, and those of a ``.metadata`` this torch cannot read, stay.
         """
-        import time
-
         t0 = time.perf_counter()
         root = os.fspath(self.path)
         collective = getattr(self, "use_collectives", True)
@@ -530,7 +527,6 @@ class GDSFileSystemWriter(FileSystemWriter):
         the pool (docs/operations.md). Off gdsfs, with ``staging="cpu"``, or for a storage
         format only the stock writer writes, the whole dict is staged the stock way.
         """
-        import time
 
         t0 = time.perf_counter()
         try:
@@ -955,6 +951,11 @@ class GDSFileSystemReader(FileSystemReader):
     def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, **kwargs: Any) -> None:
         super().__init__(path, *args, **kwargs)
         self._strict = strict
+        # Where the last read_data's time went (seconds; scripts/gpu/dcp_check.py prints them):
+        # plan_s decoding headers and planning reads (the READs of earlier files run meanwhile),
+        # wait_s waiting for READs and copies to land, commit_s copying temporaries into
+        # targets and committing; files, items.
+        self.load_times: dict[str, float] = {}
 
     def read_data(self, plan: Any, planner: Any) -> Future:
         """Load the plan's items: pickles decoded here, tensor bytes read in flight across files."""
@@ -967,6 +968,7 @@ class GDSFileSystemReader(FileSystemReader):
             per_file.setdefault(info.relative_path, []).append(req)
         batch = _default_hooks(planner)
         reads = _Reads(self._strict, planner)  # one session for every file: its slab mappings are made once
+        t0 = time.perf_counter()
         with contextlib.ExitStack() as files:  # open until the last read of the call has landed
             try:
                 for rel, reqs in per_file.items():
@@ -977,6 +979,9 @@ class GDSFileSystemReader(FileSystemReader):
                 reads.flush()
             finally:
                 reads.close()  # before the files close: READs in flight name their descriptors
+        total = time.perf_counter() - t0
+        self.load_times = {"plan_s": total - reads.wait_s - reads.commit_s, "wait_s": reads.wait_s,
+                           "commit_s": reads.commit_s, "files": len(per_file), "items": len(plan.items)}
         fut: Future = Future()
         fut.set_result(None)
         return fut
@@ -1096,6 +1101,8 @@ class _Reads:
         self._added: list[tuple[str, int, list[tuple[int, torch.Tensor]]]] = []  # since the last flush
         self._pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
         self._held = 0  # bytes of temporaries the pending items hold
+        self.wait_s = 0.0  # in flush, waiting for the reads to land
+        self.commit_s = 0.0  # in flush, copying temporaries and committing
 
     @property
     def held(self) -> int:
@@ -1116,6 +1123,7 @@ class _Reads:
 
     def flush(self) -> None:
         """Finish every read added so far, then copy the temporaries and commit, in order."""
+        t0 = time.perf_counter()
         if self._added:
             self._daemon(lambda p: p.drain(), self._added[-1][0])
         if self._plain:
@@ -1124,6 +1132,7 @@ class _Reads:
             for _path, fd, items in self._added:
                 PosixMover().read_into(fd, items)
         self._added = []
+        t1 = time.perf_counter()
         pending, self._pending, self._held = self._pending, [], 0
         for req, target, src in pending:
             if src is not None:
@@ -1131,17 +1140,19 @@ class _Reads:
                     raise ValueError(f"gdsfs: {req.storage_index} has size {tuple(src.size())}, the target {tuple(target.size())}")
                 target.copy_(src)
             self._planner.commit_tensor(req, target)
+        self.wait_s += t1 - t0
+        self.commit_s += time.perf_counter() - t1
 
     def _daemon(self, step: Any, path: str) -> None:
         """Run ``step(pipeline)`` unless reads are plain; a daemon that cannot serve turns them plain
         (flush then reads with plain I/O everything added since the last flush)."""
-        from gdsfs._ckpt.tensorio import PosixMover, ReadPipeline, open_mover
+        from gdsfs._ckpt.tensorio import DaemonMover, ReadPipeline, open_mover
 
         if self._plain:
             return
         if self._mover is None:
             self._mover = open_mover(path, strict=self._strict)
-            if isinstance(self._mover, PosixMover):
+            if not isinstance(self._mover, DaemonMover):  # off gdsfs after all: plain reads
                 self._plain = True
                 return
             self._pipe = ReadPipeline(self._mover)
