@@ -95,6 +95,10 @@ _STAGED_FILE_BYTES = 256 << 20
 # A staged snapshot's writes start the file's writeback this often (FLUSH_BYTES is for writes
 # that copy as they go): the leases are ready at once, so the disk should start at once too.
 _STAGED_FLUSH_BYTES = 128 << 20
+# Bytes a tensor item's archive takes beyond its tensor's at most (headers, data.pkl, small
+# records, central directory, 4 KiB alignment of the record and of the item): an upper bound
+# for _surely_fits (the archive of a 4-dim tensor takes about 10 KiB more than its bytes).
+_ITEM_SLACK = 1 << 20
 # Temporaries (of resharded reads) that one batch of a file's reads may hold before it is flushed.
 _BATCH_TEMP = 1 << 30
 # Data files this writer names over an existing checkpoint: __{rank}_{n}.{save id prefix}.distcp.
@@ -161,6 +165,25 @@ def _align_up(n: int, a: int = _ALIGN) -> int:
     return -(-n // a) * a
 
 
+class _CachedBytes:
+    """A save planner whose byte items are resolved once (stock planners torch.save the object
+    anew on every resolve_data); everything else passes through."""
+
+    def __init__(self, planner: Any) -> None:
+        self._planner = planner
+        self._bytes: dict[Any, Any] = {}
+
+    def resolve_data(self, wi: Any) -> Any:
+        if wi.type != WriteItemType.BYTE_IO:
+            return self._planner.resolve_data(wi)
+        if wi.index not in self._bytes:
+            self._bytes[wi.index] = self._planner.resolve_data(wi)
+        return self._bytes[wi.index]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+
 class _FileLayout:
     """One data file of a save, laid out (GDSFileSystemWriter._layout_file) before any is written."""
 
@@ -191,9 +214,14 @@ class GDSFileSystemWriter(FileSystemWriter):
     # writes them (so that ext4 runs its O_DIRECT writes in parallel as overwrites). Off: measured
     # on ext4 through the mount, fallocate while the other files' writes run stalls (up to 80 ms)
     # and makes their fsyncs longer, for no faster writes (docs/benchmarks.md, "Staged save vs
-    # the disk"); _check_space refuses a save that cannot fit instead. scripts/gpu/dcp_check.py
-    # turns it on per writer for its A/B.
+    # the disk"); _check_space refuses a save that cannot fit instead (GPU run of 12-01 21:00:
+    # fallocate 1.01x / 0.99x the save without it).
     _prealloc = False
+    # The most data files a staged snapshot of a rank goes to (None: _STAGED_FILES), each of at
+    # least _STAGED_FILE_BYTES * _STAGED_FILES / that many bytes. scripts/gpu/dcp_check.py sets
+    # 8 per writer for its A/B of the layout: on ext4 a file's O_DIRECT writes past its end run
+    # one at a time, so the files are the save's parallel streams.
+    _files_max: int | None = None
 
     def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, staging: str = "gdsfs",
                  **kwargs: Any) -> None:
@@ -276,14 +304,25 @@ class GDSFileSystemWriter(FileSystemWriter):
         # Names this save may put in place; those there before it are not its to remove.
         there_before = {name for name, _ in files if os.path.lexists(os.path.join(root, name))}
         try:
-            layouts = [self._layout_file(name, items, planner) for name, items in files]
-            self._check_space(root, layouts)
+            layouts: list[_FileLayout] = []
+            if nstaged > 1:
+                planner = _CachedBytes(planner)  # _surely_fits and _layout_file both resolve byte items
+            # Room for the save whatever its exact layout: each file's writes start as soon as it
+            # is laid out, while the next one is (laying out every file first, for _check_space,
+            # delayed the first write by ~10 ms of a ~550 ms save).
+            streamed = nstaged > 1 and self._surely_fits(root, files, planner)
+            if not streamed:
+                layouts = [self._layout_file(name, items, planner) for name, items in files]
+                self._check_space(root, layouts)
             if nstaged > 1:
                 from concurrent.futures import ThreadPoolExecutor
 
                 # Leaving the with block waits for every write: none renames after the cleanup.
                 with ThreadPoolExecutor(len(files), thread_name_prefix="gdsfs-dcp-write") as ex:
-                    futs = [ex.submit(self._write_file, os.path.join(root, lay.name), lay) for lay in layouts]
+                    futs = []
+                    for k, (name, items) in enumerate(files):
+                        lay = self._layout_file(name, items, planner) if streamed else layouts[k]
+                        futs.append(ex.submit(self._write_file, os.path.join(root, lay.name), lay))
                     for f in futs:
                         results += f.result()
             else:
@@ -339,7 +378,8 @@ class GDSFileSystemWriter(FileSystemWriter):
         """How many data files this rank's staged snapshot goes to (1: not staged, or small)."""
         with self._staged_lock:
             nbytes = sum(int(ref.valid) for _, ref in self._staged.values())
-        return max(1, min(_STAGED_FILES, nbytes // _STAGED_FILE_BYTES))
+        most = max(1, self._files_max or _STAGED_FILES)
+        return max(1, min(most, nbytes * most // (_STAGED_FILE_BYTES * _STAGED_FILES)))
 
     @staticmethod
     def _split_staged(n: int, items: list[Any], planner: Any) -> list[list[Any]]:
@@ -407,6 +447,26 @@ class GDSFileSystemWriter(FileSystemWriter):
             pos += arc.size
         lay.size = pos
         return lay
+
+    @staticmethod
+    def _surely_fits(root: str, files: list[tuple[str, list[Any]]], planner: Any) -> bool:
+        """True when the filesystem has room for the save by an upper bound of its size (each
+        tensor item's bytes plus _ITEM_SLACK for its archive's records and alignment, each byte
+        item's bytes), so that _check_space, which needs every file laid out first, could not
+        refuse it. False: lay out everything and let _check_space decide."""
+        need = 0
+        for _name, items in files:
+            for wi in items:
+                data = planner.resolve_data(wi)
+                if wi.type == WriteItemType.BYTE_IO:
+                    need += data.getbuffer().nbytes if isinstance(data, io.BytesIO) else len(bytes(data))
+                else:
+                    need += data.numel() * data.element_size() + _ITEM_SLACK
+        try:
+            st = os.statvfs(root)
+        except OSError:
+            return False
+        return bool(st.f_blocks) and need <= st.f_bavail * st.f_frsize
 
     def _check_space(self, root: str, layouts: list["_FileLayout"]) -> None:
         """Refuse, before any file is created, a save the filesystem has no room for: a save that
