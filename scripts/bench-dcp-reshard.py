@@ -101,6 +101,8 @@ def main() -> int:
     ap.add_argument("--source")
     ap.add_argument("--mount-flags", default="", help="extra flags for the mount this script makes (e.g. '--host-pool 4GiB')")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of each case's loads")
+    ap.add_argument("--cases", help="only the cases whose names contain one of these comma-separated words "
+                                    "(e.g. 'matched 1,2 -> 1'); the first case kept is the reference")
     ap.add_argument("--pkg", help="import gdsfs from this directory (another tree's python/) instead of this tree's")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -144,6 +146,8 @@ def main() -> int:
             ("Shard(0) 1 -> 2", d1, whole, halves(shape, 0)),
             ("Shard(0) -> Shard(1), 2 -> 2", d2, halves(shape, 0), halves(shape, 1)),
         ]
+        if a.cases:
+            cases = [c for c in cases if any(w.strip() in c[0] for w in a.cases.split(","))]
         # Byte-equality with the stock reader, once per case (its loads are slow: not timed).
         for name, d, saved, locals_ in cases:
             for local in locals_:

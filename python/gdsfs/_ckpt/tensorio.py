@@ -545,11 +545,14 @@ class ReadPipeline:
         # timeout=0: a full pool answers EAGAIN at once rather than wait on memory we hold.
         self._inflight.append((fd, dev, batch, self._ex.submit(self._m._read_mapped, fd, ranges, dev)))
 
+    def _fill(self) -> None:
+        while self._queue and not self._serial and len(self._inflight) < self._depth:
+            self._submit()
+
     def _pump(self, wait: bool) -> None:
         m = self._m
         while True:
-            while self._queue and not self._serial and len(self._inflight) < self._depth:
-                self._submit()
+            self._fill()
             if self._inflight and (wait or self._inflight[0][3].done()):
                 fd, dev, batch, fut = self._inflight.pop(0)
                 try:
@@ -562,6 +565,7 @@ class ReadPipeline:
                     continue
                 done, self._pending = self._pending, _Copies(list(refs))
                 m._finish(done)  # raising, it leaves refs to close(), not done again
+                self._fill()  # the next READ runs while this batch is copied out
                 m._copy_out(self._pending, batch, self._streams)
                 continue
             if self._serial and not self._inflight and self._queue and wait:
