@@ -19,11 +19,15 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   the old checkpoint intact; once the new ``.metadata`` is committed, the data files the old one
   named, and only those, are removed. A data file missing after the save is an error naming it.
 - **Reads.** Every tensor item's pickle is decoded here (without allocating its storage); the
-  storage bytes of all items of a file are fetched in one batched request. Only the bytes each
-  ReadItem covers are read: when they are one contiguous run of the saved chunk (the whole
-  chunk, or a row-slab of it: Shard(0) -> Replicate, 2 -> 1 or 1 -> 2 ranks) they land straight
-  in the planner's target; otherwise (another shard dim) the span from the first to the last
-  needed element is read into a temporary and narrowed into the target on the device.
+  storage bytes of all items of a call go through one read pipeline (tensorio.ReadPipeline):
+  a file's READs start as soon as its headers are decoded, so the next file is decoded while
+  they run and the READs of the files of a resharded load (2 -> 1 ranks) overlap instead of
+  running one file after the other. Only the bytes each ReadItem covers are read: when they
+  are one contiguous run of the saved chunk (the whole chunk, or a row-slab of it: Shard(0) ->
+  Replicate, 2 -> 1 or 1 -> 2 ranks) they land straight in the planner's target; otherwise
+  (another shard dim) the span from the first to the last needed element is read into a
+  temporary and narrowed into the target on the device (for a split along the last dim, twice
+  the bytes the rank needs: the rows' other halves lie between them).
 - **Async staging.** ``stage`` (used by ``dcp.async_save``) copies the state dict into daemon
   slabs (leases) instead of CPU memory: plain tensors, the local tensor of each DTensor and the
   local shards of each ShardedTensor, by a device-to-device copy on the current stream that the
@@ -36,7 +40,8 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   ``AsyncCheckpointerType.PROCESS``, whose snapshot must cross processes), the whole dict is.
   A staged snapshot of 512 MiB or more per rank goes to up to 4 data files of a rank (the
   layout ``thread_count=4`` gives), written in parallel: one file's writeback is slower than
-  the disk. The session of a finished snapshot stays open, holding no lease, for the next snapshot of the
+  the disk; each file's writes start as soon as it is laid out when the filesystem has room
+  for an upper bound of the save (else every file is laid out and checked first). The session of a finished snapshot stays open, holding no lease, for the next snapshot of the
   process (of any writer), so that its slabs need not be mapped again; ``close_staging()``
   closes it.
 
