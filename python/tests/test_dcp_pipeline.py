@@ -152,6 +152,30 @@ def test_pipeline_stays_inside_the_pool(tmp_path, monkeypatch):
     assert not sess.leases
 
 
+def test_pipeline_side_streams_wait_for_later_work(tmp_path, monkeypatch):
+    """CUDA only, through a fake stream: a side stream made for an earlier add waits, at the next
+    add, for the work queued on the current stream since (a resharded read's temporary is
+    allocated there after the side stream began)."""
+    waited = []
+
+    class FakeStream:
+        def wait_stream(self, other):
+            waited.append(other)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda gpu=None: f"current:{gpu}")
+    sess = FakeSession(1 << 20, 1 << 20)
+    p, _ = _pieces_file(tmp_path, 1, 4096)
+    with open(p, "rb") as f:
+        pipe = tensorio.ReadPipeline(tensorio.DaemonMover(sess))
+        pipe._streams._streams[0] = FakeStream()  # as _CopyStreams.get left it for GPU 0
+        pipe.add(f.fileno(), [(0, torch.empty(4096, dtype=torch.uint8))])
+        assert waited == ["current:0"]
+        pipe._streams._streams = {}  # drain would make the fake's current stream wait on it
+        pipe.drain()
+        pipe.close()
+    assert not sess.leases
+
+
 # -- through gdsfs.dcp, against a live daemon ---------------------------------------------------
 
 

@@ -516,6 +516,9 @@ class ReadPipeline:
     def add(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
         """Queue the reads of ``items`` (``(file offset, uint8 dest)``) of ``fd`` and start them."""
         m = self._m
+        # Destinations made since the side streams were (a resharded read's temporaries) were
+        # allocated on the current stream: later copies wait for its work up to now, too.
+        self._streams.resync()
         by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
         for p in m._pieces(items):
             if p[1].numel() > 0:
@@ -626,6 +629,11 @@ class _CopyStreams:
             s.wait_stream(torch.cuda.current_stream(gpu))
             self._streams[gpu] = s
         return s
+
+    def resync(self) -> None:
+        """Have every side stream wait for the work queued on its GPU's current stream so far."""
+        for gpu, s in self._streams.items():
+            s.wait_stream(torch.cuda.current_stream(gpu))
 
     @staticmethod
     def record(gpu: int, stream: Any) -> Any:
