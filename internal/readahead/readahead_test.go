@@ -208,6 +208,9 @@ func FuzzStreamRead(f *testing.F) {
 			if c.Off() || got.Off < r[1] || got.End > size || got.Off >= got.End || got.Len() > c.MaxBytes {
 				t.Fatalf("READ [%d, %d) of a %d-byte file (max %d): read ahead [%d, %d)", r[0], r[1], size, c.MaxBytes, got.Off, got.End)
 			}
+			if maxBytes%2 == 0 {
+				s.Unread(got) // dropped: the invariants hold for the READs after it too
+			}
 		}
 	})
 }
