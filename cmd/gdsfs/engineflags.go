@@ -38,7 +38,7 @@ func addEngineFlags(fs *pflag.FlagSet) *engineFlags {
 	fs.StringVar(&f.uidShare, "uid-share", "50%", "most of each device's pool one uid may hold, as a percentage or fraction of the pool (50%, 0.25) or a size (1GiB); rounded up to whole slabs; 100% lets one uid take everything")
 	fs.StringVar(&f.chunk, "chunk-size", "8MiB", "size of one parallel transfer task")
 	fs.StringVar(&f.coldTask, "cold-chunk-size", "1MiB", "size of one parallel task of a buffered read of a range not in the page cache (ranges of at least twice this are split); --chunk-size or more: no split")
-	fs.StringVar(&f.coldAhead, "cold-readahead", "0", "how far ahead of its workers a buffered read of a range not in the page cache asks the kernel to read (posix_fadvise WILLNEED), e.g. 64MiB; auto: io-workers x chunk-size; 0: no advice (the default: the advice measured slower, and the pages it reads make later warm reads slower)")
+	fs.StringVar(&f.coldAhead, "cold-readahead", "auto", "how far ahead of its workers a buffered read of a range not in the page cache asks the kernel to read (posix_fadvise WILLNEED), e.g. 64MiB; auto: io-workers x chunk-size; 0: no advice (docs/operations.md, \"Cold reads\": what it gains and costs)")
 	fs.IntVar(&f.workers, "io-workers", 0, "parallel transfer workers per request (default: CPU count, 4 to 16)")
 	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix and host engines: auto (reads of cold ranges of files larger than a quarter of memory, writes of at least 1 MiB), always or never")
 	return f
@@ -124,8 +124,8 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 	}
 	var coldAhead int64 // no advice
 	switch f.coldAhead {
-	case "0", "off", "":
-	case "auto":
+	case "0", "off":
+	case "auto", "":
 		coldAhead = -1
 	default:
 		if coldAhead, err = parseSize("cold-readahead", f.coldAhead); err != nil {

@@ -28,9 +28,9 @@ func TestEngineFlags(t *testing.T) {
 					t.Errorf("settings %+v", s)
 				}
 			}},
-		{"cold readahead off by default", nil, true, func(t *testing.T, s engineSettings) {
-			if s.cfg.ColdReadAheadBytes != 0 {
-				t.Errorf("ColdReadAheadBytes %d, want 0 (no advice)", s.cfg.ColdReadAheadBytes)
+		{"cold readahead auto by default", nil, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.ColdReadAheadBytes >= 0 {
+				t.Errorf("ColdReadAheadBytes %d, want < 0 (auto: io-workers x chunk-size)", s.cfg.ColdReadAheadBytes)
 			}
 		}},
 		{"cold readahead auto", []string{"--cold-readahead", "auto"}, true, func(t *testing.T, s engineSettings) {
