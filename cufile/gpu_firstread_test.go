@@ -47,7 +47,7 @@ func TestGPUFirstReadsOfCachedFiles(t *testing.T) {
 				t.Cleanup(func() { m.Close() })
 				return m
 			}
-			a, b := alloc(), alloc()
+			a, b, c := alloc(), alloc(), alloc()
 			for _, step := range []struct {
 				what string
 				mem  gpubuf.Memory
@@ -59,6 +59,9 @@ func TestGPUFirstReadsOfCachedFiles(t *testing.T) {
 				{"file 1, fresh slab B", b, f1, d1},
 				{"file 2 (new), slab A", a, f2, d2},
 				{"file 2, slab A again", a, f2, d2},
+				// Per allocation or per byte: 4 KiB into a fresh slab, then all of it.
+				{"file 1, fresh slab C, 4 KiB", c, f1, d1[:gpubuf.Align]},
+				{"file 1, slab C, all", c, f1, d1},
 			} {
 				t0 := time.Now()
 				got, err := eng.ReadAt(ctx, step.f, step.mem, 0, 0, int64(len(step.data)))
