@@ -88,6 +88,19 @@ def _client_parse(member: bytes) -> Any:
     return (h.data_offset, h.dtype, h.shape, h.fortran_order)
 
 
+def _numpy_read_array_header(f: Any, version: Any) -> Any:
+    """numpy's own header parse: numpy.lib.format._read_array_header before numpy 2, the same
+    function in numpy.lib._format_impl from numpy 2 on (the GPU machine's numpy)."""
+    import numpy as np
+
+    parse = getattr(np.lib.format, "_read_array_header", None)
+    if parse is None:
+        from numpy.lib import _format_impl  # type: ignore[attr-defined]
+
+        parse = _format_impl._read_array_header
+    return parse(f, version)
+
+
 def test_npy_geometry_equals_numpy_and_the_clients_parse(gdsfs_mount) -> None:
     import numpy as np
 
@@ -119,7 +132,7 @@ def test_npy_geometry_equals_numpy_and_the_clients_parse(gdsfs_mount) -> None:
     for k, raw in arrays.items():
         f = io.BytesIO(raw)
         ver = np.lib.format.read_magic(f)
-        shape, fortran, dtype = np.lib.format._read_array_header(f, ver)  # numpy's own parse
+        shape, fortran, dtype = _numpy_read_array_header(f, ver)  # numpy's own parse
         assert served[k] is not None, f"{k}: no geometry served"
         hl, descr, sh, fo = served[k]
         assert (hl, sh, fo) == (f.tell(), shape, fortran), k

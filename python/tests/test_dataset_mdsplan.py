@@ -199,6 +199,12 @@ def test_malformed_ndarray_headers_give_the_clients_errors(gdsfs_mount, case: tu
     path = os.path.join(mnt, "shard.00000.mds")
     got = [_run(path, strip) for strip in (False, True)]
     assert got[0] == got[1], got
+    import torch
+
+    if case[0] == "no torch dtype" and hasattr(torch, "uint16"):
+        # torch 2.3 and later have uint16: the value is a well-formed sample there.
+        assert [k for k, *_ in got[0]] == [f"shard.00000.mds/{i}" for i in range(3)], got[0]
+        return
     assert isinstance(got[0], tuple) and got[0][0] == "GDSShardError", got[0]
     assert "\n" not in got[0][1] and "shard.00000.mds/1" in got[0][1] and "'x'" in got[0][1], got[0][1]
     skipped = [_run(path, strip, "warn_and_skip") for strip in (False, True)]
