@@ -2,6 +2,7 @@ package fs
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // lockAgentSrc is a process that takes file locks on commands read from
@@ -366,9 +369,10 @@ var lockScenarios = []struct {
 }
 
 // TestPOSIXLocksAsBacking runs each lock scenario on a file of the backing
-// directory and on the same file through the mount (--allow-other, the
-// processes two users): every answer must be the backing filesystem's.
-// The mount serves the files with passthrough where the kernel offers it.
+// directory and on the same file through two mounts of it (--allow-other,
+// the processes two users), one serving files with passthrough where the
+// kernel offers it and one without: every answer must be the backing
+// filesystem's.
 func TestPOSIXLocksAsBacking(t *testing.T) {
 	mnt, backing, srv := testMountWith(t, Options{AllowOther: true})
 	for d := filepath.Dir(backing); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
@@ -376,6 +380,26 @@ func TestPOSIXLocksAsBacking(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	mnt2 := filepath.Join(filepath.Dir(mnt), "mnt2")
+	if err := os.Mkdir(mnt2, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := Mount(context.Background(), Options{Source: backing, Mountpoint: mnt2, AllowOther: true, NoPassthrough: true, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatalf("Mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := srv2.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+			srv2.UnmountLazy()
+		}
+		srv2.Wait()
+	})
+	mounts := []struct {
+		name string
+		dir  string
+		srv  *Server
+	}{{"passthrough", mnt, srv}, {"no passthrough", mnt2, srv2}}
 	for i, sc := range lockScenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			sub := fmt.Sprintf("s%d", i)
@@ -389,16 +413,18 @@ func TestPOSIXLocksAsBacking(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := runLockScenario(t, filepath.Join(backing, sub), sc.steps, blockedOnBacking)
-			got := runLockScenario(t, filepath.Join(mnt, sub), sc.steps, func(pid int) bool {
-				return srv.m.lockWaits.waiting(uint32(pid))
-			})
-			if strings.Join(got, "\n") != strings.Join(want, "\n") {
-				t.Errorf("through the mount (-) vs on the backing filesystem (+):\n%s", lockDiff(got, want))
+			for _, m := range mounts {
+				got := runLockScenario(t, filepath.Join(m.dir, sub), sc.steps, func(pid int) bool {
+					return m.srv.m.lockWaits.waiting(uint32(pid))
+				})
+				if strings.Join(got, "\n") != strings.Join(want, "\n") {
+					t.Errorf("through the mount, %s (-) vs on the backing filesystem (+):\n%s", m.name, lockDiff(got, want))
+				}
 			}
 		})
 	}
-	if st := srv.Stats(); st.Passthrough == 0 {
-		t.Logf("no file was opened with passthrough (%+v)", st)
+	if ok, _ := srv.Passthrough(); ok && srv.Stats().Passthrough == 0 {
+		t.Errorf("the kernel offers passthrough, but no file was opened with it (%+v)", srv.Stats())
 	}
 }
 
