@@ -45,7 +45,7 @@ const maxLockEnd = 1<<63 - 1
 // lockRetryMin, doubling to lockRetryMax.
 const (
 	lockRetryMin = time.Millisecond
-	lockRetryMax = 32 * time.Millisecond
+	lockRetryMax = 128 * time.Millisecond
 )
 
 // lockSpan is one range [start, end] an owner holds with type typ
@@ -544,11 +544,21 @@ func (h *fileHandle) flockWait(ctx context.Context, lk *fuse.FileLock) syscall.E
 	wait := lockRetryMin
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	waiting := false
+	defer func() {
+		if waiting {
+			h.m.lockWaits.flock(-1)
+		}
+	}()
 	for {
 		released := h.n.locks.wakeup()
 		errno := h.flock(lk, false)
 		if errno != syscall.EWOULDBLOCK {
 			return errno
+		}
+		if !waiting {
+			waiting = true
+			h.m.lockWaits.flock(1)
 		}
 		timer.Reset(wait)
 		select {
@@ -623,8 +633,10 @@ type lockWaits struct {
 	mu sync.Mutex
 	// on maps a waiting owner to the owner holding what it waits for.
 	on map[uint64]uint64
-	// pids counts the waiting requests of each process.
-	pids map[uint32]int
+	// pids counts the waiting requests of each process; flocks counts
+	// the blocking flock requests waiting.
+	pids   map[uint32]int
+	flocks int
 }
 
 // wait records that owner (process pid) waits for c's holder, unless the
@@ -665,6 +677,23 @@ func (w *lockWaits) done(owner uint64, pid uint32) {
 	if w.pids[pid]--; w.pids[pid] <= 0 {
 		delete(w.pids, pid)
 	}
+}
+
+// flock counts a blocking flock waiting (d 1) or done waiting (d -1).
+func (w *lockWaits) flock(d int) {
+	w.mu.Lock()
+	w.flocks += d
+	w.mu.Unlock()
+}
+
+// count returns how many F_SETLKW and blocking flock requests wait.
+func (w *lockWaits) count() (setlkw, flocks int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, n := range w.pids {
+		setlkw += n
+	}
+	return setlkw, w.flocks
 }
 
 // waiting reports whether process pid has an F_SETLKW waiting (tests).

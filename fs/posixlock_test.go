@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 // lockAgentSrc is a process that takes file locks on commands read from
@@ -462,4 +463,118 @@ func lockDiff(got, want []string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestLockWaitersHoldNoThreads blocks lockWaiters processes in F_SETLKW
+// and blocking flock through the mount: the daemon must not hold a thread
+// for each (go-fuse's loopback blocked one in fcntl or flock per waiter,
+// so enough waiters of one user crashed the daemon for everyone at Go's
+// 10000-thread limit), and each waiter must get its lock once the holder
+// lets go.
+func TestLockWaitersHoldNoThreads(t *testing.T) {
+	const lockWaiters = 24
+	mnt, _, srv := testMountWith(t, Options{})
+	var holders []*os.File
+	for _, name := range []string{"posix", "flock"} {
+		f, err := os.OpenFile(filepath.Join(mnt, name), os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		holders = append(holders, f)
+	}
+	wl := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(holders[0].Fd(), unix.F_SETLK, &wl); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(holders[1].Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	before := threadCount(t)
+	var waiters []*exec.Cmd
+	defer func() {
+		for _, c := range waiters {
+			c.Process.Kill()
+			c.Wait()
+		}
+	}()
+	for i := range lockWaiters {
+		kind := []string{"posix", "flock"}[i%2]
+		c := exec.Command(os.Args[0], "-test.run=^TestLockWaiterProcess$")
+		c.Env = append(os.Environ(), "GDSFS_LOCK_WAITER="+filepath.Join(mnt, kind), "GDSFS_LOCK_WAITER_KIND="+kind)
+		c.Stderr = os.Stderr
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waiters = append(waiters, c)
+	}
+	for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+		setlkw, flocks := srv.m.lockWaits.count()
+		if setlkw == lockWaiters/2 && flocks == lockWaiters/2 {
+			break
+		}
+		if time.Since(start) > lockAgentPatience {
+			t.Fatalf("%d F_SETLKW and %d flock waiters waiting, want %d each", setlkw, flocks, lockWaiters/2)
+		}
+	}
+	grown := threadCount(t) - before
+	t.Logf("threads %d before, %d grown with %d waiters", before, grown, lockWaiters)
+	if grown >= lockWaiters/2 {
+		t.Errorf("the daemon's threads grew by %d for %d blocked lock waiters", grown, lockWaiters)
+	}
+	holders[0].Close()
+	holders[1].Close()
+	for _, c := range waiters {
+		done := make(chan error, 1)
+		go func() { done <- c.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("waiter: %v", err)
+			}
+		case <-time.After(lockAgentPatience):
+			t.Fatal("a waiter never got its lock")
+		}
+	}
+	waiters = nil
+}
+
+// TestLockWaiterProcess is TestLockWaitersHoldNoThreads' waiter: it takes
+// a blocking lock of GDSFS_LOCK_WAITER and exits.
+func TestLockWaiterProcess(t *testing.T) {
+	p := os.Getenv("GDSFS_LOCK_WAITER")
+	if p == "" {
+		t.Skip("run by TestLockWaitersHoldNoThreads")
+	}
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if os.Getenv("GDSFS_LOCK_WAITER_KIND") == "flock" {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+	} else {
+		wl := unix.Flock_t{Type: unix.F_WRLCK}
+		err = unix.FcntlFlock(f.Fd(), unix.F_SETLKW, &wl)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// threadCount is this process's (the daemon's) thread count.
+func threadCount(t *testing.T) int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if n, ok := strings.CutPrefix(l, "Threads:"); ok {
+			var v int
+			fmt.Sscan(n, &v)
+			return v
+		}
+	}
+	t.Fatal("no Threads in /proc/self/status")
+	return 0
 }
