@@ -42,7 +42,8 @@ func (s *Server) pin(ctx context.Context, c fs.Caller, f *os.File, path string, 
 	}
 	// A caller the file's residency is not told to learns nothing of
 	// other uids' pins of it: PIN reports what its own pins hold and
-	// added, and unpin drops only those (Server.tierTold).
+	// added, and an unpin of a file none of its pins asked for is no
+	// error (Server.tierTold). Any unpin drops only the caller's pins.
 	told := s.tierTold(c, f, true)
 	var res tier.PinResult
 	if req.Flags&ctl.PinUnpin != 0 {
@@ -71,21 +72,17 @@ func (s *Server) pin(ctx context.Context, c fs.Caller, f *os.File, path string, 
 			res.Cached, res.Filled = res.Mine, res.MineFilled
 		}
 	}
-	st := t.Stats()
+	st := s.tierStats(c.UID)
 	r := ctl.PinReply{Size: uint64(res.Size), Cached: uint64(res.Cached), Filled: uint64(res.Filled), Chunk: uint64(st.ChunkBytes),
-		Budget: uint64(st.BudgetBytes), Used: uint64(st.UsedBytes), Share: uint64(st.UIDShareBytes), Yours: uint64(s.tierYours(c.UID, &st))}
+		Budget: uint64(st.BudgetBytes), Used: uint64(st.UsedBytes), Share: uint64(st.UIDShareBytes), Yours: uint64(tierYours(c.UID, st))}
 	r.Encode(out)
 	return 0
 }
 
-// tierYours is the caller's bytes of the tier, as PIN and STATUS tell
-// them: root's charges, and for any other uid what its pins hold
-// (tier.HeldFor), which does not depend on other uids' pins (its charges
-// would: a pin of extents another uid's pin read charges nothing).
-func (s *Server) tierYours(uid uint32, st *tier.Stats) int64 {
-	if uid != 0 {
-		return s.opts.Tier.HeldFor(uid)
-	}
+// tierYours is the caller's bytes of the tier in st (tierStats' for it),
+// as PIN and STATUS tell them: its charges, the memory of the extents its
+// pins asked for, whoever's pin read them (package tier, "Fairness").
+func tierYours(uid uint32, st *tier.Stats) int64 {
 	for _, u := range st.UIDs {
 		if u.UID == uid {
 			return u.Bytes
@@ -171,18 +168,21 @@ func (s *Server) tierCached(st *syscall.Stat_t) *int64 {
 	return &n
 }
 
-// tierStats is STATUS's tier for uid: root sees every uid's bytes (their
-// charges), any other uid its own, as what its pins hold (S7, tierYours).
+// tierStats is STATUS's and PIN's tier for uid: root sees the node's
+// figures and every uid's charges; any other uid the tier's configuration
+// and the figures of its own pins only (tier.StatsFor: its used, cached
+// and files are its pins', no counters), which do not move when other
+// uids pin, unpin or READ (docs/security.md, "The memory tier"). The
+// metrics endpoint is the operator's and has the node's.
 func (s *Server) tierStats(uid uint32) *tier.Stats {
 	if !s.opts.Tier.Enabled() {
 		return nil
 	}
-	st := s.opts.Tier.Stats()
-	if uid != 0 {
-		st.UIDs = st.UIDs[:0:0]
-		if n := s.tierYours(uid, &st); n > 0 {
-			st.UIDs = []tier.UIDStats{{UID: uid, Bytes: n}}
-		}
+	var st tier.Stats
+	if uid == 0 {
+		st = s.opts.Tier.Stats()
+	} else {
+		st = s.opts.Tier.StatsFor(uid)
 	}
 	return &st
 }

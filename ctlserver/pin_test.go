@@ -123,7 +123,9 @@ func TestPinHit(t *testing.T) {
 	if errno != 0 || json.Unmarshal(info, &fi) != nil || fi.Cached == nil || *fi.Cached != int64(len(data)) {
 		t.Fatalf("user.gdsfs.info: %s, %v", info, errno)
 	}
-	if st := e.srv.StatsFor(10002); st.Tier == nil || len(st.Tier.UIDs) != 0 || st.Tier.CachedBytes != int64(len(data)) {
+	// Uid 10002 pinned nothing: its tier figures are its own pins' (none),
+	// not the node's (before, its cached_bytes was the tier's).
+	if st := e.srv.StatsFor(10002); st.Tier == nil || len(st.Tier.UIDs) != 0 || st.Tier.CachedBytes != 0 || st.Tier.Scope != tier.ScopeUID {
 		t.Errorf("uid 10002's STATUS tier: %+v", st.Tier)
 	}
 	if st := e.srv.StatsFor(0); len(st.Tier.UIDs) != 1 || st.Tier.Hits != 1 {

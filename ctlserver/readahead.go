@@ -11,9 +11,12 @@ import (
 	"github.com/gdsfs/gdsfs/internal/readahead"
 )
 
-// readaheadJobs bounds the readahead requests in flight (each a reader of
-// at most the policy's largest window): more are dropped, readahead being
-// a hint.
+// readaheadJobs bounds the readahead jobs in flight. A job reads one open
+// file's windows in turn (at most about two of the policy's largest window
+// ahead of its READs), so jobs are streams being read ahead: a window of a
+// stream whose job runs joins that job; a new stream's window past the
+// bound is dropped, readahead being a hint, and asked for again by its
+// next READ.
 const readaheadJobs = 16
 
 // readaheadJobsPerUID bounds one uid's readahead jobs in flight, so that
@@ -37,6 +40,11 @@ type readaheads struct {
 	jobs   chan struct{}
 	mu     sync.Mutex
 	perUID map[uint32]int // GUARDED_BY(mu): jobs in flight per uid
+	// running is each open file's job in flight: a stream has at most
+	// one, which reads the windows its later READs ask for after the one
+	// it reads (one sequential reader of the file, never a job dropped
+	// because the stream's previous window is still being read).
+	running map[*os.File]*fillJob // GUARDED_BY(mu)
 	// figures are each uid's own counts (what a uid's STATUS shows):
 	// windows its sequential runs asked for, whether or not they needed
 	// reading, so that they never depend on the page cache's residency of
@@ -50,6 +58,12 @@ type readaheads struct {
 	bytes                    atomic.Int64 // asked to read ahead
 }
 
+// fillJob is the job in flight of one open file: the windows asked for
+// since it started, read in turn after the one it reads.
+type fillJob struct {
+	pending []readahead.Range // GUARDED_BY(readaheads.mu)
+}
+
 // uidReadahead is one uid's readahead figures.
 type uidReadahead struct {
 	windows, bytes, dropped uint64
@@ -61,7 +75,7 @@ const readaheadUIDs = 4096
 
 func newReadaheads(c readahead.Config) *readaheads {
 	ctx, cancel := context.WithCancel(context.Background())
-	ra := &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), perUID: map[uint32]int{}, figures: map[uint32]*uidReadahead{}, ctx: ctx, cancel: cancel}
+	ra := &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), perUID: map[uint32]int{}, running: map[*os.File]*fillJob{}, figures: map[uint32]*uidReadahead{}, ctx: ctx, cancel: cancel}
 	ra.fill = ra.fills.Fill
 	return ra
 }
@@ -109,24 +123,92 @@ func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan 
 	if fromTier || cached(f, r) {
 		return
 	}
+	if ra.queue(f, r) {
+		return // after the window this open's job reads now
+	}
 	if !ra.take(uid) {
+		// Enough in flight: a hint, dropped, and given back to the
+		// stream, whose next READ asks for it again (a window dropped
+		// for good would leave its READs to meet the cold disk).
+		ra.t.Unread(f, r)
 		ra.dropped.Add(1)
 		ra.note(uid, func(u *uidReadahead) { u.dropped++ })
-		return // enough in flight: a hint, dropped
+		return
 	}
+	job := &fillJob{}
+	ra.mu.Lock()
+	ra.running[f] = job
+	ra.mu.Unlock()
 	ra.started.Add(1)
 	ra.bytes.Add(r.Len())
 	ra.wg.Add(1)
 	go func() {
 		defer ra.wg.Done()
 		defer ra.give(uid)
-		// An error is a file closed since (its opener went away) or one
-		// that fails to read: nothing to do but count it (its READs
-		// will say what is wrong).
-		if _, err := ra.fill(ra.ctx, f, r.Off, r.Len()); err != nil && ra.ctx.Err() == nil {
-			ra.failed.Add(1)
+		for ok := true; ok; r, ok = ra.next(f, job) {
+			// An error is a file closed since (its opener went away)
+			// or one that fails to read: nothing to do but count it
+			// (its READs will say what is wrong) and end the job.
+			if _, err := ra.fill(ra.ctx, f, r.Off, r.Len()); err != nil {
+				if ra.ctx.Err() == nil {
+					ra.failed.Add(1)
+				}
+				ra.end(f, job)
+				return
+			}
 		}
 	}()
+}
+
+// queue adds window r of f to the job in flight of f, if any (true).
+func (ra *readaheads) queue(f *os.File, r readahead.Range) bool {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	j := ra.running[f]
+	if j == nil {
+		return false
+	}
+	if n := len(j.pending); n > 0 && j.pending[n-1].End == r.Off {
+		j.pending[n-1].End = r.End
+	} else {
+		j.pending = append(j.pending, r)
+	}
+	ra.started.Add(1)
+	ra.bytes.Add(r.Len())
+	return true
+}
+
+// next is the window job of f reads next, skipping those its READs have
+// cached meanwhile (the READs overtook the job); false: none is left, and
+// the job is ended (a later window starts a new one).
+func (ra *readaheads) next(f *os.File, job *fillJob) (readahead.Range, bool) {
+	for {
+		ra.mu.Lock()
+		if len(job.pending) == 0 || ra.ctx.Err() != nil {
+			job.pending = nil
+			if ra.running[f] == job {
+				delete(ra.running, f)
+			}
+			ra.mu.Unlock()
+			return readahead.Range{}, false
+		}
+		r := job.pending[0]
+		job.pending = job.pending[1:]
+		ra.mu.Unlock()
+		if !cached(f, r) {
+			return r, true
+		}
+	}
+}
+
+// end forgets job of f and its windows not read.
+func (ra *readaheads) end(f *os.File, job *fillJob) {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	job.pending = nil
+	if ra.running[f] == job {
+		delete(ra.running, f)
+	}
 }
 
 // take reserves a job for uid: false when readaheadJobs are in flight, or

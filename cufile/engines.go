@@ -41,6 +41,10 @@ type Config struct {
 	// ColdChunkBytes is the posix and host engines' task size for cold
 	// buffered reads (Options.ColdTaskBytes). Default DefaultColdTaskBytes.
 	ColdChunkBytes int64
+	// ColdReadAheadBytes is the posix and host engines' advice ahead of a
+	// cold buffered read (Options.ColdReadAheadBytes): 0 (default) none,
+	// < 0 Workers x ChunkBytes.
+	ColdReadAheadBytes int64
 	// HostDir holds host-backend slab files. Default /dev/shm/gdsfs-<pid>-<random>, new per start (gpubuf).
 	HostDir string
 	// Log receives the probe result and per-file fallbacks. Default silent.
@@ -111,6 +115,10 @@ type Engines struct {
 	refused *refusals // files cuFile refused or failed on, per cause and filesystem
 
 	tierStreams streamPool // the memory tier's copy streams (tierstreams.go)
+
+	// stopSweeper ends the cuFile handle sweeper (handles.go); nil
+	// without cuFile.
+	stopSweeper func()
 }
 
 type choice struct {
@@ -129,7 +137,7 @@ func Open(cfg Config) (*Engines, error) {
 		cfg.Engine = EngineAuto
 	}
 	e := &Engines{cfg: cfg, log: cfg.Log, files: map[fileKey]choice{}, refused: newRefusals(cfg.Log)}
-	e.host = NewHostEngine(Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct, ColdTaskBytes: cfg.ColdChunkBytes})
+	e.host = NewHostEngine(Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct, ColdTaskBytes: cfg.ColdChunkBytes, ColdReadAheadBytes: cfg.ColdReadAheadBytes})
 	add := func(name string, ok bool, format string, args ...any) {
 		e.report.Probes = append(e.report.Probes, Probe{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
 	}
@@ -214,11 +222,12 @@ func (e *Engines) choose(gpuErr error) error {
 		be, why := newCUDABackend(e.drv, e.lib)
 		e.backend = be
 		r.Probes = append(r.Probes, Probe{Name: "cuda slab handles", OK: be.vmm, Detail: why})
-		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct, ColdTaskBytes: e.cfg.ColdChunkBytes})
+		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct, ColdTaskBytes: e.cfg.ColdChunkBytes, ColdReadAheadBytes: e.cfg.ColdReadAheadBytes})
 		r.Backend = "cuda"
 	}
 	if e.lib != nil {
 		e.gds = newGDSEngine(e.drv, e.lib, e.cfg.ChunkBytes, e.cfg.Workers, !e.nvfs)
+		e.startSweeper()
 	}
 	switch e.cfg.Engine {
 	case EngineHost:
@@ -495,6 +504,10 @@ func (f *fallbackEngine) WriteAt(ctx context.Context, file *os.File, src gpubuf.
 // driver stays open and libcufile stays loaded (unloading it crashes).
 func (e *Engines) Close() error {
 	var errs []error
+	if e.stopSweeper != nil {
+		e.stopSweeper()
+		e.stopSweeper = nil
+	}
 	if e.gds != nil {
 		e.gds.Close()
 	}

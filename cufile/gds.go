@@ -46,12 +46,20 @@ func isWritable(f *os.File) bool { return openflags.Writable(f) }
 // handleCacheMax bounds the registered handles (each holds a descriptor).
 const handleCacheMax = 1024
 
+// handleLib is what the handle cache calls of libcufile: *Lib in
+// production, a fake in the CPU tests of the cache's lifetime rule.
+type handleLib interface {
+	HandleRegister(fd int) (uintptr, error)
+	HandleDeregister(h uintptr)
+}
+
 // gdsEngine moves bytes with cuFileRead/cuFileWrite in parallel chunks from
 // OS-thread-locked workers with the device context current.
 type gdsEngine struct {
 	name       string // EngineGDS, or EngineGDSCompat without nvidia-fs
 	d          *Driver
 	lib        *Lib
+	reg        handleLib // lib's handle calls (handles.go's rule; a fake in tests)
 	chunkBytes int64
 	workers    int
 
@@ -60,11 +68,15 @@ type gdsEngine struct {
 }
 
 // fileHandle is a cuFile registration of the engine's own descriptor of a
-// backing file (so the handle outlives the caller's descriptor).
+// backing file (so the handle outlives the caller's descriptor). A handle
+// of a file that lost its last name is taken out of the cache at once and
+// closed when its last user releases it (gone), so that the file's blocks
+// go back to its filesystem (handles.go).
 type fileHandle struct {
 	f    *os.File
 	h    uintptr
-	refs int // GUARDED_BY(gdsEngine.mu)
+	refs int  // GUARDED_BY(gdsEngine.mu)
+	gone bool // GUARDED_BY(gdsEngine.mu): out of the cache; the last unref closes it
 }
 
 func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int, compat bool) *gdsEngine {
@@ -78,7 +90,7 @@ func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int, compat boo
 	if compat {
 		name = EngineGDSCompat
 	}
-	return &gdsEngine{name: name, d: d, lib: lib, chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
+	return &gdsEngine{name: name, d: d, lib: lib, reg: lib, chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
 }
 
 func (e *gdsEngine) Name() string { return e.name }
@@ -102,7 +114,7 @@ func (e *gdsEngine) acquire(f *os.File) (*fileHandle, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("reopen %q for cuFile: %w", f.Name(), err)
 	}
-	h, err := e.lib.HandleRegister(int(own.Fd()))
+	h, err := e.reg.HandleRegister(int(own.Fd()))
 	if err != nil {
 		_ = own.Close()
 		return nil, nil, err
@@ -113,7 +125,7 @@ func (e *gdsEngine) acquire(f *os.File) (*fileHandle, func(), error) {
 		// Registered concurrently: keep the first, drop ours.
 		old.refs++
 		e.mu.Unlock()
-		e.lib.HandleDeregister(h)
+		e.reg.HandleDeregister(h)
 		_ = own.Close()
 		return old, func() { e.unref(old) }, nil
 	}
@@ -128,7 +140,18 @@ func (e *gdsEngine) acquire(f *os.File) (*fileHandle, func(), error) {
 func (e *gdsEngine) unref(fh *fileHandle) {
 	e.mu.Lock()
 	fh.refs--
+	last := fh.refs == 0 && fh.gone
 	e.mu.Unlock()
+	if last {
+		e.closeHandle(fh)
+	}
+}
+
+// closeHandle deregisters fh and closes its descriptor; fh is out of the
+// cache and unused.
+func (e *gdsEngine) closeHandle(fh *fileHandle) {
+	e.reg.HandleDeregister(fh.h)
+	_ = fh.f.Close()
 }
 
 // evictLocked drops idle handles. LOCKS_REQUIRED(e.mu)
@@ -136,8 +159,7 @@ func (e *gdsEngine) evictLocked() {
 	for k, fh := range e.handles {
 		if fh.refs == 0 {
 			delete(e.handles, k)
-			e.lib.HandleDeregister(fh.h)
-			_ = fh.f.Close()
+			e.closeHandle(fh)
 		}
 	}
 }
@@ -158,8 +180,7 @@ func (e *gdsEngine) Close() {
 	defer e.mu.Unlock()
 	for k, fh := range e.handles {
 		delete(e.handles, k)
-		e.lib.HandleDeregister(fh.h)
-		_ = fh.f.Close()
+		e.closeHandle(fh)
 	}
 }
 

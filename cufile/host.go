@@ -54,10 +54,13 @@ func (e *hostEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, 
 	if direct != nil {
 		defer direct.Close()
 	}
+	task := e.opts.readTaskBytes(f, fileOff, n, direct != nil)
+	adv := e.opts.coldAdvice(f, direct != nil, fileOff, n, task)
+	defer adv.stop()
 	w := funcWorker{doFn: func(c chunk) (int64, error) {
+		defer adv.taskDone()
 		return readHostChunk(f, direct, b[dstOff+c.off:dstOff+c.off+c.n], fileOff+c.off)
 	}}
-	task := e.opts.readTaskBytes(f, fileOff, n, direct != nil)
 	got, err := runChunks(ctx, n, task, e.opts.Workers, func(context.Context) (worker, error) { return w, nil })
 	if err != nil {
 		return 0, fmt.Errorf("host read %q: %w", f.Name(), err)

@@ -64,6 +64,12 @@ type Options struct {
 	// is mostly not in the page cache (see readTaskBytes). Default
 	// DefaultColdTaskBytes; ChunkBytes or more turns the split off.
 	ColdTaskBytes int64
+	// ColdReadAheadBytes is how far ahead of its workers a buffered read of
+	// a cold range, read in ColdTaskBytes tasks, asks the kernel to read
+	// (coldAdvisor). Default (0): no advice: here WILLNEED halved both the
+	// cold read and the warm re-read after it (docs/reliability-review.md);
+	// negative: Workers x ChunkBytes, an O_DIRECT read's bytes in flight.
+	ColdReadAheadBytes int64
 }
 
 // posixEngine reads with parallel chunked preads into pinned host staging and
@@ -271,10 +277,13 @@ func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory,
 	}
 	device := deviceOf(dst)
 	task := e.opts.readTaskBytes(f, fileOff, n, direct != nil)
+	adv := e.opts.coldAdvice(f, direct != nil, fileOff, n, task)
+	defer adv.stop()
 	got, err := runChunks(ctx, n, task, e.opts.Workers, func(ctx context.Context) (worker, error) {
 		return e.startWorker(ctx, device, func(l lane, slot int, c chunk) (int64, error) {
 			b := l.buf(slot)
 			src, m, err := readChunk(f, direct, b, fileOff+c.off, c.n)
+			adv.taskDone()
 			if err != nil {
 				return m, err
 			}

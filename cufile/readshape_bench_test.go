@@ -133,3 +133,61 @@ func BenchmarkReadTaskBytes(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkColdAdvice reads a 512 MiB file (under $TMPDIR) in one host
+// engine ReadAt, cold (its pages dropped first), with the cold advice off
+// (the default) and at auto (--cold-readahead auto), and the warm read
+// right after such a cold read: WILLNEED fills the page cache with small
+// pages, which the warm read then copies more slowly (on the CI machine
+// 0.40x; docs/reliability-review.md). The "disk" rate to match is
+// BenchmarkHostReadShape/disk.
+func BenchmarkColdAdvice(b *testing.B) {
+	const size = 512 << 20
+	p := filepath.Join(b.TempDir(), "data")
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	dst := &hostMem{mmapBytes(size)}
+	read := func(e Engine) {
+		if _, err := e.ReadAt(context.Background(), f, dst, 0, 0, size); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, adv := range []struct {
+		name  string
+		ahead int64
+	}{{"off", 0}, {"auto", -1}} {
+		e := NewHostEngine(Options{ColdReadAheadBytes: adv.ahead})
+		b.Run("cold/advice="+adv.name, func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				b.StopTimer()
+				dropPages(b, f)
+				b.StartTimer()
+				read(e)
+			}
+		})
+		b.Run("warm-after-cold/advice="+adv.name, func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				b.StopTimer()
+				dropPages(b, f)
+				read(e)
+				b.StartTimer()
+				read(e)
+			}
+		})
+	}
+}

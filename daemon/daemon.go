@@ -308,6 +308,9 @@ func (d *Daemon) mountFS(ctx context.Context) error {
 		Control:        d.ctl,
 		Logger:         c.Log,
 		MaxOpenPerUser: c.MaxOpenPerUser,
+		// A file deleted or renamed over through the mount takes its
+		// cuFile registrations with it (cufile/handles.go).
+		Removed: d.engines.Forget,
 	}
 	if d.metrics != nil {
 		o.Control = instrument.Control(d.ctl, d.metrics)

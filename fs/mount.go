@@ -74,6 +74,13 @@ type Options struct {
 	// Zero: a quarter of what the daemon's RLIMIT_NOFILE leaves after
 	// its reserve.
 	MaxOpenPerUser int64
+	// Removed, if set, is told the device and inode number of each
+	// regular file whose name the daemon removed (an unlink, or a rename
+	// over it), after the removal and before the request returns, so that
+	// what the daemon holds of the file (cuFile's registered handles) can
+	// go with its last name (removed.go). Nil: the removals are not
+	// stat'ed.
+	Removed func(dev, ino uint64)
 }
 
 // Validate reports every problem with o at once.
@@ -140,6 +147,8 @@ type mountState struct {
 	lockOwners  atomic.Int64
 	flushOwners sync.Map
 	lockWaits   lockWaits
+	// removedHook is Options.Removed (removed.go).
+	removedHook func(dev, ino uint64)
 }
 
 // Mount mounts o.Source (or, with no Source, the directory under
@@ -181,6 +190,8 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		root:     root,
 		readOnly: o.ReadOnly,
 		rootFd:   -1,
+
+		removedHook: o.Removed,
 	}
 	m.pt = newPassthrough(m.log)
 	limit, err := openLimit()

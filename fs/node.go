@@ -170,8 +170,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	}
 	// No FOPEN_NOFLUSH, even for read-only opens: the FLUSH of a close is
 	// what releases the closing process's POSIX locks (posixlock.go).
-	var fl uint32
-	return n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath(), uid), fl, 0
+	return n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath(), uid), 0, 0
 }
 
 // openFile opens the backing file for Open.
@@ -650,7 +649,12 @@ func (n *node) removeAt(name string, flags int) syscall.Errno {
 		return errno
 	}
 	defer unix.Close(dir)
-	return gofs.ToErrno(unix.Unlinkat(dir, name, flags))
+	gone, ok := n.m.removing(dir, name, flags&unix.AT_REMOVEDIR == 0)
+	if err := unix.Unlinkat(dir, name, flags); err != nil {
+		return gofs.ToErrno(err)
+	}
+	n.m.removed(gone, ok)
+	return 0
 }
 
 // Rename renames between the two directories' descriptors and reports
@@ -681,12 +685,14 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			victim.stashForRename()
 		}
 	}
+	gone, goneOK := n.m.removing(to, newName, flags&unix.RENAME_EXCHANGE == 0)
 	if err := unix.Renameat2(from, name, to, newName, uint(flags)); err != nil {
 		if victim != nil {
 			victim.dropStash()
 		}
 		return gofs.ToErrno(err)
 	}
+	n.m.removed(gone, goneOK)
 	if victim != nil {
 		victim.replaced.Store(true)
 	}

@@ -43,6 +43,7 @@ type tierOpts struct {
 	metrics bool   // serve metrics on a free port
 	noPass  bool   // no kernel passthrough: writes reach the daemon
 	readers bool   // --residency readers
+	share   int64  // --uid-share in bytes (0: the default fraction)
 }
 
 // startTier starts a daemon the way startDaemon does, with a tier, and
@@ -68,6 +69,7 @@ func startTier(t *testing.T, o tierOpts) *tierMount {
 			HostDir: filepath.Join("/dev/shm", fmt.Sprintf("gdsfs-itest-%d-%s", os.Getpid(), randHex(4)))},
 		HostPoolBytes: 64 << 20, MetaCacheBytes: 16 << 20, Version: "itest",
 		TierBytes: o.budget, TierChunkBytes: tierChunk, NoPassthrough: o.noPass, ResidencyToReaders: o.readers,
+		UIDShareBytes: o.share,
 	}
 	if o.metrics {
 		c.MetricsAddr = "127.0.0.1:0"

@@ -77,6 +77,18 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         real = os.pread
         names: dict[int, str] = {}
         counts = [0, 0]
+        # When this worker started and sent its first READ (wall clock, against the pass's start).
+        times = [time.time(), 0.0]
+        from gdsfs import _core
+
+        real_read = _core.Session.read
+
+        def read(self: Any, *args: Any, **kw: Any) -> Any:
+            if not times[1]:
+                times[1] = time.time()
+            return real_read(self, *args, **kw)
+
+        _core.Session.read = read  # type: ignore[assignment]
 
         def pread(fd: int, n: int, off: int) -> bytes:
             name = names.get(fd)
@@ -92,7 +104,7 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
 
         def save() -> None:
             with open(os.path.join(countdir, str(os.getpid())), "w") as f:
-                f.write(f"{counts[0]} {counts[1]}")
+                f.write(f"{counts[0]} {counts[1]} {times[0]} {times[1]}")
 
         os.pread = pread  # type: ignore[assignment]
         multiprocessing.util.Finalize(None, save, exitpriority=100)  # run as the worker exits
@@ -102,10 +114,11 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     bd = _bench_dataset()
     if job.get("drop", True):
         bd.drop(job["backing"] + job["shards"])
-    names = ("reads", "read_ranges", "read_bytes", "readaheads", "readahead_bytes")
+    names = ("reads", "read_ranges", "read_bytes", "readaheads", "readahead_bytes", "readahead_dropped")
     c0 = gdsfs.status(job["shards"][0]).get("counters", {})
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     ds = gt.GDSShardDataset(job["shards"], gpu_keys=["x.npy"], strict=True)
+    built = time.perf_counter() - t0
     dl = gt.DataLoader(ds, batch_size=job["batch"], num_workers=job["workers"], worker_init_fn=init)
     n = nb = 0
     first = 0.0
@@ -122,12 +135,18 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     if n != job["nsamples"]:
         raise RuntimeError(f"cold pass: {n} samples, expected {job['nsamples']}")
     hdr = total = 0
+    started: list[float] = []
+    first_read: list[float] = []
     for name in os.listdir(countdir):
-        a, b_ = open(os.path.join(countdir, name)).read().split()
+        a, b_, ti, tr = open(os.path.join(countdir, name)).read().split()
         hdr, total = hdr + int(a), total + int(b_)
+        started.append(float(ti) - wall0)
+        if float(tr):
+            first_read.append(float(tr) - wall0)
     shutil.rmtree(countdir, ignore_errors=True)
     _ = torch.utils.data  # the loader's module, imported for its workers
     return {"first_s": first, "secs": secs, "samples_per_s": n / secs, "GBps": nb / secs / 1e9, "header_preads": hdr, "preads": total,
+            "built_s": built, "workers_started_s": sorted(started), "first_reads_s": sorted(first_read),
             "daemon": {k: int(c1.get(k, 0)) - int(c0.get(k, 0)) for k in names}}
 
 
@@ -182,7 +201,24 @@ def one_process(job: dict[str, Any], reps: int) -> dict[str, Any]:
     return {label: [statistics.median(r[i] for r in rs) for i in range(4)] for label, rs in res.items()}
 
 
-def run_child(pkg: str, job: dict[str, Any]) -> dict[str, Any]:
+def blkio_reads(d: str, path: str) -> tuple[int, int]:
+    """(read requests, read bytes) the disk holding path served for the blkio cgroup d so far."""
+    st = os.stat(path).st_dev
+    dev = f"{os.major(st)}:{os.minor(st)}"
+    out = []
+    for name in ("blkio.throttle.io_serviced", "blkio.throttle.io_service_bytes"):
+        with open(os.path.join(d, name)) as f:
+            out.append(sum(int(w[2]) for w in (ln.split() for ln in f) if len(w) == 3 and w[0] == dev and w[1] == "Read"))
+    return out[0], out[1]
+
+
+def run_child(pkg: str, job: dict[str, Any], blkio: str = "") -> dict[str, Any]:
+    if blkio:
+        d0 = blkio_reads(blkio, job["backing"][0])
+        r = run_child(pkg, job)
+        d1 = blkio_reads(blkio, job["backing"][0])
+        r["disk"] = {"reads": d1[0] - d0[0], "bytes": d1[1] - d0[1]}
+        return r
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="coldplan-job-") as f:
         json.dump(dict(job, pkg=pkg), f)  # too long for an argument (every member's offset)
         f.flush()
@@ -195,7 +231,10 @@ def run_child(pkg: str, job: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="16,64,256")
-    ap.add_argument("--mib", type=int, default=128, help="MiB of tars per size (4 shards)")
+    ap.add_argument("--mib", type=int, default=128, help="MiB of tars per size (--shards shards)")
+    ap.add_argument("--shards", type=int, default=4, help="shards per size")
+    ap.add_argument("--blkio", metavar="DIR", help="a cgroup v1 blkio directory this run is in: per pass, the reads the disk saw "
+                    "(blkio.throttle.io_serviced / io_service_bytes of its device)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
@@ -205,6 +244,7 @@ def main() -> int:
     ap.add_argument("--one-process", type=int, default=8, metavar="REPS",
                     help="also the first sample and pass of one cold shard in this process, npy_headers used or taken away, "
                          "REPS interleaved runs each (0: not)")
+    ap.add_argument("--warm-all", action="store_true", help="a warm row for every loader (default: this tree's only)")
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -236,8 +276,8 @@ def main() -> int:
                     os.environ["GDSFS_BIN"] = old
         for kib in (int(x) for x in a.sizes.split(",") if x.strip()):
             n = (a.mib << 20) // (kib << 10)
-            n -= n % 4
-            backing = bd.make_tars(os.path.join(src, f"{kib}KiB"), kib, n)
+            n -= n % a.shards
+            backing = bd.make_tars(os.path.join(src, f"{kib}KiB"), kib, n, a.shards)
             shards = [p.replace(src, mnt, 1) for p in backing]
             for m in set(mnts.values()):
                 bd._pass(bd._loader("gdsfs", [p.replace(src, m, 1) for p in backing], a.batch, 0))  # the daemon indexes the shards
@@ -247,7 +287,7 @@ def main() -> int:
             for _ in range(a.reps):
                 row["sequential"] = max(row["sequential"], bd.sequential_rate(backing))
                 for label, pkg in pkgs.items():
-                    r = run_child(pkg, dict(job, shards=[p.replace(src, mnts[label], 1) for p in backing]))
+                    r = run_child(pkg, dict(job, shards=[p.replace(src, mnts[label], 1) for p in backing]), a.blkio or "")
                     row.setdefault(label + " all", []).append(r)
                     old = row.get(label)
                     if old is None or r["samples_per_s"] > old["samples_per_s"]:
@@ -255,9 +295,14 @@ def main() -> int:
                     row[label + " first"] = min(row.get(label + " first", 1e9), r["first_s"])
                 # The same fresh loader with the shards cached (the cold pass left them so):
                 # where cold is no slower, the loader, not the disk, bounds it.
-                w = run_child(pkgs["after"], dict(job, drop=False))
-                if w["samples_per_s"] > row.get("warm", {}).get("samples_per_s", 0):
-                    row["warm"] = w
+                for label, pkg in pkgs.items():
+                    if label != "after" and not a.warm_all:
+                        continue
+                    w = run_child(pkg, dict(job, drop=False, shards=[p.replace(src, mnts[label], 1) for p in backing]))
+                    key = "warm" if label == "after" else label + " warm"
+                    if w["samples_per_s"] > row.get(key, {}).get("samples_per_s", 0):
+                        row[key] = w
+                    row[key + " first"] = min(row.get(key + " first", 1e9), w["first_s"])
             if a.one_process:
                 row["one process"] = one_process(job, a.one_process)
             rows.append(row)
@@ -270,8 +315,7 @@ def main() -> int:
           "(first batch: the shortest; medians after the table)")
     print(f"{'sample':>7} {'disk GB/s':>9} {'payload share':>13} {'loader':>7} {'first batch s':>13} {'samples/s':>9} {'GB/s':>6} {'vs disk':>7} {'hdr preads':>10}")
     for r in rows:
-        r["warm first"] = r["warm"]["first_s"]
-        for label in (*pkgs, "warm"):
+        for label in (*pkgs, *(f"{x} warm" for x in pkgs if x != "after" and a.warm_all), "warm"):
             x = r[label]
             print(f"{str(r['kib']) + ' KiB':>7} {r['sequential']:>9.2f} {r['payload'] / r['file_bytes']:>13.3f} {label:>7} {r[label + ' first']:>13.3f} "
                   f"{x['samples_per_s']:>9,.0f} {x['GBps']:>6.2f} {x['GBps'] / r['sequential']:>6.2f}x {x['header_preads']:>10}")
@@ -290,8 +334,13 @@ def main() -> int:
             d = runs[-1]["daemon"]
             print(f"median {r['kib']} KiB {label}: first batch {fb:.3f} s, {sps:,.0f} samples/s; all first batches "
                   + " ".join(f"{x['first_s']:.3f}" for x in runs)
-                  + f"; last pass: {d['reads']} READs of {d['read_ranges']} ranges, {d['read_bytes'] / max(1, d['reads']) / 2**20:.2f} MiB per READ, "
-                  f"readahead {d['readaheads']} windows / {d['readahead_bytes'] / 2**20:.0f} MiB")
+                  + f"; last pass: dataset built {runs[-1]['built_s']:.3f} s, workers started "
+                  + "/".join(f"{x:.3f}" for x in runs[-1]["workers_started_s"][:1] + runs[-1]["workers_started_s"][-1:])
+                  + " s (first/last), first READs " + "/".join(f"{x:.3f}" for x in runs[-1]["first_reads_s"][:1] + runs[-1]["first_reads_s"][-1:])
+                  + f" s; {d['reads']} READs of {d['read_ranges']} ranges, {d['read_bytes'] / max(1, d['reads']) / 2**20:.2f} MiB per READ, "
+                  f"readahead {d['readaheads']} windows / {d['readahead_bytes'] / 2**20:.0f} MiB ({d['readahead_dropped']} dropped)"
+                  + (f"; the disk: {runs[-1]['disk']['reads']} reads, {runs[-1]['disk']['bytes'] / max(1, runs[-1]['disk']['reads']) / 1024:.0f} KiB each, "
+                     f"{runs[-1]['disk']['bytes'] / r['file_bytes']:.2f}x the files" if "disk" in runs[-1] else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

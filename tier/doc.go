@@ -29,20 +29,31 @@
 //   - T3. Invalidate and InvalidatePath make the entry unreachable at once;
 //     its memory is freed when the last hit or fill using it is done
 //     (reference counts), never under a copy.
-//   - T4. The bytes charged (every extent allocated and not yet freed) never
-//     exceed BudgetBytes, and one uid's never exceed UIDShareBytes.
+//   - T4. The memory allocated (every extent allocated and not yet freed,
+//     each counted once) never exceeds BudgetBytes, and what one uid is
+//     charged never exceeds UIDShareBytes.
 //
 // # Fairness
 //
-// Every extent is charged to the uid whose pin filled it. A pin that does
-// not fit evicts, least recently used first: the pinning uid's own entries;
-// then entries of the uid that holds the most, but only while that uid holds
-// more than the pinning uid would after the pin (an entry with extents of
-// several uids only while every one of them does). A uid can therefore take
-// the tier down to equal shares, never evict a uid that holds less than
-// itself, and never hold more than UIDShareBytes. A pin that cannot be made
-// to fit that way is refused (ErrFull, ErrTooLarge); nothing is evicted for
-// it then.
+// A uid is charged for every extent its pins asked for, held or being
+// filled, whoever's pin read it: its charge is the memory its own pins
+// would hold had no other uid pinned anything, and what depends on it
+// (the share check, which of its own pins go for its share, its STATUS
+// bytes) does not depend on other uids' pins of the same files. An extent several uids pinned is
+// charged to each of them and allocated once; an UNPIN drops the caller's
+// pins (its charges), and frees the extents no other uid's pin asked for.
+//
+// A pin that does not fit evicts, least recently used first: the pinning
+// uid's own pins (of a file only it pinned the file, of a file other uids
+// pinned too only its pins and the extents only it asked for; pins that
+// free no memory go for the share, never for the budget); then files of the uid charged the most, but only
+// while that uid is charged more than the pinning uid would be after the
+// pin (a file several uids pinned only while every one of them is). A uid
+// can therefore take the tier down to equal shares, never evict a uid that
+// holds less than itself, and never hold more than UIDShareBytes. A pin
+// that cannot be made to fit that way is refused (ErrFull, ErrTooLarge);
+// nothing is evicted for it then. The budget is the node's: whether a pin
+// fits it depends on every uid's pins, as free memory does.
 //
 // # Lock order
 //

@@ -149,8 +149,7 @@ func Stat(f *os.File) (Identity, error) {
 // extent is one chunk of an entry.
 type extent struct {
 	mem Memory
-	uid uint32 // charged to
-	n   int64  // bytes charged (len of mem)
+	n   int64 // bytes of memory (len of mem)
 }
 
 // entry is one file in the tier.
@@ -160,8 +159,8 @@ type entry struct {
 	// GUARDED_BY(Tier.mu)
 	ext       []*extent  // per chunk; nil: not held
 	filling   []bool     // per chunk: a Pin is reading it
-	filler    []uint32   // per chunk being filled: the uid it is charged to
-	pinners   [][]uint32 // per chunk: the uids whose pins asked for it (PinnedBy)
+	pinners   [][]uint32 // per chunk: the uids whose pins asked for it, each charged for it
+	orphans   []*extent  // extents no pin asks for any more, freed when refs is 0
 	held      int64      // file bytes in held extents
 	refs      int        // hits and fills using the entry
 	dead      bool       // unreachable (T3): freed when refs is 0
@@ -182,8 +181,8 @@ type Tier struct {
 		entries map[Key]*entry           // live entries
 		paths   map[string]*entry        // by backing path
 		lru     list.List                // of *entry, most recent first
-		used    int64                    // bytes allocated, dead entries' included
-		uids    map[uint32]int64         // bytes charged per uid
+		used    int64                    // bytes allocated, dead entries' and orphans included
+		uids    map[uint32]int64         // bytes charged per uid: the extents its pins asked for
 		st      Counters                 // counters
 		gone    map[*entry]struct{}      // dead entries still referenced
 		devUsed map[int]int64            // device tier bytes per device, reserved included
@@ -372,11 +371,11 @@ func (t *Tier) settle(ctx context.Context, id Identity) error {
 	}
 }
 
-// reserve finds or makes the entry of id, picks the extents of [off,
-// off+n) neither held nor being filled, makes room for them (evicting as
-// the package doc says) and charges them to uid. It returns the entry,
-// referenced, the extents to fill, marked filling, and the extents of the
-// range uid's pins had not asked for, now marked as asked for by uid.
+// reserve finds or makes the entry of id, makes room for the extents of
+// [off, off+n) (evicting as the package doc says), charges uid for those
+// of them its pins had not asked for, and marks the ones neither held nor
+// being filled as filling. It returns the entry, referenced, the extents
+// to fill, and the extents of the range now marked as asked for by uid.
 func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*entry, []int, []int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -388,7 +387,7 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	}
 	if e == nil {
 		k := t.chunks(id.Size)
-		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), filler: make([]uint32, k), pinners: make([][]uint32, k), wake: make(chan struct{})}
+		e = &entry{id: id, path: path, ext: make([]*extent, k), filling: make([]bool, k), pinners: make([][]uint32, k), wake: make(chan struct{})}
 		e.elem = t.mu.lru.PushFront(e)
 		t.mu.entries[id.Key] = e
 		if old := t.mu.paths[path]; old != nil && old != e {
@@ -398,15 +397,19 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 	} else {
 		t.mu.lru.MoveToFront(e.elem)
 	}
-	var todo []int
-	var need int64
+	var todo, marked []int
+	var need, charge int64 // memory to allocate; uid's new charge
 	for i := int(off / t.chunk); i < t.chunks(id.Size) && int64(i)*t.chunk < off+n; i++ {
 		if e.ext[i] == nil && !e.filling[i] {
 			todo = append(todo, i)
 			need += t.extentBytes(id.Size, i)
 		}
+		if !slices.Contains(e.pinners[i], uid) {
+			marked = append(marked, i)
+			charge += t.extentBytes(id.Size, i)
+		}
 	}
-	if err := t.makeRoomLocked(e, uid, need); err != nil {
+	if err := t.makeRoomLocked(e, uid, charge, need); err != nil {
 		t.mu.st.Refused++
 		if e.held == 0 && e.refs == 0 && !hasFilling(e) {
 			t.killLocked(e) // made for this pin only
@@ -414,34 +417,17 @@ func (t *Tier) reserve(id Identity, path string, uid uint32, off, n int64) (*ent
 		return nil, nil, nil, err
 	}
 	for _, i := range todo {
-		e.filling[i], e.filler[i] = true, uid
+		e.filling[i] = true
 	}
-	var marked []int
-	for i := int(off / t.chunk); i < t.chunks(id.Size) && int64(i)*t.chunk < off+n; i++ {
-		if !slices.Contains(e.pinners[i], uid) {
-			e.pinners[i] = append(e.pinners[i], uid)
-			marked = append(marked, i)
-		}
+	for _, i := range marked {
+		e.pinners[i] = append(e.pinners[i], uid)
 	}
-	if need > 0 {
-		// A pin of ranges other users already hold charges nothing, and
-		// leaves no zero charge behind in the per-uid accounting.
-		t.mu.used += need
-		t.mu.uids[uid] += need
+	t.mu.used += need
+	if charge > 0 {
+		t.mu.uids[uid] += charge // no zero charge left in the per-uid accounting
 	}
 	e.refs++
 	return e, todo, marked, nil
-}
-
-// fillingForOthers reports whether a pin of a uid other than uid is
-// filling an extent of e.
-func fillingForOthers(e *entry, uid uint32) bool {
-	for i, f := range e.filling {
-		if f && e.filler[i] != uid {
-			return true
-		}
-	}
-	return false
 }
 
 func hasFilling(e *entry) bool {
@@ -453,55 +439,64 @@ func hasFilling(e *entry) bool {
 	return false
 }
 
-// makeRoomLocked evicts so that need more bytes fit for uid, or returns
-// why they cannot without evicting anything.
-func (t *Tier) makeRoomLocked(keep *entry, uid uint32, need int64) error {
-	if need == 0 {
+// makeRoomLocked evicts so that uid may be charged charge more bytes and
+// need more bytes of memory fit the budget, or returns why they cannot
+// without evicting anything.
+func (t *Tier) makeRoomLocked(keep *entry, uid uint32, charge, need int64) error {
+	if charge == 0 && need == 0 {
 		return nil
 	}
 	mine := t.mu.uids[uid]
-	if need > t.share {
+	if charge > t.share {
 		return fmt.Errorf("%w: the pin needs %s, one user may hold %s of the tier", ErrTooLarge,
-			humanize.IBytes(uint64(need)), humanize.IBytes(uint64(t.share)))
+			humanize.IBytes(uint64(charge)), humanize.IBytes(uint64(t.share)))
 	}
 	// Plan first: evict nothing unless the pin fits afterwards.
-	var victims []*entry
-	freed := map[uint32]int64{}
+	type victim struct {
+		e   *entry
+		own bool // only uid's pins of it go (dropPinsLocked)
+	}
+	var victims []victim
+	freed := map[uint32]int64{} // charges freed per uid
+	var freedMem int64
 	picked := map[*entry]bool{}
-	fits := func() bool {
-		return mine-freed[uid]+need <= t.share && t.mu.used-sum(freed)+need <= t.cfg.BudgetBytes
-	}
-	take := func(e *entry) {
-		victims = append(victims, e)
-		picked[e] = true
-		for _, x := range e.ext {
-			if x != nil {
-				freed[x.uid] += x.n
-			}
-		}
-	}
-	// The uid's own entries, least recent first.
-	for el := t.mu.lru.Back(); el != nil && !fits(); el = el.Prev() {
+	would := func() int64 { return mine - freed[uid] + charge }
+	shareFits := func() bool { return would() <= t.share }
+	budgetFits := func() bool { return t.mu.used-freedMem+need <= t.cfg.BudgetBytes }
+	// The uid's own pins, least recent first: of a file only it pinned the
+	// file goes; of a file other uids pinned too, only its pins go (the
+	// extents only it asked for with them), the rest stays theirs. Pins
+	// that free no memory go only for the share, never for the budget.
+	for el := t.mu.lru.Back(); el != nil && !(shareFits() && budgetFits()); el = el.Prev() {
 		e := el.Value.(*entry)
-		if e != keep && e.refs == 0 && chargedOnlyTo(e, uid) {
-			take(e)
+		if e == keep || e.refs != 0 {
+			continue
 		}
+		c, m := t.pinsOfLocked(e, uid)
+		if c == 0 || shareFits() && m == 0 {
+			continue
+		}
+		victims = append(victims, victim{e, true})
+		picked[e] = true
+		freed[uid] += c
+		freedMem += m
 	}
-	// Then the largest holder's, while it holds more than uid would.
-	for !fits() {
+	// Then files of the largest holder, while it holds more than uid
+	// would, whole: every uid that pinned them must hold more too.
+	for !(shareFits() && budgetFits()) {
 		v, vb := uint32(0), int64(-1)
 		for u, b := range t.mu.uids {
 			if b -= freed[u]; u != uid && b > vb {
 				v, vb = u, b
 			}
 		}
-		if vb <= mine-freed[uid]+need {
+		if vb <= would() {
 			break
 		}
 		var pick *entry
 		for el := t.mu.lru.Back(); el != nil; el = el.Prev() {
 			e := el.Value.(*entry)
-			if e != keep && e.refs == 0 && !picked[e] && charges(e, v) > 0 && t.othersHoldMoreLocked(e, uid, mine-freed[uid]+need, freed) {
+			if e != keep && e.refs == 0 && !picked[e] && t.chargesLocked(e, v) > 0 && t.othersHoldMoreLocked(e, uid, would(), freed) {
 				pick = e
 				break
 			}
@@ -509,68 +504,117 @@ func (t *Tier) makeRoomLocked(keep *entry, uid uint32, need int64) error {
 		if pick == nil {
 			break
 		}
-		take(pick)
-	}
-	if !fits() {
-		if mine-freed[uid]+need > t.share {
-			return fmt.Errorf("%w: the pin needs %s and you hold %s of your %s share; unpin files or pin fewer",
-				ErrTooLarge, humanize.IBytes(uint64(need)), humanize.IBytes(uint64(mine)), humanize.IBytes(uint64(t.share)))
+		victims = append(victims, victim{pick, false})
+		picked[pick] = true
+		for i, x := range pick.ext {
+			if x != nil {
+				freedMem += x.n
+				for _, u := range pick.pinners[i] {
+					freed[u] += x.n
+				}
+			}
 		}
+	}
+	if !shareFits() {
+		return fmt.Errorf("%w: the pin needs %s and you hold %s of your %s share; unpin files or pin fewer",
+			ErrTooLarge, humanize.IBytes(uint64(charge)), humanize.IBytes(uint64(mine)), humanize.IBytes(uint64(t.share)))
+	}
+	if !budgetFits() {
 		return fmt.Errorf("%w: the pin needs %s, %s of the %s budget is in use and no user holding more than you has idle pins",
 			ErrFull, humanize.IBytes(uint64(need)), humanize.IBytes(uint64(t.mu.used)), humanize.IBytes(uint64(t.cfg.BudgetBytes)))
 	}
-	for _, e := range victims {
-		t.cfg.Log.Debug().Str("path", e.path).Int64("bytes", e.held).Uint32("for_uid", uid).Msg("tier: evicted")
-		t.killLocked(e)
+	for _, x := range victims {
+		t.cfg.Log.Debug().Str("path", x.e.path).Int64("bytes", x.e.held).Uint32("for_uid", uid).Bool("own", x.own).Msg("tier: evicted")
+		if x.own {
+			t.dropPinsLocked(x.e, uid)
+		} else {
+			t.killLocked(x.e)
+		}
 		t.mu.st.Evictions++
 	}
 	return nil
 }
 
-// othersHoldMoreLocked reports whether every uid other than uid charged
-// for an extent of e holds more than would (after freed): evicting e then
-// takes nothing from a uid holding no more than the pinning uid.
+// othersHoldMoreLocked reports whether every uid other than uid whose pins
+// asked for a held extent of e holds more than would (after freed):
+// evicting e then takes nothing from a uid holding no more than the
+// pinning uid.
 func (t *Tier) othersHoldMoreLocked(e *entry, uid uint32, would int64, freed map[uint32]int64) bool {
-	for _, x := range e.ext {
-		if x != nil && x.uid != uid && t.mu.uids[x.uid]-freed[x.uid] <= would {
-			return false
+	for i, x := range e.ext {
+		if x == nil {
+			continue
+		}
+		for _, u := range e.pinners[i] {
+			if u != uid && t.mu.uids[u]-freed[u] <= would {
+				return false
+			}
 		}
 	}
 	return true
 }
 
-func sum(m map[uint32]int64) int64 {
-	var s int64
-	for _, v := range m {
-		s += v
-	}
-	return s
-}
-
-// charges is the bytes of e charged to uid.
-func charges(e *entry, uid uint32) int64 {
+// chargesLocked is the bytes of e's held extents that uid is charged for.
+func (t *Tier) chargesLocked(e *entry, uid uint32) int64 {
 	var n int64
-	for _, x := range e.ext {
-		if x != nil && x.uid == uid {
+	for i, x := range e.ext {
+		if x != nil && slices.Contains(e.pinners[i], uid) {
 			n += x.n
 		}
 	}
 	return n
 }
 
-// chargedOnlyTo reports whether every held extent of e is uid's (and at
-// least one is).
-func chargedOnlyTo(e *entry, uid uint32) bool {
-	held := false
-	for _, x := range e.ext {
-		if x != nil {
-			if x.uid != uid {
-				return false
+// pinsOfLocked is what dropping uid's pins of e (no fill in flight) would
+// free: uid's charges, and the memory of the extents only uid asked for.
+func (t *Tier) pinsOfLocked(e *entry, uid uint32) (charge, mem int64) {
+	for i, x := range e.ext {
+		if x != nil && slices.Contains(e.pinners[i], uid) {
+			charge += x.n
+			if len(e.pinners[i]) == 1 {
+				mem += x.n
 			}
-			held = true
 		}
 	}
-	return held
+	return charge, mem
+}
+
+// dropPinsLocked drops uid's pins of e: uid is no longer charged for any
+// extent of it, the extents no other uid asked for are freed (at once, or
+// when the hits using them end: T3), and the entry goes once no pin asks
+// for any of it. Fills in flight carry on; what they read for nobody is
+// freed when they end (fillOne).
+func (t *Tier) dropPinsLocked(e *entry, uid uint32) {
+	left := false
+	for i, p := range e.pinners {
+		if j := slices.Index(p, uid); j >= 0 {
+			e.pinners[i] = slices.Delete(p, j, j+1)
+			t.uncharge(uid, t.extentBytes(e.id.Size, i))
+			if x := e.ext[i]; x != nil && len(e.pinners[i]) == 0 {
+				e.ext[i] = nil
+				e.held -= t.dataBytes(e.id.Size, i)
+				e.orphans = append(e.orphans, x)
+			}
+		}
+		left = left || len(e.pinners[i]) > 0
+	}
+	if !left {
+		t.killLocked(e)
+		return
+	}
+	if e.refs == 0 {
+		t.freeOrphansLocked(e)
+	}
+}
+
+// freeOrphansLocked frees the extents of e no pin asks for (e.refs is 0).
+func (t *Tier) freeOrphansLocked(e *entry) {
+	for _, x := range e.orphans {
+		if err := x.mem.Close(); err != nil {
+			t.cfg.Log.Error().Err(err).Str("path", e.path).Msg("tier: free extent")
+		}
+		t.mu.used -= x.n
+	}
+	e.orphans = nil
 }
 
 // fill reads extents todo of e from f and installs each as it completes.
@@ -615,7 +659,7 @@ feed:
 	// Extents never started give their reservation back.
 	t.mu.Lock()
 	for _, i := range todo[k:] {
-		t.abandonLocked(e, uid, i)
+		t.abandonLocked(e, i)
 	}
 	t.mu.Unlock()
 	if first == nil && ctx.Err() != nil {
@@ -624,15 +668,18 @@ feed:
 	return filled, first
 }
 
-// abandonLocked gives back extent i's reservation; the extent is then
-// asked for by no uid (a later pin asks again).
-func (t *Tier) abandonLocked(e *entry, uid uint32, i int) {
+// abandonLocked gives back extent i's reservation: its memory, and the
+// charges of every uid whose pin asked for it; the extent is then asked
+// for by no uid (a later pin asks again).
+func (t *Tier) abandonLocked(e *entry, i int) {
 	e.filling[i] = false
+	n := t.extentBytes(e.id.Size, i)
+	for _, u := range e.pinners[i] {
+		t.uncharge(u, n)
+	}
 	e.pinners[i] = nil
 	e.wakeLocked()
-	n := t.extentBytes(e.id.Size, i)
 	t.mu.used -= n
-	t.uncharge(uid, n)
 }
 
 func (t *Tier) uncharge(uid uint32, n int64) {
@@ -653,7 +700,7 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 	}
 	if err != nil {
 		t.mu.Lock()
-		t.abandonLocked(e, uid, i)
+		t.abandonLocked(e, i)
 		t.mu.Unlock()
 		return 0, fmt.Errorf("tier: allocate %s: %w", humanize.IBytes(uint64(size)), err)
 	}
@@ -678,17 +725,19 @@ func (t *Tier) fillOne(ctx context.Context, f *os.File, e *entry, uid uint32, i 
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err != nil || e.dead {
-		t.abandonLocked(e, uid, i)
+	if err != nil || e.dead || len(e.pinners[i]) == 0 {
+		// Unpinned while it was read (dropPinsLocked): nobody asks for it.
+		unpinned := err == nil && !e.dead
+		t.abandonLocked(e, i)
 		_ = mem.Close()
-		if err == nil {
+		if err == nil && !unpinned {
 			err = fmt.Errorf("%w: %s; pin it again", ErrChanged, f.Name())
 		}
 		return 0, err
 	}
 	e.filling[i] = false
 	e.wakeLocked()
-	e.ext[i] = &extent{mem: mem, uid: uid, n: size}
+	e.ext[i] = &extent{mem: mem, n: size}
 	e.held += data
 	t.mu.st.FilledBytes += uint64(data)
 	return data, nil
@@ -766,10 +815,14 @@ func (t *Tier) freeLocked(e *entry) {
 			t.cfg.Log.Error().Err(err).Str("path", e.path).Msg("tier: free extent")
 		}
 		t.mu.used -= x.n
-		t.uncharge(x.uid, x.n)
+		for _, u := range e.pinners[i] {
+			t.uncharge(u, x.n)
+		}
+		e.pinners[i] = nil
 		e.ext[i] = nil
 	}
 	e.held = 0
+	t.freeOrphansLocked(e)
 	t.dropDevicesLocked(e)
 }
 
@@ -778,6 +831,8 @@ func (t *Tier) unref(e *entry) {
 	defer t.mu.Unlock()
 	if e.refs--; e.refs == 0 && e.dead {
 		t.freeLocked(e)
+	} else if e.refs == 0 && len(e.orphans) > 0 {
+		t.freeOrphansLocked(e)
 	}
 }
 
@@ -817,9 +872,9 @@ func (t *Tier) PinnedBy(id Identity, uid uint32) int64 {
 }
 
 // HeldFor is the memory of the extents in the tier that uid's pins asked
-// for, whoever's pin read them (and is charged for them): what uid's pins
-// hold, which does not depend on other uids' pins. It equals uid's charges
-// while no other uid's pin asked for the same extents.
+// for, whoever's pin read them: what uid's pins hold, which does not
+// depend on other uids' pins. It is uid's charge but for the extents its
+// pins in flight are still reading.
 func (t *Tier) HeldFor(uid uint32) int64 {
 	if !t.Enabled() {
 		return 0
@@ -874,49 +929,56 @@ func (t *Tier) InvalidatePath(p string) {
 	}
 }
 
-// Unpin drops the file id from the tier for uid: only a file whose extents,
-// held or being filled, are all its own, unless uid is 0 (root), who may
-// drop any. It returns the bytes freed.
+// Unpin drops uid's pins of the file id: uid is no longer charged for it,
+// the extents no other uid's pins asked for are freed, the others stay for
+// those uids (dropPinsLocked); root (uid 0) drops the whole file. A uid
+// none of whose pins asked for the file, which other uids pinned, gets
+// ErrNotOwner (for a uid the file's residency may be told to; others use
+// UnpinOwn). It returns the bytes of the file uid's pins held (root: all
+// the tier held of it).
 func (t *Tier) Unpin(id Identity, uid uint32) (int64, error) {
-	if !t.Enabled() {
-		return 0, ErrDisabled
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.mu.entries[id.Key]
-	if e == nil {
-		return 0, nil
-	}
-	if uid != 0 && (!chargedOnlyTo(e, uid) && e.held > 0 || fillingForOthers(e, uid)) {
-		return 0, ErrNotOwner // nor may it cut another uid's pin short
-	}
-	n := e.held
-	t.killLocked(e)
-	return n, nil
+	return t.unpin(id, uid, true)
 }
 
-// UnpinOwn drops uid's pins of the file id, telling uid nothing of other
-// uids' pins: the file as Unpin does when every extent held or being
-// filled is uid's alone; else only uid's asks (PinnedBy), the extents
-// staying for the uids that pinned them. It returns the bytes of the file
-// uid's pins held.
+// UnpinOwn is Unpin telling uid nothing of other uids' pins: a file none
+// of uid's pins asked for is no error, as a file not in the tier.
 func (t *Tier) UnpinOwn(id Identity, uid uint32) (int64, error) {
+	return t.unpin(id, uid, false)
+}
+
+func (t *Tier) unpin(id Identity, uid uint32, told bool) (int64, error) {
 	if !t.Enabled() {
 		return 0, ErrDisabled
 	}
-	mine := t.PinnedBy(id, uid)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.mu.entries[id.Key]
 	if e == nil {
 		return 0, nil
 	}
-	if uid == 0 || (chargedOnlyTo(e, uid) || e.held == 0) && !fillingForOthers(e, uid) {
+	if uid == 0 {
+		n := e.held
 		t.killLocked(e)
-		return mine, nil
+		return n, nil
 	}
+	var mine int64
+	asked, others := false, false
 	for i, p := range e.pinners {
-		e.pinners[i] = slices.DeleteFunc(p, func(u uint32) bool { return u == uid })
+		if slices.Contains(p, uid) {
+			asked = true
+			if e.ext[i] != nil && e.id == id {
+				mine += t.dataBytes(e.id.Size, i)
+			}
+		}
+		others = others || len(p) > 0 && !slices.Contains(p, uid) || len(p) > 1
+	}
+	switch {
+	case asked:
+		t.dropPinsLocked(e, uid)
+	case !others && !hasFilling(e):
+		t.killLocked(e) // held by no pin
+	case told:
+		return 0, ErrNotOwner
 	}
 	return mine, nil
 }
@@ -927,8 +989,14 @@ type UIDStats struct {
 	Bytes int64  `json:"bytes"`
 }
 
+// ScopeUID is Stats.Scope of StatsFor: one uid's figures, no counters.
+const ScopeUID = "uid"
+
 // Stats is the tier's state, for STATUS and metrics.
 type Stats struct {
+	// Scope is "" for the node's figures (Stats), ScopeUID for one uid's
+	// (StatsFor).
+	Scope         string     `json:"scope,omitempty"`
 	Memory        string     `json:"memory"`
 	BudgetBytes   int64      `json:"budget_bytes"`
 	UIDShareBytes int64      `json:"uid_share_bytes"`
@@ -965,6 +1033,51 @@ func (t *Tier) Stats() Stats {
 	return s
 }
 
+// StatsFor is the tier as uid may see it when the node's figures are not
+// its business (ctlserver's STATUS to a uid other than root): the tier's
+// configuration, and the figures of uid's own pins, which do not depend on
+// other uids' pins: UsedBytes and UIDs its charge, CachedBytes and Files
+// the file bytes and files its pins hold, Devices its own copies. The
+// counters are the node's and are left out (zero); Scope says so.
+func (t *Tier) StatsFor(uid uint32) Stats {
+	s := Stats{Memory: t.cfg.Alloc.Name(), BudgetBytes: t.cfg.BudgetBytes, UIDShareBytes: t.share, ChunkBytes: t.chunk, Scope: ScopeUID}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range t.mu.entries {
+		mine := false
+		for i, x := range e.ext {
+			if x != nil && slices.Contains(e.pinners[i], uid) {
+				s.UsedBytes += x.n
+				s.CachedBytes += t.dataBytes(e.id.Size, i)
+				mine = true
+			}
+		}
+		if mine {
+			s.Files++
+		}
+	}
+	if s.UsedBytes > 0 {
+		s.UIDs = []UIDStats{{UID: uid, Bytes: s.UsedBytes}}
+	}
+	if t.cfg.DeviceAlloc != nil {
+		s.DeviceBudgetBytes = t.cfg.DeviceBytes
+		for d, l := range t.mu.devLRU {
+			ds := DeviceStats{Device: d}
+			for el := l.Front(); el != nil; el = el.Next() {
+				if c := el.Value.(*devCopy); c.uid == uid {
+					ds.Bytes += c.bytes
+					ds.Files++
+				}
+			}
+			if ds.Files > 0 {
+				s.Devices = append(s.Devices, ds)
+			}
+		}
+		sort.Slice(s.Devices, func(i, j int) bool { return s.Devices[i].Device < s.Devices[j].Device })
+	}
+	return s
+}
+
 // Close frees every extent no hit or fill uses; those in use are freed
 // when released.
 func (t *Tier) Close() error {
@@ -974,4 +1087,12 @@ func (t *Tier) Close() error {
 		t.killLocked(e)
 	}
 	return nil
+}
+
+func sum(m map[uint32]int64) int64 {
+	var s int64
+	for _, v := range m {
+		s += v
+	}
+	return s
 }

@@ -80,10 +80,18 @@ func checkInvariants(t *testing.T, tr *Tier) {
 			if x == nil && !e.filling[i] && len(e.pinners[i]) > 0 {
 				t.Errorf("%s: extent %d is not held but marked as pinned by %v", e.path, i, e.pinners[i])
 			}
+			if x != nil && len(e.pinners[i]) == 0 {
+				t.Errorf("%s: extent %d is held for no pin (charged to nobody)", e.path, i)
+			}
 			if x != nil {
 				used += x.n
-				uids[x.uid] += x.n
+				for _, u := range e.pinners[i] {
+					uids[u] += x.n // every pinner is charged for it
+				}
 			}
+		}
+		for _, x := range e.orphans {
+			used += x.n
 		}
 	}
 	for _, e := range tr.mu.entries {
@@ -532,7 +540,8 @@ func TestEngineReadAt(t *testing.T) {
 	}
 }
 
-// TestConcurrent: pins, hits, invalidations and unpins of a few files by
+// TestConcurrent: pins (whole and partial), hits, invalidations and
+// unpins (root's, and each uid's own of co-pinned files) of a few files by
 // a few uids at once keep the accounting (run with -race).
 func TestConcurrent(t *testing.T) {
 	tr, _ := newTier(t, 6*64*kib, 3*64*kib)
@@ -552,13 +561,18 @@ func TestConcurrent(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(w), 2))
 			for range 200 {
 				i := r.IntN(len(files))
-				switch r.IntN(4) {
+				switch r.IntN(6) {
 				case 0:
 					_, _ = tr.Pin(ctx, files[i], files[i].Name(), uint32(1+w%2), 0, -1)
 				case 1:
 					tr.Invalidate(ids[i].Key)
 				case 2:
 					_, _ = tr.Unpin(ids[i], 0)
+				case 3:
+					// One uid's pins of a file others pinned too.
+					_, _ = tr.UnpinOwn(ids[i], uint32(1+w%2))
+				case 4:
+					_, _ = tr.Pin(ctx, files[i], files[i].Name(), uint32(1+w%2), 64*kib*int64(r.IntN(2)), 64*kib)
 				default:
 					if v, ok := tr.Lookup(ids[i], [][2]int64{{0, 128 * kib}}); ok {
 						if got := viewBytes(t, v, 0, 128*kib); !bytes.Equal(got, datas[i]) {
@@ -575,9 +589,12 @@ func TestConcurrent(t *testing.T) {
 	}
 }
 
-// A second user pinning what a first user already holds is charged nothing
-// and appears in no per-user charge (status lists charges per uid).
-func TestPinOfHeldRangesChargesNothing(t *testing.T) {
+// TestPinOfHeldRangesChargesThePinner: a second user pinning what a first
+// user already holds reads nothing and allocates nothing (the budget
+// counts the memory once), but is charged for it, as if its pin had read
+// it (its share and STATUS figure do not depend on the other user's pin).
+// Before, it was charged nothing and appeared in no per-user charge.
+func TestPinOfHeldRangesChargesThePinner(t *testing.T) {
 	dir := t.TempDir()
 	tr, _ := newTier(t, 1<<20, 512*kib)
 	_, f := writeFile(t, dir, "a", 128*kib, 3)
@@ -586,13 +603,11 @@ func TestPinOfHeldRangesChargesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := tr.Pin(ctx, f, f.Name(), 2, 0, -1)
-	if err != nil || res.Filled != 0 || res.Cached != 128*kib {
+	if err != nil || res.Filled != 0 || res.Cached != 128*kib || res.Mine != 128*kib || res.MineFilled != 128*kib {
 		t.Fatalf("second user's pin: %+v, %v", res, err)
 	}
-	tr.mu.Lock()
-	_, charged := tr.mu.uids[2]
-	tr.mu.Unlock()
-	if charged {
-		t.Errorf("uid 2 has a charge entry after pinning only held ranges")
+	st := tr.Stats()
+	if st.UsedBytes != 128*kib || fmt.Sprint(st.UIDs) != fmt.Sprint([]UIDStats{{1, 128 * kib}, {2, 128 * kib}}) {
+		t.Errorf("after both pins: %d bytes used, charges %v; want the memory once, both charged", st.UsedBytes, st.UIDs)
 	}
 }

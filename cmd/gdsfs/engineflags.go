@@ -16,15 +16,16 @@ import (
 // engineFlags are the transfer engine and buffer pool flags shared by
 // `gdsfs mount` (into its daemon.Config) and `gdsfs bench engines`.
 type engineFlags struct {
-	engine   string
-	gpuPool  string
-	hostPool string
-	slabSize string
-	uidShare string
-	chunk    string
-	coldTask string
-	workers  int
-	direct   string
+	engine    string
+	gpuPool   string
+	hostPool  string
+	slabSize  string
+	uidShare  string
+	chunk     string
+	coldTask  string
+	coldAhead string
+	workers   int
+	direct    string
 }
 
 // addEngineFlags registers the engine and pool flags on fs.
@@ -37,6 +38,7 @@ func addEngineFlags(fs *pflag.FlagSet) *engineFlags {
 	fs.StringVar(&f.uidShare, "uid-share", "50%", "most of each device's pool one uid may hold, as a percentage or fraction of the pool (50%, 0.25) or a size (1GiB); rounded up to whole slabs; 100% lets one uid take everything")
 	fs.StringVar(&f.chunk, "chunk-size", "8MiB", "size of one parallel transfer task")
 	fs.StringVar(&f.coldTask, "cold-chunk-size", "1MiB", "size of one parallel task of a buffered read of a range not in the page cache (ranges of at least twice this are split); --chunk-size or more: no split")
+	fs.StringVar(&f.coldAhead, "cold-readahead", "auto", "how far ahead of its workers a buffered read of a range not in the page cache asks the kernel to read (posix_fadvise WILLNEED), e.g. 64MiB; auto: io-workers x chunk-size; 0: no advice (docs/operations.md, \"Cold reads\": what it gains and costs)")
 	fs.IntVar(&f.workers, "io-workers", 0, "parallel transfer workers per request (default: CPU count, 4 to 16)")
 	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix and host engines: auto (reads of cold ranges of files larger than a quarter of memory, writes of at least 1 MiB), always or never")
 	return f
@@ -120,6 +122,16 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 	if err != nil {
 		return s, err
 	}
+	var coldAhead int64 // no advice
+	switch f.coldAhead {
+	case "0", "off":
+	case "auto", "":
+		coldAhead = -1
+	default:
+		if coldAhead, err = parseSize("cold-readahead", f.coldAhead); err != nil {
+			return s, err
+		}
+	}
 	if f.gpuPool != "" {
 		if s.gpuPool, err = parseSize("gpu-pool", f.gpuPool); err != nil {
 			return s, err
@@ -138,7 +150,7 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 			return s, usagef("--%s %s is smaller than --slab-size %s; give at least one slab", p.name, humanize.IBytes(uint64(p.v)), f.slabSize)
 		}
 	}
-	s.cfg = cufile.Config{Engine: f.engine, ChunkBytes: chunk, ColdChunkBytes: coldTask, Workers: f.workers, Direct: f.direct, Log: log}
+	s.cfg = cufile.Config{Engine: f.engine, ChunkBytes: chunk, ColdChunkBytes: coldTask, ColdReadAheadBytes: coldAhead, Workers: f.workers, Direct: f.direct, Log: log}
 	return s, nil
 }
 

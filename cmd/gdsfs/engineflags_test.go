@@ -28,6 +28,27 @@ func TestEngineFlags(t *testing.T) {
 					t.Errorf("settings %+v", s)
 				}
 			}},
+		{"cold readahead auto by default", nil, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.ColdReadAheadBytes >= 0 {
+				t.Errorf("ColdReadAheadBytes %d, want < 0 (auto: io-workers x chunk-size)", s.cfg.ColdReadAheadBytes)
+			}
+		}},
+		{"cold readahead auto", []string{"--cold-readahead", "auto"}, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.ColdReadAheadBytes >= 0 {
+				t.Errorf("ColdReadAheadBytes %d, want < 0 (io-workers x chunk-size)", s.cfg.ColdReadAheadBytes)
+			}
+		}},
+		{"cold readahead off", []string{"--cold-readahead", "0"}, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.ColdReadAheadBytes != 0 {
+				t.Errorf("ColdReadAheadBytes %d, want 0 (no advice)", s.cfg.ColdReadAheadBytes)
+			}
+		}},
+		{"cold readahead size", []string{"--cold-readahead", "64MiB"}, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.ColdReadAheadBytes != 64<<20 {
+				t.Errorf("ColdReadAheadBytes %d, want 64 MiB", s.cfg.ColdReadAheadBytes)
+			}
+		}},
+		{"cold readahead junk", []string{"--cold-readahead", "lots"}, false, nil},
 		{"uid share default", nil, true, func(t *testing.T, s engineSettings) {
 			if s.shareFrac != 0.5 || s.shareBytes != 0 || shareOf(s, 8<<30) != 4<<30 {
 				t.Errorf("share %v %d -> %d", s.shareFrac, s.shareBytes, shareOf(s, 8<<30))

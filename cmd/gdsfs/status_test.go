@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/gdsfs/gdsfs/cache"
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/status"
+	"github.com/gdsfs/gdsfs/tier"
 )
 
 // gdsfs status shows the index cache's counters, the foreign ioctls apart
@@ -87,5 +89,40 @@ func TestPrintStatusOpenFiles(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// gdsfs status as a uid other than root prints the tier's figures it is
+// given, its own pins', as its own, and no node-wide counters.
+func TestPrintTierStatusOwn(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc     string
+		want, notWant []string
+	}{
+		{"root", `{"memory":"host","budget_bytes":8388608,"uid_share_bytes":4194304,"chunk_bytes":65536,"used_bytes":196608,"cached_bytes":150000,"files":2,"hits":4,"hit_bytes":4096}`,
+			[]string{"tier:     146 KiB cached (2 files) in 192 KiB of 8.0 MiB host memory, 4.0 MiB per uid; 4 hits (4.0 KiB)"}, []string{"yours"}},
+		{"uid", `{"scope":"uid","memory":"host","budget_bytes":8388608,"uid_share_bytes":4194304,"chunk_bytes":65536,"used_bytes":65536,"cached_bytes":60000,"files":1,
+			"device_budget_bytes":1048576,"devices":[{"device":0,"bytes":65536,"files":1}]}`,
+			[]string{"tier:     yours: 59 KiB cached (1 file) in 64 KiB of your 4.0 MiB share of the 8.0 MiB host memory (the node's figures are root's)",
+				"gpu cache: 1.0 MiB per GPU; yours: device 0: 64 KiB (1 file)\n"}, []string{"hits", "evicted"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var st tier.Stats
+			if err := json.Unmarshal([]byte(tc.doc), &st); err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			printTierStatus(&out, &st)
+			for _, w := range tc.want {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("lacks %q:\n%s", w, out.String())
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(out.String(), w) {
+					t.Errorf("has %q:\n%s", w, out.String())
+				}
+			}
+		})
 	}
 }

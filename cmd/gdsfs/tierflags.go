@@ -40,6 +40,10 @@ func printTierStatus(w io.Writer, t *tier.Stats) {
 	if t == nil {
 		return
 	}
+	if t.Scope == tier.ScopeUID {
+		printOwnTierStatus(w, t)
+		return
+	}
 	fmt.Fprintf(w, "tier:     %s cached (%s) in %s of %s %s memory, %s per uid; %d hits (%s), %d misses, %d evictions, %d invalidations, %d pins refused\n",
 		humanize.IBytes(uint64(t.CachedBytes)), plural(t.Files, "file"), humanize.IBytes(uint64(t.UsedBytes)), humanize.IBytes(uint64(t.BudgetBytes)),
 		t.Memory, humanize.IBytes(uint64(t.UIDShareBytes)), t.Hits, humanize.IBytes(t.HitBytes), t.Misses, t.Evictions, t.Invalidations, t.Refused)
@@ -49,6 +53,27 @@ func printTierStatus(w io.Writer, t *tier.Stats) {
 			fmt.Fprintf(w, " device %d: %s (%s),", d.Device, humanize.IBytes(uint64(d.Bytes)), plural(d.Files, "file"))
 		}
 		fmt.Fprintf(w, " %d hits served device to device, %d copies made, %d evicted\n", t.DeviceHits, t.DeviceAdmits, t.DeviceEvictions)
+	}
+}
+
+// printOwnTierStatus is the tier line of a uid other than root, who is
+// told its own pins' figures and the tier's configuration only.
+func printOwnTierStatus(w io.Writer, t *tier.Stats) {
+	fmt.Fprintf(w, "tier:     yours: %s cached (%s) in %s of your %s share of the %s %s memory (the node's figures are root's)\n",
+		humanize.IBytes(uint64(t.CachedBytes)), plural(t.Files, "file"), humanize.IBytes(uint64(t.UsedBytes)),
+		humanize.IBytes(uint64(t.UIDShareBytes)), humanize.IBytes(uint64(t.BudgetBytes)), t.Memory)
+	if t.DeviceBudgetBytes > 0 {
+		fmt.Fprintf(w, "gpu cache: %s per GPU; yours:", humanize.IBytes(uint64(t.DeviceBudgetBytes)))
+		if len(t.Devices) == 0 {
+			fmt.Fprint(w, " none")
+		}
+		for i, d := range t.Devices {
+			if i > 0 {
+				fmt.Fprint(w, ",")
+			}
+			fmt.Fprintf(w, " device %d: %s (%s)", d.Device, humanize.IBytes(uint64(d.Bytes)), plural(d.Files, "file"))
+		}
+		fmt.Fprintln(w)
 	}
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
+	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/internal/pinwarm"
 )
 
@@ -32,8 +34,7 @@ func runWarmPin(ctx context.Context, cmd *cobra.Command, c *warmConfig, show boo
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "unpinned %d files, %s; the tier holds %s of %s (yours: %s)\n", len(plan.Files),
-			humanize.IBytes(uint64(freed)), humanize.IBytes(plan.Last.Used), humanize.IBytes(plan.Last.Budget), humanize.IBytes(plan.Last.Yours))
+		fmt.Fprintf(out, "unpinned %d files, %s; %s\n", len(plan.Files), humanize.IBytes(uint64(freed)), tierHolds(plan.Last))
 		return nil
 	}
 	if len(plan.Files) == 0 {
@@ -69,8 +70,18 @@ func runWarmPin(ctx context.Context, cmd *cobra.Command, c *warmConfig, show boo
 			humanize.IBytes(uint64(read)), humanize.IBytes(uint64(want)), rate, elapsed.Round(time.Millisecond))
 		return errors.New("warm interrupted")
 	}
-	fmt.Fprintf(out, "pinned %d files, %s: read %s into the tier%s in %s (%s were already in it); the tier holds %s of %s (yours: %s)\n",
+	fmt.Fprintf(out, "pinned %d files, %s: read %s into the tier%s in %s (%s were already in it); %s\n",
 		len(plan.Files), humanize.IBytes(uint64(plan.Total)), humanize.IBytes(uint64(read)), rate, elapsed.Round(time.Millisecond),
-		humanize.IBytes(uint64(plan.Cached)), humanize.IBytes(plan.Last.Used), humanize.IBytes(plan.Last.Budget), humanize.IBytes(plan.Last.Yours))
+		humanize.IBytes(uint64(plan.Cached)), tierHolds(plan.Last))
 	return skippedError(plan.Skipped)
+}
+
+// tierHolds is warm's closing figure of the tier: root is told the tier's
+// use; any other uid only its own pins' (PIN's used is then its own, the
+// node's being root's: docs/protocol.md 3.9).
+func tierHolds(r ctl.PinReply) string {
+	if os.Geteuid() == 0 {
+		return fmt.Sprintf("the tier holds %s of %s (yours: %s)", humanize.IBytes(r.Used), humanize.IBytes(r.Budget), humanize.IBytes(r.Yours))
+	}
+	return fmt.Sprintf("in the tier (yours: %s of its %s)", humanize.IBytes(r.Yours), humanize.IBytes(r.Budget))
 }

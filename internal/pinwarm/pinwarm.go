@@ -61,8 +61,9 @@ func Err(path string, err error, reply ctl.PinReply) error {
 		return fmt.Errorf("%s: the tier cannot take it: one user may hold %s of its %s (you hold %s); unpin files (gdsfs warm --unpin PATH) or ask for a larger --tier-budget",
 			path, humanize.IBytes(reply.Share), humanize.IBytes(reply.Budget), humanize.IBytes(reply.Yours))
 	case syscall.ENOSPC:
-		return fmt.Errorf("%s: the tier is full (%s of %s in use) with pins of users holding no more than you would; try again when they unpin, or ask for a larger --tier-budget",
-			path, humanize.IBytes(reply.Used), humanize.IBytes(reply.Budget))
+		// Used is the node's for root, the caller's own for others.
+		return fmt.Errorf("%s: the tier is full (its %s budget) with pins of users holding no more than you would (you hold %s); try again when they unpin, or ask for a larger --tier-budget",
+			path, humanize.IBytes(reply.Budget), humanize.IBytes(reply.Yours))
 	case syscall.ESTALE:
 		return fmt.Errorf("%s changed while it was being pinned: run the command again once it is written", path)
 	case syscall.EPERM:

@@ -25,7 +25,7 @@ func TestErr(t *testing.T) {
 		{syscall.ENOTTY, "f is not on a gdsfs mount", true},
 		{syscall.EOPNOTSUPP, "mount it with --tier-budget SIZE", true},
 		{syscall.E2BIG, "one user may hold 2.0 GiB of its 8.0 GiB (you hold 1.0 GiB)", false},
-		{syscall.ENOSPC, "the tier is full (6.0 GiB of 8.0 GiB in use)", false},
+		{syscall.ENOSPC, "the tier is full (its 8.0 GiB budget) with pins of users holding no more than you would (you hold 1.0 GiB)", false},
 		{syscall.ESTALE, "f changed while it was being pinned", false},
 		{syscall.EPERM, "pinned by another user", false},
 		{syscall.EACCES, "you can pin only files you may read", false},

@@ -17,9 +17,11 @@
 // ends the run and reads nothing ahead (random access gains nothing).
 //
 // Readahead is only a hint: the caller starts reading the window into the
-// page cache (posix_fadvise(POSIX_FADV_WILLNEED)) and every READ still
-// reads its bytes from the file. Tracker keeps the Streams of many open
-// files, bounded, and per owner (uid) fairly.
+// page cache and every READ still reads its bytes from the file. A caller
+// that drops a window (too much in flight) gives it back (Unread), so the
+// next READ asks for it again instead of meeting the cold disk. Tracker
+// keeps the Streams of many open files, bounded, and per owner (uid)
+// fairly.
 package readahead
 
 import "sync"
@@ -131,6 +133,16 @@ func (s *Stream) Read(c Config, lo, hi, size int64) Range {
 	return r
 }
 
+// Unread gives back window r, which Read returned and the caller did not
+// read (dropped: too much in flight), so that the stream's next READ asks
+// for it again. Only the stream's last window can be given back; any other
+// r leaves s as it is.
+func (s *Stream) Unread(r Range) {
+	if s.window > 0 && r.Len() > 0 && s.ahead == r.End && r.Off >= s.next {
+		s.ahead = r.Off
+	}
+}
+
 // Tracker keeps the Streams of up to Config.Streams open files, keyed by
 // K (the daemon keys by the open file, so two opens of one file, by one
 // user or two, never share a Stream). Safe for concurrent use.
@@ -183,6 +195,15 @@ func (t *Tracker[K]) ReadAs(key K, owner uint32, lo, hi, size int64) Range {
 	}
 	e.used = t.clock
 	return e.Read(t.c, lo, hi, size)
+}
+
+// Unread gives back window r of key's stream (see Stream.Unread).
+func (t *Tracker[K]) Unread(key K, r Range) {
+	t.mu.Lock()
+	if e := t.streams[key]; e != nil {
+		e.Unread(r)
+	}
+	t.mu.Unlock()
 }
 
 // Forget drops key's Stream (its file was closed).

@@ -93,6 +93,42 @@ func TestStreamRead(t *testing.T) {
 	}
 }
 
+// TestStreamUnread: a window given back (the caller dropped it) is asked
+// for again by the next READ; only the stream's last window can be given
+// back.
+func TestStreamUnread(t *testing.T) {
+	c := Config{MinBytes: 8 * MiB}.WithDefaults()
+	const size = 1 << 30
+	cases := []struct {
+		name   string
+		unread func(first Range) Range // what is given back after the first READ
+		want   Range                   // the second READ's window
+	}{
+		{"the last window", func(r Range) Range { return r }, Range{2 * MiB, 18 * MiB}},
+		{"nothing given back", func(Range) Range { return Range{} }, Range{9 * MiB, 18 * MiB}},
+		{"not the last window", func(r Range) Range { return Range{r.Off, r.End - MiB} }, Range{9 * MiB, 18 * MiB}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var s Stream
+			first := s.Read(c, 0, 1*MiB, size)
+			if first != (Range{1 * MiB, 9 * MiB}) {
+				t.Fatalf("first window %v", first)
+			}
+			s.Unread(tc.unread(first))
+			if got := s.Read(c, 1*MiB, 2*MiB, size); got != tc.want {
+				t.Errorf("second READ's window %v, want %v", got, tc.want)
+			}
+		})
+	}
+	var s Stream // a stream not in a run has nothing to give back
+	s.Read(c, 100*MiB, 101*MiB, size)
+	s.Unread(Range{101 * MiB, 109 * MiB})
+	if got := s.Read(c, 300*MiB, 301*MiB, size); got.Len() != 0 {
+		t.Errorf("a random READ after a give-back read ahead %v", got)
+	}
+}
+
 func TestConfig(t *testing.T) {
 	cases := []struct {
 		name string
@@ -171,6 +207,9 @@ func FuzzStreamRead(f *testing.F) {
 			}
 			if c.Off() || got.Off < r[1] || got.End > size || got.Off >= got.End || got.Len() > c.MaxBytes {
 				t.Fatalf("READ [%d, %d) of a %d-byte file (max %d): read ahead [%d, %d)", r[0], r[1], size, c.MaxBytes, got.Off, got.End)
+			}
+			if maxBytes%2 == 0 {
+				s.Unread(got) // dropped: the invariants hold for the READs after it too
 			}
 		}
 	})

@@ -1228,12 +1228,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         return wanted, names, where
 
     def _read_group(self, group: list[Any], slot: int, lo: int, slots: int, epoch: int, first: int = 0, it: Optional["_Iteration"] = None) -> Iterator[GDSSample]:
-        """Read and yield a group's samples: CPU fields with pread first, then the gpu fields
-        with one READ per shard at the version of the shard's index (or, without gpu fields, a
-        READ of nothing that checks that version): the daemon answers ESTALE unless the shard
-        is still at it, before and after reading, which covers the preads too. A shard that
-        is checked by nobody (plain reads) is fstat()ed after its reads. A change raises
-        _ShardChanged before any sample is yielded; the leases read so far go back."""
+        """Read and yield a group's samples: the gpu fields with one READ per shard at the
+        version of the shard's index first, then the CPU fields with pread, then, for a shard
+        with CPU fields, a READ of nothing that checks that version again: the daemon answers
+        ESTALE unless the shard is still at it, before and after reading, so the last check
+        covers the preads. The READ goes first so that a cold shard meets the disk with its
+        large ranges (and the daemon's readahead after them), not with a synchronous 4 KiB
+        read per CPU field ahead of them: a batch run's range holds the small members between
+        its samples, so their preads then find them cached. A shard that is checked by nobody
+        (plain reads) is fstat()ed after its reads. A change raises _ShardChanged before any
+        sample is yielded; the leases read so far go back."""
         wanted, names, where = self._runs(group, first)
         refs: dict[int, list[Ref]] = {}
         holds: dict[int, list[Optional[_leases.Hold]]] = {}
@@ -1241,20 +1245,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         held: dict[int, Ref] = {}  # lease id -> Ref, of samples not yet handed out
         checked: set[int] = set()  # shards whose version the daemon checked after the preads
         try:
-            # The CPU fields' bytes (decoded once the shard's version is checked: stale bytes
-            # would fail to decode with a misleading error, or decode into wrong values).
-            cpu: list[dict[str, bytes]] = []
-            for (_pos, _shard, st, _key, fields, _geo) in group:
-                cpu.append({fp.name: os.pread(st.fd, fp.length, fp.offset) for fp in fields if not fp.gpu})
             states = {shard: st for (_p, shard, st, *_r) in group}
+            served: set[int] = set()  # shards the daemon READ for this group
             for shard, st in states.items():
                 if session is None:
                     break
                 ranges = wanted.get(shard)
-                if ranges is None and not st.version:
+                if ranges is None:
                     continue
                 try:
-                    got = session.read(st.fd, ranges or [(0, 0)], version=st.version)
+                    got = session.read(st.fd, ranges, version=st.version)
                 except GDSUnavailableError as e:
                     if e.errno == errno.ESTALE:
                         raise _ShardChanged(shard) from None
@@ -1262,14 +1262,38 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     # (warned once per mount and errno), unless strict.
                     warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
                     continue
-                if st.version:
-                    checked.add(shard)
-                if ranges is None:
-                    continue
+                served.add(shard)
                 refs[shard] = got
                 held.update((r.lease, r) for r in got if r.lease)
                 # This process's Holds of the group's leases, in one pass over the lease book.
                 holds[shard] = _leases.hold_many([(r, *n) for r, n in zip(got, names[shard])])
+            # The CPU fields' bytes (decoded once the shard's version is checked: stale bytes
+            # would fail to decode with a misleading error, or decode into wrong values).
+            cpu: list[dict[str, bytes]] = []
+            with_cpu: set[int] = set()
+            for (_pos, shard, st, _key, fields, _geo) in group:
+                got_cpu = {fp.name: os.pread(st.fd, fp.length, fp.offset) for fp in fields if not fp.gpu}
+                if got_cpu:
+                    with_cpu.add(shard)
+                cpu.append(got_cpu)
+            for shard, st in states.items():
+                if session is None:
+                    break
+                if not st.version:
+                    continue
+                if shard in served and shard not in with_cpu:
+                    checked.add(shard)  # the READ's own check after reading covers it all
+                    continue
+                if shard not in served and shard in wanted:
+                    continue  # fell back to plain reads above: fstat()ed below
+                try:
+                    session.read(st.fd, [(0, 0)], version=st.version)
+                except GDSUnavailableError as e:
+                    if e.errno == errno.ESTALE:
+                        raise _ShardChanged(shard) from None
+                    warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
+                    continue
+                checked.add(shard)
             try:
                 out = self._assemble(group, where, cpu, refs, holds, slot, lo, slots, epoch)
             except GDSShardError:

@@ -19,11 +19,15 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   the old checkpoint intact; once the new ``.metadata`` is committed, the data files the old one
   named, and only those, are removed. A data file missing after the save is an error naming it.
 - **Reads.** Every tensor item's pickle is decoded here (without allocating its storage); the
-  storage bytes of all items of a file are fetched in one batched request. Only the bytes each
-  ReadItem covers are read: when they are one contiguous run of the saved chunk (the whole
-  chunk, or a row-slab of it: Shard(0) -> Replicate, 2 -> 1 or 1 -> 2 ranks) they land straight
-  in the planner's target; otherwise (another shard dim) the span from the first to the last
-  needed element is read into a temporary and narrowed into the target on the device.
+  storage bytes of all items of a call go through one read pipeline (tensorio.ReadPipeline):
+  a file's READs start as soon as its headers are decoded, so the next file is decoded while
+  they run and the READs of the files of a resharded load (2 -> 1 ranks) overlap instead of
+  running one file after the other. Only the bytes each ReadItem covers are read: when they
+  are one contiguous run of the saved chunk (the whole chunk, or a row-slab of it: Shard(0) ->
+  Replicate, 2 -> 1 or 1 -> 2 ranks) they land straight in the planner's target; otherwise
+  (another shard dim) the span from the first to the last needed element is read into a
+  temporary and narrowed into the target on the device (for a split along the last dim, twice
+  the bytes the rank needs: the rows' other halves lie between them).
 - **Async staging.** ``stage`` (used by ``dcp.async_save``) copies the state dict into daemon
   slabs (leases) instead of CPU memory: plain tensors, the local tensor of each DTensor and the
   local shards of each ShardedTensor, by a device-to-device copy on the current stream that the
@@ -36,7 +40,8 @@ GDSFileSystemReader loads what the stock writer saves. What changes is how bytes
   ``AsyncCheckpointerType.PROCESS``, whose snapshot must cross processes), the whole dict is.
   A staged snapshot of 512 MiB or more per rank goes to up to 4 data files of a rank (the
   layout ``thread_count=4`` gives), written in parallel: one file's writeback is slower than
-  the disk. The session of a finished snapshot stays open, holding no lease, for the next snapshot of the
+  the disk; each file's writes start as soon as it is laid out when the filesystem has room
+  for an upper bound of the save (else every file is laid out and checked first). The session of a finished snapshot stays open, holding no lease, for the next snapshot of the
   process (of any writer), so that its slabs need not be mapped again; ``close_staging()``
   closes it.
 
@@ -55,12 +60,14 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import io
 import os
 import re
 import sys
 import threading
+import time
 from typing import Any
 
 import torch
@@ -93,6 +100,10 @@ _STAGED_FILE_BYTES = 256 << 20
 # A staged snapshot's writes start the file's writeback this often (FLUSH_BYTES is for writes
 # that copy as they go): the leases are ready at once, so the disk should start at once too.
 _STAGED_FLUSH_BYTES = 128 << 20
+# Bytes a tensor item's archive takes beyond its tensor's at most (headers, data.pkl, small
+# records, central directory, 4 KiB alignment of the record and of the item): an upper bound
+# for _surely_fits (the archive of a 4-dim tensor takes about 10 KiB more than its bytes).
+_ITEM_SLACK = 1 << 20
 # Temporaries (of resharded reads) that one batch of a file's reads may hold before it is flushed.
 _BATCH_TEMP = 1 << 30
 # Data files this writer names over an existing checkpoint: __{rank}_{n}.{save id prefix}.distcp.
@@ -159,6 +170,25 @@ def _align_up(n: int, a: int = _ALIGN) -> int:
     return -(-n // a) * a
 
 
+class _CachedBytes:
+    """A save planner whose byte items are resolved once (stock planners torch.save the object
+    anew on every resolve_data); everything else passes through."""
+
+    def __init__(self, planner: Any) -> None:
+        self._planner = planner
+        self._bytes: dict[Any, Any] = {}
+
+    def resolve_data(self, wi: Any) -> Any:
+        if wi.type != WriteItemType.BYTE_IO:
+            return self._planner.resolve_data(wi)
+        if wi.index not in self._bytes:
+            self._bytes[wi.index] = self._planner.resolve_data(wi)
+        return self._bytes[wi.index]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+
 class _FileLayout:
     """One data file of a save, laid out (GDSFileSystemWriter._layout_file) before any is written."""
 
@@ -189,9 +219,14 @@ class GDSFileSystemWriter(FileSystemWriter):
     # writes them (so that ext4 runs its O_DIRECT writes in parallel as overwrites). Off: measured
     # on ext4 through the mount, fallocate while the other files' writes run stalls (up to 80 ms)
     # and makes their fsyncs longer, for no faster writes (docs/benchmarks.md, "Staged save vs
-    # the disk"); _check_space refuses a save that cannot fit instead. scripts/gpu/dcp_check.py
-    # turns it on per writer for its A/B.
+    # the disk"); _check_space refuses a save that cannot fit instead (GPU run of 12-01 21:00:
+    # fallocate 1.01x / 0.99x the save without it).
     _prealloc = False
+    # The most data files a staged snapshot of a rank goes to (None: _STAGED_FILES), each of at
+    # least _STAGED_FILE_BYTES * _STAGED_FILES / that many bytes. scripts/gpu/dcp_check.py sets
+    # 8 per writer for its A/B of the layout: on ext4 a file's O_DIRECT writes past its end run
+    # one at a time, so the files are the save's parallel streams.
+    _files_max: int | None = None
 
     def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, staging: str = "gdsfs",
                  **kwargs: Any) -> None:
@@ -241,8 +276,6 @@ class GDSFileSystemWriter(FileSystemWriter):
 
     def write_data(self, plan: Any, planner: Any) -> Future:
         """Write the plan's items as stock DCP does, tensor bytes through gdsfs."""
-        import time
-
         self.save_times = {k: v for k, v in self.save_times.items() if k in ("stage_s", "t_staged")}
         self.save_times["t_write_data"] = time.perf_counter()
         root = os.fspath(self.path)
@@ -276,14 +309,25 @@ class GDSFileSystemWriter(FileSystemWriter):
         # Names this save may put in place; those there before it are not its to remove.
         there_before = {name for name, _ in files if os.path.lexists(os.path.join(root, name))}
         try:
-            layouts = [self._layout_file(name, items, planner) for name, items in files]
-            self._check_space(root, layouts)
+            layouts: list[_FileLayout] = []
+            if nstaged > 1:
+                planner = _CachedBytes(planner)  # _surely_fits and _layout_file both resolve byte items
+            # Room for the save whatever its exact layout: each file's writes start as soon as it
+            # is laid out, while the next one is (laying out every file first, for _check_space,
+            # delayed the first write by ~10 ms of a ~550 ms save).
+            streamed = nstaged > 1 and self._surely_fits(root, files, planner)
+            if not streamed:
+                layouts = [self._layout_file(name, items, planner) for name, items in files]
+                self._check_space(root, layouts)
             if nstaged > 1:
                 from concurrent.futures import ThreadPoolExecutor
 
                 # Leaving the with block waits for every write: none renames after the cleanup.
                 with ThreadPoolExecutor(len(files), thread_name_prefix="gdsfs-dcp-write") as ex:
-                    futs = [ex.submit(self._write_file, os.path.join(root, lay.name), lay) for lay in layouts]
+                    futs = []
+                    for k, (name, items) in enumerate(files):
+                        lay = self._layout_file(name, items, planner) if streamed else layouts[k]
+                        futs.append(ex.submit(self._write_file, os.path.join(root, lay.name), lay))
                     for f in futs:
                         results += f.result()
             else:
@@ -339,7 +383,8 @@ class GDSFileSystemWriter(FileSystemWriter):
         """How many data files this rank's staged snapshot goes to (1: not staged, or small)."""
         with self._staged_lock:
             nbytes = sum(int(ref.valid) for _, ref in self._staged.values())
-        return max(1, min(_STAGED_FILES, nbytes // _STAGED_FILE_BYTES))
+        most = max(1, self._files_max or _STAGED_FILES)
+        return max(1, min(most, nbytes * most // (_STAGED_FILE_BYTES * _STAGED_FILES)))
 
     @staticmethod
     def _split_staged(n: int, items: list[Any], planner: Any) -> list[list[Any]]:
@@ -408,6 +453,26 @@ class GDSFileSystemWriter(FileSystemWriter):
         lay.size = pos
         return lay
 
+    @staticmethod
+    def _surely_fits(root: str, files: list[tuple[str, list[Any]]], planner: Any) -> bool:
+        """True when the filesystem has room for the save by an upper bound of its size (each
+        tensor item's bytes plus _ITEM_SLACK for its archive's records and alignment, each byte
+        item's bytes), so that _check_space, which needs every file laid out first, could not
+        refuse it. False: lay out everything and let _check_space decide."""
+        need = 0
+        for _name, items in files:
+            for wi in items:
+                data = planner.resolve_data(wi)
+                if wi.type == WriteItemType.BYTE_IO:
+                    need += data.getbuffer().nbytes if isinstance(data, io.BytesIO) else len(bytes(data))
+                else:
+                    need += data.numel() * data.element_size() + _ITEM_SLACK
+        try:
+            st = os.statvfs(root)
+        except OSError:
+            return False
+        return bool(st.f_blocks) and need <= st.f_bavail * st.f_frsize
+
     def _check_space(self, root: str, layouts: list["_FileLayout"]) -> None:
         """Refuse, before any file is created, a save the filesystem has no room for: a save that
         ran out of space part way would have written (and then removed) up to its full size for
@@ -426,8 +491,6 @@ class GDSFileSystemWriter(FileSystemWriter):
     def _write_file(self, path: str, lay: "_FileLayout") -> list[Any]:
         """Write one laid-out data file under a temporary name, fsync it and rename it into place
         (the directory fsync that makes the name durable is write_data's, once for all files)."""
-        import time
-
         small, data = list(lay.small), list(lay.data)
         for pos, t, size in lay.copies:
             if t.device.type not in ("cpu", "cuda"):
@@ -458,6 +521,8 @@ class GDSFileSystemWriter(FileSystemWriter):
                     phase("prealloc_s")
                 self._wait_copies()  # the staging copies into the leases are done
                 phase("copies_wait_s")
+                with self._times_lock:  # when the save's first lease write began
+                    self.save_times.setdefault("t_first_write", last[0])
                 _write_leases(fd, direct, _STAGED_FLUSH_BYTES if sync else 0, self._direct_min)
                 phase("lease_writes_s")
                 if self._release_early:
@@ -487,8 +552,6 @@ class GDSFileSystemWriter(FileSystemWriter):
         left by a crashed save, are ever removed, and never one the new results name: other
         files, and those of a ``.metadata`` this torch cannot read, stay.
         """
-        import time
-
         t0 = time.perf_counter()
         root = os.fspath(self.path)
         collective = getattr(self, "use_collectives", True)
@@ -529,7 +592,6 @@ class GDSFileSystemWriter(FileSystemWriter):
         the pool (docs/operations.md). Off gdsfs, with ``staging="cpu"``, or for a storage
         format only the stock writer writes, the whole dict is staged the stock way.
         """
-        import time
 
         t0 = time.perf_counter()
         try:
@@ -954,9 +1016,14 @@ class GDSFileSystemReader(FileSystemReader):
     def __init__(self, path: str | os.PathLike, *args: Any, strict: bool = False, **kwargs: Any) -> None:
         super().__init__(path, *args, **kwargs)
         self._strict = strict
+        # Where the last read_data's time went (seconds; scripts/gpu/dcp_check.py prints them):
+        # plan_s decoding headers and planning reads (the READs of earlier files run meanwhile),
+        # wait_s waiting for READs and copies to land, commit_s copying temporaries into
+        # targets and committing; files, items.
+        self.load_times: dict[str, float] = {}
 
     def read_data(self, plan: Any, planner: Any) -> Future:
-        """Load the plan's items: pickles decoded here, tensor bytes in one batch per file."""
+        """Load the plan's items: pickles decoded here, tensor bytes read in flight across files."""
         root = os.fspath(self.path)
         infos = [self.storage_data[req.storage_index] for req in plan.items]
         if any(getattr(i, "transform_descriptors", None) for i in infos) or not on_gdsfs(root, strict=self._strict, cause=_OFF_MOUNT):
@@ -965,61 +1032,57 @@ class GDSFileSystemReader(FileSystemReader):
         for req, info in zip(plan.items, infos):
             per_file.setdefault(info.relative_path, []).append(req)
         batch = _default_hooks(planner)
-        reads = _Reads(self._strict)  # one session for every file: its slab mappings are made once
-        try:
-            for rel, reqs in per_file.items():
-                reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
-                self._read_file(os.path.join(root, rel), reqs, planner, batch, reads)
-        finally:
-            reads.close()
+        reads = _Reads(self._strict, planner)  # one session for every file: its slab mappings are made once
+        t0 = time.perf_counter()
+        with contextlib.ExitStack() as files:  # open until the last read of the call has landed
+            try:
+                for rel, reqs in per_file.items():
+                    reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
+                    path = os.path.join(root, rel)
+                    fh = files.enter_context(open(path, "rb", buffering=_BUFFER))
+                    self._read_file(path, fh, reqs, planner, batch, reads)
+                reads.flush()
+            finally:
+                reads.close()  # before the files close: READs in flight name their descriptors
+        total = time.perf_counter() - t0
+        self.load_times = {"plan_s": total - reads.wait_s - reads.commit_s, "wait_s": reads.wait_s,
+                           "commit_s": reads.commit_s, "files": len(per_file), "items": len(plan.items)}
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
-    def _read_file(self, path: str, reqs: list[Any], planner: Any, batch: bool, io_: "_Reads") -> None:
-        with open(path, "rb", buffering=_BUFFER) as fh:
-            fd = fh.fileno()
-            # (req, target, source to copy into the target or None when the bytes land in it)
-            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
-            items: list[tuple[int, torch.Tensor]] = []
-            held = 0  # bytes of temporaries the pending items hold
-
-            def flush() -> None:
-                nonlocal held
-                if items:
-                    io_.read(path, fd, list(items))
-                for req, target, src in pending:
-                    if src is not None:
-                        if src.size() != target.size():
-                            raise ValueError(f"gdsfs: {req.storage_index} has size {tuple(src.size())}, the target {tuple(target.size())}")
-                        target.copy_(src)
-                    planner.commit_tensor(req, target)
-                items.clear()
-                pending.clear()
-                held = 0
-
-            for req in reqs:
-                info = self.storage_data[req.storage_index]
-                if req.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(req, io.BytesIO(os.pread(fd, info.length, info.offset)))
-                    continue
-                target = planner.resolve_tensor(req).detach()
-                dev = target.device if target.device.type in ("cpu", "cuda") else torch.device("cpu")
-                got = self._plan_read(fh, info, req, target, dev)
-                if got is None:  # the archive needs torch.load: read it whole, then narrow
-                    fh.seek(info.offset)
-                    saved = torch.load(io.BytesIO(fh.read(info.length)), map_location="cpu", weights_only=True)
-                    target.copy_(_narrow(saved, req.storage_offsets, req.lengths))
-                    planner.commit_tensor(req, target)
-                    continue
-                reads, src = got
-                items.extend(reads)
-                pending.append((req, target, src))
-                if src is not None:
-                    held += sum(t.numel() for _, t in reads)
-                if not batch or held >= _BATCH_TEMP:
-                    flush()
-            flush()
+    def _read_file(self, path: str, fh: Any, reqs: list[Any], planner: Any, batch: bool, io_: "_Reads") -> None:
+        """Plan one file's items and start their reads (``io_`` finishes them: its flush)."""
+        fd = fh.fileno()
+        items: list[tuple[int, torch.Tensor]] = []
+        pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
+        temp = 0  # bytes of the temporaries of pending
+        for req in reqs:
+            info = self.storage_data[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(os.pread(fd, info.length, info.offset)))
+                continue
+            target = planner.resolve_tensor(req).detach()
+            dev = target.device if target.device.type in ("cpu", "cuda") else torch.device("cpu")
+            got = self._plan_read(fh, info, req, target, dev)
+            if got is None:  # the archive needs torch.load: read it whole, then narrow
+                fh.seek(info.offset)
+                saved = torch.load(io.BytesIO(fh.read(info.length)), map_location="cpu", weights_only=True)
+                target.copy_(_narrow(saved, req.storage_offsets, req.lengths))
+                planner.commit_tensor(req, target)
+                continue
+            reads, src = got
+            items.extend(reads)
+            pending.append((req, target, src))
+            if src is not None:
+                temp += sum(t.numel() for _, t in reads)
+            if not batch or io_.held + temp >= _BATCH_TEMP:
+                io_.add(path, fd, items, pending, temp)  # flushes once the temporaries reach _BATCH_TEMP
+                items, pending, temp = [], [], 0
+                if not batch:  # the planner's hooks may need each commit before the next resolve
+                    io_.flush()
+        if items or pending:
+            io_.add(path, fd, items, pending, temp)
 
     def _plan_read(self, fh: Any, info: Any, req: Any, target: torch.Tensor,
                    dev: torch.device) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor | None] | None:
@@ -1080,42 +1143,99 @@ class GDSFileSystemReader(FileSystemReader):
 
 
 class _Reads:
-    """Reads of one ``read_data`` call through one daemon session (what ``transfer`` does per
-    file: each session that closes drops the slab mappings no other open session of the process
-    uses, so a session per file would map the slabs anew for every file of a resharded load).
+    """Reads of one ``read_data`` call through one daemon session and one ReadPipeline: the READs
+    of every file of the call in flight together, started as each file's items are planned (a
+    session per file would map the slabs anew for every file of a resharded load: each session
+    that closes drops the slab mappings no other open session of the process uses; a read_into
+    per file would read the files one after the other, each from an empty pipeline).
 
-    When the daemon cannot serve, the rest of the call reads with plain I/O after the one-time
-    GDSFallbackWarning (``strict=True`` raises instead); positional reads make a redo safe.
+    ``add`` starts the reads of some items of a file and keeps what to do once they land (copy a
+    temporary into its target, commit); ``flush`` waits for them all and does it. Temporaries
+    (of resharded reads that are not one run of the saved bytes) are flushed once they hold
+    _BATCH_TEMP bytes. When the daemon cannot serve, what was added since the last flush and the
+    rest of the call are read with plain I/O after the one-time GDSFallbackWarning
+    (``strict=True`` raises instead); positional reads make the redo safe.
     """
 
-    def __init__(self, strict: bool) -> None:
+    def __init__(self, strict: bool, planner: Any) -> None:
         self._strict = strict
+        self._planner = planner
         self._mover: Any = None
+        self._pipe: Any = None
         self._plain = False
+        self._added: list[tuple[str, int, list[tuple[int, torch.Tensor]]]] = []  # since the last flush
+        self._pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
+        self._held = 0  # bytes of temporaries the pending items hold
+        self.wait_s = 0.0  # in flush, waiting for the reads to land
+        self.commit_s = 0.0  # in flush, copying temporaries and committing
 
-    def read(self, path: str, fd: int, items: list[tuple[int, torch.Tensor]]) -> None:
-        from gdsfs._ckpt.tensorio import PosixMover, open_mover
+    @property
+    def held(self) -> int:
+        """Bytes of temporaries the items added since the last flush hold."""
+        return self._held
 
-        if not self._plain:
-            if self._mover is None:
-                self._mover = open_mover(path, strict=self._strict)
-            if isinstance(self._mover, PosixMover):
+    def add(self, path: str, fd: int, items: list[tuple[int, torch.Tensor]],
+            pending: list[tuple[Any, torch.Tensor, torch.Tensor | None]], temp: int) -> None:
+        """Start reading ``items`` of ``fd`` (``path``); ``pending`` (req, target, temporary's view
+        or None) is done at the flush, ``temp`` is the bytes of their temporaries."""
+        self._pending.extend(pending)
+        self._held += temp
+        if items:
+            self._added.append((path, fd, items))
+            self._daemon(lambda p: p.add(fd, items), path)
+        if self._held >= _BATCH_TEMP:
+            self.flush()
+
+    def flush(self) -> None:
+        """Finish every read added so far, then copy the temporaries and commit, in order."""
+        t0 = time.perf_counter()
+        if self._added:
+            self._daemon(lambda p: p.drain(), self._added[-1][0])
+        if self._plain:
+            from gdsfs._ckpt.tensorio import PosixMover
+
+            for _path, fd, items in self._added:
+                PosixMover().read_into(fd, items)
+        self._added = []
+        t1 = time.perf_counter()
+        pending, self._pending, self._held = self._pending, [], 0
+        for req, target, src in pending:
+            if src is not None:
+                if src.size() != target.size():
+                    raise ValueError(f"gdsfs: {req.storage_index} has size {tuple(src.size())}, the target {tuple(target.size())}")
+                target.copy_(src)
+            self._planner.commit_tensor(req, target)
+        self.wait_s += t1 - t0
+        self.commit_s += time.perf_counter() - t1
+
+    def _daemon(self, step: Any, path: str) -> None:
+        """Run ``step(pipeline)`` unless reads are plain; a daemon that cannot serve turns them plain
+        (flush then reads with plain I/O everything added since the last flush)."""
+        from gdsfs._ckpt.tensorio import DaemonMover, ReadPipeline, open_mover
+
+        if self._plain:
+            return
+        if self._mover is None:
+            self._mover = open_mover(path, strict=self._strict)
+            if not isinstance(self._mover, DaemonMover):  # off gdsfs after all: plain reads
                 self._plain = True
-            else:
-                try:
-                    self._mover.read_into(fd, items)
-                    return
-                except GDSUnavailableError as e:
-                    if self._strict:
-                        raise
-                    self.close()
-                    self._plain = True
-                    warn_fallback(f"the daemon could not serve {path!r} ({e})", cause=f"transfer errno {e.errno}")
-        PosixMover().read_into(fd, items)
+                return
+            self._pipe = ReadPipeline(self._mover)
+        try:
+            step(self._pipe)
+        except GDSUnavailableError as e:
+            if self._strict:
+                raise
+            self.close()
+            self._plain = True
+            warn_fallback(f"the daemon could not serve {path!r} ({e})", cause=f"transfer errno {e.errno}")
 
     def close(self) -> None:
         from gdsfs._ckpt.tensorio import close_mover
 
+        if self._pipe is not None:
+            pipe, self._pipe = self._pipe, None
+            pipe.close()
         if self._mover is not None:
             close_mover(self._mover)
             self._mover = None

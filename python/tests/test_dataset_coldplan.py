@@ -180,7 +180,7 @@ def _run(ds: Any) -> Any:
             batches = list(gt.DataLoader(ds, batch_size=1))
         for b in batches:
             t = b["x.npy"][0]
-            out.append((b["__key__"][0], tuple(t.shape), str(t.dtype), t.numpy().tobytes()))
+            out.append((b["__key__"][0], tuple(t.shape), str(t.dtype), t.cpu().numpy().tobytes()))
         return out
     except Exception as e:  # noqa: BLE001 - compared with the oracle's
         return (type(e).__name__, str(e))
@@ -340,7 +340,7 @@ def test_a_persistent_worker_plans_a_rewritten_shard_anew(gdsfs_mount) -> None:
         ms = [m for m in tf if m.name.endswith(".x.npy")]
     ds = gt.GDSShardDataset(os.path.join(mnt, "p.tar"), gpu_keys=["x.npy"], strict=True)
     dl = gt.DataLoader(ds, batch_size=4, num_workers=1, persistent_workers=True)
-    first = {k: b["x.npy"][i].numpy().copy() for b in dl for i, k in enumerate(b["__key__"])}
+    first = {k: b["x.npy"][i].cpu().numpy().copy() for b in dl for i, k in enumerate(b["__key__"])}
     assert {v.shape for v in first.values()} == {(1024,)}
     want = {}
     with open(os.path.join(mnt, "p.tar"), "r+b") as f:
@@ -352,7 +352,7 @@ def test_a_persistent_worker_plans_a_rewritten_shard_anew(gdsfs_mount) -> None:
             f.write(raw)
             want[m.name[: -len(".x.npy")]] = a
     ds.set_epoch(1)
-    got = {k: b["x.npy"][i].numpy().copy() for b in dl for i, k in enumerate(b["__key__"])}
+    got = {k: b["x.npy"][i].cpu().numpy().copy() for b in dl for i, k in enumerate(b["__key__"])}
     assert got.keys() == want.keys()
     for k in want:
         assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape and np.array_equal(got[k], want[k]), k

@@ -167,7 +167,7 @@ def _run(path: str, strip: bool, handler: str = "raise") -> Any:
         out = []
         for b in gt.DataLoader(ds, batch_size=1):
             t = b.materialize()["x"][0]
-            out.append((b["__key__"][0], str(t.dtype), tuple(t.shape), t.numpy().tobytes()))
+            out.append((b["__key__"][0], str(t.dtype), tuple(t.shape), t.cpu().numpy().tobytes()))
         return out
     except Exception as e:  # noqa: BLE001 - compared with the other run's
         return (type(e).__name__, str(e))
@@ -221,7 +221,7 @@ def test_a_persistent_worker_plans_a_rewritten_mds_shard_anew(gdsfs_mount) -> No
     dl = gt.DataLoader(ds, batch_size=4, num_workers=1, persistent_workers=True)
 
     def epoch(dl: Any) -> dict[str, np.ndarray]:
-        return {r["__key__"]: r["x"].numpy().copy() for b in dl for r in _rows(b)}
+        return {r["__key__"]: r["x"].cpu().numpy().copy() for b in dl for r in _rows(b)}
 
     got = epoch(dl)
     assert {(v.dtype.name, v.shape) for v in got.values()} == {("float32", (4, 16))}

@@ -132,14 +132,14 @@ def _check(samples: Iterator[tuple[str, bytes, str]], versions: list[dict[str, t
 
 def _plain(it: Iterator[Any]) -> Iterator[tuple[str, bytes, str]]:
     for s in it:
-        yield s["__key__"], s["x.npy"].materialize().numpy().tobytes(), s["txt"]
+        yield s["__key__"], s["x.npy"].materialize().cpu().numpy().tobytes(), s["txt"]
 
 
 def _batches(it: Iterator[Any]) -> Iterator[tuple[str, bytes, str]]:
     for b in it:
         x = b["x.npy"]
         for i, key in enumerate(b["__key__"]):
-            yield key, x[i].numpy().tobytes(), b["txt"][i]
+            yield key, x[i].cpu().numpy().tobytes(), b["txt"][i]
 
 
 def _changed_or_consistent(run: Callable[[], list[str]], *paths: str) -> tuple[list[str], BaseException | None]:
@@ -269,10 +269,10 @@ def test_off_a_mount_plain_reads_see_the_change_too(tmp_path, how: str) -> None:
         ds = gt.GDSShardDataset(p, gpu_keys=["x.npy"], read_ahead=8)
     assert ds.session is None
     it = iter(ds)
-    got = _check(((s["__key__"], s["x.npy"].numpy().tobytes(), s["txt"]) for _, s in zip(range(8), it)), [old])
+    got = _check(((s["__key__"], s["x.npy"].cpu().numpy().tobytes(), s["txt"]) for _, s in zip(range(8), it)), [old])
     _write_in_place(p, _rewrites()[how](rng, p))
     versions = [old] + ([_oracle(p)] if how != "half" else [])
-    rest, err = _changed_or_consistent(lambda: _check(((s["__key__"], s["x.npy"].numpy().tobytes(), s["txt"]) for s in it), versions), p)
+    rest, err = _changed_or_consistent(lambda: _check(((s["__key__"], s["x.npy"].cpu().numpy().tobytes(), s["txt"]) for s in it), versions), p)
     assert err is not None, f"{len(got) + len(rest)} samples after a {how} rewrite, no error"
     ds.close()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import warnings
 
@@ -259,24 +260,59 @@ def test_next_snapshot_reuses_the_kept_session(small_mount, monkeypatch):
     assert int(small_mount.stats()["sessions"]) == sessions0
 
 
-def test_large_staged_snapshot_goes_to_parallel_files(gdsfs_mount, monkeypatch):
+@pytest.mark.parametrize("files_max,want", [(None, 4), (8, 8)])
+def test_large_staged_snapshot_goes_to_parallel_files(gdsfs_mount, monkeypatch, files_max, want):
     """A staged snapshot of at least 2 x _STAGED_FILE_BYTES is written to up to 4 data files in
-    parallel (one file's writeback is slower than the disk); the stock and gdsfs readers load it."""
+    parallel (one file's writeback is slower than the disk), or to up to _files_max (the layout
+    A/B of scripts/gpu/dcp_check.py); the stock and gdsfs readers load it."""
     monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)
-    d = gdsfs_mount.path("staging-files")
-    src = {k: v for k, v in tensors(5, mib3=5).items() if k != "big"}
+    d = gdsfs_mount.path(f"staging-files-{files_max}")
+    src = {k: v for k, v in tensors(5, mib3=9).items() if k != "big"}
     with warnings.catch_warnings():
         warnings.simplefilter("error", GDSFallbackWarning)
         w = gdcp.GDSFileSystemWriter(d)
+        w._files_max = files_max
         staged = w.stage(src)
         assert w.stage_stats["stock_bytes"] == 0
         S.save(staged, w)
     names = sorted(n for n in os.listdir(d) if n.endswith(".distcp"))
-    assert names == [f"__0_{i}.distcp" for i in range(4)], names
+    assert names == sorted(f"__0_{i}.distcp" for i in range(want)), names
     assert same(read_dcp_raw(d), src)
     got = {k: torch.zeros_like(v) for k, v in src.items()}
     S.load(got, [], gdcp.GDSFileSystemReader(d))
     assert same(got, src)
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_staged_files_start_writing_before_the_last_is_laid_out(gdsfs_mount, monkeypatch):
+    """With room for the save by an upper bound of its size, the first data file's writes start
+    while the later files are still being laid out (before: every file was laid out, for the
+    space check, before any write began). The checkpoint is exact."""
+    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)
+    d = gdsfs_mount.path("staging-streamed")
+    src = {k: v for k, v in tensors(7, mib3=8).items() if k != "big"}
+    started = threading.Event()
+    order: list[str] = []
+    real_layout, real_write = gdcp.GDSFileSystemWriter._layout_file, gdcp.GDSFileSystemWriter._write_file
+
+    def layout(self, name, items, planner):
+        if name.startswith("__0_3"):
+            order.append(f"waited for a write: {started.wait(5)}")
+        return real_layout(self, name, items, planner)
+
+    def write(self, path, lay):
+        started.set()
+        return real_write(self, path, lay)
+
+    monkeypatch.setattr(gdcp.GDSFileSystemWriter, "_layout_file", layout)
+    monkeypatch.setattr(gdcp.GDSFileSystemWriter, "_write_file", write)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSFallbackWarning)
+        w = gdcp.GDSFileSystemWriter(d)
+        S.save(w.stage(src), w)
+    assert order == ["waited for a write: True"], order
+    assert sorted(n for n in os.listdir(d) if n.endswith(".distcp")) == [f"__0_{i}.distcp" for i in range(4)]
+    assert same(read_dcp_raw(d), src)
     assert gdsfs_mount.wait_leases(0) == 0
 
 

@@ -83,7 +83,7 @@ def _batches(ds: Any, workers: int) -> list[dict[str, Any]]:
     for b in gt.DataLoader(ds, batch_size=16, num_workers=workers):
         x = b["x.npy"]
         x = x.materialize() if hasattr(x, "materialize") else x
-        out.append({"key": list(b["__key__"]), "cls": [int(c) for c in b["cls"]], "x": x.numpy().tobytes()})
+        out.append({"key": list(b["__key__"]), "cls": [int(c) for c in b["cls"]], "x": x.cpu().numpy().tobytes()})
     return out
 
 

@@ -149,6 +149,12 @@ def _read_ranges(path: str) -> int:
     return int(gdsfs.status(path)["counters"]["read_ranges"])
 
 
+def _reads(path: str) -> int:
+    import gdsfs
+
+    return int(gdsfs.status(path)["counters"]["reads"])
+
+
 @pytest.mark.parametrize("how", ["dataloader", "map", "stock"])
 def test_a_batchs_adjacent_samples_share_one_read_range(gdsfs_mount, how: str) -> None:
     """gdsfs.torch.DataLoader's workers read one range per run of a batch's adjacent samples of
@@ -164,7 +170,7 @@ def test_a_batchs_adjacent_samples_share_one_read_range(gdsfs_mount, how: str) -
         dl = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=gt.collate)
     else:
         dl = gt.DataLoader(ds, batch_size=8, num_workers=2)
-    before = _read_ranges(paths[0])
+    before, reads0 = _read_ranges(paths[0]), _reads(paths[0])
     seen: dict[str, bytes] = {}
     batches = 0
     for b in dl:
@@ -174,14 +180,16 @@ def test_a_batchs_adjacent_samples_share_one_read_range(gdsfs_mount, how: str) -
         for i, key in enumerate(b["__key__"]):
             assert key not in seen, f"{key} delivered twice"
             seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
-    ranges = _read_ranges(paths[0]) - before
+    ranges, reads = _read_ranges(paths[0]) - before, _reads(paths[0]) - reads0
     assert seen == truth
     if how == "dataloader":
         # A batch is 8 consecutive samples of a worker's block: one range, two where it
         # crosses from one shard into the next.
         assert ranges <= 2 * batches, (ranges, batches)
     else:
-        assert ranges == len(truth), ranges
+        # One per sample, besides the empty range of each READ that checks a shard's version
+        # after the CPU fields' preads (at most one per READ of samples).
+        assert len(truth) <= ranges <= len(truth) + reads // 2, (ranges, reads)
     del dl, b
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0

@@ -756,6 +756,38 @@ def _record_pid(piddir: str, _worker_id: int) -> None:
     open(os.path.join(piddir, str(os.getpid())), "w").close()
 
 
+def _time_first_read(d: str, _worker_id: int) -> None:
+    """worker_init_fn of the cold runs: writes d/PID with the wall-clock times this worker
+    started and sent its first READ (what of a fresh loader's first batch is worker start and
+    planning, and what the disk)."""
+    from gdsfs import _core
+
+    started, real = time.time(), _core.Session.read
+
+    def read(self: Any, *args: Any, **kw: Any) -> Any:
+        if _core.Session.read is read:
+            _core.Session.read = real  # type: ignore[method-assign]
+            with open(os.path.join(d, str(os.getpid())), "w") as f:
+                f.write(f"{started} {time.time()}")
+        return real(self, *args, **kw)
+
+    _core.Session.read = read  # type: ignore[method-assign]
+
+
+def _first_reads(d: str, t0: float) -> str:
+    """The cold run's worker start and first READ times (from _time_first_read), first-last."""
+    st, rd = [], []
+    for name in os.listdir(d):
+        with open(os.path.join(d, name)) as f:
+            a, b = (float(x) for x in f.read().split())
+        st.append(a - t0)
+        rd.append(b - t0)
+    shutil.rmtree(d, ignore_errors=True)
+    if not st:
+        return "no worker READ recorded"
+    return f"workers started after {min(st):.3f}-{max(st):.3f} s, their first READs after {min(rd):.3f}-{max(rd):.3f} s"
+
+
 def correctness(shards: list[str], batch: int, sample_bytes: int, ref: dict[str, str]) -> list[str]:
     """Errors found checking values, once-only delivery and worker contexts."""
     errs: list[str] = []
@@ -953,8 +985,13 @@ def main() -> int:
                         continue
                     else:
                         before = _readahead_counters(shards_m[0])
-                        secs, n, nb = timed(make(), plain)
+                        reads_dir, t0 = tempfile.mkdtemp(prefix="gdsfs-first-reads-"), time.time()
+                        secs, n, nb = timed(make() if plain else make(worker_init_fn=functools.partial(_time_first_read, reads_dir)), plain)
                         log(f"{name} cold {label}: first batch after {Opts.first_batch_s:.3f} s (worker start, planning, the first READs)")
+                        if not plain:
+                            log(f"{name} cold {label}: {_first_reads(reads_dir, t0)} (from the dataset's construction)")
+                        else:
+                            shutil.rmtree(reads_dir, ignore_errors=True)
                         if not plain:
                             after = _readahead_counters(shards_m[0])
                             log(f"{name} cold {label}: the daemon read ahead {after[0] - before[0]} windows, "

@@ -4,6 +4,10 @@
 Usage: dcp_check.py MOUNTPOINT BACKING_DIR [--gib 1] [--tensor-mib 32] [--step-ms 250]
                     [--parts disk,blocked,loop,reshard] [--json PATH]
 
+(scripts/gpu-test.sh passes GDSFS_DCP_ARGS through: GDSFS_DCP_ARGS="--parts reshard" runs only
+the resharded loads, about a minute; "--parts blocked" only the async saves, which carry their
+own per-round disk probes.)
+
 MOUNTPOINT is a gdsfs mount serving BACKING_DIR (gdsfs mount --source BACKING_DIR MOUNTPOINT).
 Everything goes under <mount>/gdsfs-dcp-check/ and is removed at the end. Needs torch >= 2.x
 with CUDA (the GPU machine has torch 2.11). One GPU is enough: the "2 ranks" of the resharding
@@ -20,16 +24,24 @@ Parts (each runs on its own: one failing part never hides the others):
            on a one-rank mesh and as plain tensors, stock FileSystemWriter vs GDSFileSystemWriter:
            time blocked in async_save (until it returns), and the completion rate (payload /
            time until the save's future is done); the checkpoint is loaded back by the stock
-           reader and compared byte for byte. gdsfs rounds alternate with "gdsfs+fallocate"
-           rounds (the writer's _prealloc on: each data file fallocate'd before its writes, the
-           layout before 2026-12-01's change), an A/B of the same save in the same run.
+           reader and compared byte for byte. gdsfs rounds alternate with "gdsfs+8files"
+           rounds (the writer's _files_max = 8: the snapshot in 8 data files instead of 4), an
+           A/B of the layout in the same run (the fallocate A/B it replaces measured 1.01x /
+           0.99x on 12-01 21:00: preallocation stays off). Each
+           round starts with the disk probe (4 files, O_DIRECT), so that every save is also
+           compared with the disk's rate of its own round (the disk part's probes ran minutes
+           before, and one probe of this disk moves by +-7% from one round to the next).
 - loop:    20 training steps of about STEP_MS (matmuls + an in-place update of every tensor of the
            state dict), a dcp.async_save every 5 steps (waiting for the previous one first, as a
            training loop must), mean step time vs the same loop without saves.
 - reshard: a checkpoint of the same tensors saved by 2 ranks as Shard(0), loaded on 1 rank into
            Replicate DTensors, into Shard(0) DTensors (2 -> 1 ranks), and into plain tensors;
-           vs the matched load (a 1-rank checkpoint loaded into the same layout); warm page cache,
-           best of 2; results compared byte for byte with the stock reader's.
+           vs the matched load of the same target layout (the 1-rank checkpoint loaded into
+           plain, Shard(0) or Replicate targets); warm page cache. Each case is loaded once by
+           the stock reader and compared byte for byte, then the gdsfs loads of every case are
+           timed in RESHARD_ROUNDS interleaved rounds (median, best); each prints where
+           read_data's time went (planning, waiting for READs, commits: the reader's load_times).
+           The table also gives the old rule (vs the largest matched median).
 
 Targets (issue 14), printed in the closing table as met / NOT met:
 blocked <= 5% of stock; completion >= 0.9x the disk's write+fsync rate; step time rise < 5%;
@@ -61,6 +73,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import torch  # noqa: E402
 
 SUBDIR = "gdsfs-dcp-check"
+# gdsfs loads per resharding case, rounds interleaved across the cases (median and best reported).
+RESHARD_ROUNDS = 5
 FAILURES: list[str] = []
 RESULTS: dict[str, Any] = {}
 ROWS: list[tuple[str, str, str, str, str]] = []  # (what, stock, gdsfs, limit/target, verdict)
@@ -193,45 +207,56 @@ def daemon_pid(mount: str) -> int:
 # disk
 
 
-def disk_rate(backing: str, nbytes: int) -> float:
-    """The best write+fsync GB/s of nbytes into BACKING_DIR (1 and 4 files in parallel,
-    buffered and O_DIRECT, 64 MiB writes)."""
+def _probe_buffer() -> memoryview:
     import mmap
 
     raw = mmap.mmap(-1, 64 << 20)  # page-aligned (O_DIRECT), incompressible
     raw.write(os.urandom(1 << 20) * 64)
-    buf = memoryview(raw)
+    return memoryview(raw)
+
+
+def probe_once(backing: str, nbytes: int, nfiles: int, direct: bool, buf: memoryview) -> float:
+    """GB/s of one write+fsync of nbytes as nfiles files in parallel (64 MiB writes) in BACKING_DIR,
+    the files removed after; the disk settled after it."""
+    paths = [os.path.join(backing, f"disk-probe-{k}.bin") for k in range(nfiles)]
+    per = nbytes // nfiles // (64 << 20) * (64 << 20) or (64 << 20)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (getattr(os, "O_DIRECT", 0) if direct else 0)
+
+    def one(p: str) -> None:
+        fd = os.open(p, flags, 0o600)
+        try:
+            left = per
+            while left > 0:
+                left -= os.write(fd, buf[: min(len(buf), left)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    ths = [threading.Thread(target=one, args=(p,)) for p in paths]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    secs = time.perf_counter() - t0
+    for p in paths:
+        os.unlink(p)
+    settle(backing)  # the next probe, like every timed save, starts on an idle disk
+    return gbs(per * nfiles, secs)
+
+
+def disk_rate(backing: str, nbytes: int) -> float:
+    """The best write+fsync GB/s of nbytes into BACKING_DIR (1 and 4 files in parallel,
+    buffered and O_DIRECT, 64 MiB writes)."""
+    buf = _probe_buffer()
     best = 0.0
     for nfiles, direct in ((1, False), (4, False), (1, True), (4, True)):
-        paths = [os.path.join(backing, f"disk-probe-{k}.bin") for k in range(nfiles)]
+        rate = probe_once(backing, nbytes, nfiles, direct, buf)
         per = nbytes // nfiles // (64 << 20) * (64 << 20) or (64 << 20)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (getattr(os, "O_DIRECT", 0) if direct else 0)
-
-        def one(p: str) -> None:
-            fd = os.open(p, flags, 0o600)
-            try:
-                left = per
-                while left > 0:
-                    left -= os.write(fd, buf[: min(len(buf), left)])
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-        t0 = time.perf_counter()
-        ths = [threading.Thread(target=one, args=(p,)) for p in paths]
-        for th in ths:
-            th.start()
-        for th in ths:
-            th.join()
-        secs = time.perf_counter() - t0
-        rate = gbs(per * nfiles, secs)
         kind = "O_DIRECT" if direct else "buffered"
         log(f"disk: write+fsync {per * nfiles >> 20} MiB in {nfiles} file(s), {kind}: {rate:.2f} GB/s")
         RESULTS[f"disk_write_fsync_{nfiles}_{kind}_gbs"] = rate
         best = max(best, rate)
-        for p in paths:
-            os.unlink(p)
-        settle(backing)  # the next probe, like every timed save, starts on an idle disk
     RESULTS["disk_write_fsync_gbs"] = best
     disk_phase_ab(backing, nbytes)
     return best
@@ -303,7 +328,8 @@ def writer_for(which: str, d: str) -> Any:
     if which == "stock":
         return dcp.FileSystemWriter(d)
     w = gdcp.GDSFileSystemWriter(d)
-    w._prealloc = which == "gdsfs+fallocate"  # the A/B: each data file fallocate'd first
+    if which == "gdsfs+8files":  # the A/B: the snapshot in 8 data files instead of 4
+        w._files_max = 8
     return w
 
 
@@ -327,12 +353,20 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
     sd = env.state(kind)
     dpid = daemon_pid(env.mount)
     res: dict[str, dict[str, float]] = {}
-    ab = ("gdsfs", "gdsfs+fallocate")
-    # stock's rounds, then gdsfs and gdsfs+fallocate in alternating order, round by round
+    ab = ("gdsfs", "gdsfs+8files")
+    # stock's rounds, then per round the disk probe (4 files O_DIRECT, the disk part's best
+    # kind) and gdsfs and gdsfs+8files in alternating order: each gdsfs save is compared
+    # with the disk's rate of its own round, not only with one probe taken minutes before.
     schedule = [("stock", r) for r in range(rounds)] + [
-        (x, r) for r in range(rounds) for x in (ab if r % 2 == 0 else ab[::-1])]
+        (x, r) for r in range(rounds) for x in ("probe", *(ab if r % 2 == 0 else ab[::-1]))]
     runs: dict[str, tuple[list[float], list[float]]] = {x: ([], []) for x in ("stock", *ab)}
+    probes: list[float] = []
+    buf = _probe_buffer()
     for which, r in schedule:
+        if which == "probe":
+            probes.append(probe_once(env.backing, env.payload, 4, True, buf))
+            log(f"async_save {kind:7s} disk  round {r}: write+fsync 4 files O_DIRECT {probes[-1]:.2f} GB/s")
+            continue
         bl, dn = runs[which]
         d = os.path.join(env.base, f"async-{kind}-{which}-{r}")
         cpu0 = cpu_now(dpid)
@@ -340,8 +374,9 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
         blocked, done, w = one_async_save(env, sd, which, d)
         cpu1 = cpu_now(dpid)
         stats = getattr(w, "stage_stats", None)
+        vs = f", {gbs(env.payload, done) / probes[r]:.2f}x the disk probe of round {r}" if which != "stock" and r < len(probes) else ""
         log(f"async_save {kind:7s} {which:5s} round {r}: blocked {blocked * 1e3:8.1f} ms, done in {done:6.2f} s "
-            f"({gbs(env.payload, done):.2f} GB/s){f', staged {stats}' if stats else ''}")
+            f"({gbs(env.payload, done):.2f} GB/s{vs}){f', staged {stats}' if stats else ''}")
         if getattr(w, "save_times", None):
             log(f"async_save {kind:7s} {which:5s} round {r}: " + save_detail(
                 {"t_call": t_call, "blocked_s": blocked, "times": w.save_times, "t_done": t_call + done,
@@ -364,6 +399,10 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
         res[which] = {"blocked_s": statistics.median(bl[keep]), "done_s": statistics.median(dn[keep]),
                       "blocked_first_s": bl[0]}
     RESULTS[f"async_{kind}"] = res
+    keep = slice(1, None) if rounds > 1 else slice(None)
+    per_round = {x: [gbs(env.payload, d) / p for d, p in zip(runs[x][1], probes)] for x in ab}
+    RESULTS[f"async_{kind}_probe_gbs"] = probes
+    RESULTS[f"async_{kind}_vs_round_probe"] = per_round
     s, g = res["stock"], res["gdsfs"]
     ratio = g["blocked_s"] / s["blocked_s"] if s["blocked_s"] > 0 else float("inf")
     ROWS.append((f"async_save blocked, {env.payload >> 20} MiB {kind}", f"{s['blocked_s'] * 1e3:.1f} ms",
@@ -373,9 +412,14 @@ def blocked_part(env: Env, kind: str, rounds: int) -> None:
     ROWS.append((f"async_save completion, {kind}", f"{gbs(env.payload, s['done_s']):.2f} GB/s", f"{rate:.2f} GB/s",
                  f">= 0.9x disk {disk:.2f} GB/s" if disk else ">= 0.9x disk (not measured)",
                  verdict(rate >= 0.9 * disk) if disk else "-"))
-    fa = gbs(env.payload, res["gdsfs+fallocate"]["done_s"])
-    ROWS.append((f"  A/B: gdsfs+fallocate completion, {kind}", "-", f"{fa:.2f} GB/s ({fa / rate:.2f}x gdsfs)",
-                 "(the layout before)", "-"))
+    rr = statistics.median(per_round["gdsfs"][keep])
+    ROWS.append((f"  vs the disk probe of its round, {kind}", f"{statistics.median(probes[keep]):.2f} GB/s disk",
+                 f"{rr:.2f}x ({', '.join(f'{x:.2f}' for x in per_round['gdsfs'])})", ">= 0.9x, median of rounds 1..",
+                 verdict(rr >= 0.9)))
+    fa = gbs(env.payload, res["gdsfs+8files"]["done_s"])
+    r8 = statistics.median(per_round["gdsfs+8files"][keep])
+    ROWS.append((f"  A/B: gdsfs+8files completion, {kind}", "-", f"{fa:.2f} GB/s ({fa / rate:.2f}x gdsfs, {r8:.2f}x probe)",
+                 "(8 data files, not 4)", "-"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,6 +436,8 @@ def save_detail(rec: dict[str, Any]) -> str:
     if "t_write_data" in st:
         out.append(f"stage {st.get('stage_s', 0) * 1e3:.1f}")
         out.append(f"write_data at +{ms(st['t_write_data'] - t0)} (planning {ms(st['t_write_data'] - st.get('t_staged', t0))})")
+        if "t_first_write" in st:
+            out.append(f"first lease write at +{ms(st['t_first_write'] - t0)}")
         for k, name in (("create_s", "create"), ("prealloc_s", "fallocate"), ("copies_wait_s", "copies"),
                         ("lease_writes_s", "lease writes"), ("release_s", "release"), ("stock_writes_s", "stock writes"),
                         ("other_writes_s", "other writes"), ("commit_s", "fsync+rename"), ("dirsync_s", "dir fsync"),
@@ -573,52 +619,80 @@ def reshard_part(env: Env) -> None:
             out[f"layers.{i}.weight"] = z
         return {"model": out}
 
-    def load(reader: str, d: str, layout: str) -> tuple[float, dict[str, Any]]:
-        best, got = float("inf"), {}
-        for _ in range(2):
-            got = targets(layout)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            r = gdcp.GDSFileSystemReader(d) if reader == "gdsfs" else dcp.FileSystemReader(d)
-            dcp.load(got, storage_reader=r)
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t)
-        return gbs(env.payload, best), got
+    def load(reader: str, d: str, layout: str) -> tuple[float, dict[str, Any], dict[str, float]]:
+        got = targets(layout)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        r = gdcp.GDSFileSystemReader(d) if reader == "gdsfs" else dcp.FileSystemReader(d)
+        dcp.load(got, storage_reader=r)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t, got, dict(getattr(r, "load_times", {}) or {})
 
-    cases = [("matched (1 rank -> 1 rank, plain)", d1, "plain"),
-             ("matched (1 rank -> 1 rank, Shard(0))", d1, "shard0"),
-             ("Shard(0) 2 ranks -> Replicate, 1 rank", d2, "replicate"),
-             ("Shard(0) 2 ranks -> Shard(0), 1 rank", d2, "shard0"),
-             ("Shard(0) 2 ranks -> plain, 1 rank", d2, "plain")]
+    # (name, checkpoint, target layout, the matched case of the same target layout)
+    cases = [("matched (1 rank -> 1 rank, plain)", d1, "plain", None),
+             ("matched (1 rank -> 1 rank, Shard(0))", d1, "shard0", None),
+             ("matched (1 rank -> 1 rank, Replicate)", d1, "replicate", None),
+             ("Shard(0) 2 ranks -> Replicate, 1 rank", d2, "replicate", "matched (1 rank -> 1 rank, Replicate)"),
+             ("Shard(0) 2 ranks -> Shard(0), 1 rank", d2, "shard0", "matched (1 rank -> 1 rank, Shard(0))"),
+             ("Shard(0) 2 ranks -> plain, 1 rank", d2, "plain", "matched (1 rank -> 1 rank, plain)")]
     rates: dict[str, dict[str, float]] = {}
-    for name, d, layout in cases:
+    ok_cases = []
+    # Correctness first: each case once by the stock reader and once by gdsfs, byte for byte.
+    for name, d, layout, _m in cases:
         try:
-            rs, ref = load("stock", d, layout)
-            rg, got = load("gdsfs", d, layout)
+            ts, ref, _ = load("stock", d, layout)
+            _, got, _ = load("gdsfs", d, layout)
             bad = [k for k in got["model"] if not same_bits(local(got["model"][k]), local(ref["model"][k]))]
             wrong = [k for k in got["model"] if not same_bits(local(got["model"][k]), env.full[int(k.split(".")[1])])]
             if bad or wrong:
                 raise AssertionError(f"{name}: {len(bad)} tensors differ from the stock reader's, {len(wrong)} from the saved ones")
-            rates[name] = {"stock": rs, "gdsfs": rg}
-            log(f"reshard: {name}: stock {rs:.2f} GB/s, gdsfs {rg:.2f} GB/s (byte-equal to stock)")
+            rates[name] = {"stock": gbs(env.payload, ts)}
+            ok_cases.append((name, d, layout))
+            del ref, got
         except BaseException as e:  # noqa: BLE001 - one case's failure must not hide the others
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             FAILURES.append(f"reshard {name}: {type(e).__name__}: {e}")
             log(f"FAIL reshard {name}: {type(e).__name__}: {e}")
             traceback.print_exc(limit=10)
+    # Then the gdsfs loads timed, every case once per round, rounds in alternating order (a
+    # drift of the machine over the part hits matched and resharded alike): median and best.
+    times: dict[str, list[float]] = {n: [] for n, _, _ in ok_cases}
+    phases: dict[str, list[dict[str, float]]] = {n: [] for n, _, _ in ok_cases}
+    for r in range(RESHARD_ROUNDS):
+        for name, d, layout in (ok_cases if r % 2 == 0 else ok_cases[::-1]):
+            secs, got, lt = load("gdsfs", d, layout)
+            del got
+            times[name].append(secs)
+            phases[name].append(lt)
+    for name, _, _ in ok_cases:
+        ts = times[name]
+        rates[name].update({"gdsfs": gbs(env.payload, statistics.median(ts)), "gdsfs_best": gbs(env.payload, min(ts)),
+                            "ms": [round(x * 1e3, 1) for x in ts]})
+        ph = {k: statistics.median(p.get(k, 0.0) for p in phases[name]) * 1e3 for k in ("plan_s", "wait_s", "commit_s")}
+        files = phases[name][0].get("files", 0) if phases[name] else 0
+        log(f"reshard: {name}: stock {rates[name]['stock']:.2f} GB/s, gdsfs median {rates[name]['gdsfs']:.2f} GB/s "
+            f"(best {rates[name]['gdsfs_best']:.2f}; loads {' '.join(f'{x * 1e3:.0f}' for x in ts)} ms; read_data: "
+            f"{int(files)} file(s), planning {ph['plan_s']:.1f}, waiting for READs {ph['wait_s']:.1f}, commits "
+            f"{ph['commit_s']:.1f} ms; the rest of dcp.load {statistics.median(ts) * 1e3 - sum(ph.values()):.1f} ms) "
+            f"(byte-equal to stock)")
     RESULTS["reshard_gbs"] = rates
-    matched = max((rates[k]["gdsfs"] for k in rates if k.startswith("matched")), default=None)
-    for name, _, _ in cases:
-        if name not in rates:
+    # The old rule, kept beside the new one: the larger of the matched medians.
+    best_matched = max((rates[k]["gdsfs"] for k in rates if k.startswith("matched") and "gdsfs" in rates[k]), default=None)
+    for name, _, _, same in cases:
+        r = rates.get(name)
+        if not r or "gdsfs" not in r:
             continue
-        r = rates[name]
-        if name.startswith("matched"):
+        if same is None:
             ROWS.append((f"load {name}", f"{r['stock']:.2f} GB/s", f"{r['gdsfs']:.2f} GB/s", "(the matched rate)", "-"))
-        else:
-            ok = None if matched is None else r["gdsfs"] >= 0.7 * matched
-            ROWS.append((f"load {name}", f"{r['stock']:.2f} GB/s", f"{r['gdsfs']:.2f} GB/s",
-                         f">= 0.7x matched {matched:.2f} GB/s" if matched else ">= 0.7x matched (none)", verdict(ok)))
+            continue
+        m = rates.get(same, {}).get("gdsfs")
+        ok = None if m is None else r["gdsfs"] >= 0.7 * m
+        ROWS.append((f"load {name}", f"{r['stock']:.2f} GB/s", f"{r['gdsfs']:.2f} GB/s ({r['gdsfs'] / m:.2f}x)" if m else f"{r['gdsfs']:.2f} GB/s",
+                     f">= 0.7x matched {m:.2f} GB/s" if m else ">= 0.7x matched (none)", verdict(ok)))
+        if best_matched:
+            ROWS.append(("  vs the largest matched median", "-", f"{r['gdsfs'] / best_matched:.2f}x",
+                         f">= 0.7x {best_matched:.2f} GB/s", verdict(r["gdsfs"] >= 0.7 * best_matched)))
 
 
 # --------------------------------------------------------------------------------------------

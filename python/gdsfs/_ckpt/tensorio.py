@@ -487,6 +487,119 @@ class DaemonMover:
             self._s.release(leases)
 
 
+class ReadPipeline:
+    """READs of several files (or several calls' items) through one DaemonMover, in flight together.
+
+    ``add(fd, items)`` cuts the items into batches (at least READ_DEPTH of them when the items
+    allow) and starts READs at once, up to READ_DEPTH in flight, copying out those already done;
+    ``drain()`` waits until every byte added so far is in its destination. So the READs of one
+    file run while the caller decodes the next file's headers, and the READs of two files overlap
+    (one read_into call per file reads them one after the other, each call starting and ending its
+    own pipeline). Leases in flight stay within what ``read_into`` holds (its pipelined batches).
+
+    On EAGAIN (a full pool) what is in flight is finished first, then the rest goes through
+    read_into's one-at-a-time path (which waits or shrinks its batches). Any other error releases
+    every lease before it reaches the caller (``close`` after a failed ``add``/``drain`` is safe).
+    Not safe for concurrent calls.
+    """
+
+    def __init__(self, mover: "DaemonMover") -> None:
+        self._m = mover
+        self._depth = max(1, READ_DEPTH)
+        self._queue: list[tuple[int, int | None, list[tuple[int, torch.Tensor]]]] = []  # (fd, dev, batch)
+        self._inflight: list[tuple[int, int | None, list[tuple[int, torch.Tensor]], Any]] = []
+        self._pending = _Copies([])  # the last batch copied out, whose copies may still run
+        self._streams = _CopyStreams()
+        self._ex: Any = None
+        self._serial = False  # a READ saw EAGAIN: the rest goes one at a time
+
+    def add(self, fd: int, items: Sequence[tuple[int, torch.Tensor]]) -> None:
+        """Queue the reads of ``items`` (``(file offset, uint8 dest)``) of ``fd`` and start them."""
+        m = self._m
+        # Destinations made since the side streams were (a resharded read's temporaries) were
+        # allocated on the current stream: later copies wait for its work up to now, too.
+        self._streams.resync()
+        by_dev: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
+        for p in m._pieces(items):
+            if p[1].numel() > 0:
+                by_dev.setdefault(m.device_for(p[1]), []).append(p)
+        for dev, pieces in by_dev.items():
+            total = sum(t.numel() for _, t in pieces)
+            # At least _depth READs for these items when they are large enough, so that one file
+            # alone (a matched load) also has READs in flight together.
+            size = min(m._deep_batch, max(m._piece, -(-total // self._depth)))
+            self._queue.extend((fd, dev, b) for b in m._batches(pieces, size))
+        self._pump(wait=False)
+
+    def drain(self) -> None:
+        """Wait until everything added is in its destination (visible to the caller's stream)."""
+        self._pump(wait=True)
+        self._m._finish(self._pending)
+        self._pending = _Copies([])
+        self._streams.close()
+
+    def _submit(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._ex is None:
+            self._ex = ThreadPoolExecutor(max_workers=self._depth, thread_name_prefix="gdsfs-read")
+        fd, dev, batch = self._queue.pop(0)
+        ranges = [(off, t.numel()) for off, t in batch]
+        # timeout=0: a full pool answers EAGAIN at once rather than wait on memory we hold.
+        self._inflight.append((fd, dev, batch, self._ex.submit(self._m._read_mapped, fd, ranges, dev)))
+
+    def _fill(self) -> None:
+        while self._queue and not self._serial and len(self._inflight) < self._depth:
+            self._submit()
+
+    def _pump(self, wait: bool) -> None:
+        m = self._m
+        while True:
+            self._fill()
+            if self._inflight and (wait or self._inflight[0][3].done()):
+                fd, dev, batch, fut = self._inflight.pop(0)
+                try:
+                    refs = fut.result()
+                except GDSUnavailableError as e:
+                    if e.errno != _errno.EAGAIN:
+                        raise
+                    self._serial = True
+                    self._queue.insert(0, (fd, dev, batch))
+                    continue
+                done, self._pending = self._pending, _Copies(list(refs))
+                m._finish(done)  # raising, it leaves refs to close(), not done again
+                self._fill()  # the next READ runs while this batch is copied out
+                m._copy_out(self._pending, batch, self._streams)
+                continue
+            if self._serial and not self._inflight and self._queue and wait:
+                # The pool ran full: finish one batch at a time, as read_into does after EAGAIN.
+                m._finish(self._pending)
+                self._pending = _Copies([])
+                fd, dev, batch = self._queue.pop(0)
+                m._read_group(fd, dev, batch, self._streams)
+                continue
+            return
+
+    def close(self) -> None:
+        """Release every lease still held (after an error) and stop the helper threads."""
+        try:
+            self._m._finish(self._pending)
+        finally:
+            self._pending = _Copies([])
+            for _, _, _, fut in self._inflight:
+                try:
+                    refs = fut.result()
+                except BaseException:  # noqa: BLE001 - the first error is already on its way
+                    continue
+                self._m._release_quietly(refs)
+            self._inflight = []
+            self._queue = []
+            if self._ex is not None:
+                self._ex.shutdown(wait=True)
+                self._ex = None
+            self._streams.close()
+
+
 class _Copies:
     """A READ's leases and the events recorded after the copies out of them (one per GPU)."""
 
@@ -516,6 +629,11 @@ class _CopyStreams:
             s.wait_stream(torch.cuda.current_stream(gpu))
             self._streams[gpu] = s
         return s
+
+    def resync(self) -> None:
+        """Have every side stream wait for the work queued on its GPU's current stream so far."""
+        for gpu, s in self._streams.items():
+            s.wait_stream(torch.cuda.current_stream(gpu))
 
     @staticmethod
     def record(gpu: int, stream: Any) -> Any:
