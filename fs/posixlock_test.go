@@ -282,6 +282,13 @@ var lockScenarios = []struct {
 		lkOpen("B", "b", "f", "rw"), lkSet("B", "b", wr, 0, 0),
 		lkClose("A", "r"), lkSet("B", "b", wr, 0, 0),
 	}},
+	{"read lock through a read-only open, then a write lock through a write open", []lkStep{
+		lkOpen("A", "r", "f", "r"), lkSet("A", "r", rd, 0, 10),
+		lkOpen("A", "w", "f", "w"), lkSet("A", "w", wr, 5, 20),
+		lkOpen("B", "b", "f", "rw"), lkGet("B", "b", rd, 0, 0), lkGet("B", "b", wr, 0, 0),
+		lkSet("B", "b", rd, 0, 5), lkSet("B", "b", rd, 5, 1),
+		lkClose("A", "r"), lkSet("B", "b", wr, 0, 0),
+	}},
 	{"a second process of the same user conflicts", []lkStep{
 		lkOpen("A", "a", "f", "rw"), lkSet("A", "a", wr, 0, 100),
 		lkOpen("C", "c", "f", "rw"),
