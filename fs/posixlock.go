@@ -118,9 +118,9 @@ type lockOwner struct {
 	handles []*fileHandle
 }
 
-// inodeLocks is the lock owners of one inode. Its lock is taken alone
-// and only by lock requests, FLUSH and RELEASE (never by READ or WRITE);
-// the backing calls made under it never block.
+// inodeLocks is the lock owners of one inode. Its lock is taken only by
+// lock requests, FLUSH and RELEASE (never by READ or WRITE), alone or
+// after a handle's flk; the backing calls made under it never block.
 type inodeLocks struct {
 	mu     sync.Mutex
 	owners map[uint64]*lockOwner
@@ -132,7 +132,7 @@ type inodeLocks struct {
 	released chan struct{}
 }
 
-// lockErrno converts fuse's lock to a backing OFD lock, or EINVAL for a
+// lockFlock converts fuse's lock to a backing OFD lock, or EINVAL for a
 // range or type no kernel sends.
 func lockFlock(lk *fuse.FileLock, getlk bool) (unix.Flock_t, syscall.Errno) {
 	switch lk.Typ {
