@@ -22,7 +22,16 @@ type fileHandle struct {
 	fd       int    // the loopback file's descriptor, registered on n
 	path     string // backing path
 	writable bool   // opened for writing or with O_TRUNC
+	acc      int    // the open's access mode (O_RDONLY, O_WRONLY, O_RDWR)
 	uid      uint32 // the opener, charged for the handle's descriptors
+
+	// flk is the descriptor holding the open's flock locks, opened on
+	// its first flock (posixlock.go); ok says it is open.
+	flk struct {
+		sync.Mutex
+		fd int
+		ok bool
+	}
 
 	// os is a duplicate of the loopback file's descriptor as an *os.File,
 	// made on the first control-path ioctl (most opens never need one).
@@ -43,6 +52,10 @@ var (
 	_ = (gofs.FileReleaser)((*fileHandle)(nil))
 	_ = (gofs.FileWriter)((*fileHandle)(nil))
 	_ = (gofs.FileAllocater)((*fileHandle)(nil))
+	_ = (gofs.FileGetlker)((*fileHandle)(nil))
+	_ = (gofs.FileSetlker)((*fileHandle)(nil))
+	_ = (gofs.FileSetlkwer)((*fileHandle)(nil))
+	_ = (gofs.FileFlusher)((*fileHandle)(nil))
 )
 
 // PassthroughFd offers the descriptor to go-fuse only if the kernel accepts
@@ -128,6 +141,8 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.n.files.Lock()
 	h.n.files.fds = slices.DeleteFunc(h.n.files.fds, func(fd int) bool { return fd == h.fd })
 	h.n.files.Unlock()
+	h.n.locks.release(h)
+	h.closeFlock()
 	errno := h.LoopbackFile.Release(ctx)
 	if h.writable {
 		h.m.changed(h.path)

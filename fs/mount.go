@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -139,6 +140,13 @@ type mountState struct {
 	// opens is each uid's budget of the daemon's descriptors
 	// (openbudget.go).
 	opens *openBudget
+	// lockOwners counts the lock owners holding POSIX locks on any file
+	// of the mount; flushOwners is the lock owner of each FLUSH in
+	// flight while there are any, and lockWaits the blocked F_SETLKW
+	// requests (posixlock.go).
+	lockOwners  atomic.Int64
+	flushOwners sync.Map
+	lockWaits   lockWaits
 	// removedHook is Options.Removed (removed.go).
 	removedHook func(dev, ino uint64)
 }
@@ -262,7 +270,7 @@ func Mount(ctx context.Context, o Options) (*Server, error) {
 		},
 	}
 	// gofs.Mount, with the raw filesystem wrapped when observed.
-	raw := gofs.NewNodeFS(rootNode, gopts)
+	var raw fuse.RawFileSystem = &lockOwnerFS{RawFileSystem: gofs.NewNodeFS(rootNode, gopts), m: m}
 	if o.Observer != nil {
 		raw = &observedFS{RawFileSystem: raw, obs: o.Observer}
 	}

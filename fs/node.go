@@ -56,6 +56,9 @@ type node struct {
 		sync.Mutex
 		fds []int
 	}
+
+	// locks is the POSIX lock owners of this file (posixlock.go).
+	locks inodeLocks
 }
 
 var (
@@ -165,17 +168,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		n.m.opens.release(uid, 1)
 		return nil, 0, errno
 	}
-	var fl uint32
-	if !isWriteOpen(flags) {
-		// The kernel then closes the file without a FLUSH, a round trip
-		// each sample of a data loader would wait for: the loopback's
-		// flush (dup and close of the backing descriptor) has nothing
-		// to write back for a read-only open, and no locks to drop
-		// (its POSIX locks are OFD locks of the handle's descriptor,
-		// released with it on RELEASE, as before).
-		fl = fuse.FOPEN_NOFLUSH
-	}
-	return n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath(), uid), fl, 0
+	// No FOPEN_NOFLUSH, even for read-only opens: the FLUSH of a close is
+	// what releases the closing process's POSIX locks (posixlock.go).
+	return n.wrapFile(gofs.NewLoopbackFile(fd), flags, n.backingPath(), uid), 0, 0
 }
 
 // openFile opens the backing file for Open.
@@ -348,7 +343,7 @@ func (n *node) wrapFile(fh gofs.FileHandle, flags uint32, p string, uid uint32) 
 		n.m.opens.release(uid, 1)
 		return fh
 	}
-	h := &fileHandle{LoopbackFile: lf, m: n.m, n: n, fd: -1, path: p, writable: isWriteOpen(flags), uid: uid}
+	h := &fileHandle{LoopbackFile: lf, m: n.m, n: n, fd: -1, path: p, writable: isWriteOpen(flags), acc: int(flags & syscall.O_ACCMODE), uid: uid}
 	h.os.charged = 1
 	if fd, ok := lf.PassthroughFd(); ok {
 		h.fd = fd

@@ -23,6 +23,8 @@ import (
 // is skipped.
 func TestPosixtest(t *testing.T) {
 	tests := maps.Clone(posixtest.All) // never mutate go-fuse's map
+	// go-fuse's version expects OFD semantics (posixlock_test.go).
+	tests["FcntlFlockLocksFile"] = fcntlLocksArePerProcess
 	// Tests whose backing directory must be on tmpfs, and why.
 	onTmpfs := map[string]string{
 		// ext4 (CI's /tmp) without the ea_inode feature keeps xattr
