@@ -162,6 +162,16 @@ func (l *inodeLocks) signal() {
 	}
 }
 
+// releasedBy wakes blocked F_SETLKW requests after owner key released
+// locks of the inode, and forgets the waits recorded against key's locks
+// of the inode: what they waited for may be free now, so they are no
+// longer part of a cycle (they record their wait again when they retry).
+// l.mu is held.
+func (l *inodeLocks) releasedBy(m *mountState, key uint64) {
+	l.signal()
+	m.lockWaits.released(l, key)
+}
+
 // drop releases o's locks (closing its descriptor releases its OFD locks)
 // and forgets it. l.mu is held.
 func (l *inodeLocks) drop(m *mountState, key uint64, o *lockOwner) {
@@ -170,7 +180,7 @@ func (l *inodeLocks) drop(m *mountState, key uint64, o *lockOwner) {
 	delete(l.owners, key)
 	l.n.Store(int32(len(l.owners)))
 	m.lockOwners.Add(-1)
-	l.signal()
+	l.releasedBy(m, key)
 }
 
 // newOwner opens the backing descriptor for a new owner locking through
@@ -253,6 +263,7 @@ func (o *lockOwner) widen(h *fileHandle) syscall.Errno {
 // holding the conflicting lock, if it is one of the mount's.
 type lockConflict struct {
 	released <-chan struct{}
+	inode    *inodeLocks
 	holder   uint64
 	known    bool
 }
@@ -281,7 +292,7 @@ func (l *inodeLocks) set(h *fileHandle, key uint64, lk *fuse.FileLock, keep bool
 		if len(o.spans) == 0 {
 			l.drop(h.m, key, o)
 		} else {
-			l.signal()
+			l.releasedBy(h.m, key)
 		}
 		return none, 0
 	}
@@ -305,7 +316,7 @@ func (l *inodeLocks) set(h *fileHandle, key uint64, lk *fuse.FileLock, keep bool
 			if l.released == nil {
 				l.released = make(chan struct{})
 			}
-			c := lockConflict{released: l.released}
+			c := lockConflict{released: l.released, inode: l}
 			c.holder, c.known = l.holder(o.fd, key, fl)
 			return c, errno
 		}
@@ -318,7 +329,7 @@ func (l *inodeLocks) set(h *fileHandle, key uint64, lk *fuse.FileLock, keep bool
 	if freed {
 		// A downgrade, or a range of one type replaced by another:
 		// what it held before may now be free for others.
-		l.signal()
+		l.releasedBy(h.m, key)
 	}
 	return none, 0
 }
@@ -628,38 +639,56 @@ const maxDeadlockSteps = 10
 
 // lockWaits is what each blocked F_SETLKW of the mount waits for, across
 // inodes (a lock owner is a process, whatever file it locks). Its lock is
-// taken alone, by blocked requests only.
+// taken alone, or under an inodeLocks' mu when an owner releases locks;
+// never the other way round.
 type lockWaits struct {
 	mu sync.Mutex
-	// on maps a waiting owner to the owner holding what it waits for.
-	on map[uint64]uint64
+	// on maps a waiting owner to the owner holding what it waits for,
+	// and the inode of that lock.
+	on map[uint64]lockEdge
 	// pids counts the waiting requests of each process; flocks counts
 	// the blocking flock requests waiting.
 	pids   map[uint32]int
 	flocks int
 }
 
+// lockEdge is the owner holding the lock a blocked owner waits for, and
+// the inode of that lock.
+type lockEdge struct {
+	holder uint64
+	inode  *inodeLocks
+}
+
 // wait records that owner (process pid) waits for c's holder, unless the
 // holder waits, through others, for owner: then it returns false. again
-// says owner was already recorded as waiting.
+// says owner was already recorded as waiting. A conflict whose inode had
+// a lock released since it was found is not recorded: it may be over (the
+// request tries again at once, released being closed).
 func (w *lockWaits) wait(owner uint64, pid uint32, c lockConflict, again bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.on == nil {
-		w.on, w.pids = map[uint64]uint64{}, map[uint32]int{}
+		w.on, w.pids = map[uint64]lockEdge{}, map[uint32]int{}
 	}
-	if c.known {
+	stale := false
+	select {
+	case <-c.released:
+		stale = true
+	default:
+	}
+	if c.known && !stale {
 		next := c.holder
 		for range maxDeadlockSteps {
 			if next == owner {
 				return false
 			}
-			var ok bool
-			if next, ok = w.on[next]; !ok {
+			e, ok := w.on[next]
+			if !ok {
 				break
 			}
+			next = e.holder
 		}
-		w.on[owner] = c.holder
+		w.on[owner] = lockEdge{c.holder, c.inode}
 	} else {
 		delete(w.on, owner)
 	}
@@ -667,6 +696,18 @@ func (w *lockWaits) wait(owner uint64, pid uint32, c lockConflict, again bool) b
 		w.pids[pid]++
 	}
 	return true
+}
+
+// released forgets the waits for owner's locks of inode l, which owner
+// released some of.
+func (w *lockWaits) released(l *inodeLocks, owner uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, e := range w.on {
+		if e.holder == owner && e.inode == l {
+			delete(w.on, k)
+		}
+	}
 }
 
 // done forgets owner's wait.

@@ -213,3 +213,57 @@ func TestLockRequestRanges(t *testing.T) {
 		t.Errorf("%d owners left", m.lockOwners.Load())
 	}
 }
+
+// TestDeadlockCheckForgetsReleasedWaits: a wait recorded against an owner
+// that has since released what it waited for is no cycle. Owner A waits
+// for B's lock on X; B unlocks X (A is woken but has not tried again yet)
+// and then waits for A's lock on Y: the kernel answers B's wait by
+// blocking (A is no longer blocked on B), never EDEADLK. While B still
+// holds X, the same wait is a cycle.
+func TestDeadlockCheckForgetsReleasedWaits(t *testing.T) {
+	const a, b = 1, 2
+	wr := func() *fuse.FileLock { return &fuse.FileLock{Typ: syscall.F_WRLCK, Start: 0, End: maxLockEnd} }
+	for _, c := range []struct {
+		name      string
+		bReleases bool
+		want      bool // B's wait allowed (no EDEADLK)
+	}{
+		{"B released X first", true, true},
+		{"B still holds X", false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			hx, m := lockTestHandle(t)
+			hy, _ := lockTestHandle(t)
+			hy.m, hy.n.m = m, m
+			if _, errno := hy.n.locks.set(hy, a, wr(), false); errno != 0 {
+				t.Fatal(errno)
+			}
+			if _, errno := hx.n.locks.set(hx, b, wr(), false); errno != 0 {
+				t.Fatal(errno)
+			}
+			cx, errno := hx.n.locks.set(hx, a, wr(), true)
+			if errno != syscall.EAGAIN || !cx.known || cx.holder != b {
+				t.Fatalf("A's lock of X: %v %+v, want EAGAIN held by B", errno, cx)
+			}
+			if !m.lockWaits.wait(a, 100, cx, false) {
+				t.Fatal("A's wait for B refused")
+			}
+			if c.bReleases {
+				if _, errno := hx.n.locks.set(hx, b, &fuse.FileLock{Typ: syscall.F_UNLCK, Start: 0, End: maxLockEnd}, false); errno != 0 {
+					t.Fatal(errno)
+				}
+			}
+			cy, errno := hy.n.locks.set(hy, b, wr(), true)
+			if errno != syscall.EAGAIN || !cy.known || cy.holder != a {
+				t.Fatalf("B's lock of Y: %v %+v, want EAGAIN held by A", errno, cy)
+			}
+			if got := m.lockWaits.wait(b, 200, cy, false); got != c.want {
+				t.Errorf("B's wait for A allowed %v, want %v", got, c.want)
+			}
+			for _, h := range []*fileHandle{hx, hy} {
+				h.n.locks.flush(m, a)
+				h.n.locks.flush(m, b)
+			}
+		})
+	}
+}
