@@ -54,6 +54,9 @@ for line in sys.stdin:
         elif c[0] == "flock":
             fcntl.flock(fds[c[1]], c[2])
             reply("ok")
+        elif c[0] == "unlink":
+            os.unlink(os.path.join(root, c[1]))
+            reply("ok")
     except OSError as e:
         reply(errno.errorcode.get(e.errno, str(e.errno)))
 `
