@@ -45,6 +45,12 @@ type readaheads struct {
 	// it reads (one sequential reader of the file, never a job dropped
 	// because the stream's previous window is still being read).
 	running map[*os.File]*fillJob // GUARDED_BY(mu)
+	// refused is the uids a window of which was dropped because every
+	// job was in flight (not for their own share): a job of a uid holding
+	// more jobs than one of them ends at its window's end and leaves the
+	// job to it, so that two uids' long runs do not keep every job for
+	// as long as they read.
+	refused map[uint32]struct{} // GUARDED_BY(mu)
 	// figures are each uid's own counts (what a uid's STATUS shows):
 	// windows its sequential runs asked for, whether or not they needed
 	// reading, so that they never depend on the page cache's residency of
@@ -61,6 +67,7 @@ type readaheads struct {
 // fillJob is the job in flight of one open file: the windows asked for
 // since it started, read in turn after the one it reads.
 type fillJob struct {
+	uid     uint32
 	pending []readahead.Range // GUARDED_BY(readaheads.mu)
 }
 
@@ -75,7 +82,7 @@ const readaheadUIDs = 4096
 
 func newReadaheads(c readahead.Config) *readaheads {
 	ctx, cancel := context.WithCancel(context.Background())
-	ra := &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), perUID: map[uint32]int{}, running: map[*os.File]*fillJob{}, figures: map[uint32]*uidReadahead{}, ctx: ctx, cancel: cancel}
+	ra := &readaheads{t: readahead.NewTracker[*os.File](c), jobs: make(chan struct{}, readaheadJobs), perUID: map[uint32]int{}, running: map[*os.File]*fillJob{}, refused: map[uint32]struct{}{}, figures: map[uint32]*uidReadahead{}, ctx: ctx, cancel: cancel}
 	ra.fill = ra.fills.Fill
 	return ra
 }
@@ -135,7 +142,7 @@ func (ra *readaheads) afterRead(uid uint32, f *os.File, eng cufile.Engine, plan 
 		ra.note(uid, func(u *uidReadahead) { u.dropped++ })
 		return
 	}
-	job := &fillJob{}
+	job := &fillJob{uid: uid}
 	ra.mu.Lock()
 	ra.running[f] = job
 	ra.mu.Unlock()
@@ -179,11 +186,23 @@ func (ra *readaheads) queue(f *os.File, r readahead.Range) bool {
 }
 
 // next is the window job of f reads next, skipping those its READs have
-// cached meanwhile (the READs overtook the job); false: none is left, and
+// cached meanwhile (the READs overtook the job); false: none is left, or
+// another uid holding fewer jobs was refused one (the job's last window
+// not read is given back to its stream, whose next READ asks again), and
 // the job is ended (a later window starts a new one).
 func (ra *readaheads) next(f *os.File, job *fillJob) (readahead.Range, bool) {
 	for {
 		ra.mu.Lock()
+		if len(job.pending) > 0 && ra.yieldLocked(job.uid) {
+			last := job.pending[len(job.pending)-1]
+			job.pending = nil
+			if ra.running[f] == job {
+				delete(ra.running, f)
+			}
+			ra.mu.Unlock()
+			ra.t.Unread(f, last)
+			return readahead.Range{}, false
+		}
 		if len(job.pending) == 0 || ra.ctx.Err() != nil {
 			job.pending = nil
 			if ra.running[f] == job {
@@ -211,6 +230,19 @@ func (ra *readaheads) end(f *os.File, job *fillJob) {
 	}
 }
 
+// yieldLocked reports whether a job of uid ends at its window's end for a
+// uid refused a job that holds fewer than uid (which is then no longer
+// waiting: one job ends per refusal). ra.mu is held.
+func (ra *readaheads) yieldLocked(uid uint32) bool {
+	for v := range ra.refused {
+		if v != uid && ra.perUID[v] < ra.perUID[uid] {
+			delete(ra.refused, v)
+			return true
+		}
+	}
+	return false
+}
+
 // take reserves a job for uid: false when readaheadJobs are in flight, or
 // readaheadJobsPerUID of uid's.
 func (ra *readaheads) take(uid uint32) bool {
@@ -222,8 +254,12 @@ func (ra *readaheads) take(uid uint32) bool {
 	select {
 	case ra.jobs <- struct{}{}:
 	default:
+		if len(ra.refused) < readaheadUIDs {
+			ra.refused[uid] = struct{}{}
+		}
 		return false
 	}
+	delete(ra.refused, uid)
 	ra.perUID[uid]++
 	return true
 }

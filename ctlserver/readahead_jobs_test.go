@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -129,6 +130,62 @@ func TestReadaheadDroppedWindowAskedAgain(t *testing.T) {
 	ra.wg.Wait()
 	if !ff.covered(a, 2<<20, 9<<20) {
 		t.Errorf("after the drop, read ahead %v of the file; want [2 MiB, 9 MiB) (the dropped window past the READ)", ff.ranges[a])
+	}
+	ra.stop()
+}
+
+// TestReadaheadJobsTurnOverForAnotherUID: two uids whose sequential runs
+// of a slow disk hold every readahead job (each within its per-uid share,
+// each job with windows queued behind the one it reads) leave a third uid
+// a job once one of theirs finishes a window: a job that found another uid
+// refused ends at its window's end (its queued windows given back to its
+// stream) instead of reading on for as long as its stream runs.
+func TestReadaheadJobsTurnOverForAnotherUID(t *testing.T) {
+	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20, noIndexes: true})
+	e.srv.ra.stop()
+	ra := newReadaheads(readahead.Config{MinBytes: 8 << 20})
+	e.srv.ra = ra
+	ff := newFakeFills(ra)
+	buffered := cufile.NewHostEngine(cufile.Options{})
+	const size = 256 << 20
+	for _, uid := range []uint32{10001, 10002} {
+		for i := range readaheadJobsPerUID {
+			f := sparseFile(t, fmt.Sprint("u", uid, "-", i), size)
+			ra.afterRead(uid, f, buffered, readSpan(0, 1<<20), size, false)     // job: [1, 9) MiB
+			ra.afterRead(uid, f, buffered, readSpan(1<<20, 4<<20), size, false) // queued: [9, 21) MiB
+		}
+	}
+	if got := len(ra.jobs); got != readaheadJobs {
+		t.Fatalf("%d jobs in flight, want %d", got, readaheadJobs)
+	}
+	c := sparseFile(t, "c", size)
+	ra.afterRead(10003, c, buffered, readSpan(0, 1<<20), size, false)
+	if ra.dropped.Load() != 1 {
+		t.Fatalf("%d windows dropped, want the third uid's one", ra.dropped.Load())
+	}
+	// One job's window is read; wait until that job has either gone on to
+	// its queued window (a further fill started) or ended.
+	fills := func() int {
+		ff.mu.Lock()
+		defer ff.mu.Unlock()
+		n := 0
+		for _, rs := range ff.ranges {
+			n += len(rs)
+		}
+		return n
+	}
+	ff.release <- struct{}{}
+	for fills() == readaheadJobs && len(ra.jobs) == readaheadJobs {
+		runtime.Gosched()
+	}
+	ra.afterRead(10003, c, buffered, readSpan(1<<20, 1<<20), size, false)
+	if got := ra.dropped.Load(); got != 1 {
+		t.Errorf("%d windows dropped: the third uid's window is dropped again while the other uids' jobs read on", got)
+	}
+	close(ff.release)
+	ra.wg.Wait()
+	if !ff.covered(c, 2<<20, 9<<20) {
+		t.Errorf("the third uid's file read ahead %v, want [2, 9) MiB", ff.ranges[c])
 	}
 	ra.stop()
 }
