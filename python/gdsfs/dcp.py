@@ -309,34 +309,47 @@ class GDSFileSystemWriter(FileSystemWriter):
         # Names this save may put in place; those there before it are not its to remove.
         there_before = {name for name, _ in files if os.path.lexists(os.path.join(root, name))}
         try:
-            layouts: list[_FileLayout] = []
-            if nstaged > 1:
-                planner = _CachedBytes(planner)  # _surely_fits and _layout_file both resolve byte items
-            # Room for the save whatever its exact layout: each file's writes start as soon as it
-            # is laid out, while the next one is (laying out every file first, for _check_space,
-            # delayed the first write by ~10 ms of a ~550 ms save).
-            streamed = nstaged > 1 and self._surely_fits(root, files, planner)
-            if not streamed:
-                layouts = [self._layout_file(name, items, planner) for name, items in files]
-                self._check_space(root, layouts)
-            if nstaged > 1:
-                from concurrent.futures import ThreadPoolExecutor
+            try:
+                layouts: list[_FileLayout] = []
+                if nstaged > 1:
+                    planner = _CachedBytes(planner)  # _surely_fits and _layout_file both resolve byte items
+                # Room for the save whatever its exact layout: each file's writes start as soon as
+                # it is laid out, while the next one is (laying out every file first, for
+                # _check_space, delayed the first write by ~10 ms of a ~550 ms save).
+                streamed = nstaged > 1 and self._surely_fits(root, files, planner)
+                if not streamed:
+                    layouts = [self._layout_file(name, items, planner) for name, items in files]
+                    self._check_space(root, layouts)
+                if nstaged > 1:
+                    from concurrent.futures import ThreadPoolExecutor
 
-                # Leaving the with block waits for every write: none renames after the cleanup.
-                with ThreadPoolExecutor(len(files), thread_name_prefix="gdsfs-dcp-write") as ex:
-                    futs = []
-                    for k, (name, items) in enumerate(files):
-                        lay = self._layout_file(name, items, planner) if streamed else layouts[k]
-                        futs.append(ex.submit(self._write_file, os.path.join(root, lay.name), lay))
-                    for f in futs:
-                        results += f.result()
-            else:
-                for lay in layouts:
-                    results += self._write_file(os.path.join(root, lay.name), lay)
+                    # Leaving the with block waits for every write: none renames after the cleanup.
+                    with ThreadPoolExecutor(len(files), thread_name_prefix="gdsfs-dcp-write") as ex:
+                        futs = []
+                        for k, (name, items) in enumerate(files):
+                            lay = self._layout_file(name, items, planner) if streamed else layouts[k]
+                            futs.append(ex.submit(self._write_file, os.path.join(root, lay.name), lay))
+                        for f in futs:
+                            results += f.result()
+                else:
+                    for lay in layouts:
+                        results += self._write_file(os.path.join(root, lay.name), lay)
+            finally:
+                self._release_staged()
+            if self.sync_files:
+                # Every data file was fsynced and renamed into place: one directory fsync makes
+                # all their names durable before finish commits the .metadata that names them.
+                t = time.perf_counter()
+                atomic.fsync_dir(root)
+                self.save_times["dirsync_s"] = time.perf_counter() - t
+            for name, _ in files:
+                if not os.path.exists(os.path.join(root, name)):
+                    raise _missing_error(root, name, "right after it was written and renamed into place")
         except BaseException:
             # A data file written and renamed into place before another failed (the disk filled
-            # up, a write failed) is named by no .metadata: remove it, so that a failed save
-            # leaves the directory as it found it, not a half-written checkpoint.
+            # up, a write failed), or whose name the directory fsync could not make durable, is
+            # named by no .metadata: remove it, so that a failed save leaves the directory as it
+            # found it, not a half-written checkpoint.
             for name, _ in files:
                 if name not in there_before:
                     try:
@@ -344,18 +357,7 @@ class GDSFileSystemWriter(FileSystemWriter):
                     except OSError:  # not written, or the filesystem refuses (read-only after the
                         pass  # error): the save's own error is the one to raise
             raise
-        finally:
-            self._release_staged()
-        if self.sync_files:
-            # Every data file was fsynced and renamed into place: one directory fsync makes all
-            # their names durable before finish commits the .metadata that names them.
-            t = time.perf_counter()
-            atomic.fsync_dir(root)
-            self.save_times["dirsync_s"] = time.perf_counter() - t
         self._written = [name for name, _ in files]
-        for name in self._written:
-            if not os.path.exists(os.path.join(root, name)):
-                raise _missing_error(root, name, "right after it was written and renamed into place")
         self.save_times["t_written"] = time.perf_counter()
         fut: Future = Future()
         fut.set_result(results)

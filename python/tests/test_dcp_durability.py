@@ -348,3 +348,37 @@ def test_a_failed_save_whose_cleanup_fails_raises_the_save_error(pool_mount, mon
         monkeypatch.undo()
     assert len(written) >= 3, f"the test wrote {len(written)} data files: it needs 3 or more"
     assert ei.value.errno == errno.ENOSPC, repr(ei.value)
+
+
+@pytest.mark.parametrize("over_existing", [False, True], ids=["fresh", "over-existing"])
+def test_a_save_whose_directory_fsync_fails_leaves_none_of_its_files(pool_mount, monkeypatch, over_existing):
+    """Every data file is written, fsynced and renamed into place, and then the directory fsync
+    that makes their names durable fails (EIO: the disk went away): the save raises that error
+    and the directory holds what it held before, as after a failed write: no data file that no
+    .metadata names, and a previous checkpoint loads intact."""
+    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)  # several data files
+    d = pool_mount.path(f"dirsync-fails-{over_existing}")
+    old = tensors(8)
+    if over_existing:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            S.save(old, gdcp.GDSFileSystemWriter(d))
+    else:
+        os.makedirs(d)
+    before = sorted(os.listdir(d))
+
+    def failing_fsync_dir(path, *a, **k):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+
+    monkeypatch.setattr(atomic, "fsync_dir", failing_fsync_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = gdcp.GDSFileSystemWriter(d)
+        with pytest.raises(OSError) as ei:
+            S.save(w.stage(tensors(9)), w)
+    monkeypatch.undo()
+    assert ei.value.errno == errno.EIO, repr(ei.value)
+    assert sorted(os.listdir(d)) == before, f"the failed save left files behind: {sorted(set(os.listdir(d)) - set(before))}"
+    if over_existing:
+        assert same(read_dcp_raw(d), old), "the previous checkpoint does not load intact"
+    assert pool_mount.wait_leases(0) == 0
