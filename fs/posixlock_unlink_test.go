@@ -14,7 +14,8 @@ import (
 
 // TestUnlinkedLockedFileFreesSpace: a file removed through the mount while
 // processes hold POSIX locks and a flock on it, and one waits for a lock,
-// gives its space back once they have closed it or been killed: the
+// gives its space back once they have closed it or been killed (one of
+// them taking its first lock after the removal): the
 // daemon's lock descriptors of the file do not outlive its opens. The
 // backing directory is a small tmpfs, whose free blocks are the oracle.
 func TestUnlinkedLockedFileFreesSpace(t *testing.T) {
@@ -74,11 +75,11 @@ func TestUnlinkedLockedFileFreesSpace(t *testing.T) {
 		lkSet("A", "r", rd, 200, 100),
 		lkFlock("A", "r", unix.LOCK_SH),
 		lkOpen("C", "c", "f", "r"),
-		lkSet("C", "c", rd, 400, 10),
 		lkOpen("B", "b", "f", "rw"),
 		lkAsync(lk("B", "b", cmdSetlkw, wr, 0, 0, 10)),
 		lkBlocked("B"),
 		{who: "C", do: []any{"unlink", "f"}},
+		lkSet("C", "c", rd, 400, 10), // a new owner's descriptor of the removed file
 		lkClose("C", "c"),
 		lkKill("A"),
 		lkAwait("B"),
