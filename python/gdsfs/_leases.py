@@ -14,7 +14,10 @@ each holds a strong reference, so Python's reference count is the holder
 count. When the last holder goes, the Hold's finalizer only queues the
 lease. The queue is drained (RELEASE ioctls, then ending the sessions
 closed meanwhile whose last Hold went) by the next client call and by a
-small background thread every DRAIN_PERIOD_S. Finalizers never issue an
+small background thread every DRAIN_PERIOD_S; when a closed session
+waits for holders, that thread first runs one garbage collection (a
+holder dropped inside a reference cycle counts as collected without the
+program calling gc.collect()). Finalizers never issue an
 ioctl or take a lock: they run inside the garbage collector, perhaps on a
 thread that holds one. Nothing is released in a forked child (its copies
 of the parent's Holds are not its own: the parent's are still in use) nor
@@ -33,6 +36,7 @@ from __future__ import annotations
 import atexit
 import collections
 import errno as _errno
+import gc
 import os
 import threading
 import time
@@ -142,6 +146,10 @@ class _Book:
         self.thread: Optional[threading.Thread] = None
         self.shutdown = False
         self.forking = False  # the fork hook holds io
+        # A closed session waits for holders (close_when_free): the background thread runs one
+        # garbage collection before its next drain, so that holders dropped inside a reference
+        # cycle (which reference counting never frees) count as collected.
+        self.collect = False
 
     def forget(self, e: _Entry) -> None:
         """Drop e from the live records (lock held)."""
@@ -223,6 +231,11 @@ def _start_thread(b: _Book) -> None:
 def _drainer(b: _Book) -> None:
     while b is _book and not b.shutdown:
         time.sleep(DRAIN_PERIOD_S)
+        if b.collect:
+            # Here, not in close(): a collection of a large heap takes a while, and nothing
+            # waits for it. Its finalizers only queue (the drain below releases).
+            b.collect = False
+            gc.collect()
         if b.gone or b.closing:
             try:
                 drain()
@@ -439,13 +452,17 @@ def mark_released(refs: Iterable["Ref"]) -> None:
 
 def close_when_free(session: "Session") -> None:
     """End session now when no holder here names one of its leases, else
-    when the last one lets go (at a drain)."""
+    when the last one lets go (at a drain). Holders left that only the
+    garbage collector can free (a reference cycle) are collected by the
+    background thread within DRAIN_PERIOD_S: the program need not call
+    gc.collect() for a dropped batch's leases to return."""
     drain()
     b = _book
     sk = (session.mount, session.token.session)
     with b.lock:
         if b.live.get(sk, 0) > 0:
             b.closing[sk] = session
+            b.collect = True
             _start_thread(b)
             return
         b.closing.pop(sk, None)

@@ -13,6 +13,8 @@ import signal
 
 import pytest
 
+import _lease_diag
+
 
 def _shards(mount, name: str, nshards: int = 3, per: int = 40, nbytes: int = 16 << 10, seed: int = 15) -> tuple[list[str], dict[str, bytes]]:
     import numpy as np
@@ -236,7 +238,8 @@ def test_settled_batches_dropped_midway_return_every_lease(gdsfs_mount, monkeypa
     if stop == "break":
         del b
     ds.close()
-    assert gdsfs_mount.wait_leases(0) == 0
+    n = gdsfs_mount.wait_leases(0)
+    assert n == 0, _lease_diag.report(gdsfs_mount)  # which leases are left, and what refers to their Holds
 
 
 def test_the_ready_probe_sees_a_waiting_batch() -> None:
