@@ -285,20 +285,7 @@ func BenchmarkAcquireCached(b *testing.B) {
 	defer f.Close()
 	e := fakeGDSEngines(newFakeHandleLib(b))
 	defer e.Close()
-	for i := range 1000 { // a cache with others in it
-		q := filepath.Join(filepath.Dir(p), fmt.Sprint(i))
-		if err := os.WriteFile(q, nil, 0o644); err != nil {
-			b.Fatal(err)
-		}
-		g, err := os.Open(q)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := e.gds.probe(g); err != nil {
-			b.Fatal(err)
-		}
-		g.Close()
-	}
+	registerEmpty(b, e, filepath.Dir(p), 1000) // a cache with others in it
 	b.ResetTimer()
 	for range b.N {
 		_, done, err := e.gds.acquire(f)
@@ -315,7 +302,18 @@ func BenchmarkSweepHandles(b *testing.B) {
 	dir := b.TempDir()
 	e := fakeGDSEngines(newFakeHandleLib(b))
 	defer e.Close()
-	for i := range handleCacheMax {
+	registerEmpty(b, e, dir, handleCacheMax)
+	b.ResetTimer()
+	for range b.N {
+		e.sweepHandles()
+	}
+}
+
+// registerEmpty registers n new empty files of dir with e's cuFile
+// engine, closing the caller's descriptors (the handles keep their own).
+func registerEmpty(b *testing.B, e *Engines, dir string, n int) {
+	b.Helper()
+	for i := range n {
 		q := filepath.Join(dir, fmt.Sprint(i))
 		if err := os.WriteFile(q, nil, 0o644); err != nil {
 			b.Fatal(err)
@@ -328,9 +326,5 @@ func BenchmarkSweepHandles(b *testing.B) {
 			b.Fatal(err)
 		}
 		g.Close()
-	}
-	b.ResetTimer()
-	for range b.N {
-		e.sweepHandles()
 	}
 }

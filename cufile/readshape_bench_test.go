@@ -30,22 +30,7 @@ func dropPages(tb testing.TB, f *os.File) {
 // match.
 func BenchmarkHostReadShape(b *testing.B) {
 	const size = 128 << 20
-	p := filepath.Join(b.TempDir(), "data")
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte(i * 7)
-	}
-	if err := os.WriteFile(p, data, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		b.Fatal(err)
-	}
+	f := benchFile(b, size)
 	dst := &hostMem{mmapBytes(size)}
 	b.Run("disk", func(b *testing.B) {
 		buf := mmapBytes(8 << 20)
@@ -139,26 +124,11 @@ func BenchmarkReadTaskBytes(b *testing.B) {
 // (the default) and at auto (--cold-readahead auto), and the warm read
 // right after such a cold read: WILLNEED fills the page cache with small
 // pages, which the warm read then copies more slowly (on the CI machine
-// 0.40x; docs/reliability-review.md). The "disk" rate to match is
+// 0.40x; docs/reliability.md, the session 7 review). The "disk" rate to match is
 // BenchmarkHostReadShape/disk.
 func BenchmarkColdAdvice(b *testing.B) {
 	const size = 512 << 20
-	p := filepath.Join(b.TempDir(), "data")
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte(i * 7)
-	}
-	if err := os.WriteFile(p, data, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		b.Fatal(err)
-	}
+	f := benchFile(b, size)
 	dst := &hostMem{mmapBytes(size)}
 	read := func(e Engine) {
 		if _, err := e.ReadAt(context.Background(), f, dst, 0, 0, size); err != nil {
@@ -190,4 +160,27 @@ func BenchmarkColdAdvice(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchFile writes a synced file of size patterned bytes under b's temp
+// directory and opens it for reading, closed when b ends.
+func benchFile(b *testing.B, size int) *os.File {
+	b.Helper()
+	p := filepath.Join(b.TempDir(), "data")
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close() })
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	return f
 }
