@@ -272,6 +272,21 @@ def test_trainer_killed_before_metadata_commit_leaves_previous_loadable(pool_mou
     assert len([n for n in os.listdir(d) if n.endswith(".distcp")]) == 1
 
 
+def _save_dir(pool_mount, monkeypatch, name: str, over_existing: bool):  # type: ignore[no-untyped-def]
+    """A directory for a save that will fail, split into several data files: fresh, or holding a
+    previous checkpoint of tensors(8). Returns it, that checkpoint's tensors and its listing."""
+    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)  # several data files
+    d = pool_mount.path(name)
+    old = tensors(8)
+    if over_existing:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            S.save(old, gdcp.GDSFileSystemWriter(d))
+    else:
+        os.makedirs(d)
+    return d, old, sorted(os.listdir(d))
+
+
 @pytest.mark.parametrize("over_existing", [False, True], ids=["fresh", "over-existing"])
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "plain"])
 def test_a_save_that_fails_midway_leaves_none_of_its_files(pool_mount, monkeypatch, over_existing, staged):
@@ -280,16 +295,7 @@ def test_a_save_that_fails_midway_leaves_none_of_its_files(pool_mount, monkeypat
     data file of the failed save under its final name, no temporary file); a previous checkpoint
     loads intact. Before, the files already renamed stayed behind: in a fresh directory, data
     files with no .metadata, a half-written checkpoint."""
-    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)  # several data files
-    d = pool_mount.path(f"midway-{over_existing}-{staged}")
-    old = tensors(8)
-    if over_existing:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            S.save(old, gdcp.GDSFileSystemWriter(d))
-    else:
-        os.makedirs(d)
-    before = sorted(os.listdir(d))
+    d, old, before = _save_dir(pool_mount, monkeypatch, f"midway-{over_existing}-{staged}", over_existing)
     real_write = gdcp.GDSFileSystemWriter._write_file
     written: list[str] = []
     lock = threading.Lock()
@@ -356,16 +362,7 @@ def test_a_save_whose_directory_fsync_fails_leaves_none_of_its_files(pool_mount,
     that makes their names durable fails (EIO: the disk went away): the save raises that error
     and the directory holds what it held before, as after a failed write: no data file that no
     .metadata names, and a previous checkpoint loads intact."""
-    monkeypatch.setattr(gdcp, "_STAGED_FILE_BYTES", 2 * MIB)  # several data files
-    d = pool_mount.path(f"dirsync-fails-{over_existing}")
-    old = tensors(8)
-    if over_existing:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            S.save(old, gdcp.GDSFileSystemWriter(d))
-    else:
-        os.makedirs(d)
-    before = sorted(os.listdir(d))
+    d, old, before = _save_dir(pool_mount, monkeypatch, f"dirsync-fails-{over_existing}", over_existing)
 
     def failing_fsync_dir(path, *a, **k):  # type: ignore[no-untyped-def]
         raise OSError(errno.EIO, os.strerror(errno.EIO), path)
