@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -123,8 +124,8 @@ func TestBackgroundLifecycle(t *testing.T) {
 func startForeground(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(gdsfsBin(t), append([]string{"mount"}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,39 @@ func startForeground(t *testing.T, args ...string) *exec.Cmd {
 		}
 	})
 	waitMounted(t, args[len(args)-1], true)
+	// The mount shows in /proc/mounts before the daemon has finished
+	// starting: go-fuse's WaitMount opens a file through the new mount
+	// (its epoll workaround), and a daemon killed while that request is
+	// in flight waits for its own answer forever (a zombie holding the
+	// mount, until the connection is aborted). The daemon logs "mounted"
+	// after WaitMount.
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(out.String(), "mounted") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon never logged \"mounted\":\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	return cmd
+}
+
+// lockedBuffer is a bytes.Buffer safe for a process's output and a test
+// reading it at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // waitExit waits (bounded) for cmd and returns its exit code.
