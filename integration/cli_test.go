@@ -132,7 +132,15 @@ func startForeground(t *testing.T, args ...string) *exec.Cmd {
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			cmd.Process.Kill()
-			cmd.Wait()
+			// Bounded: a waitExit that timed out may still be in Wait, and
+			// a daemon stuck in the kernel never exits (see below).
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Errorf("the daemon (pid %d) did not exit 10 s after SIGKILL", cmd.Process.Pid)
+			}
 		}
 		if t.Failed() {
 			t.Logf("daemon output:\n%s", out.String())
