@@ -56,25 +56,16 @@ var accessModes = [...]int{unix.O_RDONLY, unix.O_WRONLY, unix.O_RDWR}
 // has no name left out of the cache: idle ones are closed now, busy ones at
 // their last release. It returns the keys taken out.
 func (e *gdsEngine) forget(id fileid.Inode) []fileKey {
-	var keys []fileKey
-	var idle []*fileHandle
+	var cands []cachedHandle
 	e.mu.Lock()
 	for _, mode := range accessModes {
 		k := fileKey{Inode: id, mode: mode}
-		fh := e.handles[k]
-		if fh == nil || !unlinked(fh.f) {
-			continue // none, or still linked (another hard link)
+		if fh := e.handles[k]; fh != nil {
+			cands = append(cands, cachedHandle{k, fh})
 		}
-		if e.dropLocked(k, fh) {
-			idle = append(idle, fh)
-		}
-		keys = append(keys, k)
 	}
 	e.mu.Unlock()
-	for _, fh := range idle {
-		e.closeHandle(fh)
-	}
-	return keys
+	return e.dropUnlinked(cands)
 }
 
 // dropLocked takes fh (cached under k) out of the cache and reports
@@ -90,21 +81,30 @@ func (e *gdsEngine) dropLocked(k fileKey, fh *fileHandle) bool {
 }
 
 // sweep takes every cached handle whose file has no name left out of the
-// cache (as forget does) and returns their keys. The descriptors are
-// checked outside the cache's lock, so READs are not held up by it.
+// cache (as forget does) and returns their keys.
 func (e *gdsEngine) sweep() []fileKey {
-	type cached struct {
-		k  fileKey
-		fh *fileHandle
-	}
 	e.mu.Lock()
-	all := make([]cached, 0, len(e.handles))
+	all := make([]cachedHandle, 0, len(e.handles))
 	for k, fh := range e.handles {
-		all = append(all, cached{k, fh})
+		all = append(all, cachedHandle{k, fh})
 	}
 	e.mu.Unlock()
-	var dead []cached
-	for _, c := range all {
+	return e.dropUnlinked(all)
+}
+
+// cachedHandle is a handle and the key it was cached under.
+type cachedHandle struct {
+	k  fileKey
+	fh *fileHandle
+}
+
+// dropUnlinked takes those of cands whose file has no name left out of
+// the cache, if they are still cached under their keys, and returns their
+// keys. The descriptors are checked outside the cache's lock, so READs are
+// not held up by an fstat (a hung NFS server).
+func (e *gdsEngine) dropUnlinked(cands []cachedHandle) []fileKey {
+	var dead []cachedHandle
+	for _, c := range cands {
 		if unlinked(c.fh.f) {
 			dead = append(dead, c)
 		}
