@@ -39,6 +39,16 @@ func newFakeFills(ra *readaheads) *fakeFills {
 	return ff
 }
 
+// smallWindowReadaheads gives a server's readaheads 8 MiB first windows
+// and fake fills that wait for ff.release.
+func smallWindowReadaheads(t *testing.T) (*readaheads, *fakeFills) {
+	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20, noIndexes: true})
+	e.srv.ra.stop()
+	ra := newReadaheads(readahead.Config{MinBytes: 8 << 20})
+	e.srv.ra = ra
+	return ra, newFakeFills(ra)
+}
+
 // covered reports whether the ranges read of f cover [off, end).
 func (ff *fakeFills) covered(f *os.File, off, end int64) bool {
 	ff.mu.Lock()
@@ -109,11 +119,7 @@ func TestReadaheadOneJobPerStream(t *testing.T) {
 // has its readahead jobs in flight is asked for again by the stream's next
 // READ, so the READs after it do not meet the cold disk.
 func TestReadaheadDroppedWindowAskedAgain(t *testing.T) {
-	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20, noIndexes: true})
-	e.srv.ra.stop()
-	ra := newReadaheads(readahead.Config{MinBytes: 8 << 20})
-	e.srv.ra = ra
-	ff := newFakeFills(ra)
+	ra, ff := smallWindowReadaheads(t)
 	buffered := cufile.NewHostEngine(cufile.Options{})
 	const size = 64 << 20
 	for i := range readaheadJobsPerUID { // the uid's jobs, all in flight
@@ -141,11 +147,7 @@ func TestReadaheadDroppedWindowAskedAgain(t *testing.T) {
 // refused ends at its window's end (its queued windows given back to its
 // stream) instead of reading on for as long as its stream runs.
 func TestReadaheadJobsTurnOverForAnotherUID(t *testing.T) {
-	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 8 << 20, noIndexes: true})
-	e.srv.ra.stop()
-	ra := newReadaheads(readahead.Config{MinBytes: 8 << 20})
-	e.srv.ra = ra
-	ff := newFakeFills(ra)
+	ra, ff := smallWindowReadaheads(t)
 	buffered := cufile.NewHostEngine(cufile.Options{})
 	const size = 256 << 20
 	for _, uid := range []uint32{10001, 10002} {
