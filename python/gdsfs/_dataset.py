@@ -1227,6 +1227,18 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             where.append(locs)
         return wanted, names, where
 
+    def _read_versioned(self, session: Any, shard: int, st: Any, ranges: Sequence[tuple[int, int]]) -> Optional[list[Any]]:
+        """session.read of ranges of shard at the version it was planned at (a READ of nothing
+        checks the version alone). A shard changed since raises _ShardChanged; any other refusal
+        is None: plain reads of it (warned once per mount and errno), unless strict."""
+        try:
+            return session.read(st.fd, ranges, version=st.version)
+        except GDSUnavailableError as e:
+            if e.errno == errno.ESTALE:
+                raise _ShardChanged(shard) from None
+            warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
+            return None
+
     def _read_group(self, group: list[Any], slot: int, lo: int, slots: int, epoch: int, first: int = 0, it: Optional["_Iteration"] = None) -> Iterator[GDSSample]:
         """Read and yield a group's samples: the gpu fields with one READ per shard at the
         version of the shard's index first, then the CPU fields with pread, then, for a shard
@@ -1253,14 +1265,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 ranges = wanted.get(shard)
                 if ranges is None:
                     continue
-                try:
-                    got = session.read(st.fd, ranges, version=st.version)
-                except GDSUnavailableError as e:
-                    if e.errno == errno.ESTALE:
-                        raise _ShardChanged(shard) from None
-                    # The daemon cannot serve this shard now: plain reads
-                    # (warned once per mount and errno), unless strict.
-                    warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
+                got = self._read_versioned(session, shard, st, ranges)
+                if got is None:
                     continue
                 served.add(shard)
                 refs[shard] = got
@@ -1286,12 +1292,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                     continue
                 if shard not in served and shard in wanted:
                     continue  # fell back to plain reads above: fstat()ed below
-                try:
-                    session.read(st.fd, [(0, 0)], version=st.version)
-                except GDSUnavailableError as e:
-                    if e.errno == errno.ESTALE:
-                        raise _ShardChanged(shard) from None
-                    warn_fallback(f"the daemon cannot serve {self.shards[shard]!r}: {e}", strict=self.strict, cause=f"READ {session.mount} errno {e.errno}")
+                if self._read_versioned(session, shard, st, [(0, 0)]) is None:
                     continue
                 checked.add(shard)
             try:
