@@ -200,17 +200,17 @@ func (l *inodeLocks) newOwner(h *fileHandle, key uint64) (*lockOwner, syscall.Er
 	fd := -1
 	var err error
 	if acc != syscall.O_RDONLY {
-		fd, err = unix.Open(procPath(h.fd), syscall.O_RDWR|syscall.O_CLOEXEC|syscall.O_NOCTTY, 0)
+		fd, err = h.reopen(syscall.O_RDWR)
 		if err == nil {
 			acc = syscall.O_RDWR
 		}
 	}
 	if fd < 0 {
-		fd, err = unix.Open(procPath(h.fd), acc|syscall.O_CLOEXEC|syscall.O_NOCTTY, 0)
+		fd, err = h.reopen(acc)
 	}
 	if err != nil {
 		h.m.opens.release(h.uid, 1)
-		return nil, errnoOf(err)
+		return nil, gofs.ToErrno(err)
 	}
 	o := &lockOwner{fd: fd, acc: acc, uid: h.uid}
 	if l.owners == nil {
@@ -239,9 +239,9 @@ func (o *lockOwner) widen(h *fileHandle) syscall.Errno {
 	if o.acc != syscall.O_RDONLY {
 		return syscall.ENOLCK
 	}
-	fd, err := unix.Open(procPath(h.fd), syscall.O_RDWR|syscall.O_CLOEXEC|syscall.O_NOCTTY, 0)
+	fd, err := h.reopen(syscall.O_RDWR)
 	if err != nil {
-		return errnoOf(err)
+		return gofs.ToErrno(err)
 	}
 	for _, s := range o.spans {
 		fl := unix.Flock_t{Type: int16(s.typ), Start: int64(s.start)}
@@ -250,7 +250,7 @@ func (o *lockOwner) widen(h *fileHandle) syscall.Errno {
 		}
 		if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &fl); err != nil {
 			unix.Close(fd)
-			return errnoOf(err)
+			return gofs.ToErrno(err)
 		}
 	}
 	unix.Close(o.fd)
@@ -286,7 +286,7 @@ func (l *inodeLocks) set(h *fileHandle, key uint64, lk *fuse.FileLock, keep bool
 			return none, 0
 		}
 		if err := unix.FcntlFlock(uintptr(o.fd), unix.F_OFD_SETLK, &fl); err != nil {
-			return none, errnoOf(err)
+			return none, gofs.ToErrno(err)
 		}
 		o.spans = setSpans(o.spans, lk.Start, lk.End, syscall.F_UNLCK)
 		if len(o.spans) == 0 {
@@ -311,7 +311,7 @@ func (l *inodeLocks) set(h *fileHandle, key uint64, lk *fuse.FileLock, keep bool
 		o.handles = append(o.handles, h)
 	}
 	if err := unix.FcntlFlock(uintptr(o.fd), unix.F_OFD_SETLK, &fl); err != nil {
-		errno := errnoOf(err)
+		errno := gofs.ToErrno(err)
 		if errno == syscall.EAGAIN && keep {
 			if l.released == nil {
 				l.released = make(chan struct{})
@@ -400,7 +400,7 @@ func (l *inodeLocks) get(h *fileHandle, key uint64, lk *fuse.FileLock, out *fuse
 		return syscall.EBADF
 	}
 	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_GETLK, &fl); err != nil {
-		return errnoOf(err)
+		return gofs.ToErrno(err)
 	}
 	*out = fuse.FileLock{Typ: uint32(fl.Type)}
 	if fl.Type == syscall.F_UNLCK {
@@ -504,10 +504,10 @@ func (h *fileHandle) flock(lk *fuse.FileLock, blocking bool) syscall.Errno {
 		if errno := h.m.opens.acquire(h.uid, 1); errno != 0 {
 			return syscall.ENOLCK
 		}
-		fd, err := unix.Open(procPath(h.fd), h.acc|syscall.O_CLOEXEC|syscall.O_NOCTTY, 0)
+		fd, err := h.reopen(h.acc)
 		if err != nil {
 			h.m.opens.release(h.uid, 1)
-			return errnoOf(err)
+			return gofs.ToErrno(err)
 		}
 		h.flk.fd, h.flk.ok = fd, true
 	}
@@ -515,7 +515,7 @@ func (h *fileHandle) flock(lk *fuse.FileLock, blocking bool) syscall.Errno {
 	if err == nil && op&^syscall.LOCK_NB != syscall.LOCK_EX {
 		h.n.locks.wake()
 	}
-	return errnoOf(err)
+	return gofs.ToErrno(err)
 }
 
 // closeFlock closes the open's flock descriptor, releasing its lock.
@@ -777,5 +777,9 @@ func (f *lockOwnerFS) Flush(c <-chan struct{}, in *fuse.FlushIn) fuse.Status {
 	return f.RawFileSystem.Flush(c, in)
 }
 
-// errnoOf is err's errno.
-func errnoOf(err error) syscall.Errno { return gofs.ToErrno(err) }
+// reopen opens the open's backing file again with access mode acc, for a
+// descriptor of its own that holds locks (the open's descriptor is shared
+// with passthrough and the control path).
+func (h *fileHandle) reopen(acc int) (int, error) {
+	return unix.Open(procPath(h.fd), acc|syscall.O_CLOEXEC|syscall.O_NOCTTY, 0)
+}
