@@ -49,6 +49,13 @@ func smallWindowReadaheads(t *testing.T) (*readaheads, *fakeFills) {
 	return ra, newFakeFills(ra)
 }
 
+// inFlight is the number of fills reading now.
+func (ff *fakeFills) inFlight() int {
+	ff.mu.Lock()
+	defer ff.mu.Unlock()
+	return ff.now
+}
+
 // covered reports whether the ranges read of f cover [off, end).
 func (ff *fakeFills) covered(f *os.File, off, end int64) bool {
 	ff.mu.Lock()
@@ -175,6 +182,11 @@ func TestReadaheadJobsTurnOverForAnotherUID(t *testing.T) {
 			n += len(rs)
 		}
 		return n
+	}
+	// Every job must be in its fill first: a job not yet started would
+	// make the count below look like one that went on.
+	for ff.inFlight() < readaheadJobs {
+		runtime.Gosched()
 	}
 	ff.release <- struct{}{}
 	for fills() == readaheadJobs && len(ra.jobs) == readaheadJobs {
