@@ -82,6 +82,12 @@ func TestTrackerShare(t *testing.T) {
 			if got := l.most[tc.key]; got > tc.want || got < tc.atLeast {
 				t.Errorf("stream %d read ahead up to %d MiB past its READs, want %d to %d MiB", tc.key, got/MiB, tc.atLeast/MiB, tc.want/MiB)
 			}
+			for key := range l.ahead { // every stream that read ahead
+				tr.Forget(key)
+			}
+			if len(tr.live) != 0 {
+				t.Errorf("every stream forgotten, still counted reading ahead: %v", tr.live)
+			}
 		})
 	}
 }
