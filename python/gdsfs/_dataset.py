@@ -94,6 +94,7 @@ def _default_decoder(field: str) -> Callable[[bytes], Any]:
         return _cls
     return functools.partial(_default_decode, field)
 
+
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "webp", "tif", "tiff", "gif")
 # decode="<name>": how image fields are decoded (PIL needed); other fields as default_decode.
 IMAGE_DECODERS = ("pil", "torchrgb8", "torchrgb")

@@ -5,12 +5,10 @@ the lease rules."""
 from __future__ import annotations
 
 import gc
-import itertools
 import multiprocessing
 import os
 
 import pytest
-import torch
 
 from test_small_samples import _small_shards
 
@@ -66,4 +64,65 @@ def test_a_programs_own_freeze_is_left_alone(gdsfs_mount, tmp_path) -> None:
         gc.unfreeze()
     ds.close()
     del dl
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_cheaply_made_tensorref_is_a_tensorref(gdsfs_mount) -> None:
+    """The TensorRefs a dataset makes without the dataclass's __init__ equal, hash, pickle and
+    materialize as ones made the ordinary way."""
+    import copy
+    import itertools
+    import pickle
+
+    import gdsfs.torch as gt
+    from gdsfs import _tensors
+
+    paths, truth = _small_shards(gdsfs_mount, nshards=1, per=4)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    samples = list(itertools.islice(iter(ds), 4))
+    for s in samples:
+        t = s["x.npy"]
+        plain = gt.TensorRef(t.ref, t.dtype, t.shape, t.start, t.fortran, t.field, t.sample, t.path, t._hold)
+        fast = _tensors._new_tensor_ref(t.ref, t.dtype, t.shape, t.start, t.fortran, t.field, t.sample, t.path, t._hold)
+        assert type(t) is gt.TensorRef and fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
+        assert pickle.loads(pickle.dumps(fast)) == plain
+        with pytest.raises(Exception):
+            fast.start = 1  # frozen
+        assert copy.copy(fast) == plain
+    got = {s["__key__"]: s["x.npy"].materialize().numpy().tobytes() for s in samples}
+    assert got == {k: truth[k] for k in got}
+    ds.close()
+    del samples, s, t, plain, fast
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_shared_range_column_is_the_general_columns(gdsfs_mount) -> None:
+    """A column whose samples share one Ref object (a worker's batch run) is built without the
+    per-sample loop: the same leases, Holds, geometries, rows and names as the general path
+    (the same refs through copies of the Ref, which only compare equal)."""
+    import copy
+    import dataclasses
+    import itertools
+
+    import gdsfs.torch as gt
+    from gdsfs import _tensors
+
+    paths, _truth = _small_shards(gdsfs_mount, nshards=1, per=16)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
+    ds._batched = 8  # as gdsfs.torch.DataLoader tells its workers' copies
+    it = iter(ds)
+    for _ in range(2):
+        refs = [s["x.npy"] for s in itertools.islice(it, 8)]
+        assert len({id(t.ref) for t in refs}) == 1
+        fast = _tensors._RefColumn(refs)
+        general = _tensors._RefColumn([dataclasses.replace(t, ref=copy.copy(t.ref)) for t in refs])
+        for name in ("leases", "geos", "idx", "gidx", "starts", "fields", "samples", "paths"):
+            assert getattr(fast, name) == getattr(general, name), name
+        assert fast.holds == [refs[0]._hold] and len(general.holds) == 1
+        mixed = _tensors._RefColumn(refs[:4] + [dataclasses.replace(t, shape=(t.shape[0] // 2,)) for t in refs[4:]])
+        assert mixed.gidx == [0] * 4 + [1] * 4 and len(mixed.geos) == 2 and mixed.idx == [0] * 8
+        _tensors.GDSBatch({"x.npy": fast}).release()
+    it.close()
+    ds.close()
+    del refs, fast, general, mixed
     assert gdsfs_mount.wait_leases(0) == 0
