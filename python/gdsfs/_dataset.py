@@ -1152,8 +1152,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         """(position, shard, state, key, field plans, gpu geometry) of each item."""
         planned: list[_Planned] = []
         daemon = self._session is not None
+        last = -1
+        st: Optional[_ShardState] = None
         for pos, shard, idx in items:
-            st = self._shard(shard)
+            if shard != last or st is None:
+                # Once per run of one shard's samples: the same open shards, in the same LRU order.
+                st, last = self._shard(shard), shard
             known = st.plans.get(idx) if daemon else None
             if known is not None:
                 planned.append((pos, shard, st, *known))
@@ -1189,7 +1193,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         while start < len(planned):
             end, acc = start, 0
             while end < len(planned):
-                nb = sum(g[1] for g in planned[end][5].values())
+                nb = 0
+                for g in planned[end][5].values():
+                    nb += g[1]
                 if end > start and acc + nb > self.read_ahead_bytes:
                     break
                 acc += nb
@@ -1307,8 +1313,12 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             # would fail to decode with a misleading error, or decode into wrong values).
             cpu: list[dict[str, bytes]] = []
             with_cpu: set[int] = set()
+            pread = os.pread
             for (_pos, shard, st, _key, fields, _geo) in group:
-                got_cpu = {fp.name: os.pread(st.fd, fp.length, fp.offset) for fp in fields if not fp.gpu}
+                got_cpu: dict[str, bytes] = {}
+                for fp in fields:
+                    if not fp.gpu:
+                        got_cpu[fp.name] = pread(st.fd, fp.length, fp.offset)
                 if got_cpu:
                     with_cpu.add(shard)
                 cpu.append(got_cpu)
