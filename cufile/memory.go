@@ -127,6 +127,8 @@ type cudaMemory struct {
 	registered *Lib  // cuFile library the memory is registered with, or nil
 	regErr     error // why registration failed; not retried
 	closed     bool
+
+	prep slabPrep // compat mode's background registration (compatfirst.go)
 }
 
 var _ gpubuf.DeviceMemory = (*cudaMemory)(nil)
@@ -159,7 +161,7 @@ func (m *cudaMemory) register(lib *Lib) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return errors.New("cufile: memory closed")
+		return errMemoryClosed
 	}
 	if m.registered != nil || m.regErr != nil {
 		return m.regErr

@@ -127,14 +127,19 @@ func (c *chooser) wrap(e cufile.Engine, why string) (cufile.Engine, string) {
 	if e == nil {
 		return e, why
 	}
-	w := &engine{Engine: e, r: c.r}
+	return wrapEngine(e, c.r), why
+}
+
+// wrapEngine returns e recording its bytes in r.
+func wrapEngine(e cufile.Engine, r Recorder) cufile.Engine {
+	w := &engine{Engine: e, r: r}
 	if vr, ok := e.(cufile.VecReader); ok {
 		// ctlserver serves a READ of many small ranges through ReadVec when
 		// the engine has it: keep it visible behind the wrapper (issue 15's
 		// small samples ran range by range on mounts with --metrics-addr).
-		return &vecEngine{engine: w, vr: vr}, why
+		return &vecEngine{engine: w, vr: vr}
 	}
-	return w, why
+	return w
 }
 
 type engine struct {
@@ -145,6 +150,22 @@ type engine struct {
 // Unwrap implements cufile.Wrapper: the engine's optional abilities stay
 // reachable through the wrapper.
 func (e *engine) Unwrap() cufile.Engine { return e.Engine }
+
+// RouteFor implements cufile.MemoryRouter: the wrapped engine's routing
+// by destination memory (cuFile compat mode's first touch of a new slab)
+// stays behind the wrapper, and the engine it routes to is recorded under
+// its own name.
+func (e *engine) RouteFor(mems []gpubuf.Memory) cufile.Engine {
+	r, ok := e.Engine.(cufile.MemoryRouter)
+	if !ok {
+		return nil
+	}
+	to := r.RouteFor(mems)
+	if to == nil {
+		return nil
+	}
+	return wrapEngine(to, e.r)
+}
 
 func (e *engine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
 	got, err := e.Engine.ReadAt(ctx, f, dst, dstOff, fileOff, n)
