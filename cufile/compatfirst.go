@@ -76,19 +76,31 @@ type compatPreparer struct {
 	register func(m gpubuf.Memory) error
 	log      zerolog.Logger
 
+	slots  chan struct{} // one per registration running at once
 	wg     sync.WaitGroup
 	warned atomic.Bool // a failed registration was logged at warn level
 }
 
-// newCompatPreparer returns the preparer of the gds engine's slabs.
-func newCompatPreparer(lib *Lib, log zerolog.Logger) *compatPreparer {
-	return &compatPreparer{log: log, register: func(m gpubuf.Memory) error {
+// compatPrepParallel is the most registrations that run at once: a
+// fresh daemon's first load allocates a slab every few milliseconds, and
+// its READs (posix meanwhile) share the driver with them.
+const compatPrepParallel = 2
+
+// newCompatPreparer returns a preparer whose registrations call register.
+func newCompatPreparer(register func(gpubuf.Memory) error, log zerolog.Logger) *compatPreparer {
+	return &compatPreparer{register: register, log: log, slots: make(chan struct{}, compatPrepParallel)}
+}
+
+// bufRegister registers m with lib (*cudaMemory.register): the
+// production registration of newCompatPreparer.
+func bufRegister(lib *Lib) func(gpubuf.Memory) error {
+	return func(m gpubuf.Memory) error {
 		r, ok := m.(interface{ register(*Lib) error })
 		if !ok {
 			return errors.New("cufile: memory cannot be registered with cuFile")
 		}
 		return r.register(lib)
-	}}
+	}
 }
 
 // ready reports whether compat mode may read into m without paying its
@@ -118,7 +130,9 @@ func (p *compatPreparer) start(m gpubuf.Memory, s *slabPrep) {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
+		p.slots <- struct{}{}
 		err := p.register(m)
+		<-p.slots
 		if err == nil {
 			s.state.Store(prepReady)
 			return

@@ -35,11 +35,12 @@ type fakeRegistrar struct {
 	release map[gpubuf.Memory]chan struct{} // GUARDED_BY(mu)
 	started map[gpubuf.Memory]chan struct{} // GUARDED_BY(mu): closed when its registration began
 	fail    map[gpubuf.Memory]error         // set before the slab is first routed
+	began   chan gpubuf.Memory              // each registration as it begins
 }
 
 func newFakeRegistrar() *fakeRegistrar {
 	return &fakeRegistrar{calls: map[gpubuf.Memory]int{}, release: map[gpubuf.Memory]chan struct{}{},
-		fail: map[gpubuf.Memory]error{}, started: map[gpubuf.Memory]chan struct{}{}}
+		fail: map[gpubuf.Memory]error{}, started: map[gpubuf.Memory]chan struct{}{}, began: make(chan gpubuf.Memory, 16)}
 }
 
 // gate returns m's release and started channels, creating them.
@@ -59,6 +60,7 @@ func (r *fakeRegistrar) register(m gpubuf.Memory) error {
 	err := r.fail[m]
 	r.mu.Unlock()
 	close(started)
+	r.began <- m
 	<-release
 	return err
 }
@@ -75,7 +77,7 @@ func (r *fakeRegistrar) count(m gpubuf.Memory) int {
 func compatFirstEngines(t *testing.T, f *os.File, reg *fakeRegistrar, log *bytes.Buffer) *Engines {
 	t.Helper()
 	e := autoCompatEngines(t, f)
-	e.compatPrep = &compatPreparer{register: reg.register, log: zerolog.New(log)}
+	e.compatPrep = newCompatPreparer(reg.register, zerolog.New(log))
 	t.Cleanup(e.compatPrep.wait)
 	return e
 }
@@ -242,5 +244,50 @@ func TestEnginesCloseWaitsForRegistrations(t *testing.T) {
 	}
 	if st := m.prep.state.Load(); st != prepReady {
 		t.Errorf("after Close the registration's state is %d, want ready (%d): Close returned before it finished", st, prepReady)
+	}
+}
+
+// TestCompatFirstTouchRegistrationsBounded: a fresh daemon's first load
+// meets many new slabs at once; at most compatPrepParallel registrations
+// run together, and the others start as those end.
+func TestCompatFirstTouchRegistrationsBounded(t *testing.T) {
+	f := cachedFile(t, 1<<20)
+	reg := newFakeRegistrar()
+	var log bytes.Buffer
+	e := compatFirstEngines(t, f, reg, &log)
+	eng, _ := e.ChooseAs(f, f.Name(), 0, -1, nil)
+	slabs := make([]gpubuf.Memory, compatPrepParallel+2)
+	for i := range slabs {
+		slabs[i] = newFakeSlab()
+	}
+	if got := RouteFor(eng, slabs); got != Engine(e.posix) {
+		t.Fatalf("a READ into new slabs goes to %s, want posix", got.Name())
+	}
+	var running []gpubuf.Memory
+	for range compatPrepParallel {
+		running = append(running, <-reg.began)
+	}
+	select {
+	case m := <-reg.began:
+		t.Fatalf("registration %d began while %d ran (%p)", compatPrepParallel+1, compatPrepParallel, m)
+	default:
+	}
+	for done := 0; done < len(slabs); done++ {
+		m := running[0]
+		running = running[1:]
+		rel, _ := reg.gate(m)
+		close(rel)
+		if done+compatPrepParallel < len(slabs) {
+			running = append(running, <-reg.began)
+		}
+	}
+	e.compatPrep.wait()
+	if got := RouteFor(eng, slabs); got != eng {
+		t.Errorf("after every registration a READ into the slabs goes to %s, want cuFile compat mode", got.Name())
+	}
+	for i, m := range slabs {
+		if n := reg.count(m); n != 1 {
+			t.Errorf("slab %d registered %d times, want once", i, n)
+		}
 	}
 }

@@ -263,7 +263,7 @@ func (e *Engines) choose(gpuErr error) error {
 			// compat mode 50 GB/s warm vs posix 37-47, but 1.55 GB/s cold
 			// vs posix 1.84-2.03 (O_DIRECT). So: each where it is faster.
 			e.compatWarm = true
-			e.compatPrep = newCompatPreparer(e.lib, e.log)
+			e.compatPrep = newCompatPreparer(bufRegister(e.lib), e.log)
 			r.Engine, r.Why = EnginePosix, "no nvidia-fs: posix pipeline for files not in the page cache, cuFile compat mode for files in it (where it measured faster)"
 		default:
 			r.Engine, r.Why = EnginePosix, "GPUDirect Storage unavailable (see probes): parallel pread, pinned staging, async copies"
