@@ -2,6 +2,7 @@ package cufile
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -289,5 +290,52 @@ func TestCompatFirstTouchRegistrationsBounded(t *testing.T) {
 		if n := reg.count(m); n != 1 {
 			t.Errorf("slab %d registered %d times, want once", i, n)
 		}
+	}
+}
+
+// TestSlabRegistrationLeavesExportsFree: a slab's registration in the
+// background holds the lock Close takes (the memory is never freed under
+// it) but not the one its export takes (the slab socket handing a client
+// the slab's descriptor right after the READ that met it); a closed slab
+// is not registered.
+func TestSlabRegistrationLeavesExportsFree(t *testing.T) {
+	m := &cudaMemory{size: gpubuf.Align}
+	lib := &Lib{}
+	inCall, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- m.registerWith(lib, func() error { close(inCall); <-release; return nil })
+	}()
+	<-inCall
+	if !m.mu.TryLock() {
+		t.Error("a registration in flight holds the lock exports take")
+	} else {
+		m.mu.Unlock()
+	}
+	if m.regMu.TryLock() {
+		m.regMu.Unlock()
+		t.Error("a registration in flight does not hold the lock Close takes")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := m.registerWith(lib, func() error { t.Error("registered twice"); return nil }); err != nil {
+		t.Errorf("second registration: %v", err)
+	}
+	c := &cudaMemory{size: gpubuf.Align, closed: true}
+	if err := c.registerWith(lib, func() error { t.Error("closed memory registered"); return nil }); !errors.Is(err, errMemoryClosed) {
+		t.Errorf("registering closed memory: %v, want errMemoryClosed", err)
+	}
+	failing := &cudaMemory{size: gpubuf.Align}
+	bar1 := &FileError{Op: "cuFileBufRegister", Code: 5016}
+	for range 2 {
+		if err := failing.registerWith(lib, func() error { return bar1 }); !errors.Is(err, bar1) {
+			t.Errorf("a refused registration answered %v, want %v (and not retried)", err, bar1)
+		}
+	}
+	already := &cudaMemory{size: gpubuf.Align}
+	if err := already.registerWith(lib, func() error { return &FileError{Code: fileMemoryAlreadyReg} }); err != nil || already.registered != lib {
+		t.Errorf("memory cuFile had registered already: %v, registered %v", err, already.registered != nil)
 	}
 }
