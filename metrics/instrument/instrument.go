@@ -130,16 +130,57 @@ func (c *chooser) wrap(e cufile.Engine, why string) (cufile.Engine, string) {
 	return wrapEngine(e, c.r), why
 }
 
-// wrapEngine returns e recording its bytes in r.
+// wrapEngine returns e recording its bytes in r, with e's optional
+// abilities that ctlserver looks for (ReadVec, RouteFor) and no others.
 func wrapEngine(e cufile.Engine, r Recorder) cufile.Engine {
 	w := &engine{Engine: e, r: r}
-	if vr, ok := e.(cufile.VecReader); ok {
+	vr, vec := e.(cufile.VecReader)
+	mr, routes := e.(cufile.MemoryRouter)
+	switch {
+	case vec && routes:
+		return &vecRouteEngine{vecEngine: &vecEngine{engine: w, vr: vr}, mr: mr}
+	case vec:
 		// ctlserver serves a READ of many small ranges through ReadVec when
 		// the engine has it: keep it visible behind the wrapper (issue 15's
 		// small samples ran range by range on mounts with --metrics-addr).
 		return &vecEngine{engine: w, vr: vr}
+	case routes:
+		// cuFile compat mode's routing of new slabs to posix: without it,
+		// mounts with --metrics-addr would pay compat's first touch of
+		// every new slab.
+		return &routeEngine{engine: w, mr: mr}
 	}
 	return w
+}
+
+// routeTo is a MemoryRouter's answer for mems, recorded in r under the
+// name of the engine it routes to.
+func routeTo(mr cufile.MemoryRouter, mems []gpubuf.Memory, r Recorder) cufile.Engine {
+	to := mr.RouteFor(mems)
+	if to == nil {
+		return nil
+	}
+	return wrapEngine(to, r)
+}
+
+// routeEngine is the recording wrapper of a cufile.MemoryRouter.
+type routeEngine struct {
+	*engine
+	mr cufile.MemoryRouter
+}
+
+// RouteFor implements cufile.MemoryRouter.
+func (e *routeEngine) RouteFor(mems []gpubuf.Memory) cufile.Engine { return routeTo(e.mr, mems, e.r) }
+
+// vecRouteEngine is the recording wrapper of an engine that is both.
+type vecRouteEngine struct {
+	*vecEngine
+	mr cufile.MemoryRouter
+}
+
+// RouteFor implements cufile.MemoryRouter.
+func (e *vecRouteEngine) RouteFor(mems []gpubuf.Memory) cufile.Engine {
+	return routeTo(e.mr, mems, e.r)
 }
 
 type engine struct {
@@ -150,22 +191,6 @@ type engine struct {
 // Unwrap implements cufile.Wrapper: the engine's optional abilities stay
 // reachable through the wrapper.
 func (e *engine) Unwrap() cufile.Engine { return e.Engine }
-
-// RouteFor implements cufile.MemoryRouter: the wrapped engine's routing
-// by destination memory (cuFile compat mode's first touch of a new slab)
-// stays behind the wrapper, and the engine it routes to is recorded under
-// its own name.
-func (e *engine) RouteFor(mems []gpubuf.Memory) cufile.Engine {
-	r, ok := e.Engine.(cufile.MemoryRouter)
-	if !ok {
-		return nil
-	}
-	to := r.RouteFor(mems)
-	if to == nil {
-		return nil
-	}
-	return wrapEngine(to, e.r)
-}
 
 func (e *engine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
 	got, err := e.Engine.ReadAt(ctx, f, dst, dstOff, fileOff, n)

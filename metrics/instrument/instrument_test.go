@@ -362,10 +362,25 @@ func TestEnginesKeepMemoryRouting(t *testing.T) {
 		t.Errorf("gdsfs_bytes_total{gds-compat,read} = %v: the routed read was recorded under the router's name", got)
 	}
 	plain, _ := Engines(fixedEngine{readOnlyEngine{host}}, m).Choose(nil, "p", 0, 1)
-	if got := cufile.RouteFor(plain, []gpubuf.Memory{fresh}); got != plain {
-		t.Errorf("an engine without routing routed through the wrapper to %T", got)
+	if _, ok := plain.(cufile.MemoryRouter); ok {
+		t.Errorf("an engine without routing gained it through the wrapper (%T)", plain)
+	}
+	both, _ := Engines(fixedEngine{vecRouter{fakeVecEngine{host}, routingEngine{host, posix, map[gpubuf.Memory]bool{fresh: true}}}}, m).Choose(nil, "p", 0, 1)
+	if _, ok := both.(cufile.VecReader); !ok {
+		t.Errorf("an engine with ReadVec and routing lost ReadVec behind the wrapper (%T)", both)
+	}
+	if got := cufile.RouteFor(both, []gpubuf.Memory{fresh}); got.Name() != cufile.EnginePosix {
+		t.Errorf("an engine with ReadVec and routing routed a new slab to %s behind the wrapper", got.Name())
 	}
 }
+
+// vecRouter has ReadVec and routes.
+type vecRouter struct {
+	fakeVecEngine
+	r routingEngine
+}
+
+func (e vecRouter) RouteFor(mems []gpubuf.Memory) cufile.Engine { return e.r.RouteFor(mems) }
 
 func mustAlloc(t *testing.T, be gpubuf.Backend) gpubuf.Memory {
 	t.Helper()
