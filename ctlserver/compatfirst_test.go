@@ -43,9 +43,10 @@ type firstTouchCompat struct {
 	namedEngine
 	posix *namedEngine
 
-	pmu      sync.Mutex
-	prepared map[gpubuf.Memory]bool // GUARDED_BY(pmu)
-	touches  int                    // GUARDED_BY(pmu): reads into unprepared memory
+	pmu       sync.Mutex
+	prepared  map[gpubuf.Memory]bool // GUARDED_BY(pmu)
+	touches   int                    // GUARDED_BY(pmu): reads into unprepared memory
+	dedicated int                    // GUARDED_BY(pmu): dedicated slabs routed
 }
 
 func (e *firstTouchCompat) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
@@ -58,13 +59,16 @@ func (e *firstTouchCompat) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Me
 	return e.namedEngine.ReadAt(ctx, f, dst, dstOff, fileOff, n)
 }
 
-func (e *firstTouchCompat) RouteFor(mems []gpubuf.Memory) cufile.Engine {
+func (e *firstTouchCompat) RouteFor(slabs []*gpubuf.Slab) cufile.Engine {
 	e.pmu.Lock()
 	defer e.pmu.Unlock()
 	route := false
-	for _, m := range mems {
-		if !e.prepared[m] {
-			e.prepared[m], route = true, true
+	for _, s := range slabs {
+		if s.Dedicated {
+			e.dedicated++
+			route = true
+		} else if !e.prepared[s.Memory] {
+			e.prepared[s.Memory], route = true, true
 		}
 	}
 	if route {
@@ -76,8 +80,8 @@ func (e *firstTouchCompat) RouteFor(mems []gpubuf.Memory) cufile.Engine {
 // TestCompatFirstTouchOfNewSlabs: a READ the chooser gives to cuFile
 // compat mode whose leases land in a slab compat was not prepared for is
 // read by the engine the router names, and the reply names that engine;
-// the next READ into the now prepared slab is compat's. No READ pays
-// compat's first touch.
+// the next READ into the now prepared slab is compat's; the router is
+// told which slabs are dedicated. No READ pays compat's first touch.
 func TestCompatFirstTouchOfNewSlabs(t *testing.T) {
 	e := newEnv(t, envOptions{slabBytes: 1 << 20, budgetBytes: 16 << 20})
 	host := cufile.NewHostEngine(cufile.Options{ChunkBytes: 64 << 10, Workers: 2})
@@ -85,7 +89,7 @@ func TestCompatFirstTouchOfNewSlabs(t *testing.T) {
 	compat := &firstTouchCompat{namedEngine: namedEngine{Engine: host, name: cufile.EngineGDSCompat}, posix: posix, prepared: map[gpubuf.Memory]bool{}}
 	e.srv.opts.Engines = &recordingChooser{e: compat}
 	cl := e.client(1000, ctl.Token{})
-	f, data := e.file("a.bin", 300000, os.O_RDONLY)
+	f, data := e.file("a.bin", 2<<20, os.O_RDONLY)
 	ctx := context.Background()
 	for i, want := range []struct {
 		ranges []ctl.Range
@@ -96,6 +100,7 @@ func TestCompatFirstTouchOfNewSlabs(t *testing.T) {
 		{[]ctl.Range{{Offset: 0, Length: 100000}}, cufile.EnginePosix, 1, 0},                                     // fresh slab
 		{[]ctl.Range{{Offset: 100000, Length: 100000}}, cufile.EngineGDSCompat, 1, 1},                            // the same slab
 		{[]ctl.Range{{Offset: 200000, Length: 50000}, {Offset: 4096, Length: 10}}, cufile.EngineGDSCompat, 1, 3}, // two ranges, the same slab
+		{[]ctl.Range{{Offset: 0, Length: 3 << 19}}, cufile.EnginePosix, 2, 3},                                    // larger than a slab: dedicated
 	} {
 		ls, err := cl.Read(ctx, f, ctl.HostDevice, want.ranges)
 		if err != nil {
@@ -119,8 +124,11 @@ func TestCompatFirstTouchOfNewSlabs(t *testing.T) {
 		}
 	}
 	compat.pmu.Lock()
-	touches := compat.touches
+	touches, dedicated := compat.touches, compat.dedicated
 	compat.pmu.Unlock()
+	if dedicated != 1 {
+		t.Errorf("the router was told of %d dedicated slabs, want 1 (the READ larger than a slab)", dedicated)
+	}
 	if touches != 0 {
 		t.Errorf("compat mode paid its first touch of a slab %d times, want none", touches)
 	}

@@ -402,13 +402,13 @@ func routeByMemory(eng cufile.Engine, code ctl.EngineCode, held []*gpubuf.Lease)
 	if _, ok := eng.(cufile.MemoryRouter); !ok {
 		return eng, code
 	}
-	mems := make([]gpubuf.Memory, 0, len(held))
+	slabs := make([]*gpubuf.Slab, 0, len(held))
 	for _, l := range held {
 		if l != nil {
-			mems = append(mems, l.Slab.Memory)
+			slabs = append(slabs, l.Slab)
 		}
 	}
-	to := cufile.RouteFor(eng, mems)
+	to := cufile.RouteFor(eng, slabs)
 	if to != eng && code == ctl.EngineCodeOf(eng.Name()) {
 		code = ctl.EngineCodeOf(to.Name())
 	}

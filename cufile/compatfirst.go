@@ -41,8 +41,8 @@ import (
 // reply.
 type MemoryRouter interface {
 	// RouteFor returns the engine that serves a read into every one of
-	// mems, or nil when the router serves it itself.
-	RouteFor(mems []gpubuf.Memory) Engine
+	// slabs, or nil when the router serves it itself.
+	RouteFor(slabs []*gpubuf.Slab) Engine
 }
 
 // Preparation states of one allocation (slabPrep.state).
@@ -154,17 +154,20 @@ func (p *compatPreparer) wait() { p.wg.Wait() }
 
 // RouteFor implements MemoryRouter: in auto mode without nvidia-fs, a
 // read into any slab compat mode has not been prepared for goes to the
-// posix engine (see the top of this file); otherwise, and with any other
-// configuration, nil (the gds engine serves it, as before).
-func (f *fallbackEngine) RouteFor(mems []gpubuf.Memory) Engine {
+// posix engine (see the top of this file), and so does a read into a
+// dedicated slab (one lease larger than a regular slab, freed at its
+// release: compat would pay its first touch for that one READ, and
+// registering it would only delay the release); otherwise, and with any
+// other configuration, nil (the gds engine serves it, as before).
+func (f *fallbackEngine) RouteFor(slabs []*gpubuf.Slab) Engine {
 	p := f.e.compatPrep
 	if p == nil {
 		return nil
 	}
 	route := false
-	for _, m := range mems {
+	for _, s := range slabs {
 		// Every one is asked, so that every new slab's preparation starts.
-		if !p.ready(m) {
+		if s.Dedicated || !p.ready(s.Memory) {
 			route = true
 		}
 	}
@@ -176,11 +179,11 @@ func (f *fallbackEngine) RouteFor(mems []gpubuf.Memory) Engine {
 
 var _ MemoryRouter = (*fallbackEngine)(nil)
 
-// RouteFor returns the engine that serves a read by e into mems: e's
+// RouteFor returns the engine that serves a read by e into slabs: e's
 // MemoryRouter answer, or e itself.
-func RouteFor(e Engine, mems []gpubuf.Memory) Engine {
+func RouteFor(e Engine, slabs []*gpubuf.Slab) Engine {
 	if r, ok := e.(MemoryRouter); ok {
-		if to := r.RouteFor(mems); to != nil {
+		if to := r.RouteFor(slabs); to != nil {
 			return to
 		}
 	}

@@ -24,6 +24,15 @@ type fakeSlab struct {
 
 func (m *fakeSlab) compatPrep() *slabPrep { return &m.prep }
 
+// slabsOf is mems as the pool's regular slabs.
+func slabsOf(mems ...gpubuf.Memory) []*gpubuf.Slab {
+	out := make([]*gpubuf.Slab, len(mems))
+	for i, m := range mems {
+		out[i] = &gpubuf.Slab{Memory: m, Size: m.Size()}
+	}
+	return out
+}
+
 func newFakeSlab() *fakeSlab {
 	return &fakeSlab{fakeDevMem: fakeDevMem{data: make([]byte, gpubuf.Align)}}
 }
@@ -120,7 +129,7 @@ func TestCompatFirstTouchGoesToPosix(t *testing.T) {
 		t.Fatalf("cached range chosen as %s (%q), want cuFile compat mode", eng.Name(), why)
 	}
 	a, b := newFakeSlab(), newFakeSlab()
-	route := func(mems ...gpubuf.Memory) Engine { return RouteFor(eng, mems) }
+	route := func(mems ...gpubuf.Memory) Engine { return RouteFor(eng, slabsOf(mems...)) }
 
 	if got := route(a); got != Engine(e.posix) {
 		t.Fatalf("a READ into a fresh slab goes to %s, want posix", got.Name())
@@ -147,6 +156,22 @@ func TestCompatFirstTouchGoesToPosix(t *testing.T) {
 	if reg.count(a) != 1 || reg.count(b) != 1 {
 		t.Errorf("registrations: slab a %d, slab b %d; want one each", reg.count(a), reg.count(b))
 	}
+	// A dedicated slab (one lease larger than a regular slab, freed at
+	// its release) goes to posix and is not registered.
+	big := newFakeSlab()
+	dedicated := []*gpubuf.Slab{{Memory: big, Size: big.Size(), Dedicated: true}}
+	for range 2 {
+		if got := RouteFor(eng, dedicated); got != Engine(e.posix) {
+			t.Errorf("a READ into a dedicated slab goes to %s, want posix", got.Name())
+		}
+		if got := RouteFor(eng, append(slabsOf(a), dedicated...)); got != Engine(e.posix) {
+			t.Errorf("a READ into a registered and a dedicated slab goes to %s, want posix", got.Name())
+		}
+	}
+	e.compatPrep.wait()
+	if n, st := reg.count(big), big.prep.state.Load(); n != 0 || st != prepNone {
+		t.Errorf("a dedicated slab was registered (%d calls, state %d)", n, st)
+	}
 	if log.Len() != 0 {
 		t.Errorf("successful registrations logged: %s", log.String())
 	}
@@ -170,7 +195,7 @@ func TestCompatFirstTouchRegistrationFails(t *testing.T) {
 		rel, _ := reg.gate(m)
 		close(rel)
 		for range 3 {
-			if got := RouteFor(eng, []gpubuf.Memory{m}); got != Engine(e.posix) {
+			if got := RouteFor(eng, slabsOf(m)); got != Engine(e.posix) {
 				t.Fatalf("a READ into a slab registration refused goes to %s, want posix", got.Name())
 			}
 			e.compatPrep.wait()
@@ -210,8 +235,14 @@ func TestCompatFirstTouchOnlyWhereItApplies(t *testing.T) {
 		{"gds without a preparer", noPrep.files[k].engine, slab},
 		{"untracked memory", gdsEng, plain},
 	} {
-		if got := RouteFor(tc.eng, []gpubuf.Memory{tc.mem}); got != tc.eng {
+		if got := RouteFor(tc.eng, slabsOf(tc.mem)); got != tc.eng {
 			t.Errorf("%s: routed to %s", tc.name, got.Name())
+		}
+	}
+	big := []*gpubuf.Slab{{Memory: slab, Size: slab.Size(), Dedicated: true}}
+	for _, eng := range []Engine{auto.posix, noPrep.files[k].engine} {
+		if got := RouteFor(eng, big); got != eng {
+			t.Errorf("%s: a dedicated slab routed to %s", eng.Name(), got.Name())
 		}
 	}
 	auto.compatPrep.wait()
@@ -229,7 +260,7 @@ func TestEnginesCloseWaitsForRegistrations(t *testing.T) {
 	e := compatFirstEngines(t, f, reg, &log)
 	eng, _ := e.ChooseAs(f, f.Name(), 0, -1, nil)
 	m := newFakeSlab()
-	RouteFor(eng, []gpubuf.Memory{m})
+	RouteFor(eng, slabsOf(m))
 	rel, started := reg.gate(m)
 	<-started
 	closed := make(chan error, 1)
@@ -261,7 +292,7 @@ func TestCompatFirstTouchRegistrationsBounded(t *testing.T) {
 	for i := range slabs {
 		slabs[i] = newFakeSlab()
 	}
-	if got := RouteFor(eng, slabs); got != Engine(e.posix) {
+	if got := RouteFor(eng, slabsOf(slabs...)); got != Engine(e.posix) {
 		t.Fatalf("a READ into new slabs goes to %s, want posix", got.Name())
 	}
 	var running []gpubuf.Memory
@@ -283,7 +314,7 @@ func TestCompatFirstTouchRegistrationsBounded(t *testing.T) {
 		}
 	}
 	e.compatPrep.wait()
-	if got := RouteFor(eng, slabs); got != eng {
+	if got := RouteFor(eng, slabsOf(slabs...)); got != eng {
 		t.Errorf("after every registration a READ into the slabs goes to %s, want cuFile compat mode", got.Name())
 	}
 	for i, m := range slabs {

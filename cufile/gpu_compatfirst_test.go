@@ -111,13 +111,13 @@ func TestGPUCompatFirstTouch(t *testing.T) {
 	rawRead("cuFileRead, the same unregistered slab again", unreg)
 	readInto("posix, fresh slab, 4 KiB", posix, alloc(), small)
 	routed := alloc()
-	if to := RouteFor(fb, []gpubuf.Memory{routed}); to != Engine(posix) {
+	if to := RouteFor(fb, slabsOf(routed)); to != Engine(posix) {
 		t.Errorf("a fresh slab is routed to %s, want posix", to.Name())
 	}
 	t0 = time.Now()
 	e.compatPrep.wait()
 	logf("background registration of a fresh slab (waited for)", slab, time.Since(t0))
-	if to := RouteFor(fb, []gpubuf.Memory{routed}); to != fb {
+	if to := RouteFor(fb, slabsOf(routed)); to != fb {
 		t.Errorf("a registered slab is routed to %s, want compat", to.Name())
 	}
 	readInto("compat, 4 KiB into the background-registered slab", fb, routed, small)
@@ -153,10 +153,10 @@ func TestGPUCompatFirstTouch(t *testing.T) {
 	load("load, 8 fresh slabs, compat (before)", fresh(), func(gpubuf.Memory) Engine { return e.gds })
 	load("load, 8 fresh slabs, posix", fresh(), func(gpubuf.Memory) Engine { return posix })
 	slabs := fresh()
-	load("load, 8 fresh slabs, router (after)", slabs, func(m gpubuf.Memory) Engine { return RouteFor(fb, []gpubuf.Memory{m}) })
+	load("load, 8 fresh slabs, router (after)", slabs, func(m gpubuf.Memory) Engine { return RouteFor(fb, slabsOf(m)) })
 	t0 = time.Now()
 	e.compatPrep.wait()
 	logf("the router's background registrations, rest of", int64(len(slabs))*slab, time.Since(t0))
-	load("load again, the same slabs, router", slabs, func(m gpubuf.Memory) Engine { return RouteFor(fb, []gpubuf.Memory{m}) })
+	load("load again, the same slabs, router", slabs, func(m gpubuf.Memory) Engine { return RouteFor(fb, slabsOf(m)) })
 	load("load again, the same slabs, compat", slabs, func(gpubuf.Memory) Engine { return e.gds })
 }

@@ -153,10 +153,10 @@ func wrapEngine(e cufile.Engine, r Recorder) cufile.Engine {
 	return w
 }
 
-// routeTo is a MemoryRouter's answer for mems, recorded in r under the
+// routeTo is a MemoryRouter's answer for slabs, recorded in r under the
 // name of the engine it routes to.
-func routeTo(mr cufile.MemoryRouter, mems []gpubuf.Memory, r Recorder) cufile.Engine {
-	to := mr.RouteFor(mems)
+func routeTo(mr cufile.MemoryRouter, slabs []*gpubuf.Slab, r Recorder) cufile.Engine {
+	to := mr.RouteFor(slabs)
 	if to == nil {
 		return nil
 	}
@@ -170,7 +170,7 @@ type routeEngine struct {
 }
 
 // RouteFor implements cufile.MemoryRouter.
-func (e *routeEngine) RouteFor(mems []gpubuf.Memory) cufile.Engine { return routeTo(e.mr, mems, e.r) }
+func (e *routeEngine) RouteFor(slabs []*gpubuf.Slab) cufile.Engine { return routeTo(e.mr, slabs, e.r) }
 
 // vecRouteEngine is the recording wrapper of an engine that is both.
 type vecRouteEngine struct {
@@ -179,8 +179,8 @@ type vecRouteEngine struct {
 }
 
 // RouteFor implements cufile.MemoryRouter.
-func (e *vecRouteEngine) RouteFor(mems []gpubuf.Memory) cufile.Engine {
-	return routeTo(e.mr, mems, e.r)
+func (e *vecRouteEngine) RouteFor(slabs []*gpubuf.Slab) cufile.Engine {
+	return routeTo(e.mr, slabs, e.r)
 }
 
 type engine struct {

@@ -296,9 +296,9 @@ type routingEngine struct {
 	new map[gpubuf.Memory]bool
 }
 
-func (e routingEngine) RouteFor(mems []gpubuf.Memory) cufile.Engine {
-	for _, m := range mems {
-		if e.new[m] {
+func (e routingEngine) RouteFor(slabs []*gpubuf.Slab) cufile.Engine {
+	for _, s := range slabs {
+		if e.new[s.Memory] {
 			return e.to
 		}
 	}
@@ -329,10 +329,10 @@ func TestEnginesKeepMemoryRouting(t *testing.T) {
 	posix := fakeVecEngine{renamed{host, cufile.EnginePosix}}
 	m := metrics.New()
 	e, _ := Engines(fixedEngine{routingEngine{renamed{host, cufile.EngineGDSCompat}, posix, map[gpubuf.Memory]bool{fresh: true}}}, m).Choose(nil, "p", 0, 1)
-	if got := cufile.RouteFor(e, []gpubuf.Memory{old}); got != e {
+	if got := cufile.RouteFor(e, slabs(old)); got != e {
 		t.Errorf("a read into memory the router keeps routed to %s (%T)", got.Name(), got)
 	}
-	to := cufile.RouteFor(e, []gpubuf.Memory{old, fresh})
+	to := cufile.RouteFor(e, slabs(old, fresh))
 	if to.Name() != cufile.EnginePosix {
 		t.Fatalf("a read into new memory routed to %s, want posix", to.Name())
 	}
@@ -369,7 +369,7 @@ func TestEnginesKeepMemoryRouting(t *testing.T) {
 	if _, ok := both.(cufile.VecReader); !ok {
 		t.Errorf("an engine with ReadVec and routing lost ReadVec behind the wrapper (%T)", both)
 	}
-	if got := cufile.RouteFor(both, []gpubuf.Memory{fresh}); got.Name() != cufile.EnginePosix {
+	if got := cufile.RouteFor(both, slabs(fresh)); got.Name() != cufile.EnginePosix {
 		t.Errorf("an engine with ReadVec and routing routed a new slab to %s behind the wrapper", got.Name())
 	}
 }
@@ -380,7 +380,16 @@ type vecRouter struct {
 	r routingEngine
 }
 
-func (e vecRouter) RouteFor(mems []gpubuf.Memory) cufile.Engine { return e.r.RouteFor(mems) }
+func (e vecRouter) RouteFor(slabs []*gpubuf.Slab) cufile.Engine { return e.r.RouteFor(slabs) }
+
+// slabs is mems as regular slabs of the pool.
+func slabs(mems ...gpubuf.Memory) []*gpubuf.Slab {
+	out := make([]*gpubuf.Slab, len(mems))
+	for i, m := range mems {
+		out[i] = &gpubuf.Slab{Memory: m, Size: m.Size()}
+	}
+	return out
+}
 
 func mustAlloc(t *testing.T, be gpubuf.Backend) gpubuf.Memory {
 	t.Helper()
