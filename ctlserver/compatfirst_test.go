@@ -133,3 +133,43 @@ func TestCompatFirstTouchOfNewSlabs(t *testing.T) {
 		t.Errorf("compat mode paid its first touch of a slab %d times, want none", touches)
 	}
 }
+
+// TestRouteByMemory: the engine and the reply's code after routing, for
+// an engine that does not route, one that keeps a READ, one that routes
+// it, and a code that named another engine than the one reading (a tier
+// hit told as the caller's engine), which routing leaves as it was.
+func TestRouteByMemory(t *testing.T) {
+	host := cufile.NewHostEngine(cufile.Options{})
+	posix := &namedEngine{Engine: host, name: cufile.EnginePosix}
+	fresh, used := &gpubuf.Slab{ID: 1}, &gpubuf.Slab{ID: 2}
+	router := &firstTouchCompat{namedEngine: namedEngine{Engine: host, name: cufile.EngineGDSCompat}, posix: posix,
+		prepared: map[gpubuf.Memory]bool{}}
+	fresh.Memory, used.Memory = &namedMemory{"fresh"}, &namedMemory{"used"}
+	router.prepared[used.Memory] = true
+	compatCode, posixCode := ctl.EngineCodeOf(cufile.EngineGDSCompat), ctl.EngineCodeOf(cufile.EnginePosix)
+	for _, tc := range []struct {
+		name     string
+		eng      cufile.Engine
+		code     ctl.EngineCode
+		held     []*gpubuf.Lease
+		wantEng  cufile.Engine
+		wantCode ctl.EngineCode
+	}{
+		{"no router", host, ctl.EngineHost, []*gpubuf.Lease{{Slab: fresh}}, host, ctl.EngineHost},
+		{"kept", router, compatCode, []*gpubuf.Lease{{Slab: used}, nil}, router, compatCode},
+		{"routed", router, compatCode, []*gpubuf.Lease{nil, {Slab: used}, {Slab: fresh}}, posix, posixCode},
+		{"told another engine", router, ctl.EngineTier, []*gpubuf.Lease{{Slab: &gpubuf.Slab{Memory: &namedMemory{"new"}}}}, posix, ctl.EngineTier},
+	} {
+		eng, code := routeByMemory(tc.eng, tc.code, tc.held)
+		if eng != tc.wantEng || code != tc.wantCode {
+			t.Errorf("%s: %s with code %v, want %s with %v", tc.name, eng.Name(), code, tc.wantEng.Name(), tc.wantCode)
+		}
+	}
+}
+
+// namedMemory is memory that is only a key.
+type namedMemory struct{ name string }
+
+func (m *namedMemory) Size() int64             { return 0 }
+func (m *namedMemory) Export() ([]byte, error) { return nil, nil }
+func (m *namedMemory) Close() error            { return nil }

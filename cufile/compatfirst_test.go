@@ -370,3 +370,12 @@ func TestSlabRegistrationLeavesExportsFree(t *testing.T) {
 		t.Errorf("memory cuFile had registered already: %v, registered %v", err, already.registered != nil)
 	}
 }
+
+// TestBufRegisterNeedsCUDAMemory: the production registration refuses
+// memory that is not a CUDA slab with an error (the slab then stays with
+// posix) rather than panicking.
+func TestBufRegisterNeedsCUDAMemory(t *testing.T) {
+	if err := bufRegister(&Lib{})(&fakeDevMem{data: make([]byte, gpubuf.Align)}); err == nil {
+		t.Error("registering memory that is not a CUDA slab succeeded")
+	}
+}
