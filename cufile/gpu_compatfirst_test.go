@@ -18,8 +18,9 @@ import (
 // first cuFileRead of memory never registered; and what a load through
 // new slabs reads at: compat as before, posix, the router (posix while a
 // slab registers in the background), and the router again once every
-// slab is registered. Auto mode without nvidia-fs only (where the router
-// applies).
+// slab is registered; last, a compat load of registered slabs while 8
+// others register in the background (whether registrations stall such
+// READs). Auto mode without nvidia-fs only (where the router applies).
 func TestGPUCompatFirstTouch(t *testing.T) {
 	e := gpuEngines(t)
 	switch {
@@ -159,4 +160,10 @@ func TestGPUCompatFirstTouch(t *testing.T) {
 	logf("the router's background registrations, rest of", int64(len(slabs))*slab, time.Since(t0))
 	load("load again, the same slabs, router", slabs, func(m gpubuf.Memory) Engine { return RouteFor(fb, slabsOf(m)) })
 	load("load again, the same slabs, compat", slabs, func(gpubuf.Memory) Engine { return e.gds })
+	// Registrations in the background beside compat READs of registered
+	// slabs: does libcufile make those READs wait for them?
+	others := fresh()
+	RouteFor(fb, slabsOf(others...))
+	load("load, registered slabs, compat, 8 registering beside", slabs, func(gpubuf.Memory) Engine { return e.gds })
+	e.compatPrep.wait()
 }
