@@ -126,3 +126,32 @@ def test_a_shared_range_column_is_the_general_columns(gdsfs_mount) -> None:
     ds.close()
     del refs, fast, general, mixed
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def _positions_by_at(plan, slot: int, skip: int) -> list[tuple[int, int, int]]:
+    """EpochPlan.positions as it was: at() of every position of the slot's interleaved runs."""
+    lo, hi = plan.block(slot)
+    k = min(plan.interleave, max(1, hi - lo))
+    runs = [range(lo + j * (hi - lo) // k, lo + (j + 1) * (hi - lo) // k) for j in range(k)]
+    longest = max(len(r) for r in runs)
+    order = [plan.at(r[i]) for i in range(longest) for r in runs if i < len(r)]
+    return [(lo + n, s, i) for n, (s, i) in enumerate(order) if n >= skip]
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 7, 3], [1], [0, 4], [13, 13, 1, 0, 9]])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("even,world,slots", [(None, 1, 1), (None, 1, 3), ("pad", 2, 4), ("drop", 2, 6), ("pad", 3, 3)])
+def test_the_walk_over_shard_stretches_gives_the_positions_at_gives(counts, shuffle, even, world, slots) -> None:
+    """A slot's positions without interleaving come one shard's stretch at a time: the same
+    (position, shard, index) as at() of each position, from any resume point, and the same
+    sample permutations kept afterwards."""
+    from gdsfs._plan import EpochPlan
+
+    def plan():
+        return EpochPlan(counts, seed=7, epoch=2, shuffle=shuffle, slots=slots, world=world, even=even)
+
+    for slot in range(slots):
+        for skip in (0, 1, 2, 5, 100):
+            a, b = plan(), plan()
+            assert list(a.positions(slot, skip)) == _positions_by_at(b, slot, skip), (slot, skip)
+            assert dict(a._perms) == dict(b._perms) and list(a._perms) == list(b._perms)
