@@ -330,6 +330,14 @@ func (d *Daemon) mountFS(ctx context.Context) error {
 		srv.Wait()
 		close(d.served)
 	}()
+	// Who serves the mount, for gdsfs unmount/mount/status to name the
+	// daemon even once it no longer answers (mountrecord.go); removed
+	// after the unmount.
+	if remove, err := WriteMountRecord(c.Mountpoint); err != nil {
+		c.Log.Warn().Err(err).Msg("cannot record this daemon's mount: gdsfs unmount --force and status will not name its pid if it hangs")
+	} else {
+		d.push("remove mount record", func() error { remove(); return nil })
+	}
 	d.push("unmount", d.unmount)
 	// The components that report on the running mount get it now.
 	d.ctl.Mounted(srv)
