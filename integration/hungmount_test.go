@@ -482,3 +482,58 @@ func childZombie(mnt, src string) error {
 	fmt.Println("blocked")
 	select {}
 }
+
+// TestSignalTwiceAbortsStuckRequest: SIGTERM of a daemon while a request
+// is stuck in it (a flock waiting for a lock this test holds) detaches
+// the mount at once and, as with any open file, serves on; a second
+// SIGTERM aborts the connection: the stuck request fails, the daemon exits
+// 0 and nothing stays mounted.
+func TestSignalTwiceAbortsStuckRequest(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	backing, mnt := mountDirs(t, dir)
+	writeFile(t, filepath.Join(backing, "f"), []byte("data"))
+	cmd := startForeground(t, "--source", backing, mnt)
+	m := mountEntry(t, mnt)
+	cleanupMount(t, mnt)
+	abortOnCleanup(t, m)
+	holder, err := os.Open(filepath.Join(mnt, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if err := syscall.Flock(int(holder.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	waiter := blockOn(t, 0, "flock", filepath.Join(mnt, "f"), "true")
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitMounted(t, mnt, false)
+	if !waiter.blocked() || cmd.ProcessState != nil {
+		t.Fatalf("after one SIGTERM: waiter blocked %v, daemon exited %v", waiter.blocked(), cmd.ProcessState != nil)
+	}
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	took := waiter.waitFailed(t, start)
+	if code := waitExit(t, cmd); code != 0 {
+		t.Errorf("daemon exit code %d after the second SIGTERM, want 0", code)
+	}
+	// The connection ends with the last file open on the detached mount
+	// (one opened with passthrough even reads on: the kernel serves it).
+	holder.Close()
+	deadline := time.Now().Add(hungWait)
+	for {
+		if _, err := os.Stat(fuseconn.Dir(m.ConnID())); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("connection %d still open %s after the daemon exited and the last file closed", m.ConnID(), hungWait)
+		}
+		time.Sleep(5 * time.Millisecond) // polling fusectl: no event to wait on
+	}
+	t.Logf("second SIGTERM: the stuck flock failed after %s: %s", took.Round(time.Millisecond), strings.TrimSpace(waiter.out.String()))
+}
