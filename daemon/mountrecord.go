@@ -29,51 +29,57 @@ type MountRecord struct {
 	Mountpoint string `json:"mountpoint"`
 }
 
-// recordPath is the record of mount m's connection. Connection numbers
-// are reused only once the old connection is gone.
-func recordPath(m mountinfo.Entry) string {
-	return filepath.Join(RecordDir, fmt.Sprintf("conn-%d.json", m.ConnID()))
+// recordPath is the record in dir of mount m's connection. Connection
+// numbers are reused only once the old connection is gone.
+func recordPath(dir string, m mountinfo.Entry) string {
+	return filepath.Join(dir, fmt.Sprintf("conn-%d.json", m.ConnID()))
 }
 
 // WriteMountRecord records that this process serves the FUSE mount at
 // mountpoint, and returns a function that removes the record. Only root
 // daemons record (RecordDir is root's); for others it does nothing.
 func WriteMountRecord(mountpoint string) (remove func(), err error) {
-	nothing := func() {}
 	if os.Geteuid() != 0 {
-		return nothing, nil
+		return func() {}, nil
 	}
 	m, ok, err := mountinfo.At(mountpoint)
 	if err != nil {
-		return nothing, err
+		return func() {}, err
 	}
 	if !ok {
-		return nothing, fmt.Errorf("record the mount of %s: not in the mount table", mountpoint)
+		return func() {}, fmt.Errorf("record the mount of %s: not in the mount table", mountpoint)
 	}
-	start, err := startTime(os.Getpid())
+	return writeRecord(RecordDir, m, os.Getpid())
+}
+
+// writeRecord records in dir that process pid serves mount m.
+func writeRecord(dir string, m mountinfo.Entry, pid int) (remove func(), err error) {
+	nothing := func() {}
+	start, err := startTime(pid)
 	if err != nil {
 		return nothing, err
 	}
-	b, err := json.Marshal(MountRecord{PID: os.Getpid(), StartTime: start, Mountpoint: mountpoint})
+	rec := MountRecord{PID: pid, StartTime: start, Mountpoint: m.MountPoint}
+	b, err := json.Marshal(rec)
 	if err != nil {
 		return nothing, err
 	}
-	if err := os.MkdirAll(RecordDir, 0o755); err != nil {
-		return nothing, fmt.Errorf("record the mount of %s: %w", mountpoint, err)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nothing, fmt.Errorf("record the mount of %s: %w", m.MountPoint, err)
 	}
-	p := recordPath(m)
+	p := recordPath(dir, m)
 	tmp := p + ".tmp" + strconv.Itoa(os.Getpid())
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
 		os.Remove(tmp)
-		return nothing, fmt.Errorf("record the mount of %s: %w", mountpoint, err)
+		return nothing, fmt.Errorf("record the mount of %s: %w", m.MountPoint, err)
 	}
 	if err := os.Rename(tmp, p); err != nil {
 		os.Remove(tmp)
-		return nothing, fmt.Errorf("record the mount of %s: %w", mountpoint, err)
+		return nothing, fmt.Errorf("record the mount of %s: %w", m.MountPoint, err)
 	}
 	return func() {
 		// Only our own record: a later daemon may own the number now.
-		if r, ok := readRecord(p); ok && r.PID == os.Getpid() && r.StartTime == start {
+		if r, ok := readRecord(p); ok && r == rec {
 			os.Remove(p)
 		}
 	}, nil
@@ -124,7 +130,12 @@ func (s ProcState) String() string {
 // doing: pid 0 when no daemon recorded it (a daemon of another uid, or an
 // older version).
 func recordedDaemon(m mountinfo.Entry) (pid int, state ProcState) {
-	r, ok := readRecord(recordPath(m))
+	return recordedDaemonIn(RecordDir, m)
+}
+
+// recordedDaemonIn is recordedDaemon with the records in dir.
+func recordedDaemonIn(dir string, m mountinfo.Entry) (pid int, state ProcState) {
+	r, ok := readRecord(recordPath(dir, m))
 	if !ok || r.Mountpoint != m.MountPoint {
 		return 0, ProcGone
 	}

@@ -537,3 +537,55 @@ func TestSignalTwiceAbortsStuckRequest(t *testing.T) {
 	}
 	t.Logf("second SIGTERM: the stuck flock failed after %s: %s", took.Round(time.Millisecond), strings.TrimSpace(waiter.out.String()))
 }
+
+// TestUserForceUnmountOwnHungMount: a user's own mount (fusermount3's,
+// user_id= that user) whose daemon hangs: the user's gdsfs unmount --force
+// aborts the connection (fusectl's files are the mount owner's) and
+// detaches it, and the user's process blocked on it gets an error.
+func TestUserForceUnmountOwnHungMount(t *testing.T) {
+	requireRoot(t)
+	const uid = 10001
+	if typ := mountType(t, fuseconn.ControlDir); typ != "fusectl" {
+		if out, err := exec.Command("mount", "-t", "fusectl", "none", fuseconn.ControlDir).CombinedOutput(); err != nil {
+			t.Skipf("cannot mount fusectl: %v: %s", err, out)
+		}
+	}
+	dir := t.TempDir()
+	backing, mnt := mountDirs(t, dir)
+	openToOtherUIDs(t, dir)
+	for _, d := range []string{backing, mnt} {
+		if err := os.Chown(d, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cleanupMount(t, mnt)
+	out, code, _ := runBounded(t, uid, "mount", "--background", "--log-file", filepath.Join(backing, "log"),
+		"--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB", "--source", backing, mnt)
+	if code != 0 {
+		t.Skipf("no user mounts here: exit %d: %s", code, out)
+	}
+	var pid int
+	if i := strings.Index(out, "daemon pid "); i < 0 {
+		t.Fatalf("mount --background does not name its daemon: %q", out)
+	} else if _, err := fmt.Sscanf(out[i:], "daemon pid %d", &pid); err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	m := mountEntry(t, mnt)
+	abortOnCleanup(t, m)
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // the daemon this test started
+	if owner, ok := m.UserID(); !ok || owner != uid {
+		t.Fatalf("user mount's owner %d (%v), want %d", owner, ok, uid)
+	}
+	stopProcess(t, pid)
+	reader := blockOn(t, uid, "stat", filepath.Join(mnt, "never-looked-up"))
+	out, code, took := runBounded(t, uid, "unmount", "--force", mnt)
+	if code != 0 {
+		t.Fatalf("the owner's unmount --force of its hung mount: exit %d after %s: %q", code, took, out)
+	}
+	if typ := mountType(t, mnt); typ != "" {
+		t.Errorf("after unmount --force %s is still a %s mount", mnt, typ)
+	}
+	readerTook := reader.waitFailed(t, time.Now().Add(-took))
+	t.Logf("user's hung mount: unmount --force returned after %s; the blocked reader failed %s after it started",
+		took.Round(time.Millisecond), readerTook.Round(time.Millisecond))
+}
