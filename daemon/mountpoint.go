@@ -174,16 +174,31 @@ func hasConfLine(conf, word string) bool {
 	return false
 }
 
+// UnmountMode is how gdsfs unmount goes about it.
+type UnmountMode int
+
+// The ways UnmountPath unmounts.
+const (
+	// UnmountClean unmounts, failing while files are open ("busy").
+	UnmountClean UnmountMode = iota
+	// UnmountForce (--force) detaches at once: lazily when the daemon
+	// answers, aborting its connection first when it does not.
+	UnmountForce
+	// UnmountAbort (--abort) aborts the connection whatever the daemon
+	// answers, then detaches: for a daemon stuck on some requests only.
+	UnmountAbort
+)
+
 // UnmountPath unmounts the gdsfs mount at path, as gdsfs unmount does: it
 // fails (usage.Error) when path is no gdsfs mount, uses fusermount3 where
-// a non-root user may not unmount, and without force returns once the
+// a non-root user may not unmount, and (UnmountClean) returns once the
 // daemon that served the mount has exited (at most 10 s), so the backing
-// filesystem can be unmounted right after. With force it detaches lazily
+// filesystem can be unmounted right after. UnmountForce detaches lazily
 // a mount whose daemon answers (open files are served until closed), and
 // aborts the connection of one whose daemon does not (hung, stopped, a
 // zombie) or is gone, then detaches it: every process blocked on it gets
-// an error at once. It never stats the mount itself.
-func UnmountPath(path string, force bool) error {
+// an error at once. UnmountAbort always aborts. It never stats the mount.
+func UnmountPath(path string, mode UnmountMode) error {
 	mp, err := filepath.Abs(path)
 	if err != nil {
 		return usage.Errorf("mountpoint %q: %v", path, err)
@@ -201,8 +216,8 @@ func UnmountPath(path string, force bool) error {
 	if m.FSType != mountinfo.GDSFSType {
 		return usage.Errorf("%s is a %s mount, not gdsfs; use umount(8)", mp, m.FSType)
 	}
-	if force {
-		return forceUnmount(m)
+	if mode != UnmountClean {
+		return forceUnmount(m, mode == UnmountAbort)
 	}
 	// Hold the daemon by a pidfd from before the unmount, so that the wait
 	// below is for this mount's daemon even if its pid is reused.
@@ -233,8 +248,8 @@ func UnmountPath(path string, force bool) error {
 	return nil
 }
 
-// forceUnmount is gdsfs unmount --force of gdsfs mount m.
-func forceUnmount(m mountinfo.Entry) error {
+// forceUnmount is gdsfs unmount --force (abort: --abort) of gdsfs mount m.
+func forceUnmount(m mountinfo.Entry, abort bool) error {
 	mp := m.MountPoint
 	owner, hasOwner := m.UserID()
 	if euid := os.Geteuid(); euid != 0 {
@@ -243,7 +258,7 @@ func forceUnmount(m mountinfo.Entry) error {
 		}
 		// A user's own mount (fusermount3's): its fusectl files are the
 		// user's, where fusectl is mounted.
-		if h := ProbeMount(context.Background(), m, ProbeTimeout); h.State != Answers {
+		if abort || unanswered(m) {
 			fuseconn.Abort(m)
 		}
 		if out, err := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); err != nil {
@@ -251,13 +266,20 @@ func forceUnmount(m mountinfo.Entry) error {
 		}
 		return nil
 	}
-	if h := ProbeMount(context.Background(), m, ProbeTimeout); h.State != Answers {
+	if abort || unanswered(m) {
 		return abortAndDetach(m)
 	}
 	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
 		return fmt.Errorf("unmount %s: %w", mp, err)
 	}
 	return nil
+}
+
+// unanswered reports whether a bounded probe found mount m's daemon hung
+// or gone (a probe that could not run says nothing: false).
+func unanswered(m mountinfo.Entry) bool {
+	st := ProbeMount(context.Background(), m, ProbeTimeout).State
+	return st == Hung || st == Dead
 }
 
 // daemonExitWait bounds how long unmount waits for the daemon to exit.

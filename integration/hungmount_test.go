@@ -391,7 +391,14 @@ type zombieServer struct {
 // mount is in its handler (the request read from the kernel, unanswered).
 func startZombie(t *testing.T, backing, mnt string) *zombieServer {
 	t.Helper()
-	c := child{family: "HUNG", mode: "zombie", env: map[string]string{"MNT": mnt, "SRC": backing}}
+	return startHungServer(t, "zombie", "blocked", backing, mnt)
+}
+
+// startHungServer starts the HUNG family's child in mode and waits for its
+// line want.
+func startHungServer(t *testing.T, mode, want, backing, mnt string) *zombieServer {
+	t.Helper()
+	c := child{family: "HUNG", mode: mode, env: map[string]string{"MNT": mnt, "SRC": backing}}
 	z := &zombieServer{cmd: c.cmd(t), done: make(chan struct{})}
 	stdout, err := z.cmd.StdoutPipe()
 	if err != nil {
@@ -424,11 +431,11 @@ func startZombie(t *testing.T, backing, mnt string) *zombieServer {
 	})
 	select {
 	case l, ok := <-lines:
-		if !ok || l != "blocked" {
-			t.Fatalf("zombie server: %q, want \"blocked\"; stderr: %s", l, stderr.String())
+		if !ok || l != want {
+			t.Fatalf("%s server: %q, want %q; stderr: %s", mode, l, want, stderr.String())
 		}
 	case <-time.After(hungWait):
-		t.Fatalf("zombie server not blocked after %s; stderr: %s", hungWait, stderr.String())
+		t.Fatalf("%s server did not say %q after %s; stderr: %s", mode, want, hungWait, stderr.String())
 	}
 	go wait()
 	return z
@@ -439,7 +446,9 @@ func TestHungChild(t *testing.T) {
 	mode, env := childMode(t, "HUNG")
 	switch mode {
 	case "zombie":
-		childExit(childZombie(env("MNT"), env("SRC")))
+		childExit(childZombie(env("MNT"), env("SRC"), true))
+	case "stuck":
+		childExit(childZombie(env("MNT"), env("SRC"), false))
 	}
 	childExit(fmt.Errorf("unknown mode %q", mode))
 }
@@ -457,18 +466,23 @@ func (n *selfBlockNode) Lookup(ctx context.Context, name string, out *fuse.Entry
 	if name != "selfblock" {
 		return nil, syscall.ENOENT
 	}
-	close(n.entered)
+	select {
+	case n.entered <- struct{}{}:
+	default:
+	}
 	select {} // the daemon's bug: it never answers
 }
 
 // childZombie mounts at mnt as a gdsfs daemon would (type fuse.gdsfs,
-// recorded in daemon.RecordDir), looks up a name of its own mount that
-// its handler never answers, and says "blocked" once the handler has the
-// request; the test then SIGKILLs it.
-func childZombie(mnt, src string) error {
-	root := &selfBlockNode{entered: make(chan struct{})}
+// recorded in daemon.RecordDir, --allow-other) with a handler that never
+// answers a lookup of "selfblock". With self, it looks that name up
+// itself and says "blocked" once its handler has the request (the test
+// then SIGKILLs it: a zombie); without, it says "mounted" and serves
+// everything else (a daemon stuck on some requests only).
+func childZombie(mnt, src string, self bool) error {
+	root := &selfBlockNode{entered: make(chan struct{}, 1)}
 	srv, err := gofs.Mount(mnt, root, &gofs.Options{MountOptions: fuse.MountOptions{
-		Name: "gdsfs", FsName: src, DirectMount: true,
+		Name: "gdsfs", FsName: src, DirectMount: true, AllowOther: true,
 	}})
 	if err != nil {
 		return err
@@ -477,115 +491,48 @@ func childZombie(mnt, src string) error {
 		srv.Unmount()
 		return err
 	}
+	if !self {
+		fmt.Println("mounted")
+		srv.Wait()
+		return nil
+	}
 	go os.Stat(filepath.Join(mnt, "selfblock"))
 	<-root.entered
 	fmt.Println("blocked")
 	select {}
 }
 
-// TestSignalTwiceAbortsStuckRequest: SIGTERM of a daemon while a request
-// is stuck in it (a flock waiting for a lock this test holds) detaches
-// the mount at once and, as with any open file, serves on; a second
-// SIGTERM aborts the connection: the stuck request fails, the daemon exits
-// 0 and nothing stays mounted.
-func TestSignalTwiceAbortsStuckRequest(t *testing.T) {
+// TestAbortPartlyStuckDaemon: a daemon that answers everything but one
+// request (its handler deadlocked) passes the probe, so --force would only
+// detach it, leaving the uid 10001 process stuck in that request; gdsfs
+// unmount --abort aborts the connection whatever the daemon answers: the
+// process gets an error and the mount is gone. uid 10001 may not.
+func TestAbortPartlyStuckDaemon(t *testing.T) {
 	requireRoot(t)
-	dir := t.TempDir()
-	backing, mnt := mountDirs(t, dir)
-	writeFile(t, filepath.Join(backing, "f"), []byte("data"))
-	cmd := startForeground(t, "--source", backing, mnt)
-	m := mountEntry(t, mnt)
-	cleanupMount(t, mnt)
-	abortOnCleanup(t, m)
-	holder, err := os.Open(filepath.Join(mnt, "f"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	if err := syscall.Flock(int(holder.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	waiter := blockOn(t, 0, "flock", filepath.Join(mnt, "f"), "true")
-
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	waitMounted(t, mnt, false)
-	if !waiter.blocked() || cmd.ProcessState != nil {
-		t.Fatalf("after one SIGTERM: waiter blocked %v, daemon exited %v", waiter.blocked(), cmd.ProcessState != nil)
-	}
-	start := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	took := waiter.waitFailed(t, start)
-	if code := waitExit(t, cmd); code != 0 {
-		t.Errorf("daemon exit code %d after the second SIGTERM, want 0", code)
-	}
-	// The connection ends with the last file open on the detached mount
-	// (one opened with passthrough even reads on: the kernel serves it).
-	holder.Close()
-	deadline := time.Now().Add(hungWait)
-	for {
-		if _, err := os.Stat(fuseconn.Dir(m.ConnID())); errors.Is(err, os.ErrNotExist) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("connection %d still open %s after the daemon exited and the last file closed", m.ConnID(), hungWait)
-		}
-		time.Sleep(5 * time.Millisecond) // polling fusectl: no event to wait on
-	}
-	t.Logf("second SIGTERM: the stuck flock failed after %s: %s", took.Round(time.Millisecond), strings.TrimSpace(waiter.out.String()))
-}
-
-// TestUserForceUnmountOwnHungMount: a user's own mount (fusermount3's,
-// user_id= that user) whose daemon hangs: the user's gdsfs unmount --force
-// aborts the connection (fusectl's files are the mount owner's) and
-// detaches it, and the user's process blocked on it gets an error.
-func TestUserForceUnmountOwnHungMount(t *testing.T) {
-	requireRoot(t)
-	const uid = 10001
-	if typ := mountType(t, fuseconn.ControlDir); typ != "fusectl" {
-		if out, err := exec.Command("mount", "-t", "fusectl", "none", fuseconn.ControlDir).CombinedOutput(); err != nil {
-			t.Skipf("cannot mount fusectl: %v: %s", err, out)
-		}
-	}
 	dir := t.TempDir()
 	backing, mnt := mountDirs(t, dir)
 	openToOtherUIDs(t, dir)
-	for _, d := range []string{backing, mnt} {
-		if err := os.Chown(d, uid, uid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cleanupMount(t, mnt)
-	out, code, _ := runBounded(t, uid, "mount", "--background", "--log-file", filepath.Join(backing, "log"),
-		"--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB", "--source", backing, mnt)
-	if code != 0 {
-		t.Skipf("no user mounts here: exit %d: %s", code, out)
-	}
-	var pid int
-	if i := strings.Index(out, "daemon pid "); i < 0 {
-		t.Fatalf("mount --background does not name its daemon: %q", out)
-	} else if _, err := fmt.Sscanf(out[i:], "daemon pid %d", &pid); err != nil {
-		t.Fatalf("%q: %v", out, err)
-	}
+	startHungServer(t, "stuck", "mounted", backing, mnt)
 	m := mountEntry(t, mnt)
 	abortOnCleanup(t, m)
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // the daemon this test started
-	if owner, ok := m.UserID(); !ok || owner != uid {
-		t.Fatalf("user mount's owner %d (%v), want %d", owner, ok, uid)
+	stuck := blockOn(t, 10001, "stat", filepath.Join(mnt, "selfblock"))
+	if _, err := os.Stat(filepath.Join(mnt, "other")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the stuck server no longer answers other lookups: %v", err)
 	}
-	stopProcess(t, pid)
-	reader := blockOn(t, uid, "stat", filepath.Join(mnt, "never-looked-up"))
-	out, code, took := runBounded(t, uid, "unmount", "--force", mnt)
+	out, code, _ := runBounded(t, 10001, "unmount", "--abort", mnt)
+	if code != 2 || !stuck.blocked() || mountType(t, mnt) != "fuse.gdsfs" {
+		t.Fatalf("uid 10001's --abort of root's mount: exit %d %q; want 2, nothing changed", code, out)
+	}
+	oneLine(t, "uid 10001's --abort", out, "only root")
+	start := time.Now()
+	out, code, took := runBounded(t, 0, "unmount", "--abort", mnt)
 	if code != 0 {
-		t.Fatalf("the owner's unmount --force of its hung mount: exit %d after %s: %q", code, took, out)
+		t.Fatalf("unmount --abort: exit %d after %s: %q", code, took, out)
 	}
 	if typ := mountType(t, mnt); typ != "" {
-		t.Errorf("after unmount --force %s is still a %s mount", mnt, typ)
+		t.Errorf("after unmount --abort %s is still a %s mount", mnt, typ)
 	}
-	readerTook := reader.waitFailed(t, time.Now().Add(-took))
-	t.Logf("user's hung mount: unmount --force returned after %s; the blocked reader failed %s after it started",
-		took.Round(time.Millisecond), readerTook.Round(time.Millisecond))
+	stuckTook := stuck.waitFailed(t, start)
+	t.Logf("partly stuck daemon: unmount --abort returned after %s; the stuck stat failed after %s",
+		took.Round(time.Millisecond), stuckTook.Round(time.Millisecond))
 }
