@@ -153,3 +153,30 @@ func waitState(t *testing.T, pid int, want ProcState) {
 		time.Sleep(time.Millisecond) // polling /proc: no event to wait on
 	}
 }
+
+// TestSweepRecords: the records of connections no longer mounted go, those
+// of mounted ones and other files stay.
+func TestSweepRecords(t *testing.T) {
+	dir := t.TempDir()
+	live := mountinfo.Entry{MountPoint: "/live", FSType: mountinfo.GDSFSType, Minor: 40}
+	gone := mountinfo.Entry{MountPoint: "/gone", FSType: mountinfo.GDSFSType, Minor: 41}
+	for _, m := range []mountinfo.Entry{live, gone} {
+		if _, err := writeRecord(dir, m, os.Getpid()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := dir + "/notes.txt"
+	if err := os.WriteFile(other, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sweepRecords(dir, []mountinfo.Entry{live, {MountPoint: "/", FSType: "ext4", Major: 8, Minor: 1}})
+	if pid, _ := recordedDaemonIn(dir, live); pid != os.Getpid() {
+		t.Errorf("the mounted connection's record went (pid %d)", pid)
+	}
+	if _, err := os.Stat(recordPath(dir, gone)); !os.IsNotExist(err) {
+		t.Errorf("the unmounted connection's record stayed: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a file that is no record went: %v", err)
+	}
+}

@@ -49,7 +49,31 @@ func WriteMountRecord(mountpoint string) (remove func(), err error) {
 	if !ok {
 		return func() {}, fmt.Errorf("record the mount of %s: not in the mount table", mountpoint)
 	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		if ms, err := mountinfo.Parse(bytes.NewReader(b)); err == nil {
+			sweepRecords(RecordDir, ms)
+		}
+	}
 	return writeRecord(RecordDir, m, os.Getpid())
+}
+
+// sweepRecords removes the records in dir of connections that are not
+// among the mounts ms (daemons that crashed left them), best effort.
+func sweepRecords(dir string, ms []mountinfo.Entry) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	live := map[string]bool{}
+	for _, m := range ms {
+		live[filepath.Base(recordPath(dir, m))] = true
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, "conn-") && strings.HasSuffix(n, ".json") && !live[n] {
+			os.Remove(filepath.Join(dir, n))
+		}
+	}
 }
 
 // writeRecord records in dir that process pid serves mount m.
