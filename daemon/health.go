@@ -69,7 +69,9 @@ func ProbeMount(ctx context.Context, m mountinfo.Entry, timeout time.Duration) H
 	h := Health{Mount: m}
 	h.PID, h.Proc = recordedDaemon(m)
 	if h.PID > 0 && (h.Proc == ProcStopped || h.Proc == ProcZombie) {
-		// It cannot answer: no need to wait out the timeout.
+		// It cannot answer: no need to wait out the timeout. (A recorded
+		// daemon that is gone says nothing for sure: connection numbers
+		// are reused, by daemons that may not record.)
 		h.State, h.Why = Hung, "daemon pid "+fmt.Sprint(h.PID)+" is "+h.Proc.String()
 		return h
 	}
@@ -151,7 +153,7 @@ func (h Health) Hint() string {
 	case h.PID > 0 && h.Proc == ProcZombie:
 		return fmt.Sprintf("daemon pid %d of %s was killed but is stuck waiting for its own mount; %s, and gdsfs mount %s again cleans it up", h.PID, mp, force, mp)
 	case h.PID > 0 && h.Proc == ProcGone:
-		return fmt.Sprintf("the daemon of %s (pid %d) is gone but its mount does not answer; %s", mp, h.PID, force)
+		return fmt.Sprintf("%s does not answer and the daemon recorded for it (pid %d) is gone; %s", mp, h.PID, force)
 	case h.PID > 0:
 		return fmt.Sprintf("daemon pid %d of %s does not answer (no reply within %s); %s", h.PID, mp, ProbeTimeout, force)
 	}

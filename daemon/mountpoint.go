@@ -78,8 +78,7 @@ func checkDir(what, p string) error {
 
 // cleanStale cleans up a FUSE mount on mp whose gdsfs daemon is gone: it
 // exited (the mount answers ENOTCONN), or it was killed and is a zombie
-// stuck waiting for its own answer, or no longer runs while its
-// connection stays open. It detaches the mount, aborting its connection
+// stuck waiting for its own answer. It detaches the mount, aborting its connection
 // first where it is still open, so that nothing stays blocked on it. A
 // mount whose daemon still runs but does not answer (stopped, deadlocked)
 // is not taken away: the error names it and gdsfs unmount --force. The
@@ -97,7 +96,7 @@ func cleanStale(mp string, log zerolog.Logger) error {
 		if m.FSType != mountinfo.GDSFSType {
 			return usage.Errorf("%s is a %s mount whose daemon does not answer; unmount it with umount -f %s", mp, m.FSType, mp)
 		}
-		if h.PID == 0 || (h.Proc != ProcZombie && h.Proc != ProcGone) {
+		if h.PID == 0 || h.Proc != ProcZombie {
 			return usage.Errorf("%s", h.Hint())
 		}
 		if err := abortAndDetach(m); err != nil {
@@ -107,7 +106,13 @@ func cleanStale(mp string, log zerolog.Logger) error {
 			Msg("aborted and detached the mount of a daemon that was killed but never exited")
 		return nil
 	}
-	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+	if os.Geteuid() == 0 {
+		// Aborting a dead connection changes nothing, but makes sure.
+		err = abortAndDetach(m)
+	} else {
+		err = syscall.Unmount(mp, syscall.MNT_DETACH)
+	}
+	if err != nil {
 		if out, ferr := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); ferr != nil {
 			return fmt.Errorf("clean up stale mount %s: %v; fusermount3: %s", mp, err, strings.TrimSpace(string(out)))
 		}
