@@ -536,3 +536,110 @@ func TestAbortPartlyStuckDaemon(t *testing.T) {
 	t.Logf("partly stuck daemon: unmount --abort returned after %s; the stuck stat failed after %s",
 		took.Round(time.Millisecond), stuckTook.Round(time.Millisecond))
 }
+
+// TestSignalTwiceAbortsStuckRequest: SIGTERM of a daemon while a request
+// is stuck in it (a flock waiting for a lock this test holds) detaches
+// the mount at once and, as with any open file, serves on; a second
+// SIGTERM aborts the connection: the stuck request fails, the daemon exits
+// 0 and nothing stays mounted.
+func TestSignalTwiceAbortsStuckRequest(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	backing, mnt := mountDirs(t, dir)
+	writeFile(t, filepath.Join(backing, "f"), []byte("data"))
+	cmd := startForeground(t, "--source", backing, mnt)
+	m := mountEntry(t, mnt)
+	cleanupMount(t, mnt)
+	abortOnCleanup(t, m)
+	holder, err := os.Open(filepath.Join(mnt, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if err := syscall.Flock(int(holder.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	waiter := blockOn(t, 0, "flock", filepath.Join(mnt, "f"), "true")
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitMounted(t, mnt, false)
+	if !waiter.blocked() || cmd.ProcessState != nil {
+		t.Fatalf("after one SIGTERM: waiter blocked %v, daemon exited %v", waiter.blocked(), cmd.ProcessState != nil)
+	}
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	took := waiter.waitFailed(t, start)
+	if code := waitExit(t, cmd); code != 0 {
+		t.Errorf("daemon exit code %d after the second SIGTERM, want 0", code)
+	}
+	// The connection ends with the last file open on the detached mount
+	// (one opened with passthrough even reads on: the kernel serves it).
+	holder.Close()
+	deadline := time.Now().Add(hungWait)
+	for {
+		if _, err := os.Stat(fuseconn.Dir(m.ConnID())); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("connection %d still open %s after the daemon exited and the last file closed", m.ConnID(), hungWait)
+		}
+		time.Sleep(5 * time.Millisecond) // polling fusectl: no event to wait on
+	}
+	t.Logf("second SIGTERM: the stuck flock failed after %s: %s", took.Round(time.Millisecond), strings.TrimSpace(waiter.out.String()))
+}
+
+// TestUserForceUnmountOwnHungMount: a user's own mount (fusermount3's,
+// user_id= that user) whose daemon hangs: the user's gdsfs unmount --force
+// aborts the connection (fusectl's files are the mount owner's) and
+// detaches it, and the user's process blocked on it gets an error.
+func TestUserForceUnmountOwnHungMount(t *testing.T) {
+	requireRoot(t)
+	const uid = 10001
+	if typ := mountType(t, fuseconn.ControlDir); typ != "fusectl" {
+		if out, err := exec.Command("mount", "-t", "fusectl", "none", fuseconn.ControlDir).CombinedOutput(); err != nil {
+			t.Skipf("cannot mount fusectl: %v: %s", err, out)
+		}
+	}
+	dir := t.TempDir()
+	backing, mnt := mountDirs(t, dir)
+	openToOtherUIDs(t, dir)
+	for _, d := range []string{backing, mnt} {
+		if err := os.Chown(d, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cleanupMount(t, mnt)
+	out, code, _ := runBounded(t, uid, "mount", "--background", "--log-file", filepath.Join(backing, "log"),
+		"--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB", "--source", backing, mnt)
+	if code != 0 {
+		t.Skipf("no user mounts here: exit %d: %s", code, out)
+	}
+	var pid int
+	if i := strings.Index(out, "daemon pid "); i < 0 {
+		t.Fatalf("mount --background does not name its daemon: %q", out)
+	} else if _, err := fmt.Sscanf(out[i:], "daemon pid %d", &pid); err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	m := mountEntry(t, mnt)
+	abortOnCleanup(t, m)
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // the daemon this test started
+	if owner, ok := m.UserID(); !ok || owner != uid {
+		t.Fatalf("user mount's owner %d (%v), want %d", owner, ok, uid)
+	}
+	stopProcess(t, pid)
+	reader := blockOn(t, uid, "stat", filepath.Join(mnt, "never-looked-up"))
+	out, code, took := runBounded(t, uid, "unmount", "--force", mnt)
+	if code != 0 {
+		t.Fatalf("the owner's unmount --force of its hung mount: exit %d after %s: %q", code, took, out)
+	}
+	if typ := mountType(t, mnt); typ != "" {
+		t.Errorf("after unmount --force %s is still a %s mount", mnt, typ)
+	}
+	readerTook := reader.waitFailed(t, time.Now().Add(-took))
+	t.Logf("user's hung mount: unmount --force returned after %s; the blocked reader failed %s after it started",
+		took.Round(time.Millisecond), readerTook.Round(time.Millisecond))
+}
