@@ -29,6 +29,9 @@ type MountRecord struct {
 	Mountpoint string `json:"mountpoint"`
 }
 
+// RecordPath is where a root daemon records that it serves mount m.
+func RecordPath(m mountinfo.Entry) string { return recordPath(RecordDir, m) }
+
 // recordPath is the record in dir of mount m's connection. Connection
 // numbers are reused only once the old connection is gone.
 func recordPath(dir string, m mountinfo.Entry) string {

@@ -91,6 +91,24 @@ func abortOnCleanup(t *testing.T, m mountinfo.Entry) {
 	})
 }
 
+// waitRecorded waits until the daemon pid has recorded that it serves m
+// (daemon.RecordDir): the last step of its start, after the mount shows.
+func waitRecorded(t *testing.T, m mountinfo.Entry, pid int) {
+	t.Helper()
+	p := daemon.RecordPath(m)
+	want := fmt.Sprintf(`"pid":%d,`, pid)
+	deadline := time.Now().Add(hungWait)
+	for {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon pid %d did not record its mount in %s within %s", pid, p, hungWait)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the record: no event to wait on
+	}
+}
+
 // stopProcess SIGSTOPs pid (a process this test started), and resumes it
 // when the test ends (before its own cleanup kills it: cleanups run last
 // registered first).
@@ -238,6 +256,7 @@ func TestHungDaemonForceUnmount(t *testing.T) {
 	d := startBinDaemon(t, backing, mnt, "--allow-other", "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
 	m := mountEntry(t, mnt)
 	abortOnCleanup(t, m)
+	waitRecorded(t, m, d.pid())
 	stopProcess(t, d.pid())
 	reader := blockOn(t, 10001, "stat", filepath.Join(mnt, "never-looked-up"))
 	pid := fmt.Sprintf("daemon pid %d", d.pid())
