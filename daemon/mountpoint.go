@@ -78,11 +78,11 @@ func checkDir(what, p string) error {
 
 // cleanStale cleans up a FUSE mount on mp whose gdsfs daemon is gone: it
 // exited (the mount answers ENOTCONN), or it was killed and is a zombie
-// stuck waiting for its own answer. It detaches the mount, aborting its connection
-// first where it is still open, so that nothing stays blocked on it. A
-// mount whose daemon still runs but does not answer (stopped, deadlocked)
-// is not taken away: the error names it and gdsfs unmount --force. The
-// probe is bounded (ProbeMount): a statfs here would hang on it.
+// stuck waiting for its own answer. It aborts the connection (where it is
+// still open, so that nothing stays blocked on it) and detaches the mount.
+// A mount whose daemon still runs but does not answer (stopped,
+// deadlocked) is not taken away: the error names it and gdsfs unmount
+// --force. The probe is bounded (ProbeMount): a statfs here would hang.
 func cleanStale(mp string, log zerolog.Logger) error {
 	m, mounted, err := mountinfo.At(mp)
 	if err != nil || !mounted || !strings.HasPrefix(m.FSType, "fuse") {
