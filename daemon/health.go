@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -45,6 +47,18 @@ const (
 	Unknown
 )
 
+func (s MountState) String() string {
+	switch s {
+	case Answers:
+		return "answers"
+	case Dead:
+		return "dead"
+	case Hung:
+		return "hung"
+	}
+	return "unknown"
+}
+
 // Health is a bounded probe's view of one FUSE mount.
 type Health struct {
 	Mount mountinfo.Entry
@@ -85,44 +99,99 @@ func ProbeMount(ctx context.Context, m mountinfo.Entry, timeout time.Duration) H
 		h.State, h.Why = Unknown, exe+" is no gdsfs binary"
 		return h
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	cmd := exec.Command(exe, ProbeCommand, m.MountPoint)
-	var out strings.Builder
-	cmd.Stdout = &out
 	// Its own process group, in / (not on the mount): nothing of it
 	// holds the mount busy.
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		h.State, h.Why = Unknown, fmt.Sprintf("start the probe: %v", err)
+		return h
+	}
 	if err := cmd.Start(); err != nil {
 		h.State, h.Why = Unknown, fmt.Sprintf("start the probe: %v", err)
 		return h
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		res := strings.TrimSpace(out.String())
-		switch {
-		case res == "ok":
-			h.State = Answers
-		case res == "ENOTCONN" || res == "ECONNABORTED":
-			h.State, h.Why = Dead, res
-		case strings.HasPrefix(res, "E"):
-			h.State, h.Why = Answers, res
-		default:
-			h.State, h.Why = Unknown, fmt.Sprintf("probe: %v, output %q", err, res)
+	lines := make(chan string, 2)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default: // nobody reads any more
+			}
 		}
-	case <-ctx.Done():
+		close(lines)
+		// Reaped once it exits; a child stuck on the mount is left to
+		// end with the connection.
+		cmd.Wait()
+	}()
+	// The timeout runs from the child's "probing": starting a process
+	// on a loaded host is no sign of a hung daemon.
+	res, state := probeResult(ctx, lines, startWait, timeout)
+	if state == Hung || state == Unknown {
 		cmd.Process.Kill()
-		h.State = Hung
 	}
+	h.State, h.Why = state, res
 	return h
 }
 
-// RunProbe is the child side of ProbeMount: the statfs of mountpoint and
-// its one-word result.
-func RunProbe(mountpoint string) string {
+// startWait bounds how long a probe child may take to start.
+const startWait = 30 * time.Second
+
+// probeResult reads the probe child's lines: "probing" within start, then
+// its one-word result within timeout.
+func probeResult(ctx context.Context, lines <-chan string, start, timeout time.Duration) (string, MountState) {
+	wait := time.NewTimer(start)
+	defer wait.Stop()
+	started := false
+	for {
+		select {
+		case l, ok := <-lines:
+			switch {
+			case !ok:
+				return "the probe exited without a result", Unknown
+			case l == probeStarted && !started:
+				started = true
+				wait.Reset(timeout)
+			case !started:
+				return fmt.Sprintf("probe: %q before it started", l), Unknown
+			case l == "ok":
+				return "", Answers
+			case l == "ENOTCONN" || l == "ECONNABORTED":
+				return l, Dead
+			case strings.HasPrefix(l, "E"):
+				return l, Answers // the daemon answered, with an error of its own
+			default:
+				return fmt.Sprintf("probe: %q", l), Unknown
+			}
+		case <-wait.C:
+			if !started {
+				return "the probe did not start within " + start.String(), Unknown
+			}
+			return "no answer within " + timeout.String(), Hung
+		case <-ctx.Done():
+			return ctx.Err().Error(), Unknown
+		}
+	}
+}
+
+// probeStarted is the probe child's first line, just before its statfs.
+const probeStarted = "probing"
+
+// RunProbe is the child side of ProbeMount: it writes "probing" to w,
+// then the one-word result of a statfs of mountpoint.
+func RunProbe(w io.Writer, mountpoint string) error {
+	if _, err := fmt.Fprintln(w, probeStarted); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, statfsResult(mountpoint))
+	return err
+}
+
+// statfsResult is "ok" or the errno name of a statfs of mountpoint.
+func statfsResult(mountpoint string) string {
 	var st unix.Statfs_t
 	err := unix.Statfs(mountpoint, &st)
 	if err == nil {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -178,5 +179,48 @@ func TestSweepRecords(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Errorf("a file that is no record went: %v", err)
+	}
+}
+
+// TestProbeResult: the probe child's lines make the verdict; its timeout
+// runs only from "probing", so a slow start is no hang.
+func TestProbeResult(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		lines  []string
+		closed bool
+		want   MountState
+	}{
+		{"answers", []string{"probing", "ok"}, true, Answers},
+		{"daemon error", []string{"probing", "EIO"}, true, Answers},
+		{"exited daemon", []string{"probing", "ENOTCONN"}, true, Dead},
+		{"aborted", []string{"probing", "ECONNABORTED"}, true, Dead},
+		{"no answer", []string{"probing"}, false, Hung},
+		{"never started", nil, false, Unknown},
+		{"died", []string{"probing"}, true, Unknown},
+		{"garbage first", []string{"ok"}, true, Unknown},
+		{"garbage result", []string{"probing", "what"}, true, Unknown},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ch := make(chan string, len(c.lines))
+			for _, l := range c.lines {
+				ch <- l
+			}
+			if c.closed {
+				close(ch)
+			}
+			why, got := probeResult(ctx, ch, 50*time.Millisecond, 50*time.Millisecond)
+			if got != c.want {
+				t.Errorf("lines %q: %v (%s), want %v", c.lines, got, why, c.want)
+			}
+		})
+	}
+	// A cancelled caller is no verdict on the daemon.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, got := probeResult(cctx, make(chan string), time.Hour, time.Hour); got != Unknown {
+		t.Errorf("cancelled: %v, want Unknown", got)
 	}
 }

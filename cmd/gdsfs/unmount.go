@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/daemon"
@@ -56,8 +54,7 @@ func newProbeMountCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), daemon.RunProbe(args[0]))
-			return err
+			return daemon.RunProbe(cmd.OutOrStdout(), args[0])
 		},
 	}
 }
