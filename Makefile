@@ -25,6 +25,7 @@ test: build lint pycheck unit integration pytest bench-dataset fuzz install-chec
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@if git grep -n -E '^(<<<<<<< |>>>>>>> )' -- ':!*.bin'; then echo "merge conflict markers left in the files above"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
 

@@ -29,8 +29,12 @@
 // P2P is used with nvidia-fs present; without it, cuFile compat mode serves
 // ranges mostly in the page cache and the posix pipeline the others (each
 // where it measured faster; residency sampled, so no answer is cached).
-// A file cuFile refuses, or fails on, is served by posix from
-// then on, logged once; clients never see the cuFile error.
+// Compat mode then also routes by destination (MemoryRouter, asked by ctl
+// once a READ's leases are allocated): a READ into a slab not yet
+// registered with cuFile goes to posix while the slab registers in the
+// background, since compat's first read into a new allocation costs ~30
+// ms (compatfirst.go). A file cuFile refuses, or fails on, is served by
+// posix from then on, logged once; clients never see the cuFile error.
 //
 // # Slab memory
 //

@@ -102,6 +102,10 @@ type Engines struct {
 	// compatWarm: auto without nvidia-fs serves files in the page cache with
 	// cuFile compat mode and the others with posix (see Choose).
 	compatWarm bool
+	// compatPrep registers slabs for compat mode in the background and
+	// routes READs into slabs not yet registered to posix
+	// (compatfirst.go); non-nil only with compatWarm.
+	compatPrep *compatPreparer
 	report     Report
 	host       Engine
 	posix      *posixEngine
@@ -259,6 +263,7 @@ func (e *Engines) choose(gpuErr error) error {
 			// compat mode 50 GB/s warm vs posix 37-47, but 1.55 GB/s cold
 			// vs posix 1.84-2.03 (O_DIRECT). So: each where it is faster.
 			e.compatWarm = true
+			e.compatPrep = newCompatPreparer(bufRegister(e.lib), e.log)
 			r.Engine, r.Why = EnginePosix, "no nvidia-fs: posix pipeline for files not in the page cache, cuFile compat mode for files in it (where it measured faster)"
 		default:
 			r.Engine, r.Why = EnginePosix, "GPUDirect Storage unavailable (see probes): parallel pread, pinned staging, async copies"
@@ -507,6 +512,9 @@ func (e *Engines) Close() error {
 	if e.stopSweeper != nil {
 		e.stopSweeper()
 		e.stopSweeper = nil
+	}
+	if e.compatPrep != nil {
+		e.compatPrep.wait()
 	}
 	if e.gds != nil {
 		e.gds.Close()

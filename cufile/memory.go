@@ -123,10 +123,19 @@ type cudaMemory struct {
 	ptr    uintptr
 	size   int64
 
-	mu         sync.Mutex
-	registered *Lib  // cuFile library the memory is registered with, or nil
-	regErr     error // why registration failed; not retried
-	closed     bool
+	// regMu is held through a cuFileBufRegister and by Close, so the
+	// memory is never freed under a registration; mu is not, so that an
+	// export (the slab socket handing a client its descriptor) never
+	// waits for a registration in the background (compatfirst.go).
+	// Lock order: regMu, then mu.
+	regMu      sync.Mutex
+	registered *Lib  // GUARDED_BY(regMu): cuFile library the memory is registered with, or nil
+	regErr     error // GUARDED_BY(regMu): why registration failed; not retried
+
+	mu     sync.Mutex
+	closed bool // GUARDED_BY(mu); set with regMu held too
+
+	prep slabPrep // compat mode's background registration (compatfirst.go)
 }
 
 var _ gpubuf.DeviceMemory = (*cudaMemory)(nil)
@@ -156,15 +165,25 @@ func (m *cudaMemory) Export() ([]byte, error) {
 // register registers the memory with cuFile once (cuFileBufRegister is
 // expensive and uses BAR1 space: once per slab, never per I/O).
 func (m *cudaMemory) register(lib *Lib) error {
+	return m.registerWith(lib, func() error {
+		return m.d.Do(m.device, func() error { return lib.BufRegister(m.ptr, m.size) })
+	})
+}
+
+// registerWith is register with call as its cuFileBufRegister.
+func (m *cudaMemory) registerWith(lib *Lib, call func() error) error {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return errors.New("cufile: memory closed")
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return errMemoryClosed
 	}
 	if m.registered != nil || m.regErr != nil {
 		return m.regErr
 	}
-	err := m.d.Do(m.device, func() error { return lib.BufRegister(m.ptr, m.size) })
+	err := call()
 	var fe *FileError
 	if errors.As(err, &fe) && fe.Code == fileMemoryAlreadyReg {
 		err = nil
@@ -178,6 +197,8 @@ func (m *cudaMemory) register(lib *Lib) error {
 }
 
 func (m *cudaMemory) Close() error {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -198,7 +219,7 @@ func (m *cudaMemory) Close() error {
 // physical memory lives until the last of them unmaps it, so their
 // mappings never outlive their memory and never show another allocation.
 type vmmMemory struct {
-	cudaMemory // ptr, size (the slab's), registration, closed
+	cudaMemory // ptr, size (the slab's), registration, closed, locks
 	alloc      VMMAllocation
 }
 
@@ -238,6 +259,8 @@ func (m *vmmMemory) ExportFD() (*os.File, int64, error) {
 // daemon's handle. Clients' imports keep the physical memory until they
 // unmap it (counted in docs/security.md, "CUDA slab memory").
 func (m *vmmMemory) Close() error {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {

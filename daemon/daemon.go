@@ -19,6 +19,8 @@ import (
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/gpubuf"
 	"github.com/gdsfs/gdsfs/handoffserver"
+	"github.com/gdsfs/gdsfs/internal/fuseconn"
+	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/internal/readahead"
 	"github.com/gdsfs/gdsfs/metrics"
 	"github.com/gdsfs/gdsfs/metrics/instrument"
@@ -41,6 +43,9 @@ type Daemon struct {
 	ctl         *ctlserver.Server
 	mount       *fs.Server
 	served      chan struct{} // closed once the mount stops serving
+	// conn is the mount's entry in the mount table as mounted: its FUSE
+	// connection, which Abort can still name once the mount is detached.
+	conn mountinfo.Entry
 
 	// undo holds what Start built, in build order; Close runs it
 	// backwards, once.
@@ -330,6 +335,17 @@ func (d *Daemon) mountFS(ctx context.Context) error {
 		srv.Wait()
 		close(d.served)
 	}()
+	if m, ok, err := mountinfo.At(c.Mountpoint); err == nil && ok {
+		d.conn = m
+	}
+	// Who serves the mount, for gdsfs unmount/mount/status to name the
+	// daemon even once it no longer answers (mountrecord.go); removed
+	// after the unmount.
+	if remove, err := WriteMountRecord(c.Mountpoint); err != nil {
+		c.Log.Warn().Err(err).Msg("cannot record this daemon's mount: gdsfs unmount --force and status will not name its pid if it hangs")
+	} else {
+		d.push("remove mount record", func() error { remove(); return nil })
+	}
 	d.push("unmount", d.unmount)
 	// The components that report on the running mount get it now.
 	d.ctl.Mounted(srv)
@@ -372,6 +388,18 @@ func (d *Daemon) Unmount() error { return d.mount.Unmount() }
 // UnmountLazy detaches the mount even while files on it are in use; it
 // stops serving once they are closed.
 func (d *Daemon) UnmountLazy() error { return d.mount.UnmountLazy() }
+
+// Abort aborts the mount's FUSE connection (fusectl; root only): every
+// request in flight fails with ECONNABORTED, files still open on the mount
+// fail from then on, and the mount stops serving (Wait returns). It is how
+// a daemon whose mount was detached ends although requests are stuck or
+// files stay open: gdsfs mount's second SIGINT/SIGTERM.
+func (d *Daemon) Abort() error {
+	if d.conn.MountPoint == "" {
+		return fmt.Errorf("abort the FUSE connection of %s: it was not in the mount table when mounted", d.cfg.Mountpoint)
+	}
+	return fuseconn.Abort(d.conn)
+}
 
 // Close undoes Start in reverse: it unmounts if still mounted (lazily when
 // files are in use, then waits until they are closed), closes the slab

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/gdsfs/gdsfs/internal/fuseconn"
 	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/internal/usage"
 	"github.com/gdsfs/gdsfs/internal/xattr"
@@ -74,25 +76,69 @@ func checkDir(what, p string) error {
 	return nil
 }
 
-// cleanStale detaches a FUSE mount on mp whose daemon died. Such a mount
-// answers ENOTCONN to every request; statfs is never served from the
-// kernel's caches, so it asks (a stat may still be answered from cached
-// attributes).
+// cleanStale cleans up a FUSE mount on mp whose gdsfs daemon is gone: it
+// exited (the mount answers ENOTCONN), or it was killed and is a zombie
+// stuck waiting for its own answer. It aborts the connection (where it is
+// still open, so that nothing stays blocked on it) and detaches the mount.
+// A mount whose daemon still runs but does not answer (stopped,
+// deadlocked) is not taken away: the error names it and gdsfs unmount
+// --force. The probe is bounded (ProbeMount): a statfs here would hang.
 func cleanStale(mp string, log zerolog.Logger) error {
 	m, mounted, err := mountinfo.At(mp)
 	if err != nil || !mounted || !strings.HasPrefix(m.FSType, "fuse") {
 		return err
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(mp, &st); !errors.Is(err, syscall.ENOTCONN) {
+	h := ProbeMount(context.Background(), m, ProbeTimeout)
+	switch h.State {
+	case Answers, Unknown:
+		return nil // PrepareMountpoint says what is mounted there
+	case Hung:
+		if m.FSType != mountinfo.GDSFSType {
+			return usage.Errorf("%s is a %s mount whose daemon does not answer; unmount it with umount -f %s", mp, m.FSType, mp)
+		}
+		if h.PID == 0 || h.Proc != ProcZombie {
+			return usage.Errorf("%s", h.Hint())
+		}
+		if err := abortAndDetach(m); err != nil {
+			return fmt.Errorf("clean up the mount of %s left by daemon pid %d (%s): %w", mp, h.PID, h.Proc, err)
+		}
+		log.Warn().Str("mountpoint", mp).Int("daemon_pid", h.PID).Str("daemon", h.Proc.String()).
+			Msg("aborted and detached the mount of a daemon that was killed but never exited")
 		return nil
 	}
-	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+	if os.Geteuid() == 0 {
+		// Aborting a dead connection changes nothing, but makes sure.
+		err = abortAndDetach(m)
+	} else {
+		err = syscall.Unmount(mp, syscall.MNT_DETACH)
+	}
+	if err != nil {
 		if out, ferr := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); ferr != nil {
 			return fmt.Errorf("clean up stale mount %s: %v; fusermount3: %s", mp, err, strings.TrimSpace(string(out)))
 		}
 	}
 	log.Warn().Str("mountpoint", mp).Str("fstype", m.FSType).Msg("cleaned up a stale mount left by a daemon that died")
+	return nil
+}
+
+// abortAndDetach aborts mount m's FUSE connection (fusectl, else a forced
+// unmount, which aborts a FUSE connection too), so every request waiting
+// on it fails at once, then detaches the mount. Root only.
+func abortAndDetach(m mountinfo.Entry) error {
+	if aerr := fuseconn.Abort(m); aerr != nil && !errors.Is(aerr, os.ErrNotExist) {
+		// FUSE aborts the connection on MNT_FORCE (umount_begin) before
+		// the unmount, which fails with EBUSY while files are open.
+		err := syscall.Unmount(m.MountPoint, syscall.MNT_FORCE)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			return fmt.Errorf("abort %s: %v; forced unmount: %w", m.MountPoint, aerr, err)
+		}
+	}
+	if err := syscall.Unmount(m.MountPoint, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("detach %s: %w", m.MountPoint, err)
+	}
 	return nil
 }
 
@@ -133,12 +179,31 @@ func hasConfLine(conf, word string) bool {
 	return false
 }
 
+// UnmountMode is how gdsfs unmount goes about it.
+type UnmountMode int
+
+// The ways UnmountPath unmounts.
+const (
+	// UnmountClean unmounts, failing while files are open ("busy").
+	UnmountClean UnmountMode = iota
+	// UnmountForce (--force) detaches at once: lazily when the daemon
+	// answers, aborting its connection first when it does not.
+	UnmountForce
+	// UnmountAbort (--abort) aborts the connection whatever the daemon
+	// answers, then detaches: for a daemon stuck on some requests only.
+	UnmountAbort
+)
+
 // UnmountPath unmounts the gdsfs mount at path, as gdsfs unmount does: it
 // fails (usage.Error) when path is no gdsfs mount, uses fusermount3 where
-// a non-root user may not unmount, and without force returns once the
+// a non-root user may not unmount, and (UnmountClean) returns once the
 // daemon that served the mount has exited (at most 10 s), so the backing
-// filesystem can be unmounted right after. force detaches lazily.
-func UnmountPath(path string, force bool) error {
+// filesystem can be unmounted right after. UnmountForce detaches lazily
+// a mount whose daemon answers (open files are served until closed), and
+// aborts the connection of one whose daemon does not (hung, stopped, a
+// zombie) or is gone, then detaches it: every process blocked on it gets
+// an error at once. UnmountAbort always aborts. It never stats the mount.
+func UnmountPath(path string, mode UnmountMode) error {
 	mp, err := filepath.Abs(path)
 	if err != nil {
 		return usage.Errorf("mountpoint %q: %v", path, err)
@@ -156,23 +221,18 @@ func UnmountPath(path string, force bool) error {
 	if m.FSType != mountinfo.GDSFSType {
 		return usage.Errorf("%s is a %s mount, not gdsfs; use umount(8)", mp, m.FSType)
 	}
-	flags := 0
-	if force {
-		flags = syscall.MNT_DETACH
+	if mode != UnmountClean {
+		return forceUnmount(m, mode == UnmountAbort)
 	}
 	// Hold the daemon by a pidfd from before the unmount, so that the wait
 	// below is for this mount's daemon even if its pid is reused.
-	pidfd := daemonPidfd(mp)
+	pidfd := daemonPidfd(m)
 	if pidfd >= 0 {
 		defer unix.Close(pidfd)
 	}
-	err = syscall.Unmount(mp, flags)
+	err = syscall.Unmount(mp, 0)
 	if errors.Is(err, syscall.EPERM) && os.Geteuid() != 0 {
-		args := []string{"-u", mp}
-		if force {
-			args = []string{"-uz", mp}
-		}
-		out, ferr := exec.Command("fusermount3", args...).CombinedOutput()
+		out, ferr := exec.Command("fusermount3", "-u", mp).CombinedOutput()
 		if ferr != nil {
 			return fmt.Errorf("unmount %s: fusermount3: %s", mp, strings.TrimSpace(string(out)))
 		}
@@ -184,36 +244,88 @@ func UnmountPath(path string, force bool) error {
 	if err != nil {
 		return fmt.Errorf("unmount %s: %w", mp, err)
 	}
-	if !force && pidfd >= 0 {
+	if pidfd >= 0 {
 		// The daemon holds the backing directory open until it exits:
 		// return once it has, so the backing filesystem can be unmounted
-		// right after (a lazy unmount may still serve open files: no wait).
+		// right after.
 		waitExit(pidfd, daemonExitWait)
 	}
 	return nil
 }
 
+// forceUnmount is gdsfs unmount --force (abort: --abort) of gdsfs mount m.
+func forceUnmount(m mountinfo.Entry, abort bool) error {
+	mp := m.MountPoint
+	owner, hasOwner := m.UserID()
+	if euid := os.Geteuid(); euid != 0 {
+		if !hasOwner || owner != euid {
+			return usage.Errorf("%s was mounted by uid %d: only root may force it off (sudo gdsfs unmount --force %s)", mp, owner, mp)
+		}
+		// A user's own mount (fusermount3's): its fusectl files are the
+		// user's, where fusectl is mounted.
+		if abort || unanswered(m) {
+			fuseconn.Abort(m)
+		}
+		if out, err := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); err != nil {
+			return fmt.Errorf("unmount %s: fusermount3: %s", mp, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	if abort || unanswered(m) {
+		return abortAndDetach(m)
+	}
+	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", mp, err)
+	}
+	return nil
+}
+
+// unanswered reports whether a bounded probe found mount m's daemon hung
+// or gone (a probe that could not run says nothing: false).
+func unanswered(m mountinfo.Entry) bool {
+	st := ProbeMount(context.Background(), m, ProbeTimeout).State
+	return st == Hung || st == Dead
+}
+
 // daemonExitWait bounds how long unmount waits for the daemon to exit.
 const daemonExitWait = 10 * time.Second
 
-// daemonPidfd returns a pidfd of the daemon serving mountpoint mp (from
-// the user.gdsfs.stats of its root), or -1 when that cannot be known.
-func daemonPidfd(mp string) int {
-	doc, err := xattr.Get(mp, "user.gdsfs.stats")
-	if err != nil {
-		return -1
+// daemonPidfd returns a pidfd of the daemon serving mount m, or -1 when
+// that cannot be known: the one recorded for it, else the one its root's
+// user.gdsfs.stats names, asked only once a bounded probe showed the
+// daemon answers (a getxattr of a hung mount would hang).
+func daemonPidfd(m mountinfo.Entry) int {
+	pid, state := recordedDaemon(m)
+	if pid <= 0 || state == ProcGone {
+		pid = 0
+		if h := ProbeMount(context.Background(), m, ProbeTimeout); h.State == Answers {
+			pid = statsPID(m.MountPoint)
+		}
 	}
-	var st struct {
-		DaemonPID int `json:"daemon_pid"`
-	}
-	if json.Unmarshal(doc, &st) != nil || st.DaemonPID <= 0 || st.DaemonPID == os.Getpid() {
+	if pid <= 0 || pid == os.Getpid() {
 		return -1 // unknown, or served by this very process (nothing to wait for)
 	}
-	fd, err := unix.PidfdOpen(st.DaemonPID, 0)
+	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return -1
 	}
 	return fd
+}
+
+// statsPID is the daemon pid the user.gdsfs.stats of mountpoint mp names
+// (0: none).
+func statsPID(mp string) int {
+	doc, err := xattr.Get(mp, "user.gdsfs.stats")
+	if err != nil {
+		return 0
+	}
+	var st struct {
+		DaemonPID int `json:"daemon_pid"`
+	}
+	if json.Unmarshal(doc, &st) != nil {
+		return 0
+	}
+	return st.DaemonPID
 }
 
 // waitExit waits until the process of pidfd exits, at most d.

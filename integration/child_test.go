@@ -33,6 +33,8 @@ func childTest(family string) string {
 		return "TestFDCapChild"
 	case "TIERSEE":
 		return "TestTierseeChild"
+	case "HUNG":
+		return "TestHungChild"
 	}
 	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -67,6 +68,9 @@ func TestFaultUnitRestart(t *testing.T) {
 		}
 	}
 	startPost, stopPost := unitScript(t, "ExecStartPost"), unitScript(t, "ExecStopPost")
+	// The unit's binary is this build's (without one there, the script
+	// falls back to umount -l: TestFaultUnitStopPostWithoutBinary).
+	stopPost = strings.ReplaceAll(stopPost, "/usr/local/bin/gdsfs", gdsfsBin(t))
 	dir := t.TempDir()
 	backing, mnt := mountDirs(t, dir)
 	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
@@ -110,5 +114,29 @@ func TestFaultUnitRestart(t *testing.T) {
 	}
 	if typ := mountType(t, other); typ != "tmpfs" {
 		t.Errorf("ExecStopPost unmounted a tmpfs that is not gdsfs's (now %q)", typ)
+	}
+}
+
+// TestFaultUnitStopPostWithoutBinary: where the unit's gdsfs binary is
+// missing, ExecStopPost still detaches a dead mount (umount -l).
+func TestFaultUnitStopPostWithoutBinary(t *testing.T) {
+	requireRoot(t)
+	for _, tool := range []string{"findmnt", "umount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (util-linux)", tool)
+		}
+	}
+	stopPost := strings.ReplaceAll(unitScript(t, "ExecStopPost"), "/usr/local/bin/gdsfs", filepath.Join(t.TempDir(), "no-gdsfs"))
+	backing, mnt := mountDirs(t, t.TempDir())
+	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-d.exited
+	if code, out := runUnitScript(t, stopPost, mnt); code != 0 {
+		t.Fatalf("ExecStopPost after a crash: exit %d: %s", code, out)
+	}
+	if typ := mountType(t, mnt); typ != "" {
+		t.Errorf("ExecStopPost left %q mounted on %s", typ, mnt)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/doctor"
 	"github.com/gdsfs/gdsfs/internal/mountinfo"
 )
@@ -36,6 +37,10 @@ Exits 0 when gdsfs can serve (a CPU-only host with the host engine counts),
 			path := ""
 			if len(args) == 1 {
 				path = args[0]
+				// A hung daemon would hang the stat below: probe it, bounded, first.
+				if err := daemon.CheckAnswers(cmd.Context(), path); err != nil {
+					return err
+				}
 				if _, err := os.Stat(path); err != nil {
 					if why := mountinfo.Unreachable(path, err); why != "" {
 						return usagef("%s", why)

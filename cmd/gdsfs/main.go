@@ -52,6 +52,7 @@ func newRootCmd() *cobra.Command {
 		newStatCmd(),
 		newStatusCmd(),
 		newWarmCmd(),
+		newProbeMountCmd(), // hidden: daemon.ProbeMount's child
 	)
 	return root
 }

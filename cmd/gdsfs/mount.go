@@ -73,7 +73,10 @@ the mount. With --source DIR it serves DIR at MOUNTPOINT.
 
 Reads and writes use kernel FUSE passthrough (Linux >= 6.9, as root)
 wherever the kernel offers it; the log says which path is used and why.
-The mount runs in the foreground until SIGINT/SIGTERM or 'gdsfs unmount'.`,
+The mount runs in the foreground until SIGINT/SIGTERM or 'gdsfs unmount'.
+With files still open a signal detaches the mount and serves them until
+they are closed; a second SIGINT/SIGTERM aborts the connection (requests
+in flight and open files fail) and the daemon exits.`,
 		Example: `  gdsfs mount /data                          # make /data itself GDS-aware
   gdsfs mount --source /datasets /mnt/gds    # serve /datasets at /mnt/gds
   gdsfs mount --background --log-file /var/log/gdsfs.log /data
@@ -205,8 +208,23 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, cf *controlFlags, repor
 	go func() {
 		select {
 		case <-ctx.Done():
-			log.Info().Msg("signal received, unmounting")
-			unmountOnSignal(d, log)
+		case <-done:
+			return
+		}
+		// The first signal unmounts, lazily while files are open, which
+		// are then served until closed; a second one aborts the
+		// connection, so the daemon ends even with requests stuck.
+		again := make(chan os.Signal, 1)
+		signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
+		defer signal.Stop(again)
+		log.Info().Msg("signal received, unmounting")
+		unmountOnSignal(d, log)
+		select {
+		case <-again:
+			log.Warn().Msg("second signal: aborting the FUSE connection; requests in flight and open files on the mount fail")
+			if err := d.Abort(); err != nil {
+				log.Error().Err(err).Msg("abort failed; kill -9 ends the daemon")
+			}
 		case <-done:
 		}
 	}()
@@ -219,8 +237,8 @@ func mountForeground(cmd *cobra.Command, c *mountConfig, cf *controlFlags, repor
 	return nil
 }
 
-// unmountOnSignal unmounts; if files are still open it detaches lazily,
-// so a signal always ends the daemon.
+// unmountOnSignal unmounts; if files are still open it detaches lazily:
+// the daemon ends once they are closed, or at a second signal (Abort).
 func unmountOnSignal(d *daemon.Daemon, log zerolog.Logger) {
 	err := d.Unmount()
 	if err == nil {

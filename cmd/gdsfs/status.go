@@ -14,6 +14,7 @@ import (
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/ctlserver"
+	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/fs"
 	"github.com/gdsfs/gdsfs/internal/mountinfo"
 )
@@ -51,6 +52,10 @@ cache (hits, misses, evictions, parses).`,
 func runStatus(ctx context.Context, w io.Writer, mp string, asJSON bool) error {
 	if ctx == nil {
 		ctx = context.Background()
+	}
+	// A hung daemon would hang the stat below: probe it, bounded, first.
+	if err := daemon.CheckAnswers(ctx, mp); err != nil {
+		return err
 	}
 	if st, err := os.Stat(filepath.Join(mp, ctl.ControlName)); err != nil || !st.Mode().IsRegular() {
 		if why := mountinfo.Unreachable(mp, err); why != "" {

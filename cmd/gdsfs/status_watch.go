@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gdsfs/gdsfs/ctl"
+	"github.com/gdsfs/gdsfs/daemon"
 	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/status"
 )
@@ -35,6 +36,10 @@ func addWatchFlags(cmd *cobra.Command, w *watchFlags) {
 func runStatusWatch(ctx context.Context, w io.Writer, mp string, wf watchFlags) error {
 	if wf.on && wf.every < 100*time.Millisecond {
 		return usagef("--interval %s: give at least 100ms, such as 2s", wf.every)
+	}
+	// A hung daemon would hang the stat below: probe it, bounded, first.
+	if err := daemon.CheckAnswers(ctx, mp); err != nil {
+		return err
 	}
 	if st, err := os.Stat(filepath.Join(mp, ctl.ControlName)); err != nil || !st.Mode().IsRegular() {
 		if why := mountinfo.Unreachable(mp, err); why != "" {

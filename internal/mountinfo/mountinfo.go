@@ -19,6 +19,30 @@ type Entry struct {
 	MountPoint string
 	FSType     string
 	Source     string
+	// Major and Minor are the device number of the mounted filesystem
+	// (st_dev of its files), from the line itself: a hung FUSE mount's
+	// device is known without a stat, which would hang.
+	Major, Minor uint32
+	// SuperOptions are the per-superblock options ("rw,user_id=0,...").
+	SuperOptions string
+}
+
+// ConnID is the FUSE connection number of a FUSE mount: its directory
+// under /sys/fs/fuse/connections is named after the kernel's dev_t of the
+// superblock, (major << 20) | minor.
+func (e Entry) ConnID() uint64 { return uint64(e.Major)<<20 | uint64(e.Minor) }
+
+// UserID is the uid a FUSE mount belongs to (its user_id= option: who
+// mounted it), and false when the mount has none (not FUSE).
+func (e Entry) UserID() (int, bool) {
+	for _, o := range strings.Split(e.SuperOptions, ",") {
+		if v, ok := strings.CutPrefix(o, "user_id="); ok {
+			if uid, err := strconv.ParseUint(v, 10, 32); err == nil {
+				return int(uid), true
+			}
+		}
+	}
+	return 0, false
 }
 
 // ErrMalformed marks a malformed mountinfo line.
@@ -49,16 +73,40 @@ func Parse(r io.Reader) ([]Entry, error) {
 		if len(f) < 6 || sep < 0 || sep+2 >= len(f) {
 			return nil, fmt.Errorf("%w %d: %q", ErrMalformed, line, sc.Text())
 		}
-		out = append(out, Entry{
+		major, minor, ok := parseDev(f[2])
+		if !ok {
+			return nil, fmt.Errorf("%w %d: device %q is not MAJOR:MINOR", ErrMalformed, line, f[2])
+		}
+		e := Entry{
 			MountPoint: unescape(f[4]),
 			FSType:     f[sep+1],
 			Source:     unescape(f[sep+2]),
-		})
+			Major:      major,
+			Minor:      minor,
+		}
+		if sep+3 < len(f) {
+			e.SuperOptions = f[sep+3]
+		}
+		out = append(out, e)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
 	return out, nil
+}
+
+// parseDev parses mountinfo's third field, "MAJOR:MINOR" in decimal.
+func parseDev(s string) (major, minor uint32, ok bool) {
+	a, b, found := strings.Cut(s, ":")
+	if !found {
+		return 0, 0, false
+	}
+	ma, err1 := strconv.ParseUint(a, 10, 32)
+	mi, err2 := strconv.ParseUint(b, 10, 32)
+	if err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return uint32(ma), uint32(mi), true
 }
 
 // unescape decodes the kernel's \ooo escapes; anything else is
@@ -84,15 +132,26 @@ func unescape(s string) string {
 // At returns the topmost mount on path (the last one listed), or
 // false if path is not a mount point.
 func At(path string) (Entry, bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return Entry{}, false, fmt.Errorf("read mount table: %w", err)
-	}
-	defer f.Close()
-	ms, err := Parse(f)
+	ms, err := read()
 	if err != nil {
 		return Entry{}, false, err
 	}
+	m, ok := last(ms, path)
+	return m, ok, nil
+}
+
+// read parses this process's mount table.
+func read() ([]Entry, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	defer f.Close()
+	return Parse(f)
+}
+
+// last is the topmost of ms mounted on path.
+func last(ms []Entry, path string) (Entry, bool) {
 	var found Entry
 	ok := false
 	for _, m := range ms {
@@ -100,24 +159,27 @@ func At(path string) (Entry, bool, error) {
 			found, ok = m, true
 		}
 	}
-	return found, ok, nil
+	return found, ok
 }
 
 // GDSFSType is the filesystem type gdsfs mounts show in the mount table.
 const GDSFSType = "fuse.gdsfs"
 
 // Containing returns the mount point of the filesystem path is on
-// (walking up to the nearest mount point) and its type.
+// (walking up to the nearest mount point) and its type. It reads the mount
+// table only, never path itself (a stat of a hung mount hangs), so the
+// answer is lexical: symbolic links in path are not followed.
 func Containing(path string) (Entry, bool) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return Entry{}, false
 	}
-	if st, err := os.Stat(abs); err == nil && !st.IsDir() {
-		abs = filepath.Dir(abs)
+	ms, err := read()
+	if err != nil {
+		return Entry{}, false
 	}
 	for d := abs; ; d = filepath.Dir(d) {
-		if m, ok, err := At(d); err == nil && ok {
+		if m, ok := last(ms, d); ok {
 			return m, true
 		}
 		if d == "/" {

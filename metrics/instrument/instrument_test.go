@@ -287,3 +287,116 @@ func TestEnginesKeepsResidencyRule(t *testing.T) {
 		t.Errorf("ChooseAs of a chooser without the rule: %v, %q", e, why)
 	}
 }
+
+// routingEngine is cuFile compat mode's router (cufile.MemoryRouter):
+// reads into memory in new go to another engine.
+type routingEngine struct {
+	cufile.Engine
+	to  cufile.Engine
+	new map[gpubuf.Memory]bool
+}
+
+func (e routingEngine) RouteFor(slabs []*gpubuf.Slab) cufile.Engine {
+	for _, s := range slabs {
+		if e.new[s.Memory] {
+			return e.to
+		}
+	}
+	return nil
+}
+
+// renamed is an engine under another name.
+type renamed struct {
+	cufile.Engine
+	name string
+}
+
+func (e renamed) Name() string { return e.name }
+
+// TestEnginesKeepMemoryRouting: behind the recording wrapper an engine's
+// routing by destination memory stays (else mounts with --metrics-addr
+// would pay cuFile compat mode's first touch of every new slab), a read
+// routed to another engine is recorded under that engine's name, and the
+// routed engine keeps its ReadVec.
+func TestEnginesKeepMemoryRouting(t *testing.T) {
+	host := cufile.NewHostEngine(cufile.Options{ChunkBytes: 64 << 10, Workers: 2})
+	be, err := gpubuf.NewHostBackend(gpubuf.HostBackendOptions{Dir: filepath.Join(t.TempDir(), "slabs")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	fresh, old := mustAlloc(t, be), mustAlloc(t, be)
+	posix := fakeVecEngine{renamed{host, cufile.EnginePosix}}
+	m := metrics.New()
+	e, _ := Engines(fixedEngine{routingEngine{renamed{host, cufile.EngineGDSCompat}, posix, map[gpubuf.Memory]bool{fresh: true}}}, m).Choose(nil, "p", 0, 1)
+	if got := cufile.RouteFor(e, slabs(old)); got != e {
+		t.Errorf("a read into memory the router keeps routed to %s (%T)", got.Name(), got)
+	}
+	to := cufile.RouteFor(e, slabs(old, fresh))
+	if to.Name() != cufile.EnginePosix {
+		t.Fatalf("a read into new memory routed to %s, want posix", to.Name())
+	}
+	if _, ok := to.(cufile.VecReader); !ok {
+		t.Errorf("the routed engine lost its ReadVec behind the wrapper (%T)", to)
+	}
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, make([]byte, 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if n, err := to.ReadAt(context.Background(), f, fresh, 0, 0, 8192); err != nil || n != 8192 {
+		t.Fatalf("ReadAt = %d, %v", n, err)
+	}
+	s, err := m.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get("gdsfs_bytes_total", "engine", "posix", "direction", "read"); got != 8192 {
+		t.Errorf("gdsfs_bytes_total{posix,read} = %v after a routed read of 8192 bytes, want 8192", got)
+	}
+	if got, _ := s.Get("gdsfs_bytes_total", "engine", "gds-compat", "direction", "read"); got != 0 {
+		t.Errorf("gdsfs_bytes_total{gds-compat,read} = %v: the routed read was recorded under the router's name", got)
+	}
+	plain, _ := Engines(fixedEngine{readOnlyEngine{host}}, m).Choose(nil, "p", 0, 1)
+	if _, ok := plain.(cufile.MemoryRouter); ok {
+		t.Errorf("an engine without routing gained it through the wrapper (%T)", plain)
+	}
+	both, _ := Engines(fixedEngine{vecRouter{fakeVecEngine{host}, routingEngine{host, posix, map[gpubuf.Memory]bool{fresh: true}}}}, m).Choose(nil, "p", 0, 1)
+	if _, ok := both.(cufile.VecReader); !ok {
+		t.Errorf("an engine with ReadVec and routing lost ReadVec behind the wrapper (%T)", both)
+	}
+	if got := cufile.RouteFor(both, slabs(fresh)); got.Name() != cufile.EnginePosix {
+		t.Errorf("an engine with ReadVec and routing routed a new slab to %s behind the wrapper", got.Name())
+	}
+}
+
+// vecRouter has ReadVec and routes.
+type vecRouter struct {
+	fakeVecEngine
+	r routingEngine
+}
+
+func (e vecRouter) RouteFor(slabs []*gpubuf.Slab) cufile.Engine { return e.r.RouteFor(slabs) }
+
+// slabs is mems as regular slabs of the pool.
+func slabs(mems ...gpubuf.Memory) []*gpubuf.Slab {
+	out := make([]*gpubuf.Slab, len(mems))
+	for i, m := range mems {
+		out[i] = &gpubuf.Slab{Memory: m, Size: m.Size()}
+	}
+	return out
+}
+
+func mustAlloc(t *testing.T, be gpubuf.Backend) gpubuf.Memory {
+	t.Helper()
+	m, err := be.Alloc(context.Background(), 0, 8192, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}

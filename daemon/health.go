@@ -1,0 +1,249 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gdsfs/gdsfs/internal/errname"
+	"github.com/gdsfs/gdsfs/internal/mountinfo"
+	"github.com/gdsfs/gdsfs/internal/usage"
+)
+
+// ProbeCommand is the hidden gdsfs subcommand ProbeMount runs in a child:
+// `gdsfs probe-mount MOUNTPOINT` statfs's MOUNTPOINT and prints "ok" or
+// the errno's name.
+const ProbeCommand = "probe-mount"
+
+// ProbeTimeout is how long a daemon has to answer a probe before it
+// counts as hung. A healthy daemon answers a statfs in microseconds; a
+// loaded node's in milliseconds.
+const ProbeTimeout = 2 * time.Second
+
+// MountState is what a probe of a FUSE mount found.
+type MountState int
+
+// The states ProbeMount tells apart.
+const (
+	// Answers: the daemon answered (with the filesystem's figures or an
+	// error of its own).
+	Answers MountState = iota
+	// Dead: the connection is gone (ENOTCONN, ECONNABORTED): the daemon
+	// exited or the connection was aborted.
+	Dead
+	// Hung: no answer within the timeout: the daemon is stopped,
+	// deadlocked, swapped out, or a zombie waiting for itself.
+	Hung
+	// Unknown: the probe itself could not run.
+	Unknown
+)
+
+func (s MountState) String() string {
+	switch s {
+	case Answers:
+		return "answers"
+	case Dead:
+		return "dead"
+	case Hung:
+		return "hung"
+	}
+	return "unknown"
+}
+
+// Health is a bounded probe's view of one FUSE mount.
+type Health struct {
+	Mount mountinfo.Entry
+	State MountState
+	// PID is the daemon recorded as serving the mount (0: none
+	// recorded), and Proc what that process is doing.
+	PID  int
+	Proc ProcState
+	// Why is the probe's failure (Unknown) or the daemon's errno
+	// (Answers, Dead).
+	Why string
+}
+
+// ProbeMount asks mount m's daemon for a statfs (never served from the
+// kernel's caches) in a child process, and waits at most timeout: a
+// request to a hung daemon can leave the asking thread in uninterruptible
+// sleep, and a process with such a thread cannot exit, so the probe never
+// runs in this process. A probe child stuck on the mount is killed and
+// left behind (it ends when the connection does). It must run in the gdsfs
+// binary (it re-executes itself with ProbeCommand).
+func ProbeMount(ctx context.Context, m mountinfo.Entry, timeout time.Duration) Health {
+	h := Health{Mount: m}
+	h.PID, h.Proc = recordedDaemon(m)
+	if h.PID > 0 && (h.Proc == ProcStopped || h.Proc == ProcZombie) {
+		// It cannot answer: no need to wait out the timeout. (A recorded
+		// daemon that is gone says nothing for sure: connection numbers
+		// are reused, by daemons that may not record.)
+		h.State, h.Why = Hung, "daemon pid "+fmt.Sprint(h.PID)+" is "+h.Proc.String()
+		return h
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		h.State, h.Why = Unknown, fmt.Sprintf("find gdsfs executable: %v", err)
+		return h
+	}
+	if strings.HasSuffix(exe, ".test") {
+		// A test binary would run its tests, not the probe.
+		h.State, h.Why = Unknown, exe+" is no gdsfs binary"
+		return h
+	}
+	cmd := exec.Command(exe, ProbeCommand, m.MountPoint)
+	// Its own process group, in / (not on the mount): nothing of it
+	// holds the mount busy.
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		h.State, h.Why = Unknown, fmt.Sprintf("start the probe: %v", err)
+		return h
+	}
+	if err := cmd.Start(); err != nil {
+		h.State, h.Why = Unknown, fmt.Sprintf("start the probe: %v", err)
+		return h
+	}
+	lines := make(chan string, 2)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default: // nobody reads any more
+			}
+		}
+		close(lines)
+		// Reaped once it exits; a child stuck on the mount is left to
+		// end with the connection.
+		cmd.Wait()
+	}()
+	// The timeout runs from the child's "probing": starting a process
+	// on a loaded host is no sign of a hung daemon.
+	res, state := probeResult(ctx, lines, startWait, timeout)
+	if state == Hung || state == Unknown {
+		cmd.Process.Kill()
+	}
+	h.State, h.Why = state, res
+	return h
+}
+
+// startWait bounds how long a probe child may take to start.
+const startWait = 30 * time.Second
+
+// probeResult reads the probe child's lines: "probing" within start, then
+// its one-word result within timeout.
+func probeResult(ctx context.Context, lines <-chan string, start, timeout time.Duration) (string, MountState) {
+	wait := time.NewTimer(start)
+	defer wait.Stop()
+	started := false
+	for {
+		select {
+		case l, ok := <-lines:
+			switch {
+			case !ok:
+				return "the probe exited without a result", Unknown
+			case l == probeStarted && !started:
+				started = true
+				wait.Reset(timeout)
+			case !started:
+				return fmt.Sprintf("probe: %q before it started", l), Unknown
+			case l == "ok":
+				return "", Answers
+			case l == "ENOTCONN" || l == "ECONNABORTED":
+				return l, Dead
+			case strings.HasPrefix(l, "E"):
+				return l, Answers // the daemon answered, with an error of its own
+			default:
+				return fmt.Sprintf("probe: %q", l), Unknown
+			}
+		case <-wait.C:
+			if !started {
+				return "the probe did not start within " + start.String(), Unknown
+			}
+			return "no answer within " + timeout.String(), Hung
+		case <-ctx.Done():
+			return ctx.Err().Error(), Unknown
+		}
+	}
+}
+
+// probeStarted is the probe child's first line, just before its statfs.
+const probeStarted = "probing"
+
+// RunProbe is the child side of ProbeMount: it writes "probing" to w,
+// then the one-word result of a statfs of mountpoint.
+func RunProbe(w io.Writer, mountpoint string) error {
+	if _, err := fmt.Fprintln(w, probeStarted); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, statfsResult(mountpoint))
+	return err
+}
+
+// statfsResult is "ok" or the errno name of a statfs of mountpoint.
+func statfsResult(mountpoint string) string {
+	var st unix.Statfs_t
+	err := unix.Statfs(mountpoint, &st)
+	if err == nil {
+		return "ok"
+	}
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return errname.Of(en)
+	}
+	return "EIO"
+}
+
+// Hint is one line for a user about a mount that is not healthy, naming
+// the daemon and the fix; "" for a mount whose daemon answers.
+func (h Health) Hint() string {
+	mp := h.Mount.MountPoint
+	force := fmt.Sprintf("gdsfs unmount --force %s aborts its connection (processes blocked on it get an error)", mp)
+	switch h.State {
+	case Dead:
+		return fmt.Sprintf("%s is a gdsfs mount whose daemon exited; run gdsfs mount %s again (it cleans up the dead mount), or gdsfs unmount --force %s", mp, mp, mp)
+	case Hung:
+	default:
+		return ""
+	}
+	switch {
+	case h.PID > 0 && h.Proc == ProcStopped:
+		return fmt.Sprintf("daemon pid %d of %s is stopped and does not answer; kill -CONT %d resumes it, or %s", h.PID, mp, h.PID, force)
+	case h.PID > 0 && h.Proc == ProcZombie:
+		return fmt.Sprintf("daemon pid %d of %s was killed but is stuck waiting for its own mount; %s, and gdsfs mount %s again cleans it up", h.PID, mp, force, mp)
+	case h.PID > 0 && h.Proc == ProcGone:
+		return fmt.Sprintf("%s does not answer and the daemon recorded for it (pid %d) is gone; %s", mp, h.PID, force)
+	case h.PID > 0:
+		return fmt.Sprintf("daemon pid %d of %s does not answer (no reply within %s); %s", h.PID, mp, ProbeTimeout, force)
+	}
+	return fmt.Sprintf("the daemon of %s does not answer (no reply within %s); %s", mp, ProbeTimeout, force)
+}
+
+// CheckAnswers returns a usage error naming the daemon and the fix (Hint)
+// when path is on a gdsfs mount whose daemon does not answer within
+// ProbeTimeout, and nil otherwise (a dead mount is for the caller's own
+// error handling: mountinfo.Unreachable). Commands call it before they
+// touch a mount, since a stat of a hung mount would hang them.
+func CheckAnswers(ctx context.Context, path string) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	m, ok := mountinfo.Containing(path)
+	if !ok || m.FSType != mountinfo.GDSFSType {
+		return nil
+	}
+	if h := ProbeMount(ctx, m, ProbeTimeout); h.State == Hung {
+		return usage.Errorf("%s", h.Hint())
+	}
+	return nil
+}
