@@ -8,6 +8,7 @@ fields. Never touches CUDA.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import functools
@@ -142,6 +143,96 @@ def _mds_decode(encoding: str, data: bytes) -> Any:
 RUN_GAP = 16 << 10
 RUN_BYTES = 16 << 20
 RUN_FIELD_MAX = 1 << 20
+# A worker reading its shards one after the other from their starts asks for its next shard's
+# first NEXT_SHARD_HINT bytes (posix_fadvise WILLNEED through the mount, in WILLNEED_STEP
+# calls: the kernel reads at most the mount's max_readahead, 128 KiB, per call) once what is
+# left of its current shard is within that distance: the daemon's readahead stops at a file's
+# end, so without it the disk sits idle at every shard switch while the loader consumes what
+# was read ahead (docs/benchmarks.md, "Cold shard switch").
+# GDSFS_SHARD_HINT (bytes; 0: no hint) overrides it, for A/B runs in one session.
+NEXT_SHARD_HINT = 4 << 20
+NEXT_SHARD_HINT_ENV = "GDSFS_SHARD_HINT"
+WILLNEED_STEP = 128 << 10
+
+
+def _shard_hint_bytes() -> int:
+    """GDSFS_SHARD_HINT as bytes (0 or less: no hint); unset or not an integer: the default."""
+    v = os.environ.get(NEXT_SHARD_HINT_ENV, "")
+    try:
+        return max(0, int(v)) if v else NEXT_SHARD_HINT
+    except ValueError:
+        return NEXT_SHARD_HINT
+
+
+def _willneed(path: str, nbytes: int) -> None:
+    """Start reading path's first nbytes into the page cache without waiting for them: the
+    kernel's readahead of this process's own open of the file (FUSE READs the daemon serves
+    from the backing file), a hint, so any error is ignored (the READs report what is wrong)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for off in range(0, nbytes, WILLNEED_STEP):
+            os.posix_fadvise(fd, off, min(WILLNEED_STEP, nbytes - off), os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _NextShardHints:
+    """Where a slot reading its block shard after shard (no shuffle, interleave or shuffle
+    buffer: each shard from its first sample on) moves to its next shard, and the hint of that
+    shard's first bytes (_willneed) once per shard, when the samples left of the current one,
+    after the chunk about to be read, hold at most NEXT_SHARD_HINT bytes (estimated from the
+    shard's size and sample count) and some of the current shard was read in this iteration
+    already (never ahead of a shard's own first READ)."""
+
+    def __init__(self, ds: "GDSShardDataset", plan: EpochPlan, slot: int, first: int, nbytes: int) -> None:
+        self.ds, self.first, self.nbytes = ds, first, nbytes
+        lo, hi = plan.block(slot)
+        # (first position, end position, shard) of each stretch of one shard in the block
+        self.stretches: list[tuple[int, int, int]] = []
+        pos = lo
+        while pos < hi and plan.total:
+            p = pos % plan.total
+            k = bisect.bisect_right(plan.starts, p) - 1
+            shard = plan.shard_order[k]
+            n = min(hi - pos, plan.starts[k] + plan.counts[shard] - p)
+            self.stretches.append((pos, pos + n, shard))
+            pos += n
+        self.at = 0  # index of the stretch of the last position seen
+        self.bps: dict[int, float] = {}  # shard -> bytes per sample
+        self.hinted: set[int] = set()  # stretches hinted (at most once each)
+
+    def before(self, items: list[tuple[int, int, int]]) -> None:
+        """Called with each chunk before it is read."""
+        p_first, p_last = items[0][0], items[-1][0]
+        st = self.stretches
+        while self.at < len(st) and st[self.at][1] <= p_last:
+            self.at += 1
+        j = self.at
+        if j + 1 >= len(st) or max(st[j][0], self.first) >= p_first:
+            return  # no next shard, or the chunk holds this iteration's first READ of shard j
+        shard, nxt = st[j][2], st[j + 1][2]
+        if j + 1 in self.hinted or nxt == shard:
+            return
+        bps = self.bps.get(shard)
+        if bps is None:
+            try:
+                bps = self.bps[shard] = os.stat(self.ds.shards[shard]).st_size / max(1, self.ds.counts[shard])
+            except OSError:
+                bps = self.bps[shard] = float("inf")
+        if (st[j][1] - 1 - p_last) * bps > self.nbytes:
+            return
+        self.hinted.add(j + 1)
+        path = self.ds.shards[nxt]
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return
+        _willneed(path, min(self.nbytes, size))
 
 
 class _FieldPlan(NamedTuple):
@@ -1137,11 +1228,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         plan = self._plan(slots)
         epoch = self.epoch
         it = _Iteration(resumed=skip > 0)
+        hint = _shard_hint_bytes()
+        hints = (_NextShardHints(self, plan, slot, plan.block(slot)[0] + skip, hint)
+                 if hint and self._session is not None and not self.shuffle and plan.interleave == 1 and plan.buffer <= 1 else None)
         pending: list[tuple[int, int, int]] = []
         count = 0  # samples of this iteration before pending's first
         for item in plan.positions(slot, skip):
             pending.append(item)
             if len(pending) >= self.read_ahead:
+                if hints is not None:
+                    hints.before(pending)
                 yield from self._emit(pending, slot, plan, epoch, count, it)
                 count += len(pending)
                 pending = []
