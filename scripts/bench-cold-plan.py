@@ -34,11 +34,13 @@ and writes the traces as JSON (where the disk sat idle: at a shard's end, at the
 from __future__ import annotations
 
 import argparse
+import bisect
 import importlib.util
 import json
 import multiprocessing.util
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -294,9 +296,39 @@ def trace_summary(tr: dict[str, Any], bin_s: float = 0.1) -> str:
     for r in reads:
         per.setdefault(r[6], []).append(r[1] - r[0])
     waits = " ".join(f"{sum(v):.2f}/{max(v):.3f}" for _k, v in sorted(per.items()))
+    sw = switch_figures(tr)
+    at_switch = (f"\n  shard switch: next shards' first READs wait {sw['switch_wait_s']:.3f} s (median of workers), "
+                 f"the disk read {sw['switch_mb_s']:.0f} MB/s from 1 s before them to 0.5 s after the last") if sw else ""
     return (f"trace: pass {tr['secs']:.2f} s, first READ at {first:.3f} s, the disk's busiest {bin_s * 1e3:.0f} ms "
             f"{top / bin_s / 1e6:.0f} MB/s, {idle:.2f} s of bins below half of it after the first READ\n"
-            f"  disk MB/s per {bin_s * 1e3:.0f} ms: {rate}\n  READ wait per worker (sum/longest s): {waits}")
+            f"  disk MB/s per {bin_s * 1e3:.0f} ms: {rate}\n  READ wait per worker (sum/longest s): {waits}{at_switch}")
+
+
+def switch_figures(tr: dict[str, Any]) -> dict[str, float]:
+    """Where each worker moves to its next shard: the median wait of its first READ of that
+    shard, and the disk's rate from 1 s before the first such READ to 0.5 s after the last one
+    ended (the switch as the disk saw it: a throttled disk makes up a short idle with a burst
+    after it, so idle bins alone overstate what it lost). {} without a switch."""
+    disk, per = tr["disk"], {}  # type: ignore[var-annotated]
+    for r in sorted(tr["reads"]):
+        per.setdefault(r[6], []).append(r)
+    firsts = []
+    for rs in per.values():
+        seen: list[str] = []
+        for r in rs:
+            if r[2] not in seen:
+                seen.append(r[2])
+                if len(seen) == 2:
+                    firsts.append(r)
+    if not firsts or len(disk) < 2:
+        return {}
+    ts = [d[0] for d in disk]
+
+    def at(x: float) -> float:
+        return float(disk[max(0, bisect.bisect_right(ts, x) - 1)][2])
+
+    lo, hi = min(r[0] for r in firsts) - 1.0, max(r[1] for r in firsts) + 0.5
+    return {"switch_wait_s": statistics.median(r[1] - r[0] for r in firsts), "switch_mb_s": (at(hi) - at(lo)) / (hi - lo) / 1e6}
 
 
 def run_child(pkg: str, job: dict[str, Any], blkio: str = "") -> dict[str, Any]:
