@@ -185,8 +185,8 @@ class _NextShardHints:
     """Where a slot reading its block shard after shard (no shuffle, interleave or shuffle
     buffer: each shard from its first sample on) moves to its next shard, and the hint of that
     shard's first bytes (_willneed) once per shard, when the samples left of the current one,
-    after the chunk about to be read, hold at most NEXT_SHARD_HINT bytes (estimated from the
-    shard's size and sample count) and some of the current shard was read in this iteration
+    after the chunk about to be read, hold at most nbytes (the hint's size, NEXT_SHARD_HINT by
+    default; estimated from the shard's size and sample count) and some of the current shard was read in this iteration
     already (never ahead of a shard's own first READ)."""
 
     def __init__(self, ds: "GDSShardDataset", plan: EpochPlan, slot: int, first: int, nbytes: int) -> None:
