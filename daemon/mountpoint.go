@@ -123,21 +123,43 @@ func cleanStale(mp string, log zerolog.Logger) error {
 
 // abortAndDetach aborts mount m's FUSE connection (fusectl, else a forced
 // unmount, which aborts a FUSE connection too), so every request waiting
-// on it fails at once, then detaches the mount. Root only.
+// on it fails at once, then detaches the mount and removes its record.
+// Root only. It acts on m only: the mount is pinned first (fuseconn.Pin),
+// so a mount point whose mount went away since m was read (its connection
+// number reused by another mount, its path relinked or overmounted) is
+// left alone, with an error.
 func abortAndDetach(m mountinfo.Entry) error {
+	pin, err := fuseconn.Pin(m)
+	if err != nil {
+		return fmt.Errorf("abort %s: %w; nothing was aborted: check the mount table (findmnt %s) and run the command again", m.MountPoint, err, m.MountPoint)
+	}
+	defer pin.Close()
+	// While pinned, m's device number names m's connection.
 	if aerr := fuseconn.Abort(m); aerr != nil && !errors.Is(aerr, os.ErrNotExist) {
 		// FUSE aborts the connection on MNT_FORCE (umount_begin) before
-		// the unmount, which fails with EBUSY while files are open.
-		err := syscall.Unmount(m.MountPoint, syscall.MNT_FORCE)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, syscall.EBUSY) {
+		// the unmount, which fails with EBUSY while files are open (the
+		// pin is one).
+		err := syscall.Unmount(pin.Path(), syscall.MNT_FORCE)
+		if err != nil && !errors.Is(err, syscall.EBUSY) {
 			return fmt.Errorf("abort %s: %v; forced unmount: %w", m.MountPoint, aerr, err)
 		}
 	}
-	if err := syscall.Unmount(m.MountPoint, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+	if err := syscall.Unmount(pin.Path(), syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
 		return fmt.Errorf("detach %s: %w", m.MountPoint, err)
+	}
+	removeRecordOf(RecordDir, m)
+	return nil
+}
+
+// detachPinned detaches mount m lazily, and only m (fuseconn.Pin).
+func detachPinned(m mountinfo.Entry) error {
+	pin, err := fuseconn.Pin(m)
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w; nothing was unmounted: check the mount table (findmnt %s) and run the command again", m.MountPoint, err, m.MountPoint)
+	}
+	defer pin.Close()
+	if err := syscall.Unmount(pin.Path(), syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", m.MountPoint, err)
 	}
 	return nil
 }
@@ -264,7 +286,10 @@ func forceUnmount(m mountinfo.Entry, abort bool) error {
 		// A user's own mount (fusermount3's): its fusectl files are the
 		// user's, where fusectl is mounted.
 		if abort || unanswered(m) {
-			fuseconn.Abort(m)
+			if pin, err := fuseconn.Pin(m); err == nil {
+				fuseconn.Abort(m) // best effort: fusectl may not be mounted
+				pin.Close()
+			}
 		}
 		if out, err := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); err != nil {
 			return fmt.Errorf("unmount %s: fusermount3: %s", mp, strings.TrimSpace(string(out)))
@@ -274,10 +299,7 @@ func forceUnmount(m mountinfo.Entry, abort bool) error {
 	if abort || unanswered(m) {
 		return abortAndDetach(m)
 	}
-	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
-		return fmt.Errorf("unmount %s: %w", mp, err)
-	}
-	return nil
+	return detachPinned(m)
 }
 
 // unanswered reports whether a bounded probe found mount m's daemon hung

@@ -112,6 +112,17 @@ func writeRecord(dir string, m mountinfo.Entry, pid int) (remove func(), err err
 	}, nil
 }
 
+// removeRecordOf removes the record in dir of mount m's connection once
+// m was aborted and detached: the daemon it names no longer serves that
+// connection, and a later mount that gets the number must not be taken
+// for it (a stopped daemon would not remove it itself).
+func removeRecordOf(dir string, m mountinfo.Entry) {
+	p := recordPath(dir, m)
+	if r, ok := readRecord(p); ok && r.Mountpoint == m.MountPoint {
+		os.Remove(p)
+	}
+}
+
 // readRecord reads the record at p.
 func readRecord(p string) (MountRecord, bool) {
 	b, err := os.ReadFile(p)
