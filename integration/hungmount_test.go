@@ -74,21 +74,47 @@ func mountEntry(t *testing.T, mnt string) mountinfo.Entry {
 
 // abortOnCleanup makes sure the test leaves nothing mounted and nothing
 // blocked on m, whatever its daemon does: the connection is aborted and the
-// mount detached, if it is still there, when the test ends.
+// mount detached, if it is still there, when the test ends. It acts on
+// this test's connection and mount only: the abort file is opened now,
+// while m is mounted (the kernel binds it to m's connection, whose number
+// another mount on this machine takes once m's is gone), and the detach
+// goes through a pin of m (fuseconn.Pin), never through m's path alone.
 func abortOnCleanup(t *testing.T, m mountinfo.Entry) {
+	t.Helper()
+	h, err := fuseconn.Open(m)
+	if err != nil {
+		t.Fatalf("open the abort file of %s: %v", m.MountPoint, err)
+	}
 	t.Cleanup(func() {
-		if cur, ok, _ := mountinfo.At(m.MountPoint); ok && cur.ConnID() == m.ConnID() {
-			if err := fuseconn.Abort(m); err != nil && !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("cleanup: abort %s: %v", m.MountPoint, err)
-			}
-			if err := syscall.Unmount(m.MountPoint, syscall.MNT_DETACH); err != nil {
+		defer h.Close()
+		if err := h.Abort(); err != nil {
+			t.Errorf("cleanup: abort %s: %v", m.MountPoint, err)
+		}
+		if pin, err := fuseconn.Pin(m); err == nil {
+			if err := syscall.Unmount(pin.Path(), syscall.MNT_DETACH); err != nil {
 				t.Errorf("cleanup: detach %s: %v", m.MountPoint, err)
 			}
-		} else if _, err := os.Stat(fuseconn.Dir(m.ConnID())); err == nil {
-			// Detached but still open: abort it all the same.
-			fuseconn.Abort(m)
+			pin.Close()
 		}
 	})
+}
+
+// connWatch reads whether mount m's FUSE connection still exists, through
+// its fusectl "waiting" file opened while m is mounted: once the
+// connection is gone the file reads empty, even if another mount has
+// taken its number (a stat of the directory would see that one).
+func connWatch(t *testing.T, m mountinfo.Entry) (gone func() bool) {
+	t.Helper()
+	f, err := os.Open(filepath.Join(fuseconn.Dir(m.ConnID()), "waiting"))
+	if err != nil {
+		t.Fatalf("open the fusectl waiting file of %s: %v", m.MountPoint, err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return func() bool {
+		var b [32]byte
+		n, _ := f.ReadAt(b[:], 0)
+		return n == 0
+	}
 }
 
 // waitRecorded waits until the daemon pid has recorded that it serves m
@@ -570,6 +596,7 @@ func TestSignalTwiceAbortsStuckRequest(t *testing.T) {
 	m := mountEntry(t, mnt)
 	cleanupMount(t, mnt)
 	abortOnCleanup(t, m)
+	connGone := connWatch(t, m)
 	holder, err := os.Open(filepath.Join(mnt, "f"))
 	if err != nil {
 		t.Fatal(err)
@@ -600,7 +627,7 @@ func TestSignalTwiceAbortsStuckRequest(t *testing.T) {
 	holder.Close()
 	deadline := time.Now().Add(hungWait)
 	for {
-		if _, err := os.Stat(fuseconn.Dir(m.ConnID())); errors.Is(err, os.ErrNotExist) {
+		if connGone() {
 			break
 		}
 		if time.Now().After(deadline) {
