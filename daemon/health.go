@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -204,6 +205,67 @@ func statfsResult(mountpoint string) string {
 	return "EIO"
 }
 
+// maxLinks bounds the symbolic links gdsfsMountOf follows (the kernel's
+// own limit).
+const maxLinks = 40
+
+// gdsfsMountOf returns the gdsfs mount path is on, following symbolic
+// links in path as a stat of it would (a dataset directory is often a
+// link into the mount), but never looking a name up on a gdsfs mount: a
+// lookup there would hang on a hung daemon. It reads the mount table and
+// lstats only components outside gdsfs mounts.
+func gdsfsMountOf(path string) (mountinfo.Entry, bool) {
+	abs := path // not filepath.Abs: its lexical ".." is wrong after a link
+	if !filepath.IsAbs(path) {
+		wd, err := os.Getwd()
+		if err != nil {
+			return mountinfo.Entry{}, false
+		}
+		abs = wd + "/" + path
+	}
+	cur, rest := "/", strings.Split(abs, "/")
+	for links := 0; ; {
+		if m, ok := mountinfo.Containing(cur); ok && m.FSType == mountinfo.GDSFSType {
+			return m, true
+		}
+		if len(rest) == 0 {
+			return mountinfo.Entry{}, false
+		}
+		c := rest[0]
+		rest = rest[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, c)
+		if m, ok := mountinfo.Containing(next); ok && m.FSType == mountinfo.GDSFSType {
+			return m, true // next is a gdsfs mount point: not to be looked up
+		}
+		st, err := os.Lstat(next)
+		if err != nil {
+			return mountinfo.Entry{}, false
+		}
+		if st.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if links++; links > maxLinks {
+			return mountinfo.Entry{}, false
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return mountinfo.Entry{}, false
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+}
+
 // Hint is one line for a user about a mount that is not healthy, naming
 // the daemon and the fix; "" for a mount whose daemon answers.
 func (h Health) Hint() string {
@@ -238,8 +300,8 @@ func CheckAnswers(ctx context.Context, path string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m, ok := mountinfo.Containing(path)
-	if !ok || m.FSType != mountinfo.GDSFSType {
+	m, ok := gdsfsMountOf(path)
+	if !ok {
 		return nil
 	}
 	if h := ProbeMount(ctx, m, ProbeTimeout); h.State == Hung {

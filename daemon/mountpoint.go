@@ -235,8 +235,17 @@ func UnmountPath(path string, mode UnmountMode) error {
 		return err
 	}
 	if !mounted {
-		if _, serr := os.Lstat(mp); errors.Is(serr, os.ErrNotExist) {
+		st, serr := os.Lstat(mp)
+		if errors.Is(serr, os.ErrNotExist) {
 			return usage.Errorf("%s does not exist; nothing to unmount (check the path)", mp)
+		}
+		if serr == nil && st.Mode()&os.ModeSymlink != 0 {
+			// Not followed: a lookup through it into a hung mount hangs.
+			target, _ := os.Readlink(mp)
+			if target != "" && !filepath.IsAbs(target) {
+				target = filepath.Join(filepath.Dir(mp), target)
+			}
+			return usage.Errorf("%s is a symbolic link to %s, not a mount point; name the mount point itself: gdsfs unmount %s", mp, target, target)
 		}
 		return usage.Errorf("%s is not a mount point; nothing to unmount", mp)
 	}

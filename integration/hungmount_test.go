@@ -298,6 +298,30 @@ func TestHungDaemonForceUnmount(t *testing.T) {
 		t.Errorf("doctor of a hung mount: exit %d, want 2: %q", code, out)
 	}
 	oneLine(t, "doctor", out, pid, fix)
+	// A dataset directory is often a link into the mount: status and
+	// doctor follow it as a stat would, so its hung daemon is named, not
+	// hung on; unmount names the link's target.
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(mnt, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{link, filepath.Join(link, "sub", "..", "f")} {
+		out, code, took = runBounded(t, 0, "status", p)
+		if code != 2 {
+			t.Errorf("status %s, a link into a hung mount: exit %d after %s, want 2: %q", p, code, took, out)
+		}
+		oneLine(t, "status through a link", out, pid, fix)
+	}
+	out, code, _ = runBounded(t, 0, "doctor", link)
+	if code != 2 {
+		t.Errorf("doctor through a link to a hung mount: exit %d, want 2: %q", code, out)
+	}
+	oneLine(t, "doctor through a link", out, pid, fix)
+	out, code, _ = runBounded(t, 0, "unmount", "--force", link)
+	if code != 2 {
+		t.Errorf("unmount --force of a link to a mount: exit %d, want 2: %q", code, out)
+	}
+	oneLine(t, "unmount --force of a link", out, "symbolic link", "gdsfs unmount "+mnt)
 	// A new daemon does not take a live (if stopped) daemon's mount away.
 	out, code, _ = runBounded(t, 0, "mount", "--source", backing, mnt)
 	if code != 2 {
