@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/internal/errname"
+	"github.com/gdsfs/gdsfs/internal/fuseconn"
 	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/internal/usage"
 )
@@ -130,7 +132,7 @@ func ProbeMount(ctx context.Context, m mountinfo.Entry, timeout time.Duration) H
 	}()
 	// The timeout runs from the child's "probing": starting a process
 	// on a loaded host is no sign of a hung daemon.
-	res, state := probeResult(ctx, lines, startWait, timeout)
+	res, state := probeResult(ctx, lines, m.ID, startWait, timeout)
 	if state == Hung || state == Unknown {
 		cmd.Process.Kill()
 	}
@@ -141,9 +143,12 @@ func ProbeMount(ctx context.Context, m mountinfo.Entry, timeout time.Duration) H
 // startWait bounds how long a probe child may take to start.
 const startWait = 30 * time.Second
 
-// probeResult reads the probe child's lines: "probing" within start, then
-// its one-word result within timeout.
-func probeResult(ctx context.Context, lines <-chan string, start, timeout time.Duration) (string, MountState) {
+// probeResult reads the probe child's lines: "probing MNTID" within
+// start, then its one-word result within timeout. A child that found
+// another mount than mount id want at the path (replaced, overmounted, or
+// reached through a link since the mount table was read) probed nothing
+// of it: Unknown.
+func probeResult(ctx context.Context, lines <-chan string, want int, start, timeout time.Duration) (string, MountState) {
 	wait := time.NewTimer(start)
 	defer wait.Stop()
 	started := false
@@ -153,7 +158,10 @@ func probeResult(ctx context.Context, lines <-chan string, start, timeout time.D
 			switch {
 			case !ok:
 				return "the probe exited without a result", Unknown
-			case l == probeStarted && !started:
+			case strings.HasPrefix(l, probeStarted+" ") && !started:
+				if id := strings.TrimPrefix(l, probeStarted+" "); id != strconv.Itoa(want) {
+					return fmt.Sprintf("the path now leads to mount %s, not mount %d: run the command again", id, want), Unknown
+				}
 				started = true
 				wait.Reset(timeout)
 			case !started:
@@ -181,23 +189,39 @@ func probeResult(ctx context.Context, lines <-chan string, start, timeout time.D
 // probeStarted is the probe child's first line, just before its statfs.
 const probeStarted = "probing"
 
-// RunProbe is the child side of ProbeMount: it writes "probing" to w,
-// then the one-word result of a statfs of mountpoint.
+// RunProbe is the child side of ProbeMount: it opens mountpoint's root
+// without following links (O_PATH: no request to the daemon), writes
+// "probing MNTID" (the mount it opened) to w, then the one-word result of
+// an fstatfs of it: the mount probed is the one named, whatever the path
+// leads to meanwhile.
 func RunProbe(w io.Writer, mountpoint string) error {
-	if _, err := fmt.Fprintln(w, probeStarted); err != nil {
+	fd, err := unix.Openat2(unix.AT_FDCWD, mountpoint, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS,
+	})
+	if err != nil {
+		_, werr := fmt.Fprintln(w, errnoName(err))
+		return werr
+	}
+	defer unix.Close(fd)
+	id, err := fuseconn.MountID(fd)
+	if err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, statfsResult(mountpoint))
+	if _, err := fmt.Fprintln(w, probeStarted, id); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	res := "ok"
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		res = errnoName(err)
+	}
+	_, err = fmt.Fprintln(w, res)
 	return err
 }
 
-// statfsResult is "ok" or the errno name of a statfs of mountpoint.
-func statfsResult(mountpoint string) string {
-	var st unix.Statfs_t
-	err := unix.Statfs(mountpoint, &st)
-	if err == nil {
-		return "ok"
-	}
+// errnoName is err's errno name, EIO for an error that is none.
+func errnoName(err error) string {
 	var en syscall.Errno
 	if errors.As(err, &en) {
 		return errname.Of(en)

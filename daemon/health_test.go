@@ -209,15 +209,21 @@ func TestProbeResult(t *testing.T) {
 		closed bool
 		want   MountState
 	}{
-		{"answers", []string{"probing", "ok"}, true, Answers},
-		{"daemon error", []string{"probing", "EIO"}, true, Answers},
-		{"exited daemon", []string{"probing", "ENOTCONN"}, true, Dead},
-		{"aborted", []string{"probing", "ECONNABORTED"}, true, Dead},
-		{"no answer", []string{"probing"}, false, Hung},
+		{"answers", []string{"probing 7", "ok"}, true, Answers},
+		{"daemon error", []string{"probing 7", "EIO"}, true, Answers},
+		{"exited daemon", []string{"probing 7", "ENOTCONN"}, true, Dead},
+		{"aborted", []string{"probing 7", "ECONNABORTED"}, true, Dead},
+		{"no answer", []string{"probing 7"}, false, Hung},
 		{"never started", nil, false, Unknown},
-		{"died", []string{"probing"}, true, Unknown},
+		{"died", []string{"probing 7"}, true, Unknown},
 		{"garbage first", []string{"ok"}, true, Unknown},
-		{"garbage result", []string{"probing", "what"}, true, Unknown},
+		{"garbage result", []string{"probing 7", "what"}, true, Unknown},
+		// The path led elsewhere (a link, a new mount): not this mount's
+		// verdict, even if that one hangs.
+		{"another mount", []string{"probing 8"}, false, Unknown},
+		{"another mount answers", []string{"probing 8", "ok"}, true, Unknown},
+		{"no mount id", []string{"probing"}, false, Unknown},
+		{"open failed", []string{"ELOOP"}, true, Unknown},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -228,7 +234,7 @@ func TestProbeResult(t *testing.T) {
 			if c.closed {
 				close(ch)
 			}
-			why, got := probeResult(ctx, ch, 50*time.Millisecond, 50*time.Millisecond)
+			why, got := probeResult(ctx, ch, 7, 50*time.Millisecond, 50*time.Millisecond)
 			if got != c.want {
 				t.Errorf("lines %q: %v (%s), want %v", c.lines, got, why, c.want)
 			}
@@ -237,7 +243,7 @@ func TestProbeResult(t *testing.T) {
 	// A cancelled caller is no verdict on the daemon.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, got := probeResult(cctx, make(chan string), time.Hour, time.Hour); got != Unknown {
+	if _, got := probeResult(cctx, make(chan string), 7, time.Hour, time.Hour); got != Unknown {
 		t.Errorf("cancelled: %v, want Unknown", got)
 	}
 }

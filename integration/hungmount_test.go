@@ -713,3 +713,27 @@ func TestUserForceUnmountOwnHungMount(t *testing.T) {
 	t.Logf("user's hung mount: unmount --force returned after %s; the blocked reader failed %s after it started",
 		took.Round(time.Millisecond), readerTook.Round(time.Millisecond))
 }
+
+// TestProbeChildNamesItsMount: the probe child says which mount it
+// probed (its mount id, as the mount table numbers it), so that a path
+// that leads elsewhere since the table was read (a link a user put in a
+// directory of theirs, a new mount) gives no verdict on the mount gdsfs
+// unmount --force is about to abort; through a link it probes nothing.
+func TestProbeChildNamesItsMount(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	backing, mnt := mountDirs(t, dir)
+	startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	m := mountEntry(t, mnt)
+	out, code, _ := runBounded(t, 0, daemon.ProbeCommand, mnt)
+	if want := fmt.Sprintf("probing %d\nok\n", m.ID); code != 0 || out != want {
+		t.Errorf("probe of %s: exit %d, %q; want %q", mnt, code, out, want)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(mnt, link); err != nil {
+		t.Fatal(err)
+	}
+	if out, code, _ := runBounded(t, 0, daemon.ProbeCommand, link); code != 0 || out != "ELOOP\n" {
+		t.Errorf("probe through a link: exit %d, %q; want ELOOP and no probe", code, out)
+	}
+}

@@ -153,7 +153,7 @@ func Pin(m mountinfo.Entry) (*Pinned, error) {
 		return nil, fmt.Errorf("open %s: %w", m.MountPoint, err)
 	}
 	f := os.NewFile(uintptr(fd), m.MountPoint)
-	id, err := mountID(fd)
+	id, err := MountID(fd)
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -170,8 +170,9 @@ func Pin(m mountinfo.Entry) (*Pinned, error) {
 	return &Pinned{f: f, m: m}, nil
 }
 
-// mountID is the mount id of the file open at fd (/proc/self/fdinfo).
-func mountID(fd int) (int, error) {
+// MountID is the mount id of the file open at fd (/proc/self/fdinfo):
+// the first field of its mount's line in the mount table.
+func MountID(fd int) (int, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
 	if err != nil {
 		return 0, fmt.Errorf("read the mount id of a file: %w", err)
