@@ -737,3 +737,72 @@ func TestProbeChildNamesItsMount(t *testing.T) {
 		t.Errorf("probe through a link: exit %d, %q; want ELOOP and no probe", code, out)
 	}
 }
+
+// TestStatusWatchCtrlCOnHungDaemon: gdsfs status --watch whose daemon
+// stops answering mid-watch (here: SIGSTOPped while the watch's request
+// waits on it) ends at Ctrl-C, with the one line naming the stopped
+// daemon and the fix; it neither ignores the signal (the thread stuck in
+// the request took it) nor stays stuck exiting (the close of the control
+// file waited for the daemon's FLUSH answer).
+func TestStatusWatchCtrlCOnHungDaemon(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	backing, mnt := mountDirs(t, dir)
+	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	m := mountEntry(t, mnt)
+	abortOnCleanup(t, m)
+	waitRecorded(t, m, d.pid())
+
+	var out lockedBuffer
+	watch := exec.Command(gdsfsBin(t), "status", "--watch", "--interval", "100ms", mnt)
+	watch.Dir = "/"
+	watch.Stdout, watch.Stderr = &out, &out
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error // set before exited is closed
+	go func() { waitErr = watch.Wait(); close(exited) }()
+	// Runs after stopProcess's SIGCONT (cleanups run last first).
+	t.Cleanup(func() {
+		watch.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(hungWait):
+			t.Errorf("the watch did not exit %s after SIGKILL", hungWait)
+		}
+	})
+	deadline := time.Now().Add(hungWait)
+	for !strings.Contains(out.String(), "Ctrl-C to stop") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no first frame of the watch within %s: %q", hungWait, out.String())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the output: no event to wait on
+	}
+	stopProcess(t, d.pid())
+	// The watch's next request now waits on the stopped daemon.
+	for {
+		if n, ok := fuseconn.Waiting(m); ok && n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no request of the watch waits on the stopped daemon within %s", hungWait)
+		}
+		time.Sleep(5 * time.Millisecond) // polling fusectl: no event to wait on
+	}
+	if err := watch.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+		var ee *exec.ExitError
+		if !errors.As(waitErr, &ee) || ee.ExitCode() != 2 {
+			t.Errorf("watch after Ctrl-C on a stopped daemon: %v, want exit 2", waitErr)
+		}
+		got := out.String()
+		oneLine(t, "status --watch after Ctrl-C", got[strings.LastIndex(strings.TrimRight(got, "\n"), "\n")+1:],
+			fmt.Sprintf("daemon pid %d", d.pid()), "stopped", "gdsfs unmount --force "+mnt)
+	case <-time.After(hungWait):
+		t.Fatalf("status --watch still running %s after Ctrl-C on a stopped daemon: %q", hungWait, out.String())
+	}
+}
