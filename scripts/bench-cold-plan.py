@@ -24,6 +24,11 @@ from the index's npy_headers or with them taken away (each header pread, as befo
 python/ from `git archive`) in a child process, interleaved with this tree's, against the same
 daemon, or with --compare-bin BIN against a second mount of the same files served by BIN (the
 older commit's binary): before/after from one run. Prints the best of --reps per row.
+
+--trace PATH (with --blkio) records each cold pass: the device's sectors read every 2 ms
+(/sys/dev/block/M:m/stat, what the disk served after the cgroup's limit) and each worker's READs
+(start, end, shard, offsets); it prints the disk's MB/s per 100 ms and each worker's READ wait,
+and writes the traces as JSON (where the disk sat idle: at a shard's end, at the pass's end).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -70,6 +76,7 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     import gdsfs.torch as gt
 
     starts = {k: set(v) for k, v in job["starts"].items()}
+    tracing = bool(job.get("trace"))
     countdir = tempfile.mkdtemp(prefix="coldplan-preads-")
 
     def init(_wid: int) -> None:
@@ -77,6 +84,8 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         real = os.pread
         names: dict[int, str] = {}
         counts = [0, 0]
+        # With job["trace"]: each READ's (start, end, shard file, lowest offset, highest end, ranges).
+        reads: list[tuple[float, float, str, int, int, int]] = []
         # When this worker started and sent its first READ (wall clock, against the pass's start).
         times = [time.time(), 0.0]
         from gdsfs import _core
@@ -84,19 +93,32 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         real_read = _core.Session.read
 
         def read(self: Any, *args: Any, **kw: Any) -> Any:
+            t = time.time()
             if not times[1]:
-                times[1] = time.time()
-            return real_read(self, *args, **kw)
+                times[1] = t
+            try:
+                return real_read(self, *args, **kw)
+            finally:
+                if tracing:
+                    fd, ranges = args[0], args[1]
+                    rs = [r for r in ranges if r[1]]
+                    if rs:
+                        reads.append((t, time.time(), names_of(fd), min(o for o, _ in rs), max(o + n for o, n in rs), len(rs)))
 
         _core.Session.read = read  # type: ignore[assignment]
 
-        def pread(fd: int, n: int, off: int) -> bytes:
+        def names_of(fd: Any) -> str:
+            fd = fd if isinstance(fd, int) else fd.fileno()
             name = names.get(fd)
             if name is None:
                 try:
                     name = names[fd] = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
                 except OSError:
                     name = names[fd] = ""
+            return name
+
+        def pread(fd: int, n: int, off: int) -> bytes:
+            name = names_of(fd)
             counts[1] += 1
             if n <= 4096 and off in starts.get(name, ()):
                 counts[0] += 1
@@ -105,6 +127,9 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         def save() -> None:
             with open(os.path.join(countdir, str(os.getpid())), "w") as f:
                 f.write(f"{counts[0]} {counts[1]} {times[0]} {times[1]}")
+            if tracing:
+                with open(os.path.join(countdir, f"{os.getpid()}.reads"), "w") as f:
+                    json.dump(reads, f)
 
         os.pread = pread  # type: ignore[assignment]
         multiprocessing.util.Finalize(None, save, exitpriority=100)  # run as the worker exits
@@ -116,6 +141,26 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         bd.drop(job["backing"] + job["shards"])
     names = ("reads", "read_ranges", "read_bytes", "readaheads", "readahead_bytes", "readahead_dropped")
     c0 = gdsfs.status(job["shards"][0]).get("counters", {})
+    disk: list[tuple[float, int, int]] = []
+    stop = threading.Event()
+    sampler = None
+    if tracing and job.get("blkio"):
+        # The disk's reads of this run's cgroup over time (every 2 ms): where it sat idle.
+        # The device's own count of sectors read (/sys/dev/block/M:m/stat): what it served,
+        # after the cgroup's limit let the reads through (the cgroup's counters count them as
+        # they are submitted); the whole device, so other readers of it count too.
+        st = os.stat(job["backing"][0]).st_dev
+        statp = f"/sys/dev/block/{os.major(st)}:{os.minor(st)}/stat"
+
+        def sample() -> None:
+            while not stop.is_set():
+                with open(statp) as f:
+                    w = f.read().split()
+                disk.append((time.time(), int(w[0]), int(w[2]) * 512))
+                stop.wait(0.002)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
     t0, wall0 = time.perf_counter(), time.time()
     ds = gt.GDSShardDataset(job["shards"], gpu_keys=["x.npy"], strict=True)
     built = time.perf_counter() - t0
@@ -129,6 +174,9 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         n += x.shape[0]
         nb += x.numel() * x.element_size()
     secs = time.perf_counter() - t0
+    if sampler is not None:
+        stop.set()
+        sampler.join()
     c1 = gdsfs.status(job["shards"][0]).get("counters", {})
     del dl
     ds.close()
@@ -137,7 +185,12 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     hdr = total = 0
     started: list[float] = []
     first_read: list[float] = []
-    for name in os.listdir(countdir):
+    trace: list[Any] = []
+    for name in sorted(os.listdir(countdir)):
+        if name.endswith(".reads"):
+            with open(os.path.join(countdir, name)) as f:
+                trace += [[r[0] - wall0, r[1] - wall0, *r[2:], name.split(".")[0]] for r in json.load(f)]
+            continue
         a, b_, ti, tr = open(os.path.join(countdir, name)).read().split()
         hdr, total = hdr + int(a), total + int(b_)
         started.append(float(ti) - wall0)
@@ -147,7 +200,8 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     _ = torch.utils.data  # the loader's module, imported for its workers
     return {"first_s": first, "secs": secs, "samples_per_s": n / secs, "GBps": nb / secs / 1e9, "header_preads": hdr, "preads": total,
             "built_s": built, "workers_started_s": sorted(started), "first_reads_s": sorted(first_read),
-            "daemon": {k: int(c1.get(k, 0)) - int(c0.get(k, 0)) for k in names}}
+            "daemon": {k: int(c1.get(k, 0)) - int(c0.get(k, 0)) for k in names},
+            **({"trace": {"reads": sorted(trace), "disk": [(t - wall0, n, b) for t, n, b in disk], "secs": secs}} if tracing else {})}
 
 
 def one_process(job: dict[str, Any], reps: int) -> dict[str, Any]:
@@ -212,6 +266,39 @@ def blkio_reads(d: str, path: str) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def trace_summary(tr: dict[str, Any], bin_s: float = 0.1) -> str:
+    """One cold pass's trace in a few lines: the disk's bytes per bin_s over the pass (where it
+    sat idle: bins below half the pass's busiest), and per worker the time its READs waited."""
+    disk, reads = tr["disk"], tr["reads"]
+    if len(disk) < 2:
+        return "trace: no disk samples"
+    end = disk[-1][0]
+    nb = int(end / bin_s) + 1
+    bins = [0] * nb
+    for (t0, _n0, b0), (t1, _n1, b1) in zip(disk, disk[1:]):
+        t0 = max(0.0, t0)
+        if t1 <= t0 or b1 == b0:
+            continue
+        at = t0
+        while at < t1:  # the bytes spread over the interval between two samples
+            i = min(nb - 1, int(at / bin_s))
+            nxt = min(t1, (i + 1) * bin_s)
+            bins[i] += (b1 - b0) * (nxt - at) / (t1 - t0)
+            at = nxt if nxt > at else t1
+    top = max(bins) or 1
+    first = min((r[0] for r in reads), default=0.0)
+    busy = [b for i, b in enumerate(bins) if i * bin_s >= first]
+    idle = sum(1 for b in busy if b < top / 2) * bin_s
+    rate = " ".join(f"{b / bin_s / 1e6:.0f}" for b in bins)
+    per: dict[str, list[float]] = {}
+    for r in reads:
+        per.setdefault(r[6], []).append(r[1] - r[0])
+    waits = " ".join(f"{sum(v):.2f}/{max(v):.3f}" for _k, v in sorted(per.items()))
+    return (f"trace: pass {tr['secs']:.2f} s, first READ at {first:.3f} s, the disk's busiest {bin_s * 1e3:.0f} ms "
+            f"{top / bin_s / 1e6:.0f} MB/s, {idle:.2f} s of bins below half of it after the first READ\n"
+            f"  disk MB/s per {bin_s * 1e3:.0f} ms: {rate}\n  READ wait per worker (sum/longest s): {waits}")
+
+
 def run_child(pkg: str, job: dict[str, Any], blkio: str = "") -> dict[str, Any]:
     if blkio:
         d0 = blkio_reads(blkio, job["backing"][0])
@@ -241,10 +328,13 @@ def main() -> int:
     ap.add_argument("--compare", metavar="PKGDIR", help="also run the loader with the gdsfs package in PKGDIR")
     ap.add_argument("--compare-bin", metavar="BIN", help="with --compare: serve its rows from a second mount of the same directory by this gdsfs binary")
     ap.add_argument("--readahead", help="the mount's --readahead (default: the daemon's)")
+    ap.add_argument("--compare-readahead", metavar="SIZE", help="with --compare-bin: the before mount's --readahead (default: --readahead)")
     ap.add_argument("--one-process", type=int, default=8, metavar="REPS",
                     help="also the first sample and pass of one cold shard in this process, npy_headers used or taken away, "
                          "REPS interleaved runs each (0: not)")
     ap.add_argument("--warm-all", action="store_true", help="a warm row for every loader (default: this tree's only)")
+    ap.add_argument("--trace", metavar="PATH", help="with --blkio: trace each cold pass (the disk's reads every 2 ms, each READ's "
+                    "time and offsets per worker), print a summary per pass and write the traces to PATH (JSON)")
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -263,12 +353,14 @@ def main() -> int:
         pkgs = {"before": os.path.abspath(a.compare), **pkgs}
         mnts["before"] = mnt
     rows: list[dict[str, Any]] = []
+    traces: list[dict[str, Any]] = []
     try:
         if a.compare_bin:
             # The before rows through a second mount of the same directory, served by BIN.
             old, os.environ["GDSFS_BIN"] = os.environ.get("GDSFS_BIN"), os.path.abspath(a.compare_bin)
             try:
-                mnts["before"] = bd.own_mount(base, "mnt-before", flags)[1]
+                bflags = ("--readahead", a.compare_readahead) if a.compare_readahead else flags
+                mnts["before"] = bd.own_mount(base, "mnt-before", bflags)[1]
             finally:
                 if old is None:
                     del os.environ["GDSFS_BIN"]
@@ -282,6 +374,7 @@ def main() -> int:
             for m in set(mnts.values()):
                 bd._pass(bd._loader("gdsfs", [p.replace(src, m, 1) for p in backing], a.batch, 0))  # the daemon indexes the shards
             job = {"shards": shards, "backing": backing, "batch": a.batch, "workers": a.workers, "nsamples": n,
+                   "trace": bool(a.trace and a.blkio), "blkio": a.blkio or "",
                    "starts": {k: sorted(v) for k, v in _npy_starts(backing).items()}}
             row: dict[str, Any] = {"kib": kib, "sequential": 0.0, "file_bytes": sum(os.path.getsize(p) for p in backing), "payload": n * (kib << 10)}
             for _ in range(a.reps):
@@ -289,6 +382,9 @@ def main() -> int:
                 for label, pkg in pkgs.items():
                     r = run_child(pkg, dict(job, shards=[p.replace(src, mnts[label], 1) for p in backing]), a.blkio or "")
                     row.setdefault(label + " all", []).append(r)
+                    if "trace" in r:
+                        print(f"{kib} KiB {label} cold: {r['samples_per_s']:,.0f} samples/s\n{trace_summary(r['trace'])}", flush=True)
+                        traces.append({"kib": kib, "label": label, **r["trace"]})
                     old = row.get(label)
                     if old is None or r["samples_per_s"] > old["samples_per_s"]:
                         row[label] = r
@@ -298,7 +394,7 @@ def main() -> int:
                 for label, pkg in pkgs.items():
                     if label != "after" and not a.warm_all:
                         continue
-                    w = run_child(pkg, dict(job, drop=False, shards=[p.replace(src, mnts[label], 1) for p in backing]))
+                    w = run_child(pkg, dict(job, drop=False, trace=False, shards=[p.replace(src, mnts[label], 1) for p in backing]))
                     key = "warm" if label == "after" else label + " warm"
                     if w["samples_per_s"] > row.get(key, {}).get("samples_per_s", 0):
                         row[key] = w
@@ -341,6 +437,9 @@ def main() -> int:
                   f"readahead {d['readaheads']} windows / {d['readahead_bytes'] / 2**20:.0f} MiB ({d['readahead_dropped']} dropped)"
                   + (f"; the disk: {runs[-1]['disk']['reads']} reads, {runs[-1]['disk']['bytes'] / max(1, runs[-1]['disk']['reads']) / 1024:.0f} KiB each, "
                      f"{runs[-1]['disk']['bytes'] / r['file_bytes']:.2f}x the files" if "disk" in runs[-1] else ""))
+    if a.trace:
+        with open(a.trace, "w") as f:
+            json.dump(traces, f)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

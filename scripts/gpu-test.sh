@@ -8,7 +8,8 @@
 #   GDSFS_TUNING=0      skip the chunk-size/worker tuning runs
 #   OUT                 where logs go (default /tmp/gdsfs-gpu-out)
 #   GDSFS_GPU_SECTIONS  which parts to run (default: mount engines ipcuid devuuid control dataset checkpoint dcp
-#                       dcp2 tier pytest; dcp2 needs 2 GPUs and is skipped with fewer). One device call may not
+#                       dcp2 tier pytest; dcp2 needs 2 GPUs and is skipped with fewer; compatfirst, not in
+#                       the default: the engines section's cufile tests include its steps). One device call may not
 #                       fit them all in 10 minutes: split them across calls.
 #   GDSFS_CKPT_GIB      checkpoint benchmark size in GiB (default 8)
 #   GDSFS_DCP_ARGS      extra arguments for scripts/gpu/dcp_check.py (e.g. --gib 2 --parts blocked,reshard)
@@ -44,6 +45,7 @@ if [ -n "${GDSFS_GPU_PACK:-}" ]; then
 fi
 need=(gdsfs)
 if want engines; then need+=(cufile.test gpubuf.test); fi
+if want compatfirst; then need+=(cufile.test); fi
 for b in "${need[@]}"; do
 	[ -x "$bin/$b" ] || { echo "gpu-test: $bin/$b missing: run scripts/gpu-build.sh first and carry build/gpu" >&2; exit 2; }
 done
@@ -146,6 +148,23 @@ if want dataset; then
 		pyunmount dataset
 	else status=1; fi
 fi
+# ---- cuFile compat mode's first touch of each new slab (issue 14, cufile/compatfirst.go): the
+# engine-level steps, then a fresh daemon's first warm load of a DCP checkpoint (12-01: 2.33 GB/s).
+if want compatfirst; then
+	echo "== compat first touch: fresh slabs, registered slabs, the router (cufile/gpu_compatfirst_test.go)"
+	GDSFS_GPU_TEST_DIR="$work" timeout 200 "$bin/cufile.test" -test.v -test.count=1 \
+		-test.run 'TestGPUCompatFirstTouch|TestGPUFirstReadsOfCachedFiles' 2>&1 | tee "$out/compatfirst.txt" |
+		grep -E 'compatfirst:|gpu_firstread_test|^(---|ok|FAIL|PASS)'
+	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+	echo "== compat first touch: a fresh daemon's first warm DCP load (scripts/gpu/dcp_diag.py --second)"
+	if pymount cf 16GiB --metrics-addr 127.0.0.1:19479; then
+		PYTHONUNBUFFERED=1 timeout 240 python3 scripts/gpu/dcp_diag.py "$work/cf/mnt" "$work/cf/src" --no-stock --gib 4 \
+			--bin "$bin/gdsfs" --metrics 127.0.0.1:19479 --second 2>&1 | tee "$out/cf-dcp.txt"
+		[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+		echo "cuFileBufRegister failures in the daemon's log: $(grep -c 'cuFileBufRegister failed' "$out/cf-mount.log")"
+		pyunmount cf
+	else status=1; fi
+fi
 if want dcp2; then
 	if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
 		echo "== distributed checkpoint, 2 ranks on 2 GPUs (scripts/gpu/dcp_2gpu.py)"
@@ -245,6 +264,7 @@ grep -E '^verdict' "$out/doctor.txt" 2>/dev/null
 grep -hE '^ipc_uid_check: (FAIL.*|PASS)$|slab handles' "$out/ipc-uid.txt" 2>/dev/null
 grep -hE '^control_check: (PASS|consumer)|^gdsfs read --device|^control path .* GB/s|^control.sh:' "$out/control.txt" 2>/dev/null
 [ -f "$out/bench-mount.txt" ] && { echo "-- bench mount"; tail -n 12 "$out/bench-mount.txt"; }
+[ -f "$out/compatfirst.txt" ] && { echo "-- compatfirst"; grep -hE 'compatfirst:|^--- (PASS|FAIL)' "$out/compatfirst.txt"; grep -hE 'load|GB/s' "$out/cf-dcp.txt" 2>/dev/null | tail -n 8; }
 for f in dataset checkpoint dcp; do [ -f "$out/$f.txt" ] && { echo "-- $f (tail)"; tail -n 22 "$out/$f.txt"; }; done
 [ -f "$out/dcp2.txt" ] && tail -n 3 "$out/dcp2.txt"
 [ -f "$out/tier.txt" ] && { echo "-- tier"; grep -E '^tier_check: (pinned|gdsfs|tier vs|tier memory|tier load profile|fresh|page-cache load profile|residency|two|table|row|a pinned|PASS|FAIL|SKIP)' "$out/tier.txt"; }

@@ -29,7 +29,7 @@ func addControlFlags(cmd *cobra.Command) *controlFlags {
 	_ = cmd.Flags().MarkDeprecated("index-cache", "use --meta-cache") // cannot fail: registered above
 	cmd.Flags().StringVar(&cf.slabSocket, "slab-socket", "", "where clients fetch slab memory descriptors: a path (created mode 0666; put it where clients in other containers see it) or @name in the abstract namespace (default: @gdsfs-slabs-<pid>-<random>, reachable in the daemon's network namespace)")
 	cmd.Flags().StringVar(&cf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9477 (default: off)")
-	cmd.Flags().StringVar(&cf.readahead, "readahead", "32MiB", "most the daemon reads ahead of a run of sequential control-path READs of small ranges (a dataset worker's batches), e.g. 64MiB; 0 turns it off")
+	cmd.Flags().StringVar(&cf.readahead, "readahead", "32MiB", "most the daemon reads ahead of a run of sequential control-path READs of small ranges (a dataset worker's batches), shared by one uid's runs at once (each at least its READ), e.g. 64MiB; 0 turns it off")
 	cmd.Flags().StringVar(&cf.residency, "residency", "owners", "who may learn whether a file is in the page cache from the engine a READ or user.gdsfs.info names: owners (its owner, root and users who may write it, as the kernel's mincore and cachestat) or readers (anyone who may read it: faster warm reads of another user's files with --engine auto)")
 	addTierFlags(cmd, &cf.tierBudget, &cf.gpuCache)
 	return cf

@@ -39,10 +39,11 @@ def _release_refs(refs: Iterable[TensorRef]) -> None:
 
 def _same_fields(samples: Sequence[Mapping[str, Any]], missing: str) -> Sequence[Mapping[str, Any]]:
     first = samples[0]
-    want = list(first.keys())
-    wanted = set(want)
-    if all(set(s.keys()) == wanted for s in samples):
+    keys0 = first.keys()
+    if all(s.keys() == keys0 for s in samples):  # set equality of the key views, no set made per sample
         return samples
+    want = list(keys0)
+    wanted = set(want)
     if missing == "raise":
         for i, s in enumerate(samples[1:], 1):
             have = set(s.keys())

@@ -487,7 +487,8 @@ def drain() -> None:
     call and the background thread; a no-op in a forked child's copy of
     its parent's book and at interpreter shutdown."""
     b = _book
-    if b.pid != os.getpid() or b.shutdown or not (b.gone or b.closing):
+    # Nothing queued first: os.getpid() is a system call, and every client call drains.
+    if not (b.gone or b.closing) or b.shutdown or b.pid != os.getpid():
         return
     if not b.io.acquire(blocking=False):
         return  # another thread is draining (or a fork is starting)

@@ -15,9 +15,10 @@ by (seed, epoch, slot) and resuming still means skipping the first n positions o
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 from collections import OrderedDict
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 __all__ = ["EpochPlan", "expand_braces"]
 
@@ -126,15 +127,34 @@ class EpochPlan:
         shard = self.shard_order[k]
         return shard, self._perm(shard)[pos - self.starts[k]]
 
+    def _walk(self, lo: int, hi: int) -> Iterator[tuple[int, int]]:
+        """at(pos) for pos in [lo, hi), one shard's stretch at a time: a bisect and a _perm per
+        stretch instead of per sample (the same samples, the same permutations kept)."""
+        pos = lo
+        while pos < hi:
+            p = pos % self.total if self.total and pos >= self.total else pos
+            k = bisect.bisect_right(self.starts, p) - 1
+            shard = self.shard_order[k]
+            base = self.starts[k]
+            n = min(hi - pos, base + self.counts[shard] - p)
+            perm = self._perm(shard)
+            for i in perm[p - base : p - base + n]:
+                yield shard, i
+            pos += n
+
     def _order(self, slot: int) -> Iterator[tuple[int, int]]:
         """(shard, index) of slot's samples in the order it reads them: its block cut into
         `interleave` runs read in turn (so at() touches `interleave` shards at a time), then
         through a shuffle buffer of `buffer` samples."""
         lo, hi = self.block(slot)
         k = min(self.interleave, max(1, hi - lo))
-        runs = [range(lo + j * (hi - lo) // k, lo + (j + 1) * (hi - lo) // k) for j in range(k)]
-        longest = max(len(r) for r in runs)
-        src = (self.at(r[i]) for i in range(longest) for r in runs if i < len(r))
+        src: Iterable[tuple[int, int]]
+        if k == 1:
+            src = self._walk(lo, hi)
+        else:
+            runs = [range(lo + j * (hi - lo) // k, lo + (j + 1) * (hi - lo) // k) for j in range(k)]
+            longest = max(len(r) for r in runs)
+            src = (self.at(r[i]) for i in range(longest) for r in runs if i < len(r))
         if self.buffer <= 1:
             yield from src
             return
@@ -157,6 +177,8 @@ class EpochPlan:
         The first field counts samples (block start + n), so that it minus the block start
         is the slot's progress whatever the order."""
         lo = self.block(slot)[0]
-        for n, (shard, idx) in enumerate(self._order(slot)):
-            if n >= skip:
-                yield lo + n, shard, idx
+        order = self._order(slot)
+        if skip > 0:
+            next(itertools.islice(order, skip - 1, skip), None)  # past the first skip samples
+        for n, (shard, idx) in enumerate(order, max(0, skip)):
+            yield lo + n, shard, idx

@@ -560,6 +560,16 @@ class TensorRef:
         return self.materialize(device)
 
 
+def _new_tensor_ref(ref: Ref, dtype: torch.dtype, shape: tuple[int, ...], start: int, fortran: bool, field: str, sample: str, path: str,
+                    hold: Optional[_leases.Hold]) -> TensorRef:
+    """TensorRef(ref, ..., _hold=hold) of a lease whose Hold the caller took (None: lease 0),
+    without the frozen dataclass's __init__ (one object.__setattr__ per attribute): a dataset
+    makes one per gpu field per sample."""
+    t = object.__new__(TensorRef)
+    t.__dict__.update(ref=ref, dtype=dtype, shape=shape, start=start, fortran=fortran, field=field, sample=sample, path=path, _hold=hold)
+    return t
+
+
 class GDSSample(dict):
     """One sample: "__key__", "__url__", TensorRef fields, decoded CPU fields."""
 
@@ -593,14 +603,21 @@ class _RefColumn:
         self.geos: list[tuple[torch.dtype, tuple[int, ...], bool]] = []
         self.idx: list[int] = []
         self.gidx: list[int] = []
-        self.starts: list[int] = []
-        self.fields: list[str] = []
-        self.samples: list[str] = []
-        self.paths: list[str] = []
+        ts = self._refs
+        self.starts = [t.start for t in ts]
+        self.fields = [t.field for t in ts]
+        self.samples = [t.sample for t in ts]
+        self.paths = [t.path for t in ts]
+        t0 = ts[0] if ts else None
+        if t0 is not None and all(t.ref is t0.ref and t.dtype is t0.dtype and t.shape == t0.shape and t.fortran == t0.fortran for t in ts):
+            # A batch's samples of one shared range and one geometry (the common case).
+            self.leases, self.holds, self.geos = [t0.ref], [t0._hold], [(t0.dtype, t0.shape, t0.fortran)]
+            self.idx, self.gidx = [0] * len(ts), [0] * len(ts)
+            return
         last_ref: Optional[Ref] = None
         last_geo: tuple[Any, ...] = ()
         i = j = 0
-        for t in self._refs:
+        for t in ts:
             # A batch's samples of one range share its Ref object, and usually one geometry:
             # compare with the previous sample's before hashing.
             if t.ref is not last_ref:
@@ -620,10 +637,6 @@ class _RefColumn:
                 j = g
             self.idx.append(i)
             self.gidx.append(j)
-            self.starts.append(t.start)
-            self.fields.append(t.field)
-            self.samples.append(t.sample)
-            self.paths.append(t.path)
 
     def __len__(self) -> int:
         return len(self.idx)

@@ -41,6 +41,7 @@ stay on the CPU, pin_memory is off and the CUDA-context check is skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import hashlib
@@ -346,6 +347,19 @@ class _TimedIter(torch.utils.data.IterableDataset):
         sess = self.ds._session
         if sess is not None and sess.timing is not None:
             sess.timing.clear()
+        gcs = {"s": 0.0, "t0": 0.0, "full": 0, "n": 0}
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            # This worker's garbage collections (a full one walks every object it inherited
+            # unless the parent froze them before the fork, as gdsfs.torch.DataLoader does).
+            if phase == "start":
+                gcs["t0"] = time.perf_counter()
+                return
+            gcs["s"] += time.perf_counter() - gcs["t0"]
+            gcs["n"] += 1
+            gcs["full"] += info.get("generation") == 2
+
+        gc.callbacks.append(on_gc)
         it = iter(self.ds)
         inside = 0.0
         n = 0
@@ -361,7 +375,9 @@ class _TimedIter(torch.utils.data.IterableDataset):
             inside += time.perf_counter() - t
             n += 1
             yield s
-        rec = {"samples": n, "wall": time.perf_counter() - t0, "inside": inside, "cpu": time.process_time() - c0, "timing": dict(sess.timing or {}) if sess else {}}
+        gc.callbacks.remove(on_gc)
+        rec = {"samples": n, "wall": time.perf_counter() - t0, "inside": inside, "cpu": time.process_time() - c0, "timing": dict(sess.timing or {}) if sess else {},
+               "gc": gcs["s"], "gcs": gcs["n"], "gc_full": gcs["full"]}
         with open(os.path.join(self.outdir, f"{os.getpid()}.json"), "w") as f:
             json.dump(rec, f)
 
@@ -455,7 +471,11 @@ def worker_profile(shards: list[str], batch: int, sample_bytes: int, samples: in
         d0, p0 = _proc_cpu(sess.hello.daemon_pid), time.process_time()
         t0 = time.perf_counter()
         total = 0
-        for b in loader:
+        # Its workers forked as gdsfs.torch.DataLoader forks them: the parent's heap frozen.
+        frozen = getattr(gdsfs._dataset, "_frozen_heap", None)
+        with frozen(loader) if frozen is not None else contextlib.nullcontext():
+            it = iter(loader)
+        for b in it:
             if isinstance(b, gt.GDSBatch) and not b.materialized:
                 b = b.materialize()
             total += len(b["__key__"])
@@ -464,7 +484,7 @@ def worker_profile(shards: list[str], batch: int, sample_bytes: int, samples: in
         wall = time.perf_counter() - t0
         m1 = _metrics(Opts.metrics)
         d1, p1 = _proc_cpu(sess.hello.daemon_pid), time.process_time()
-        del loader
+        del loader, it
         recs = []
         for fn in os.listdir(outdir):
             with open(os.path.join(outdir, fn)) as f:
@@ -478,7 +498,8 @@ def worker_profile(shards: list[str], batch: int, sample_bytes: int, samples: in
             lines.append(f"  worker {k}: {rec['samples']} samples; inside the dataset's generator {rec['inside'] / rn * 1e6:.1f} us per sample "
                          f"(READ ioctl {rd[1] / rn * 1e6:.1f}, {rd[0]} READs, {rd[1] / max(1, rd[0]) * 1e6:,.0f} us each; rest "
                          f"{(rec['inside'] - rd[1]) / rn * 1e6:.1f}); outside it (collate, pickle, waiting for the main process) "
-                         f"{(rec['wall'] - rec['inside']) / rn * 1e6:.1f}; its CPU time (all threads) {rec['cpu'] / rn * 1e6:.1f}")
+                         f"{(rec['wall'] - rec['inside']) / rn * 1e6:.1f}; its CPU time (all threads) {rec['cpu'] / rn * 1e6:.1f}; garbage "
+                         f"collections {rec.get('gc', 0.0) / rn * 1e6:.1f} ({rec.get('gcs', 0)}, {rec.get('gc_full', 0)} full)")
             if k >= 2 and len(recs) > 4:
                 lines.append(f"  ... {len(recs) - 3} more workers")
                 break
