@@ -236,52 +236,64 @@ const maxLinks = 40
 // gdsfsMountOf returns the gdsfs mount path is on, following symbolic
 // links in path as a stat of it would (a dataset directory is often a
 // link into the mount), but never looking a name up on a gdsfs mount: a
-// lookup there would hang on a hung daemon. It reads the mount table and
-// lstats only components outside gdsfs mounts.
+// lookup there would hang on a hung daemon (resolveSafely).
 func gdsfsMountOf(path string) (mountinfo.Entry, bool) {
+	_, m, ok := resolveSafely(path)
+	return m, ok
+}
+
+// resolveSafely resolves the symbolic links in path, component by
+// component, as far as the first name on a gdsfs mount: it reads the
+// mount table and lstats only names outside gdsfs mounts. It returns the
+// path so resolved (the rest, from the gdsfs mount on, appended as it
+// is) and the gdsfs mount it reached, if any.
+func resolveSafely(path string) (string, mountinfo.Entry, bool) {
 	abs := path // not filepath.Abs: its lexical ".." is wrong after a link
 	if !filepath.IsAbs(path) {
 		wd, err := os.Getwd()
 		if err != nil {
-			return mountinfo.Entry{}, false
+			return path, mountinfo.Entry{}, false
 		}
 		abs = wd + "/" + path
 	}
 	cur, rest := "/", strings.Split(abs, "/")
+	joined := func() string { return filepath.Join(append([]string{cur}, rest...)...) }
 	for links := 0; ; {
 		if m, ok := mountinfo.Containing(cur); ok && m.FSType == mountinfo.GDSFSType {
-			return m, true
+			return joined(), m, true
 		}
 		if len(rest) == 0 {
-			return mountinfo.Entry{}, false
+			return cur, mountinfo.Entry{}, false
 		}
 		c := rest[0]
-		rest = rest[1:]
 		switch c {
 		case "", ".":
+			rest = rest[1:]
 			continue
 		case "..":
+			rest = rest[1:]
 			cur = filepath.Dir(cur)
 			continue
 		}
 		next := filepath.Join(cur, c)
 		if m, ok := mountinfo.Containing(next); ok && m.FSType == mountinfo.GDSFSType {
-			return m, true // next is a gdsfs mount point: not to be looked up
+			return joined(), m, true // next is a gdsfs mount point: not to be looked up
 		}
 		st, err := os.Lstat(next)
 		if err != nil {
-			return mountinfo.Entry{}, false
+			return joined(), mountinfo.Entry{}, false
 		}
+		rest = rest[1:]
 		if st.Mode()&os.ModeSymlink == 0 {
 			cur = next
 			continue
 		}
 		if links++; links > maxLinks {
-			return mountinfo.Entry{}, false
+			return joined(), mountinfo.Entry{}, false
 		}
 		target, err := os.Readlink(next)
 		if err != nil {
-			return mountinfo.Entry{}, false
+			return joined(), mountinfo.Entry{}, false
 		}
 		if filepath.IsAbs(target) {
 			cur = "/"

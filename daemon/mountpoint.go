@@ -31,6 +31,15 @@ func PrepareMountpoint(mountpoint, source string, allowOther bool, log zerolog.L
 	if mp, err = filepath.Abs(mountpoint); err != nil {
 		return mountpoint, source, usage.Errorf("mountpoint %q: %v", mountpoint, err)
 	}
+	// Through links as the mount itself would go, but never stat'ing a
+	// name on a gdsfs mount first: on a hung one that hangs.
+	resolved, onGDSFS, ok := resolveSafely(mp)
+	if ok && onGDSFS.MountPoint != resolved {
+		if h := ProbeMount(context.Background(), onGDSFS, ProbeTimeout); h.State == Hung {
+			return mp, source, usage.Errorf("%s", h.Hint())
+		}
+	}
+	mp = resolved
 	if err := cleanStale(mp, log); err != nil {
 		return mp, source, err
 	}

@@ -322,6 +322,18 @@ func TestHungDaemonForceUnmount(t *testing.T) {
 		t.Errorf("unmount --force of a link to a mount: exit %d, want 2: %q", code, out)
 	}
 	oneLine(t, "unmount --force of a link", out, "symbolic link", "gdsfs unmount "+mnt)
+	// gdsfs mount of the link goes where the link leads, as mount(2)
+	// would: onto the hung mount, which it names instead of hanging in a
+	// stat of it. (Should it hang, the daemon resumes after hungWait.)
+	resume := time.AfterFunc(hungWait, func() { syscall.Kill(d.pid(), syscall.SIGCONT) })
+	out, code, took = runBounded(t, 0, "mount", "--source", backing, link)
+	if !resume.Stop() {
+		t.Errorf("mount of a link to a hung mount hung: resumed the daemon after %s", hungWait)
+	}
+	if code != 2 {
+		t.Errorf("mount of a link to a hung mount: exit %d after %s, want 2: %q", code, took, out)
+	}
+	oneLine(t, "mount of a link", out, pid, fix)
 	// A new daemon does not take a live (if stopped) daemon's mount away.
 	out, code, _ = runBounded(t, 0, "mount", "--source", backing, mnt)
 	if code != 2 {
@@ -735,6 +747,20 @@ func TestProbeChildNamesItsMount(t *testing.T) {
 	}
 	if out, code, _ := runBounded(t, 0, daemon.ProbeCommand, link); code != 0 || out != "ELOOP\n" {
 		t.Errorf("probe through a link: exit %d, %q; want ELOOP and no probe", code, out)
+	}
+	// gdsfs mount of the link would stack on the mount it leads to: refused.
+	cleanupMount(t, mnt)
+	other := filepath.Join(dir, "other")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, code, _ = runBounded(t, 0, "mount", "--background", "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB", "--source", other, link)
+	if code != 2 {
+		t.Errorf("mount of a link to a gdsfs mount: exit %d, want 2: %q", code, out)
+	}
+	oneLine(t, "mount of a link to a gdsfs mount", out, "already mounted by gdsfs", mnt)
+	if got := mountEntry(t, mnt); got.ID != m.ID {
+		t.Errorf("mount of a link stacked mount %d on %d", got.ID, m.ID)
 	}
 }
 
