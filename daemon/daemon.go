@@ -46,6 +46,10 @@ type Daemon struct {
 	// conn is the mount's entry in the mount table as mounted: its FUSE
 	// connection, which Abort can still name once the mount is detached.
 	conn mountinfo.Entry
+	// abort is conn's fusectl abort file, opened at mount (nil: abortErr
+	// says why it could not be).
+	abort    *fuseconn.Handle
+	abortErr error
 
 	// undo holds what Start built, in build order; Close runs it
 	// backwards, once.
@@ -337,6 +341,15 @@ func (d *Daemon) mountFS(ctx context.Context) error {
 	}()
 	if m, ok, err := mountinfo.At(c.Mountpoint); err == nil && ok {
 		d.conn = m
+		// Opened now, the abort file is bound to this connection: Abort
+		// (a second signal, once the mount is detached) can never reach
+		// the connection of another mount that took its number.
+		if h, err := fuseconn.Open(m); err == nil {
+			d.abort = h
+			d.push("close the connection's abort file", h.Close)
+		} else {
+			d.abortErr = err
+		}
 	}
 	// Who serves the mount, for gdsfs unmount/mount/status to name the
 	// daemon even once it no longer answers (mountrecord.go); removed
@@ -395,10 +408,13 @@ func (d *Daemon) UnmountLazy() error { return d.mount.UnmountLazy() }
 // a daemon whose mount was detached ends although requests are stuck or
 // files stay open: gdsfs mount's second SIGINT/SIGTERM.
 func (d *Daemon) Abort() error {
-	if d.conn.MountPoint == "" {
-		return fmt.Errorf("abort the FUSE connection of %s: it was not in the mount table when mounted", d.cfg.Mountpoint)
+	switch {
+	case d.abort != nil:
+		return d.abort.Abort()
+	case d.abortErr != nil:
+		return fmt.Errorf("abort the FUSE connection of %s: its abort file could not be opened at mount: %w", d.cfg.Mountpoint, d.abortErr)
 	}
-	return fuseconn.Abort(d.conn)
+	return fmt.Errorf("abort the FUSE connection of %s: it was not in the mount table when mounted", d.cfg.Mountpoint)
 }
 
 // Close undoes Start in reverse: it unmounts if still mounted (lazily when

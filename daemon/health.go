@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/internal/errname"
+	"github.com/gdsfs/gdsfs/internal/fuseconn"
 	"github.com/gdsfs/gdsfs/internal/mountinfo"
 	"github.com/gdsfs/gdsfs/internal/usage"
 )
@@ -129,7 +132,7 @@ func ProbeMount(ctx context.Context, m mountinfo.Entry, timeout time.Duration) H
 	}()
 	// The timeout runs from the child's "probing": starting a process
 	// on a loaded host is no sign of a hung daemon.
-	res, state := probeResult(ctx, lines, startWait, timeout)
+	res, state := probeResult(ctx, lines, m.ID, startWait, timeout)
 	if state == Hung || state == Unknown {
 		cmd.Process.Kill()
 	}
@@ -140,9 +143,12 @@ func ProbeMount(ctx context.Context, m mountinfo.Entry, timeout time.Duration) H
 // startWait bounds how long a probe child may take to start.
 const startWait = 30 * time.Second
 
-// probeResult reads the probe child's lines: "probing" within start, then
-// its one-word result within timeout.
-func probeResult(ctx context.Context, lines <-chan string, start, timeout time.Duration) (string, MountState) {
+// probeResult reads the probe child's lines: "probing MNTID" within
+// start, then its one-word result within timeout. A child that found
+// another mount than mount id want at the path (replaced, overmounted, or
+// reached through a link since the mount table was read) probed nothing
+// of it: Unknown.
+func probeResult(ctx context.Context, lines <-chan string, want int, start, timeout time.Duration) (string, MountState) {
 	wait := time.NewTimer(start)
 	defer wait.Stop()
 	started := false
@@ -152,7 +158,10 @@ func probeResult(ctx context.Context, lines <-chan string, start, timeout time.D
 			switch {
 			case !ok:
 				return "the probe exited without a result", Unknown
-			case l == probeStarted && !started:
+			case strings.HasPrefix(l, probeStarted+" ") && !started:
+				if id := strings.TrimPrefix(l, probeStarted+" "); id != strconv.Itoa(want) {
+					return fmt.Sprintf("the path now leads to mount %s, not mount %d: run the command again", id, want), Unknown
+				}
 				started = true
 				wait.Reset(timeout)
 			case !started:
@@ -180,28 +189,117 @@ func probeResult(ctx context.Context, lines <-chan string, start, timeout time.D
 // probeStarted is the probe child's first line, just before its statfs.
 const probeStarted = "probing"
 
-// RunProbe is the child side of ProbeMount: it writes "probing" to w,
-// then the one-word result of a statfs of mountpoint.
+// RunProbe is the child side of ProbeMount: it opens mountpoint's root
+// without following links (O_PATH: no request to the daemon), writes
+// "probing MNTID" (the mount it opened) to w, then the one-word result of
+// an fstatfs of it: the mount probed is the one named, whatever the path
+// leads to meanwhile.
 func RunProbe(w io.Writer, mountpoint string) error {
-	if _, err := fmt.Fprintln(w, probeStarted); err != nil {
+	fd, err := unix.Openat2(unix.AT_FDCWD, mountpoint, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS,
+	})
+	if err != nil {
+		_, werr := fmt.Fprintln(w, errnoName(err))
+		return werr
+	}
+	defer unix.Close(fd)
+	id, err := fuseconn.MountID(fd)
+	if err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, statfsResult(mountpoint))
+	if _, err := fmt.Fprintln(w, probeStarted, id); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	res := "ok"
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		res = errnoName(err)
+	}
+	_, err = fmt.Fprintln(w, res)
 	return err
 }
 
-// statfsResult is "ok" or the errno name of a statfs of mountpoint.
-func statfsResult(mountpoint string) string {
-	var st unix.Statfs_t
-	err := unix.Statfs(mountpoint, &st)
-	if err == nil {
-		return "ok"
-	}
+// errnoName is err's errno name, EIO for an error that is none.
+func errnoName(err error) string {
 	var en syscall.Errno
 	if errors.As(err, &en) {
 		return errname.Of(en)
 	}
 	return "EIO"
+}
+
+// maxLinks bounds the symbolic links gdsfsMountOf follows (the kernel's
+// own limit).
+const maxLinks = 40
+
+// gdsfsMountOf returns the gdsfs mount path is on, following symbolic
+// links in path as a stat of it would (a dataset directory is often a
+// link into the mount), but never looking a name up on a gdsfs mount: a
+// lookup there would hang on a hung daemon (resolveSafely).
+func gdsfsMountOf(path string) (mountinfo.Entry, bool) {
+	_, m, ok := resolveSafely(path)
+	return m, ok
+}
+
+// resolveSafely resolves the symbolic links in path, component by
+// component, as far as the first name on a gdsfs mount: it reads the
+// mount table and lstats only names outside gdsfs mounts. It returns the
+// path so resolved (the rest, from the gdsfs mount on, appended as it
+// is) and the gdsfs mount it reached, if any.
+func resolveSafely(path string) (string, mountinfo.Entry, bool) {
+	abs := path // not filepath.Abs: its lexical ".." is wrong after a link
+	if !filepath.IsAbs(path) {
+		wd, err := os.Getwd()
+		if err != nil {
+			return path, mountinfo.Entry{}, false
+		}
+		abs = wd + "/" + path
+	}
+	cur, rest := "/", strings.Split(abs, "/")
+	joined := func() string { return filepath.Join(append([]string{cur}, rest...)...) }
+	for links := 0; ; {
+		if m, ok := mountinfo.Containing(cur); ok && m.FSType == mountinfo.GDSFSType {
+			return joined(), m, true
+		}
+		if len(rest) == 0 {
+			return cur, mountinfo.Entry{}, false
+		}
+		c := rest[0]
+		switch c {
+		case "", ".":
+			rest = rest[1:]
+			continue
+		case "..":
+			rest = rest[1:]
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, c)
+		if m, ok := mountinfo.Containing(next); ok && m.FSType == mountinfo.GDSFSType {
+			return joined(), m, true // next is a gdsfs mount point: not to be looked up
+		}
+		st, err := os.Lstat(next)
+		if err != nil {
+			return joined(), mountinfo.Entry{}, false
+		}
+		rest = rest[1:]
+		if st.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if links++; links > maxLinks {
+			return joined(), mountinfo.Entry{}, false
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return joined(), mountinfo.Entry{}, false
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
 }
 
 // Hint is one line for a user about a mount that is not healthy, naming
@@ -238,8 +336,8 @@ func CheckAnswers(ctx context.Context, path string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m, ok := mountinfo.Containing(path)
-	if !ok || m.FSType != mountinfo.GDSFSType {
+	m, ok := gdsfsMountOf(path)
+	if !ok {
 		return nil
 	}
 	if h := ProbeMount(ctx, m, ProbeTimeout); h.State == Hung {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -166,6 +167,22 @@ func TestSweepRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A crashed writer's temporary file goes; a live writer's stays.
+	crashed := recordPath(dir, gone) + ".tmp999999999"
+	writing := recordPath(dir, gone) + ".tmp" + fmt.Sprint(os.Getpid())
+	for _, p := range []string{crashed, writing} {
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() {
+		if _, err := os.Stat(crashed); !os.IsNotExist(err) {
+			t.Errorf("a crashed writer's temporary file stayed: %v", err)
+		}
+		if _, err := os.Stat(writing); err != nil {
+			t.Errorf("a live writer's temporary file went: %v", err)
+		}
+	}()
 	other := dir + "/notes.txt"
 	if err := os.WriteFile(other, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -192,15 +209,21 @@ func TestProbeResult(t *testing.T) {
 		closed bool
 		want   MountState
 	}{
-		{"answers", []string{"probing", "ok"}, true, Answers},
-		{"daemon error", []string{"probing", "EIO"}, true, Answers},
-		{"exited daemon", []string{"probing", "ENOTCONN"}, true, Dead},
-		{"aborted", []string{"probing", "ECONNABORTED"}, true, Dead},
-		{"no answer", []string{"probing"}, false, Hung},
+		{"answers", []string{"probing 7", "ok"}, true, Answers},
+		{"daemon error", []string{"probing 7", "EIO"}, true, Answers},
+		{"exited daemon", []string{"probing 7", "ENOTCONN"}, true, Dead},
+		{"aborted", []string{"probing 7", "ECONNABORTED"}, true, Dead},
+		{"no answer", []string{"probing 7"}, false, Hung},
 		{"never started", nil, false, Unknown},
-		{"died", []string{"probing"}, true, Unknown},
+		{"died", []string{"probing 7"}, true, Unknown},
 		{"garbage first", []string{"ok"}, true, Unknown},
-		{"garbage result", []string{"probing", "what"}, true, Unknown},
+		{"garbage result", []string{"probing 7", "what"}, true, Unknown},
+		// The path led elsewhere (a link, a new mount): not this mount's
+		// verdict, even if that one hangs.
+		{"another mount", []string{"probing 8"}, false, Unknown},
+		{"another mount answers", []string{"probing 8", "ok"}, true, Unknown},
+		{"no mount id", []string{"probing"}, false, Unknown},
+		{"open failed", []string{"ELOOP"}, true, Unknown},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -211,7 +234,7 @@ func TestProbeResult(t *testing.T) {
 			if c.closed {
 				close(ch)
 			}
-			why, got := probeResult(ctx, ch, 50*time.Millisecond, 50*time.Millisecond)
+			why, got := probeResult(ctx, ch, 7, 50*time.Millisecond, 50*time.Millisecond)
 			if got != c.want {
 				t.Errorf("lines %q: %v (%s), want %v", c.lines, got, why, c.want)
 			}
@@ -220,7 +243,74 @@ func TestProbeResult(t *testing.T) {
 	// A cancelled caller is no verdict on the daemon.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, got := probeResult(cctx, make(chan string), time.Hour, time.Hour); got != Unknown {
+	if _, got := probeResult(cctx, make(chan string), 7, time.Hour, time.Hour); got != Unknown {
 		t.Errorf("cancelled: %v, want Unknown", got)
 	}
+}
+
+// TestMountRecordTrust: a record is believed only where no one but root
+// (or the reader itself) could have written it: root's gdsfs unmount
+// --force takes a mount whose record names a stopped process for hung and
+// aborts it, so a record a user planted would let them abort a healthy
+// mount. And root never writes a record through a link someone planted.
+func TestMountRecordTrust(t *testing.T) {
+	m := mountinfo.Entry{MountPoint: "/data", FSType: mountinfo.GDSFSType, Minor: 78}
+	forged := fmt.Sprintf(`{"pid":%d,"start_time":%d,"mountpoint":"/data"}`, os.Getpid(), mustStart(t))
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, dir string)
+	}{
+		{"directory writable by others", func(t *testing.T, dir string) {
+			os.Chmod(dir, 0o777)
+			os.WriteFile(recordPath(dir, m), []byte(forged), 0o644)
+		}},
+		{"record writable by others", func(t *testing.T, dir string) {
+			os.WriteFile(recordPath(dir, m), []byte(forged), 0o644)
+			os.Chmod(recordPath(dir, m), 0o666)
+		}},
+		{"record is a link", func(t *testing.T, dir string) {
+			elsewhere := filepath.Join(t.TempDir(), "r")
+			os.WriteFile(elsewhere, []byte(forged), 0o644)
+			os.Symlink(elsewhere, recordPath(dir, m))
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c.setup(t, dir)
+			if pid, st := recordedDaemonIn(dir, m); pid != 0 || st != ProcGone {
+				t.Errorf("untrusted record believed: pid %d %s", pid, st)
+			}
+		})
+	}
+	// Writing: never into a directory others may write, never through a
+	// planted link.
+	open := t.TempDir()
+	os.Chmod(open, 0o777)
+	if _, err := writeRecord(open, m, os.Getpid()); err == nil || !strings.Contains(err.Error(), "chmod 755") {
+		t.Errorf("writeRecord into a directory others may write: %v", err)
+	}
+	dir := t.TempDir()
+	victim := filepath.Join(t.TempDir(), "victim")
+	os.WriteFile(victim, []byte("keep"), 0o644)
+	os.Symlink(victim, recordPath(dir, m)+".tmp"+fmt.Sprint(os.Getpid()))
+	if _, err := writeRecord(dir, m, os.Getpid()); err != nil {
+		t.Fatalf("writeRecord: %v", err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep" {
+		t.Errorf("writeRecord wrote through a planted link: the target now holds %q", b)
+	}
+	if pid, _ := recordedDaemonIn(dir, m); pid != os.Getpid() {
+		t.Errorf("the record written: pid %d, want %d", pid, os.Getpid())
+	}
+}
+
+// mustStart is this process's start time.
+func mustStart(t *testing.T) uint64 {
+	t.Helper()
+	st, err := startTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

@@ -31,6 +31,15 @@ func PrepareMountpoint(mountpoint, source string, allowOther bool, log zerolog.L
 	if mp, err = filepath.Abs(mountpoint); err != nil {
 		return mountpoint, source, usage.Errorf("mountpoint %q: %v", mountpoint, err)
 	}
+	// Through links as the mount itself would go, but never stat'ing a
+	// name on a gdsfs mount first: on a hung one that hangs.
+	resolved, onGDSFS, ok := resolveSafely(mp)
+	if ok && onGDSFS.MountPoint != resolved {
+		if h := ProbeMount(context.Background(), onGDSFS, ProbeTimeout); h.State == Hung {
+			return mp, source, usage.Errorf("%s", h.Hint())
+		}
+	}
+	mp = resolved
 	if err := cleanStale(mp, log); err != nil {
 		return mp, source, err
 	}
@@ -123,21 +132,43 @@ func cleanStale(mp string, log zerolog.Logger) error {
 
 // abortAndDetach aborts mount m's FUSE connection (fusectl, else a forced
 // unmount, which aborts a FUSE connection too), so every request waiting
-// on it fails at once, then detaches the mount. Root only.
+// on it fails at once, then detaches the mount and removes its record.
+// Root only. It acts on m only: the mount is pinned first (fuseconn.Pin),
+// so a mount point whose mount went away since m was read (its connection
+// number reused by another mount, its path relinked or overmounted) is
+// left alone, with an error.
 func abortAndDetach(m mountinfo.Entry) error {
+	pin, err := fuseconn.Pin(m)
+	if err != nil {
+		return fmt.Errorf("abort %s: %w; nothing was aborted: check the mount table (findmnt %s) and run the command again", m.MountPoint, err, m.MountPoint)
+	}
+	defer pin.Close()
+	// While pinned, m's device number names m's connection.
 	if aerr := fuseconn.Abort(m); aerr != nil && !errors.Is(aerr, os.ErrNotExist) {
 		// FUSE aborts the connection on MNT_FORCE (umount_begin) before
-		// the unmount, which fails with EBUSY while files are open.
-		err := syscall.Unmount(m.MountPoint, syscall.MNT_FORCE)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, syscall.EBUSY) {
+		// the unmount, which fails with EBUSY while files are open (the
+		// pin is one).
+		err := syscall.Unmount(pin.Path(), syscall.MNT_FORCE)
+		if err != nil && !errors.Is(err, syscall.EBUSY) {
 			return fmt.Errorf("abort %s: %v; forced unmount: %w", m.MountPoint, aerr, err)
 		}
 	}
-	if err := syscall.Unmount(m.MountPoint, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+	if err := syscall.Unmount(pin.Path(), syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
 		return fmt.Errorf("detach %s: %w", m.MountPoint, err)
+	}
+	removeRecordOf(RecordDir, m)
+	return nil
+}
+
+// detachPinned detaches mount m lazily, and only m (fuseconn.Pin).
+func detachPinned(m mountinfo.Entry) error {
+	pin, err := fuseconn.Pin(m)
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w; nothing was unmounted: check the mount table (findmnt %s) and run the command again", m.MountPoint, err, m.MountPoint)
+	}
+	defer pin.Close()
+	if err := syscall.Unmount(pin.Path(), syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", m.MountPoint, err)
 	}
 	return nil
 }
@@ -213,8 +244,17 @@ func UnmountPath(path string, mode UnmountMode) error {
 		return err
 	}
 	if !mounted {
-		if _, serr := os.Lstat(mp); errors.Is(serr, os.ErrNotExist) {
+		st, serr := os.Lstat(mp)
+		if errors.Is(serr, os.ErrNotExist) {
 			return usage.Errorf("%s does not exist; nothing to unmount (check the path)", mp)
+		}
+		if serr == nil && st.Mode()&os.ModeSymlink != 0 {
+			// Not followed: a lookup through it into a hung mount hangs.
+			target, _ := os.Readlink(mp)
+			if target != "" && !filepath.IsAbs(target) {
+				target = filepath.Join(filepath.Dir(mp), target)
+			}
+			return usage.Errorf("%s is a symbolic link to %s, not a mount point; name the mount point itself: gdsfs unmount %s", mp, target, target)
 		}
 		return usage.Errorf("%s is not a mount point; nothing to unmount", mp)
 	}
@@ -264,7 +304,10 @@ func forceUnmount(m mountinfo.Entry, abort bool) error {
 		// A user's own mount (fusermount3's): its fusectl files are the
 		// user's, where fusectl is mounted.
 		if abort || unanswered(m) {
-			fuseconn.Abort(m)
+			if pin, err := fuseconn.Pin(m); err == nil {
+				fuseconn.Abort(m) // best effort: fusectl may not be mounted
+				pin.Close()
+			}
 		}
 		if out, err := exec.Command("fusermount3", "-uz", mp).CombinedOutput(); err != nil {
 			return fmt.Errorf("unmount %s: fusermount3: %s", mp, strings.TrimSpace(string(out)))
@@ -274,10 +317,7 @@ func forceUnmount(m mountinfo.Entry, abort bool) error {
 	if abort || unanswered(m) {
 		return abortAndDetach(m)
 	}
-	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
-		return fmt.Errorf("unmount %s: %w", mp, err)
-	}
-	return nil
+	return detachPinned(m)
 }
 
 // unanswered reports whether a bounded probe found mount m's daemon hung

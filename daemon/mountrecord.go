@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -76,6 +77,13 @@ func sweepRecords(dir string, ms []mountinfo.Entry) {
 		if strings.HasPrefix(n, "conn-") && strings.HasSuffix(n, ".json") && !live[n] {
 			os.Remove(filepath.Join(dir, n))
 		}
+		// A writer's temporary file, left by a crash between write and
+		// rename: its writer's pid is in its name.
+		if _, pid, ok := strings.Cut(n, ".json.tmp"); ok && strings.HasPrefix(n, "conn-") {
+			if _, err := os.Stat("/proc/" + pid); err != nil && pid != "" {
+				os.Remove(filepath.Join(dir, n))
+			}
+		}
 	}
 }
 
@@ -94,9 +102,22 @@ func writeRecord(dir string, m mountinfo.Entry, pid int) (remove func(), err err
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nothing, fmt.Errorf("record the mount of %s: %w", m.MountPoint, err)
 	}
+	if st, err := os.Lstat(dir); err != nil || !st.IsDir() || !trusted(st) {
+		// Others could plant links (for root to write through) or
+		// forged records there.
+		return nothing, fmt.Errorf("record the mount of %s: %s is not a directory of root's that only root may write (%v): chmod 755 it, or remove it", m.MountPoint, dir, err)
+	}
 	p := recordPath(dir, m)
 	tmp := p + ".tmp" + strconv.Itoa(os.Getpid())
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+	os.Remove(tmp) // a crashed writer's; O_EXCL then creates anew, never through a link
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err == nil {
+		_, err = f.Write(append(b, '\n'))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
 		os.Remove(tmp)
 		return nothing, fmt.Errorf("record the mount of %s: %w", m.MountPoint, err)
 	}
@@ -112,9 +133,44 @@ func writeRecord(dir string, m mountinfo.Entry, pid int) (remove func(), err err
 	}, nil
 }
 
-// readRecord reads the record at p.
+// removeRecordOf removes the record in dir of mount m's connection once
+// m was aborted and detached: the daemon it names no longer serves that
+// connection, and a later mount that gets the number must not be taken
+// for it (a stopped daemon would not remove it itself).
+func removeRecordOf(dir string, m mountinfo.Entry) {
+	p := recordPath(dir, m)
+	if r, ok := readRecord(p); ok && r.Mountpoint == m.MountPoint {
+		os.Remove(p)
+	}
+}
+
+// trusted reports whether a record file or directory with info st can
+// only have been written by root or this user: owned by one of them, not
+// a link, and writable by no one else. Only what a root daemon (or this
+// user's own) wrote is believed.
+func trusted(st os.FileInfo) bool {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || st.Mode()&os.ModeSymlink != 0 || st.Mode().Perm()&0o022 != 0 {
+		return false
+	}
+	return sys.Uid == 0 || int(sys.Uid) == os.Geteuid()
+}
+
+// readRecord reads the record at p; a record in a directory, or a file,
+// that others may write is none (trusted).
 func readRecord(p string) (MountRecord, bool) {
-	b, err := os.ReadFile(p)
+	if st, err := os.Lstat(filepath.Dir(p)); err != nil || !st.IsDir() || !trusted(st) {
+		return MountRecord{}, false
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return MountRecord{}, false
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() || !trusted(st) {
+		return MountRecord{}, false
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 4096))
 	if err != nil {
 		return MountRecord{}, false
 	}

@@ -79,7 +79,11 @@ func (c *controlNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 	}
 	// Direct I/O: the kernel must not cache the (empty) contents, and
 	// the handle has no backing descriptor, so it is never passed through.
-	return &controlHandle{s: s, m: c.m, uid: caller.UID}, fuse.FOPEN_DIRECT_IO, 0
+	// No flush: Flush does nothing and the file takes no locks, and a
+	// close that waited for a FLUSH answer would keep a process that
+	// exits (gdsfs status --watch stopped by Ctrl-C, a killed client)
+	// stuck for as long as the daemon is hung or stopped.
+	return &controlHandle{s: s, m: c.m, uid: caller.UID}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
 
 // controlHandle is one open of the control file: one Session.

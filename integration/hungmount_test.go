@@ -74,21 +74,47 @@ func mountEntry(t *testing.T, mnt string) mountinfo.Entry {
 
 // abortOnCleanup makes sure the test leaves nothing mounted and nothing
 // blocked on m, whatever its daemon does: the connection is aborted and the
-// mount detached, if it is still there, when the test ends.
+// mount detached, if it is still there, when the test ends. It acts on
+// this test's connection and mount only: the abort file is opened now,
+// while m is mounted (the kernel binds it to m's connection, whose number
+// another mount on this machine takes once m's is gone), and the detach
+// goes through a pin of m (fuseconn.Pin), never through m's path alone.
 func abortOnCleanup(t *testing.T, m mountinfo.Entry) {
+	t.Helper()
+	h, err := fuseconn.Open(m)
+	if err != nil {
+		t.Fatalf("open the abort file of %s: %v", m.MountPoint, err)
+	}
 	t.Cleanup(func() {
-		if cur, ok, _ := mountinfo.At(m.MountPoint); ok && cur.ConnID() == m.ConnID() {
-			if err := fuseconn.Abort(m); err != nil && !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("cleanup: abort %s: %v", m.MountPoint, err)
-			}
-			if err := syscall.Unmount(m.MountPoint, syscall.MNT_DETACH); err != nil {
+		defer h.Close()
+		if err := h.Abort(); err != nil {
+			t.Errorf("cleanup: abort %s: %v", m.MountPoint, err)
+		}
+		if pin, err := fuseconn.Pin(m); err == nil {
+			if err := syscall.Unmount(pin.Path(), syscall.MNT_DETACH); err != nil {
 				t.Errorf("cleanup: detach %s: %v", m.MountPoint, err)
 			}
-		} else if _, err := os.Stat(fuseconn.Dir(m.ConnID())); err == nil {
-			// Detached but still open: abort it all the same.
-			fuseconn.Abort(m)
+			pin.Close()
 		}
 	})
+}
+
+// connWatch reads whether mount m's FUSE connection still exists, through
+// its fusectl "waiting" file opened while m is mounted: once the
+// connection is gone the file reads empty, even if another mount has
+// taken its number (a stat of the directory would see that one).
+func connWatch(t *testing.T, m mountinfo.Entry) (gone func() bool) {
+	t.Helper()
+	f, err := os.Open(filepath.Join(fuseconn.Dir(m.ConnID()), "waiting"))
+	if err != nil {
+		t.Fatalf("open the fusectl waiting file of %s: %v", m.MountPoint, err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return func() bool {
+		var b [32]byte
+		n, _ := f.ReadAt(b[:], 0)
+		return n == 0
+	}
 }
 
 // waitRecorded waits until the daemon pid has recorded that it serves m
@@ -272,6 +298,42 @@ func TestHungDaemonForceUnmount(t *testing.T) {
 		t.Errorf("doctor of a hung mount: exit %d, want 2: %q", code, out)
 	}
 	oneLine(t, "doctor", out, pid, fix)
+	// A dataset directory is often a link into the mount: status and
+	// doctor follow it as a stat would, so its hung daemon is named, not
+	// hung on; unmount names the link's target.
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(mnt, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{link, filepath.Join(link, "sub", "..", "f")} {
+		out, code, took = runBounded(t, 0, "status", p)
+		if code != 2 {
+			t.Errorf("status %s, a link into a hung mount: exit %d after %s, want 2: %q", p, code, took, out)
+		}
+		oneLine(t, "status through a link", out, pid, fix)
+	}
+	out, code, _ = runBounded(t, 0, "doctor", link)
+	if code != 2 {
+		t.Errorf("doctor through a link to a hung mount: exit %d, want 2: %q", code, out)
+	}
+	oneLine(t, "doctor through a link", out, pid, fix)
+	out, code, _ = runBounded(t, 0, "unmount", "--force", link)
+	if code != 2 {
+		t.Errorf("unmount --force of a link to a mount: exit %d, want 2: %q", code, out)
+	}
+	oneLine(t, "unmount --force of a link", out, "symbolic link", "gdsfs unmount "+mnt)
+	// gdsfs mount of the link goes where the link leads, as mount(2)
+	// would: onto the hung mount, which it names instead of hanging in a
+	// stat of it. (Should it hang, the daemon resumes after hungWait.)
+	resume := time.AfterFunc(hungWait, func() { syscall.Kill(d.pid(), syscall.SIGCONT) })
+	out, code, took = runBounded(t, 0, "mount", "--source", backing, link)
+	if !resume.Stop() {
+		t.Errorf("mount of a link to a hung mount hung: resumed the daemon after %s", hungWait)
+	}
+	if code != 2 {
+		t.Errorf("mount of a link to a hung mount: exit %d after %s, want 2: %q", code, took, out)
+	}
+	oneLine(t, "mount of a link", out, pid, fix)
 	// A new daemon does not take a live (if stopped) daemon's mount away.
 	out, code, _ = runBounded(t, 0, "mount", "--source", backing, mnt)
 	if code != 2 {
@@ -570,6 +632,7 @@ func TestSignalTwiceAbortsStuckRequest(t *testing.T) {
 	m := mountEntry(t, mnt)
 	cleanupMount(t, mnt)
 	abortOnCleanup(t, m)
+	connGone := connWatch(t, m)
 	holder, err := os.Open(filepath.Join(mnt, "f"))
 	if err != nil {
 		t.Fatal(err)
@@ -600,7 +663,7 @@ func TestSignalTwiceAbortsStuckRequest(t *testing.T) {
 	holder.Close()
 	deadline := time.Now().Add(hungWait)
 	for {
-		if _, err := os.Stat(fuseconn.Dir(m.ConnID())); errors.Is(err, os.ErrNotExist) {
+		if connGone() {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -661,4 +724,111 @@ func TestUserForceUnmountOwnHungMount(t *testing.T) {
 	readerTook := reader.waitFailed(t, time.Now().Add(-took))
 	t.Logf("user's hung mount: unmount --force returned after %s; the blocked reader failed %s after it started",
 		took.Round(time.Millisecond), readerTook.Round(time.Millisecond))
+}
+
+// TestProbeChildNamesItsMount: the probe child says which mount it
+// probed (its mount id, as the mount table numbers it), so that a path
+// that leads elsewhere since the table was read (a link a user put in a
+// directory of theirs, a new mount) gives no verdict on the mount gdsfs
+// unmount --force is about to abort; through a link it probes nothing.
+func TestProbeChildNamesItsMount(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	backing, mnt := mountDirs(t, dir)
+	startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	m := mountEntry(t, mnt)
+	out, code, _ := runBounded(t, 0, daemon.ProbeCommand, mnt)
+	if want := fmt.Sprintf("probing %d\nok\n", m.ID); code != 0 || out != want {
+		t.Errorf("probe of %s: exit %d, %q; want %q", mnt, code, out, want)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(mnt, link); err != nil {
+		t.Fatal(err)
+	}
+	if out, code, _ := runBounded(t, 0, daemon.ProbeCommand, link); code != 0 || out != "ELOOP\n" {
+		t.Errorf("probe through a link: exit %d, %q; want ELOOP and no probe", code, out)
+	}
+	// gdsfs mount of the link would stack on the mount it leads to: refused.
+	cleanupMount(t, mnt)
+	other := filepath.Join(dir, "other")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, code, _ = runBounded(t, 0, "mount", "--background", "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB", "--source", other, link)
+	if code != 2 {
+		t.Errorf("mount of a link to a gdsfs mount: exit %d, want 2: %q", code, out)
+	}
+	oneLine(t, "mount of a link to a gdsfs mount", out, "already mounted by gdsfs", mnt)
+	if got := mountEntry(t, mnt); got.ID != m.ID {
+		t.Errorf("mount of a link stacked mount %d on %d", got.ID, m.ID)
+	}
+}
+
+// TestStatusWatchCtrlCOnHungDaemon: gdsfs status --watch whose daemon
+// stops answering mid-watch (here: SIGSTOPped while the watch's request
+// waits on it) ends at Ctrl-C, with the one line naming the stopped
+// daemon and the fix; it neither ignores the signal (the thread stuck in
+// the request took it) nor stays stuck exiting (the close of the control
+// file waited for the daemon's FLUSH answer).
+func TestStatusWatchCtrlCOnHungDaemon(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	backing, mnt := mountDirs(t, dir)
+	d := startBinDaemon(t, backing, mnt, "--engine", "host", "--host-pool", "16MiB", "--slab-size", "4MiB")
+	m := mountEntry(t, mnt)
+	abortOnCleanup(t, m)
+	waitRecorded(t, m, d.pid())
+
+	var out lockedBuffer
+	watch := exec.Command(gdsfsBin(t), "status", "--watch", "--interval", "100ms", mnt)
+	watch.Dir = "/"
+	watch.Stdout, watch.Stderr = &out, &out
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error // set before exited is closed
+	go func() { waitErr = watch.Wait(); close(exited) }()
+	// Runs after stopProcess's SIGCONT (cleanups run last first).
+	t.Cleanup(func() {
+		watch.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(hungWait):
+			t.Errorf("the watch did not exit %s after SIGKILL", hungWait)
+		}
+	})
+	deadline := time.Now().Add(hungWait)
+	for !strings.Contains(out.String(), "Ctrl-C to stop") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no first frame of the watch within %s: %q", hungWait, out.String())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the output: no event to wait on
+	}
+	stopProcess(t, d.pid())
+	// The watch's next request now waits on the stopped daemon.
+	for {
+		if n, ok := fuseconn.Waiting(m); ok && n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no request of the watch waits on the stopped daemon within %s", hungWait)
+		}
+		time.Sleep(5 * time.Millisecond) // polling fusectl: no event to wait on
+	}
+	if err := watch.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+		var ee *exec.ExitError
+		if !errors.As(waitErr, &ee) || ee.ExitCode() != 2 {
+			t.Errorf("watch after Ctrl-C on a stopped daemon: %v, want exit 2", waitErr)
+		}
+		got := out.String()
+		oneLine(t, "status --watch after Ctrl-C", got[strings.LastIndex(strings.TrimRight(got, "\n"), "\n")+1:],
+			fmt.Sprintf("daemon pid %d", d.pid()), "stopped", "gdsfs unmount --force "+mnt)
+	case <-time.After(hungWait):
+		t.Fatalf("status --watch still running %s after Ctrl-C on a stopped daemon: %q", hungWait, out.String())
+	}
 }

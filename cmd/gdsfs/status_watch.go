@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -56,9 +57,43 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, wf watchFlags) 
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
 	show := func(w io.Writer, mp string, doc []byte, h ctl.HelloReply) error {
 		return printStatus(w, mp, doc, h, false)
 	}
-	return status.Watch(ctx, w, cl, mp, status.Options{Watch: wf.on, Every: wf.every, Metrics: wf.metrics}, show)
+	// The watch's requests run on a thread other than this goroutine's,
+	// held to its own: a request to a daemon that stops answering blocks
+	// its thread in the kernel, and a signal the kernel gave that thread
+	// would reach no handler. So Ctrl-C always reaches this one.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	done := make(chan error, 1)
+	go func() {
+		done <- status.Watch(ctx, w, cl, mp, status.Options{Watch: wf.on, Every: wf.every, Metrics: wf.metrics}, show)
+	}()
+	select {
+	case err := <-done:
+		cl.Close()
+		return err
+	case <-ctx.Done():
+	}
+	// Stopped by a signal: the watch ends at the daemon's next answer. A
+	// daemon that stopped answering meanwhile would keep it, and this
+	// command, waiting: probe it, bounded, and name it instead. A second
+	// signal ends the command at once.
+	stop()
+	for {
+		select {
+		case err := <-done:
+			cl.Close()
+			return err
+		case <-time.After(watchGrace):
+		}
+		if err := daemon.CheckAnswers(context.Background(), mp); err != nil {
+			return err // cl stays open: closing it would wait for the daemon too
+		}
+	}
 }
+
+// watchGrace is how long a stopped watch waits for the daemon's answer
+// before it probes the daemon.
+const watchGrace = 500 * time.Millisecond

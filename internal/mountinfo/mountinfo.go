@@ -16,6 +16,10 @@ import (
 
 // Entry is one line of /proc/self/mountinfo, the fields gdsfs needs.
 type Entry struct {
+	// ID is the mount's unique id (the line's first field; the mnt_id of
+	// /proc/PID/fdinfo of a file opened on it). Ids of mounts that are
+	// gone are reused.
+	ID         int
 	MountPoint string
 	FSType     string
 	Source     string
@@ -77,7 +81,12 @@ func Parse(r io.Reader) ([]Entry, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w %d: device %q is not MAJOR:MINOR", ErrMalformed, line, f[2])
 		}
+		id, err := strconv.Atoi(f[0])
+		if err != nil || id < 0 {
+			return nil, fmt.Errorf("%w %d: mount id %q is no number", ErrMalformed, line, f[0])
+		}
 		e := Entry{
+			ID:         id,
 			MountPoint: unescape(f[4]),
 			FSType:     f[sep+1],
 			Source:     unescape(f[sep+2]),
@@ -212,4 +221,18 @@ func Unreachable(path string, err error) string {
 	}
 	return fmt.Sprintf("%s is a gdsfs mount uid %d may not use: it was mounted without --allow-other; mount it with gdsfs mount --allow-other to let other users in",
 		m.MountPoint, os.Geteuid())
+}
+
+// ByID returns the mount with mount id id, or false if there is none.
+func ByID(id int) (Entry, bool, error) {
+	ms, err := read()
+	if err != nil {
+		return Entry{}, false, err
+	}
+	for _, m := range ms {
+		if m.ID == id {
+			return m, true, nil
+		}
+	}
+	return Entry{}, false, nil
 }

@@ -17,10 +17,10 @@ func TestParseMountinfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Entry{
-		{MountPoint: "/", FSType: "ext4", Source: "/dev/sda1", Major: 8, Minor: 1, SuperOptions: "rw"},
-		{MountPoint: "/mnt/with space", FSType: "ext3", Source: "/dev/root", Major: 98, SuperOptions: "rw,errors=continue"},
-		{MountPoint: "/tmp/x", FSType: "fuse.gdsfs", Source: "/data/src", Minor: 50, SuperOptions: "rw,user_id=0,group_id=0"},
-		{MountPoint: "/tmp/y", FSType: "tmpfs", Source: `tmp\fs`, Minor: 51, SuperOptions: "rw"},
+		{ID: 22, MountPoint: "/", FSType: "ext4", Source: "/dev/sda1", Major: 8, Minor: 1, SuperOptions: "rw"},
+		{ID: 36, MountPoint: "/mnt/with space", FSType: "ext3", Source: "/dev/root", Major: 98, SuperOptions: "rw,errors=continue"},
+		{ID: 40, MountPoint: "/tmp/x", FSType: "fuse.gdsfs", Source: "/data/src", Minor: 50, SuperOptions: "rw,user_id=0,group_id=0"},
+		{ID: 41, MountPoint: "/tmp/y", FSType: "tmpfs", Source: `tmp\fs`, Minor: 51, SuperOptions: "rw"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d entries, want %d: %+v", len(got), len(want), got)
@@ -32,7 +32,8 @@ func TestParseMountinfo(t *testing.T) {
 	}
 	for _, bad := range []string{"1 2 3\n", "1 2 3 4 5 6 7 8 9\n", "1 2 0:1 / /x rw - ext4\n",
 		"1 2 01 / /x rw - ext4 src rw\n", "1 2 0:x / /x rw - ext4 src rw\n", "1 2 :1 / /x rw - ext4 src rw\n",
-		"1 2 0:4294967296 / /x rw - ext4 src rw\n"} {
+		"1 2 0:4294967296 / /x rw - ext4 src rw\n",
+		"x 2 0:1 / /x rw - ext4 src rw\n", "-1 2 0:1 / /x rw - ext4 src rw\n"} {
 		if _, err := Parse(strings.NewReader(bad)); !errors.Is(err, ErrMalformed) {
 			t.Errorf("Parse(%q): %v, want ErrMalformed", bad, err)
 		}

@@ -217,13 +217,16 @@ func (t *Tracker[K]) ReadAs(key K, owner uint32, lo, hi, size int64) Range {
 		t.owners[owner]++
 	}
 	e.used = t.clock
+	// A stream is counted for the owner that made it, whoever reads it
+	// next (one open file read by two uids: a passed descriptor), so that
+	// its counts stay those dropLocked takes back.
 	was := e.live()
-	k := int64(t.live[owner]) + 1 // owner's live streams, this one among them
-	if was {
-		k--
+	k := int64(t.live[e.owner]) // the owner's live streams, this one among them
+	if !was {
+		k++
 	}
-	r := e.read(t.c, lo, hi, size, max(t.c.MinBytes, t.c.MaxBytes/k))
-	t.reliveLocked(owner, was, e.live())
+	r := e.read(t.c, lo, hi, size, max(t.c.MinBytes, t.c.MaxBytes/max(k, 1)))
+	t.reliveLocked(e.owner, was, e.live())
 	return r
 }
 

@@ -91,3 +91,38 @@ func TestTrackerShare(t *testing.T) {
 		})
 	}
 }
+
+// TestTrackerStreamReadByAnotherOwner: one open file read by two owners
+// (a descriptor passed to another uid's process: the daemon keys streams
+// by the open file) never panics and keeps each owner's count of streams
+// reading ahead exact, however the READs interleave; forgetting the
+// stream leaves no count behind.
+func TestTrackerStreamReadByAnotherOwner(t *testing.T) {
+	const n = 4 * MiB
+	for _, order := range [][]uint32{{1, 2}, {2, 1, 2}, {1, 1, 2, 2, 1}} {
+		tr := NewTracker[int](Config{})
+		for k := range 12 {
+			owner := order[k%len(order)]
+			tr.ReadAs(0, owner, int64(k)*n, int64(k+1)*n, 1<<30)
+			tr.ReadAs(1, 1, int64(k)*n, int64(k+1)*n, 1<<30)
+		}
+		tr.mu.Lock()
+		live := map[uint32]int{}
+		for _, e := range tr.streams {
+			if e.live() {
+				live[e.owner]++
+			}
+		}
+		for o, c := range tr.live {
+			if live[o] != c {
+				t.Errorf("order %v: owner %d counted %d streams reading ahead, has %d", order, o, c, live[o])
+			}
+		}
+		tr.mu.Unlock()
+		tr.Forget(0)
+		tr.Forget(1)
+		if len(tr.live) != 0 || len(tr.owners) != 0 {
+			t.Errorf("order %v: after both streams are forgotten, counts %v %v left", order, tr.live, tr.owners)
+		}
+	}
+}
