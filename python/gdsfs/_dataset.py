@@ -167,9 +167,10 @@ def _shard_hint_bytes() -> int:
 def _willneed(path: str, nbytes: int) -> None:
     """Start reading path's first nbytes into the page cache without waiting for them: the
     kernel's readahead of this process's own open of the file (FUSE READs the daemon serves
-    from the backing file), a hint, so any error is ignored (the READs report what is wrong)."""
+    from the backing file), a hint, so any error is ignored (the READs report what is wrong).
+    O_NONBLOCK: a path replaced by a FIFO meanwhile must not hold the worker in the hint."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return
     try:
