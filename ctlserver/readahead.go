@@ -87,6 +87,16 @@ func newReadaheads(c readahead.Config) *readaheads {
 	return ra
 }
 
+// FileClosed implements fs.FileCloser: the open f was released, so its
+// stream is forgotten (kept, a stream closed mid-file would count as
+// reading ahead, and share its uid's --readahead, until a full table
+// evicted it).
+func (s *Server) FileClosed(f *os.File) {
+	if s.ra != nil {
+		s.ra.t.Forget(f)
+	}
+}
+
 // stop ends the jobs in flight (each after at most one more read) and
 // waits for them; later READs start none.
 func (ra *readaheads) stop() {

@@ -48,6 +48,13 @@ type Control interface {
 	Changed(path string)
 }
 
+// FileCloser is implemented by a Control that keeps state per open file
+// (the f of FileIoctl, its readahead stream): fs calls FileClosed(f) on the
+// FUSE release of that open, before f is closed.
+type FileCloser interface {
+	FileClosed(f *os.File)
+}
+
 // XattrTarget is the node a virtual extended attribute is asked of.
 type XattrTarget struct {
 	// Path is the node's backing path as the daemon names it: reported to

@@ -132,6 +132,9 @@ func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.os.Lock()
 	if h.os.f != nil {
+		if fc, ok := h.m.ctl.(FileCloser); ok {
+			fc.FileClosed(h.os.f)
+		}
 		h.os.f.Close()
 		h.os.f = nil
 	}
