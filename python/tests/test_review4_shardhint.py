@@ -60,8 +60,9 @@ def test_willneed_on_a_fifo_does_not_block(tmp_path) -> None:
         assert set(os.listdir("/proc/self/fd")) == before
         print("returned")
     """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(gd.__file__)), os.environ.get("PYTHONPATH", "")]))
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail("_willneed blocked on a FIFO with no writer")
     assert out.returncode == 0 and "returned" in out.stdout, out.stderr
