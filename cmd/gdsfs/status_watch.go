@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/gdsfs/gdsfs/ctl"
 	"github.com/gdsfs/gdsfs/daemon"
@@ -60,14 +61,18 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, wf watchFlags) 
 	show := func(w io.Writer, mp string, doc []byte, h ctl.HelloReply) error {
 		return printStatus(w, mp, doc, h, false)
 	}
-	// The watch's requests run on a thread other than this goroutine's,
-	// held to its own: a request to a daemon that stops answering blocks
+	// The watch's requests run on a thread of their own that blocks
+	// SIGINT and SIGTERM: a request to a daemon that stops answering holds
 	// its thread in the kernel, and a signal the kernel gave that thread
-	// would reach no handler. So Ctrl-C always reaches this one.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	// (it picks any thread that does not block it, the first one before
+	// others) would reach no handler. So Ctrl-C always reaches a thread
+	// that runs Go's handler.
 	done := make(chan error, 1)
 	go func() {
+		// Locked and never unlocked: the thread, with its mask, ends
+		// with this goroutine.
+		runtime.LockOSThread()
+		blockStopSignals()
 		done <- status.Watch(ctx, w, cl, mp, status.Options{Watch: wf.on, Every: wf.every, Metrics: wf.metrics}, show)
 	}()
 	select {
@@ -97,3 +102,15 @@ func runStatusWatch(ctx context.Context, w io.Writer, mp string, wf watchFlags) 
 // watchGrace is how long a stopped watch waits for the daemon's answer
 // before it probes the daemon.
 const watchGrace = 500 * time.Millisecond
+
+// blockStopSignals blocks SIGINT and SIGTERM on the calling thread (the
+// process's other threads take them). A failure leaves the mask as it
+// was: Ctrl-C then works as before, unless it lands on a stuck request.
+func blockStopSignals() {
+	var set unix.Sigset_t
+	for _, sig := range []unix.Signal{unix.SIGINT, unix.SIGTERM} {
+		n := uint(sig) - 1
+		set.Val[n/64] |= 1 << (n % 64)
+	}
+	_ = unix.PthreadSigmask(unix.SIG_BLOCK, &set, nil)
+}
