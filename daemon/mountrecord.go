@@ -46,18 +46,15 @@ func WriteMountRecord(mountpoint string) (remove func(), err error) {
 	if os.Geteuid() != 0 {
 		return func() {}, nil
 	}
-	m, ok, err := mountinfo.At(mountpoint)
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return func() {}, err
 	}
+	m, ok := mountinfo.Topmost(ms, mountpoint)
 	if !ok {
 		return func() {}, fmt.Errorf("record the mount of %s: not in the mount table", mountpoint)
 	}
-	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		if ms, err := mountinfo.Parse(bytes.NewReader(b)); err == nil {
-			sweepRecords(RecordDir, ms)
-		}
-	}
+	sweepRecords(RecordDir, ms)
 	return writeRecord(RecordDir, m, os.Getpid())
 }
 

@@ -141,16 +141,16 @@ func unescape(s string) string {
 // At returns the topmost mount on path (the last one listed), or
 // false if path is not a mount point.
 func At(path string) (Entry, bool, error) {
-	ms, err := read()
+	ms, err := Read()
 	if err != nil {
 		return Entry{}, false, err
 	}
-	m, ok := last(ms, path)
+	m, ok := Topmost(ms, path)
 	return m, ok, nil
 }
 
-// read parses this process's mount table.
-func read() ([]Entry, error) {
+// Read parses this process's mount table.
+func Read() ([]Entry, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("read mount table: %w", err)
@@ -159,8 +159,8 @@ func read() ([]Entry, error) {
 	return Parse(f)
 }
 
-// last is the topmost of ms mounted on path.
-func last(ms []Entry, path string) (Entry, bool) {
+// Topmost is the topmost of ms mounted on path (the last one listed).
+func Topmost(ms []Entry, path string) (Entry, bool) {
 	var found Entry
 	ok := false
 	for _, m := range ms {
@@ -183,12 +183,12 @@ func Containing(path string) (Entry, bool) {
 	if err != nil {
 		return Entry{}, false
 	}
-	ms, err := read()
+	ms, err := Read()
 	if err != nil {
 		return Entry{}, false
 	}
 	for d := abs; ; d = filepath.Dir(d) {
-		if m, ok := last(ms, d); ok {
+		if m, ok := Topmost(ms, d); ok {
 			return m, true
 		}
 		if d == "/" {
@@ -225,7 +225,7 @@ func Unreachable(path string, err error) string {
 
 // ByID returns the mount with mount id id, or false if there is none.
 func ByID(id int) (Entry, bool, error) {
-	ms, err := read()
+	ms, err := Read()
 	if err != nil {
 		return Entry{}, false, err
 	}
