@@ -347,7 +347,8 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
             finally:
                 failed = None  # no cycle from this frame through the traceback to the exception
     finally:
-        src = group = out = b = None  # nothing for a traceback's frame to keep
+        # Nothing for a traceback's frame to keep.
+        src, group, out, b = iter(()), [], None, None
 
 
 def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:
