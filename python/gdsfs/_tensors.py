@@ -348,7 +348,7 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
                 failed = None  # no cycle from this frame through the traceback to the exception
     finally:
         # Nothing for a traceback's frame to keep.
-        src, group, out, b = iter(()), [], None, None
+        src, group, out, b = iter(()), [], [], None
 
 
 def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:
