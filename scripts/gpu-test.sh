@@ -15,7 +15,8 @@
 #   GDSFS_DCP_ARGS      extra arguments for scripts/gpu/dcp_check.py (e.g. --gib 2 --parts blocked,reshard)
 #   GDSFS_TIER_GIB      memory-tier benchmark file size in GiB (default 8)
 #   GDSFS_PYTHON        the Python with torch 2.x, safetensors, pytest, hypothesis (default python3)
-#   GDSFS_PYTEST_ARGS   extra pytest arguments for the pytest section (e.g. -k safetensors)
+#   GDSFS_PYTEST_ARGS   extra pytest arguments for the pytest section (e.g. -x), split on spaces
+#   GDSFS_PYTEST_K      a pytest -k expression for the pytest section, spaces kept (e.g. "settle or close")
 #   GDSFS_DATASET_ARGS  dataset_check.py arguments (default: issue 15's table, --sizes 16,64,256,4096
 #                       --batch 16 --features-sizes 4096; about 3.5 minutes)
 #   GDSFS_GPU_PACK      a .tgz path: every log under OUT is packed into it on exit (the device tool
@@ -241,7 +242,8 @@ if want pytest; then
 	t=${GDSFS_PYTEST_TIMEOUT:-480}
 	# shellcheck disable=SC2086
 	GDSFS_BIN="$PWD/$bin/gdsfs" PYTHONUNBUFFERED=1 timeout -s INT -k 30 "$t" \
-		"$py" -m pytest -q -rs -p no:cacheprovider --junitxml "$out/pytest.xml" ${GDSFS_PYTEST_ARGS:-} python/tests 2>&1 |
+		"$py" -m pytest -q -rs -p no:cacheprovider --junitxml "$out/pytest.xml" ${GDSFS_PYTEST_ARGS:-} \
+			${GDSFS_PYTEST_K:+-k "$GDSFS_PYTEST_K"} python/tests 2>&1 |
 		tee "$out/pytest.txt"
 	rc=${PIPESTATUS[0]}
 	if [ "$rc" -ne 0 ]; then
