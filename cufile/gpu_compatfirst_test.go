@@ -3,6 +3,10 @@ package cufile
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -149,9 +153,78 @@ func TestGPUCompatFirstTouch(t *testing.T) {
 	load("load, 8 slabs registered first, compat", regSlabs, compat)
 	load("load again, 8 unregistered slabs, compat", slabs, compat)
 	load("load again, 8 registered slabs, compat", regSlabs, compat)
+	perThread(t, e, f, alloc(), data[:small])
 	for i, m := range append([]gpubuf.Memory{first}, slabs...) {
 		if registered(m) {
 			t.Errorf("slab %d was registered with cuFile by a compat-mode transfer", i)
 		}
 	}
 }
+
+// perThread times a 4 KiB cuFileRead into m on each of 16 OS threads, the
+// way the gds engine's workers call it (thread locked, device context
+// made current). With fresh, every goroutine exits locked, so Go ends its
+// thread and the next one runs on a thread cuFile has not seen; without,
+// they reuse threads that have read before. A fresh daemon's first warm
+// DCP load ran 0.64 s slower than its later loads with no registration
+// left (2026-12-02 02:34): if a thread's first cuFileRead (or first
+// cuCtxSetCurrent) costs milliseconds, the per-transfer thread locking of
+// runChunks is where it goes.
+func perThread(t *testing.T, e *Engines, f *os.File, m gpubuf.Memory, want []byte) {
+	t.Helper()
+	fh, done, err := e.gds.acquire(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	dm := m.(gpubuf.DeviceMemory)
+	for _, fresh := range []bool{true, false} {
+		var setc, reads []time.Duration
+		for i := 0; i < 16; i++ {
+			type res struct {
+				set, read time.Duration
+				err       error
+			}
+			ch := make(chan res, 1)
+			go func() {
+				runtime.LockOSThread()
+				if !fresh {
+					defer runtime.UnlockOSThread()
+				}
+				t0 := time.Now()
+				if err := e.gds.d.SetCurrent(dm.Device()); err != nil {
+					ch <- res{err: err}
+					return
+				}
+				t1 := time.Now()
+				got, err := e.gds.io.Read(fh.h, dm.DevicePtr(), int64(len(want)), 0, 0)
+				if err == nil && got != int64(len(want)) {
+					err = fmt.Errorf("cuFileRead = %d bytes, want %d", got, len(want))
+				}
+				ch <- res{t1.Sub(t0), time.Since(t1), err}
+			}()
+			r := <-ch
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			setc, reads = append(setc, r.set), append(reads, r.read)
+		}
+		slices.Sort(setc)
+		slices.Sort(reads)
+		what := "threads that read before"
+		if fresh {
+			what = "16 new OS threads, each's first"
+		}
+		t.Logf("compatfirst: per thread, %-34s cuCtxSetCurrent median %6.3f ms max %6.3f; 4 KiB cuFileRead median %6.3f ms max %6.3f",
+			what, ms(setc[8]), ms(setc[15]), ms(reads[8]), ms(reads[15]))
+	}
+	back := make([]byte, len(want))
+	if err := e.drv.CopyDtoH(0, back, dm.DevicePtr()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, want) {
+		t.Fatal("per-thread reads: bytes differ from the file")
+	}
+}
+
+func ms(d time.Duration) float64 { return d.Seconds() * 1e3 }
