@@ -30,7 +30,7 @@ type fakeCuFile struct {
 	writes  int                     // GUARDED_BY(mu)
 }
 
-func newFakeCuFile(t *testing.T) *fakeCuFile {
+func newFakeCuFile(t testing.TB) *fakeCuFile {
 	return &fakeCuFile{handles: newFakeHandleLib(t), slabs: map[uintptr]*fakeCuSlab{}}
 }
 
@@ -169,7 +169,7 @@ func (c cuFileConfig) wantName() string {
 // randomCachedFile writes size random bytes and reads them back once, so
 // the file is in the page cache (where the auto chooser gives it to
 // compat mode); it is opened read-write.
-func randomCachedFile(t *testing.T, size int) (*os.File, []byte) {
+func randomCachedFile(t testing.TB, size int) (*os.File, []byte) {
 	t.Helper()
 	data := make([]byte, size)
 	r := rand.NewChaCha8([32]byte{7})

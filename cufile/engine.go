@@ -143,61 +143,93 @@ func runChunks(ctx context.Context, n, chunkBytes int64, workers int, start func
 	if n == 0 {
 		return 0, ctx.Err()
 	}
+	r := newChunkRun(ctx, n, chunkBytes)
+	var wg sync.WaitGroup
+	for range r.workers(workers) {
+		wg.Go(func() {
+			w, err := start(ctx)
+			if err != nil {
+				r.fail(err)
+				return
+			}
+			r.work(w)
+		})
+	}
+	wg.Wait()
+	return r.result()
+}
+
+// chunkRun is one transfer's chunks, handed out to its workers in order:
+// runChunks's goroutines or the gds engine's pool threads (threadpool.go)
+// call work, then result once every work call has returned.
+type chunkRun struct {
+	ctx        context.Context
+	n          int64
+	chunkBytes int64
+	count      int
+	got        []int64 // by chunk index; written by the worker that moved it
+	next       atomic.Int64
+	stop       atomic.Bool
+	errOnce    sync.Once
+	firstErr   error // set once, read by result after the workers
+}
+
+// newChunkRun splits n > 0 bytes into chunkBytes pieces (DefaultChunkBytes
+// when chunkBytes <= 0).
+func newChunkRun(ctx context.Context, n, chunkBytes int64) *chunkRun {
 	if chunkBytes <= 0 {
 		chunkBytes = DefaultChunkBytes
 	}
 	count := int((n + chunkBytes - 1) / chunkBytes)
-	workers = max(1, min(workers, count))
-	got := make([]int64, count)
-	var (
-		next     atomic.Int64
-		stop     atomic.Bool
-		errOnce  sync.Once
-		firstErr error
-		wg       sync.WaitGroup
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err })
-		stop.Store(true)
+	return &chunkRun{ctx: ctx, n: n, chunkBytes: chunkBytes, count: count, got: make([]int64, count)}
+}
+
+// workers returns how many workers the run uses of at most limit: no more
+// than one per chunk, at least one.
+func (r *chunkRun) workers(limit int) int { return max(1, min(limit, r.count)) }
+
+// fail records err as the run's error unless one was, and stops the
+// chunks not yet handed out.
+func (r *chunkRun) fail(err error) {
+	r.errOnce.Do(func() { r.firstErr = err })
+	r.stop.Store(true)
+}
+
+// work moves chunks with w until none are left, the run failed or its
+// context ended, then finishes w.
+func (r *chunkRun) work(w worker) {
+	for !r.stop.Load() {
+		if err := r.ctx.Err(); err != nil {
+			r.fail(err)
+			break
+		}
+		i := int(r.next.Add(1) - 1)
+		if i >= r.count {
+			break
+		}
+		c := chunk{index: i, off: int64(i) * r.chunkBytes}
+		c.n = min(r.chunkBytes, r.n-c.off)
+		m, err := w.do(c)
+		r.got[i] = m
+		if err != nil {
+			r.fail(fmt.Errorf("chunk at +%d: %w", c.off, err))
+			break
+		}
 	}
-	for range workers {
-		wg.Go(func() {
-			w, err := start(ctx)
-			if err != nil {
-				fail(err)
-				return
-			}
-			for !stop.Load() {
-				if err := ctx.Err(); err != nil {
-					fail(err)
-					break
-				}
-				i := int(next.Add(1) - 1)
-				if i >= count {
-					break
-				}
-				c := chunk{index: i, off: int64(i) * chunkBytes}
-				c.n = min(chunkBytes, n-c.off)
-				m, err := w.do(c)
-				got[i] = m
-				if err != nil {
-					fail(fmt.Errorf("chunk at +%d: %w", c.off, err))
-					break
-				}
-			}
-			if err := w.finish(); err != nil {
-				fail(err)
-			}
-		})
+	if err := w.finish(); err != nil {
+		r.fail(err)
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return 0, firstErr
+}
+
+// result is the run's first error, else the length of its complete prefix.
+func (r *chunkRun) result() (int64, error) {
+	if r.firstErr != nil {
+		return 0, r.firstErr
 	}
 	var total int64
-	for i, m := range got {
+	for i, m := range r.got {
 		total += m
-		if m < min(chunkBytes, n-int64(i)*chunkBytes) {
+		if m < min(r.chunkBytes, r.n-int64(i)*r.chunkBytes) {
 			break
 		}
 	}

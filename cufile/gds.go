@@ -68,7 +68,8 @@ type gdsDevice interface {
 }
 
 // gdsEngine moves bytes with cuFileRead/cuFileWrite in parallel chunks from
-// OS-thread-locked workers with the device context current.
+// OS-thread-locked workers with the device context current: the threads of
+// its pool (threadpool.go), or without it each transfer's own.
 type gdsEngine struct {
 	name string // EngineGDS, or EngineGDSCompat without nvidia-fs
 	d    gdsDevice
@@ -80,6 +81,9 @@ type gdsEngine struct {
 	registerBufs bool
 	chunkBytes   int64
 	workers      int
+	// pool runs every transfer's chunks on its fixed threads; nil with
+	// GDSFS_CUFILE_POOL=0: each transfer locks workers threads of its own.
+	pool *threadPool
 
 	mu      sync.Mutex
 	handles map[fileKey]*fileHandle // GUARDED_BY(mu)
@@ -108,9 +112,17 @@ func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int, compat boo
 	if compat {
 		name = EngineGDSCompat
 	}
-	return &gdsEngine{name: name, d: d, lib: lib, io: lib, reg: lib, registerBufs: !compat,
+	e := &gdsEngine{name: name, d: d, lib: lib, io: lib, reg: lib, registerBufs: !compat,
 		chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
+	if poolEnabled(os.Getenv(poolEnv)) {
+		e.pool = newThreadPool(poolThreads(workers), e.bind)
+	}
+	return e
 }
+
+// bind makes device's context current on the calling OS thread (a pool
+// thread, locked).
+func (e *gdsEngine) bind(device int) error { return e.d.SetCurrent(device) }
 
 func (e *gdsEngine) Name() string { return e.name }
 
@@ -193,8 +205,12 @@ func (e *gdsEngine) probe(f *os.File) error {
 	return nil
 }
 
-// Close deregisters every handle.
+// Close stops the pool, waiting for the chunks in flight, then deregisters
+// every handle. Transfers after it fail with errEngineClosed.
 func (e *gdsEngine) Close() {
+	if e.pool != nil {
+		e.pool.close()
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, fh := range e.handles {
@@ -241,50 +257,57 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 			return 0, nil
 		}
 	}
+	if e.pool != nil && e.pool.closed() {
+		return 0, fmt.Errorf("%s %q: %w", op, f.Name(), errEngineClosed)
+	}
 	fh, done, err := e.acquire(f)
 	if err != nil {
 		return 0, fmt.Errorf("%s %q: %w", op, f.Name(), err)
 	}
 	defer done()
-	base := dm.DevicePtr()
-	got, err := runChunks(ctx, n, e.chunkBytes, e.workers, func(context.Context) (worker, error) {
-		runtime.LockOSThread()
-		if err := e.d.SetCurrent(dm.Device()); err != nil {
-			runtime.UnlockOSThread()
-			return nil, err
-		}
-		return funcWorker{
-			doFn: func(c chunk) (int64, error) {
-				var done int64
-				for done < c.n {
-					var m int64
-					var err error
-					if write {
-						m, err = e.io.Write(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
-					} else {
-						m, err = e.io.Read(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
-					}
-					if err != nil {
-						return done, err
-					}
-					if m == 0 {
-						if write {
-							return done, errors.New("cuFileWrite wrote 0 bytes")
-						}
-						// The file shrank since clampToEOF: cuFile may have
-						// written bytes that are not the file's past done.
-						if err := e.d.Memset(dm.Device(), base+uintptr(memOff+c.off+done), 0, c.n-done); err != nil {
-							return done, err
-						}
-						break
-					}
-					done += m
+	base, device := dm.DevicePtr(), dm.Device()
+	// move moves chunk c on a thread with device's context current.
+	move := func(c chunk) (int64, error) {
+		var done int64
+		for done < c.n {
+			var m int64
+			var err error
+			if write {
+				m, err = e.io.Write(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
+			} else {
+				m, err = e.io.Read(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
+			}
+			if err != nil {
+				return done, err
+			}
+			if m == 0 {
+				if write {
+					return done, errors.New("cuFileWrite wrote 0 bytes")
 				}
-				return done, nil
-			},
-			finishFn: func() error { runtime.UnlockOSThread(); return nil },
-		}, nil
-	})
+				// The file shrank since clampToEOF: cuFile may have
+				// written bytes that are not the file's past done.
+				if err := e.d.Memset(device, base+uintptr(memOff+c.off+done), 0, c.n-done); err != nil {
+					return done, err
+				}
+				break
+			}
+			done += m
+		}
+		return done, nil
+	}
+	var got int64
+	if e.pool != nil {
+		got, err = e.pool.run(newChunkRun(ctx, n, e.chunkBytes), device, e.workers, move)
+	} else {
+		got, err = runChunks(ctx, n, e.chunkBytes, e.workers, func(context.Context) (worker, error) {
+			runtime.LockOSThread()
+			if err := e.d.SetCurrent(device); err != nil {
+				runtime.UnlockOSThread()
+				return nil, err
+			}
+			return funcWorker{doFn: move, finishFn: func() error { runtime.UnlockOSThread(); return nil }}, nil
+		})
+	}
 	if err != nil {
 		return 0, fmt.Errorf("%s %q: %w", op, f.Name(), err)
 	}
