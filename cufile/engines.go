@@ -227,6 +227,9 @@ func (e *Engines) choose(gpuErr error) error {
 	}
 	if e.lib != nil {
 		e.gds = newGDSEngine(e.drv, e.lib, e.cfg.ChunkBytes, e.cfg.Workers, !e.nvfs)
+		if gpu {
+			e.gds.prime(e.drv.Devices()) // threadpool.go
+		}
 		e.startSweeper()
 	}
 	switch e.cfg.Engine {

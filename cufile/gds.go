@@ -120,6 +120,20 @@ func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int, compat boo
 	return e
 }
 
+// prime starts the pool's threads now, each making the context of every
+// one of devices devices current once, so that a first READ finds them
+// ready; without the pool it does nothing.
+func (e *gdsEngine) prime(devices int) {
+	if e.pool == nil {
+		return
+	}
+	prime := make([]int, devices)
+	for i := range prime {
+		prime[i] = i
+	}
+	e.pool.start(prime)
+}
+
 // bind makes device's context current on the calling OS thread (a pool
 // thread, locked).
 func (e *gdsEngine) bind(device int) error { return e.d.SetCurrent(device) }

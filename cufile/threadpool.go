@@ -21,15 +21,20 @@ import (
 // mode, 2026-12-02 02:34 UTC); TestGPUCompatFirstTouch's per-thread step
 // times what a thread's first cuCtxSetCurrent and cuFileRead cost.
 //
-// With the pool, the threads that ever call cuFile are poolThreads(workers)
-// goroutines locked to their threads for the engine's life, started on
-// the engine's first transfer. A transfer hands out up to workers tickets
-// to free pool threads (each takes chunks from the transfer until none are
-// left, as runChunks's goroutines do) and waits for the ones taken. A
-// thread makes a device's context current only when its ticket's device
-// differs from the one it made current last. GDSFS_CUFILE_POOL=0 in the
-// daemon's environment, read when the engine is built, restores the
-// per-transfer workers (the A/B of GPU-RUN.txt).
+// With the pool, the threads that ever call cuFileRead/cuFileWrite are
+// poolThreads(workers) goroutines locked to their threads for the
+// engine's life. The daemon starts them when it builds its engines
+// (prime), each making every device's context current once, outside any
+// READ; an engine nobody primed starts them on its first transfer. No
+// file is read to prime them, so a thread's first cuFileRead still comes
+// with a READ, but at most poolThreads(workers) of them ever happen. A
+// transfer hands out up to workers tickets to free pool threads (each
+// takes chunks from the transfer until none are left, as runChunks's
+// goroutines do) and waits for the ones taken. A thread makes a device's
+// context current only when its ticket's device differs from the one it
+// made current last. GDSFS_CUFILE_POOL=0 in the daemon's environment,
+// read when the engine is built, restores the per-transfer workers (the
+// A/B of GPU-RUN.txt).
 
 // poolEnv names the environment variable that turns the pool off ("0").
 const poolEnv = "GDSFS_CUFILE_POOL"
@@ -91,21 +96,34 @@ func (t *poolTask) leave() {
 	t.taken.Done()
 }
 
-func (p *threadPool) start() {
+// start starts the pool's threads unless they run: each makes the
+// contexts of devices prime current in turn, the first last, before
+// serving tickets, and start returns once they have.
+func (p *threadPool) start(prime []int) {
 	p.startOnce.Do(func() {
+		var primed sync.WaitGroup
+		primed.Add(p.size)
 		p.threads.Add(p.size)
 		for range p.size {
-			go p.thread()
+			go p.thread(prime, &primed)
 		}
+		primed.Wait()
 	})
 }
 
 // thread serves tickets until the pool closes. Its goroutine stays locked
 // to its OS thread, so Go ends the thread with it.
-func (p *threadPool) thread() {
+func (p *threadPool) thread(prime []int, primed *sync.WaitGroup) {
 	defer p.threads.Done()
 	runtime.LockOSThread()
 	current := -1 // the device made current on this thread; -1: none known
+	for i := len(prime) - 1; i >= 0; i-- {
+		current = prime[i]
+		if p.bind(prime[i]) != nil { // a transfer on it tries again and reports
+			current = -1
+		}
+	}
+	primed.Done()
 	for {
 		select {
 		case <-p.quit:
@@ -134,7 +152,7 @@ func (p *threadPool) run(r *chunkRun, device int, workers int, move func(c chunk
 	if r.n == 0 {
 		return 0, r.ctx.Err()
 	}
-	p.start()
+	p.start(nil)
 	t := &poolTask{run: r, device: device, move: move, drained: make(chan struct{})}
 	ctx := r.ctx
 send:

@@ -128,6 +128,66 @@ func poolTestEngine(t *testing.T, tf *threadCuFile, workers int) *gdsEngine {
 	return g
 }
 
+// TestGDSPoolPrime: priming (Engines.choose, when the daemon builds its
+// engines) starts every pool thread and makes each device current once
+// on each, reading nothing; READs into device 0 after it make no
+// SetCurrent call at all, and run on the primed threads.
+func TestGDSPoolPrime(t *testing.T) {
+	const (
+		workers = 4
+		size    = 1 << 20
+		devices = 2
+	)
+	f, data := randomCachedFile(t, size)
+	tf := newThreadCuFile(t)
+	g := poolTestEngine(t, tf, workers)
+	g.prime(devices)
+	tf.tmu.Lock()
+	primed := map[int]bool{}
+	for k, n := range tf.sets {
+		primed[k[0]] = true
+		if n != 1 {
+			t.Errorf("priming made device %d current %d times on thread %d, want once", k[1], n, k[0])
+		}
+	}
+	sets := len(tf.sets)
+	tf.tmu.Unlock()
+	if want := poolThreads(workers); len(primed) != want || sets != want*devices {
+		t.Errorf("priming reached %d threads with %d (thread, device) pairs; want %d threads, %d pairs", len(primed), sets, want, want*devices)
+	}
+	if io := tf.calls(); io != 0 {
+		t.Errorf("priming made %d cuFile calls, want none", io)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			m := tf.slab(size)
+			if got, err := g.ReadAt(context.Background(), f, m, 0, 0, size); err != nil || got != size || !bytes.Equal(m.data, data) {
+				t.Errorf("ReadAt after priming = %d, %v (bytes equal %v)", got, err, bytes.Equal(m.data, data))
+			}
+		})
+	}
+	wg.Wait()
+	tf.tmu.Lock()
+	defer tf.tmu.Unlock()
+	if len(tf.sets) != sets {
+		t.Errorf("READs after priming made SetCurrent calls: %d (thread, device) pairs, %d after priming", len(tf.sets), sets)
+	}
+	for k, n := range tf.sets {
+		if n != 1 {
+			t.Errorf("thread %d made device %d current %d times, want once (at priming)", k[0], k[1], n)
+		}
+	}
+	for tid := range tf.ioThreads {
+		if !primed[tid] {
+			t.Errorf("thread %d made cuFile calls without being primed", tid)
+		}
+	}
+	if tf.wrong != 0 {
+		t.Errorf("%d cuFile calls ran on a thread without the slab's device current", tf.wrong)
+	}
+}
+
 // TestGDSPoolSwitch: GDSFS_CUFILE_POOL, read when the engine is built,
 // turns the pool off with 0 (or off, false, no) and leaves it on
 // otherwise, unset included.
@@ -424,9 +484,10 @@ func TestGDSPoolChunkError(t *testing.T) {
 // BenchmarkGDSPool: 16 callers at once, each a 256 KiB READ in 4 chunks
 // (one op: all 16), through the gds engine on fake cuFile calls, with the
 // pool (on) and with per-transfer goroutines (off). It reports the OS
-// threads that made cuFile calls and those the process created during the
-// run (threadcreate profile). Run each in its own process, so the second
-// does not find the first's threads:
+// threads that made cuFile calls, those the process created since the
+// benchmark began (threadcreate profile, over every b.N round) and those
+// alive at the end (/proc/self/status). Run each in its own process, so
+// the second does not find the first's threads:
 //
 //	go test -run '^$' -bench 'BenchmarkGDSPool/off' ./cufile/
 //	go test -run '^$' -bench 'BenchmarkGDSPool/on' ./cufile/
@@ -436,6 +497,7 @@ func BenchmarkGDSPool(b *testing.B) {
 		size    = 256 << 10
 		callers = 16
 	)
+	base := pprof.Lookup("threadcreate").Count()
 	for _, pool := range []bool{false, true} {
 		name := "off"
 		if pool {
@@ -458,7 +520,6 @@ func BenchmarkGDSPool(b *testing.B) {
 			for i := range slabs {
 				slabs[i] = tf.slab(size)
 			}
-			created := pprof.Lookup("threadcreate").Count()
 			ctx := context.Background()
 			b.ResetTimer()
 			for range b.N {
@@ -475,7 +536,27 @@ func BenchmarkGDSPool(b *testing.B) {
 			b.StopTimer()
 			io, _, _ := tf.threads()
 			b.ReportMetric(float64(io), "cufile-threads")
-			b.ReportMetric(float64(pprof.Lookup("threadcreate").Count()-created), "threads-created")
+			b.ReportMetric(float64(pprof.Lookup("threadcreate").Count()-base), "threads-created")
+			b.ReportMetric(float64(liveThreads(b)), "threads-alive")
 		})
 	}
+}
+
+// liveThreads is the process's OS thread count (/proc/self/status).
+func liveThreads(tb testing.TB) int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			var n int
+			if _, err := fmt.Sscan(v, &n); err != nil {
+				tb.Fatal(err)
+			}
+			return n
+		}
+	}
+	tb.Fatal("/proc/self/status has no Threads line")
+	return 0
 }
