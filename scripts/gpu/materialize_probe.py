@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Where GDSBatch.materialize's time goes per batch in the loop of gdsfs.torch.DataLoader, without
+a daemon (issue 15, 16 KiB: the 18:45 GPU run's "materialize in the loop" was ~190 us per batch
+of 16 whatever the sample size, while the same call costs ~15 us of Python plus the copy on the
+CPU machine's host engine).
+
+Usage: materialize_probe.py [--batches 2000] [--kib 16] [--batch 16] [--cpu]
+
+A stand-in slab (a 64 MiB uint8 tensor on cuda:0; --cpu: in host memory) replaces the daemon's:
+gdsfs._tensors._slab_of is patched to return it, the batches' leases have no Hold (nothing to
+check or release), so what is timed is exactly the loop's call,
+``b.materialize(cuda:0, pin=True, _defer=True, _parsed=True, _record=False)`` (gdsfs._tensors.settled),
+on a batch shaped as a worker sends it at 16 KiB: ``__key__``, ``__url__`` (lists), ``x.npy``
+(float32, one lease shared by the batch's samples at evenly spaced starts, or a lease per sample
+at uneven starts) and ``cls`` (a CPU int64 tensor of the batch). Printed, us per batch (median of
+rounds): the whole call for each batch shape; the torch calls it makes, alone (the typed strided
+clone, the pin of the small CPU tensor, torch.cuda.is_available, is_pinned); then cProfile's top
+functions of the shared-lease call by own time. No GPU memory beyond ~100 MiB; ~10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import torch  # noqa: E402
+
+from gdsfs import _core, _tensors  # noqa: E402
+
+
+def _column(slab_dev: int, starts: list[int], offsets: list[int], n: int) -> Any:
+    """A _RefColumn of len(starts) float32 samples of n bytes: one Ref per distinct offset
+    (offsets[i]: sample i's lease offset in the slab), no Holds."""
+    leases: list[Any] = []
+    at: dict[int, int] = {}
+    idx = []
+    for off, st in zip(offsets, starts):
+        if off not in at:
+            at[off] = len(leases)
+            valid = max(s for o, s in zip(offsets, starts) if o == off) + n
+            leases.append(_core.Ref("/probe", 1, 1, 1, 100 + len(leases), 1, off, valid, valid, slab_dev, "probe"))
+        idx.append(at[off])
+    col = _tensors._RefColumn.__new__(_tensors._RefColumn)
+    col._refs = None
+    col.leases = leases
+    col.holds = [None] * len(leases)
+    col.geos = [(torch.float32, (n // 4,), False)]
+    col.idx, col.gidx, col.starts = idx, [0] * len(starts), list(starts)
+    col.fields = ["x.npy"] * len(starts)
+    col.samples = [f"{i:06d}" for i in range(len(starts))]
+    col.paths = ["/probe/shard.tar"] * len(starts)
+    return col
+
+
+def _timed(fn: Callable[[], Any], reps: int, rounds: int = 5) -> float:
+    """Median over rounds of the mean us per call of fn (a CUDA sync after each round)."""
+    meds = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        meds.append((time.perf_counter() - t) / reps * 1e6)
+    return statistics.median(meds)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, default=2000)
+    ap.add_argument("--kib", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--cpu", action="store_true", help="host-memory stand-in slab, CPU target, no pinning (runs without a GPU)")
+    a = ap.parse_args()
+    cuda = torch.cuda.is_available() and not a.cpu
+    dev = torch.device("cuda", 0) if cuda else None
+    slab = torch.zeros(64 << 20, dtype=torch.uint8, device=dev or "cpu")
+    _tensors._slab_of = lambda r, h, slabs: slab  # type: ignore[assignment]
+    n = a.kib << 10
+    step = n + 2048  # a tar's headers and the .cls member between two samples
+    rows = a.batch
+    shared = _column(0 if cuda else -1, [k * step for k in range(rows)], [4096] * rows, n)
+    # A lease per sample at uneven offsets (what an in-process iteration or a stock DataLoader sends).
+    per = _column(0 if cuda else -1, [0] * rows, [(1 << 20) + k * (n + 4096) + (2048 if k % 2 else 0) for k in range(rows)], n)
+    cls = torch.tensor([k % 1000 for k in range(rows)])
+
+    def batch(col: Any) -> Any:
+        return _tensors.GDSBatch({"__key__": [f"{k:06d}" for k in range(rows)], "__url__": ["/probe/shard.tar"] * rows, "x.npy": col, "cls": cls},
+                                 gpu_fields=("x.npy",))
+
+    bs, bp = batch(shared), batch(per)
+    bx = _tensors.GDSBatch({"__key__": bs["__key__"], "x.npy": shared}, gpu_fields=("x.npy",))
+    pin = cuda
+
+    def mat(b: Any) -> Callable[[], Any]:
+        return lambda: b.materialize(dev, pin=pin, _defer=True, _parsed=True, _record=False)
+
+    # The bytes first: each row is its sample's.
+    for b in (bs, bp):
+        x = mat(b)()["x.npy"].cpu()
+        for k in range(rows):
+            r = b["x.npy"].leases[b["x.npy"].idx[k]]
+            at = r.offset + b["x.npy"].starts[k]
+            assert torch.equal(x[k].view(torch.uint8), slab[at : at + n].cpu()), f"row {k} is not its sample's bytes"
+    reps = max(1, a.batches // 5)
+    where = f"{'cuda:0' if cuda else 'cpu'}, torch {torch.__version__}, batch {rows} x {a.kib} KiB float32 + cls"
+    print(f"materialize_probe: {where}; us per batch (median of 5 rounds of {reps})")
+    print(f"materialize_probe: the loop's materialize: shared lease {_timed(mat(bs), reps):.1f}; a lease per sample {_timed(mat(bp), reps):.1f}; "
+          f"shared lease without cls {_timed(mat(bx), reps):.1f}")
+    typed = _tensors._typed_run(shared)
+    parts = [("typed strided view (as_strided)", lambda: _tensors._typed_run(shared)),
+             ("its clone", lambda: typed.clone(memory_format=torch.contiguous_format)),
+             ("torch.cuda.is_available()", torch.cuda.is_available)]
+    if cuda:
+        pinned = cls.pin_memory()
+        parts += [("cls.pin_memory()", cls.pin_memory), ("cls.is_pinned()", cls.is_pinned), ("pinned.is_pinned()", pinned.is_pinned),
+                  ("torch.empty(16, int64, pin_memory=True)", lambda: torch.empty(rows, dtype=torch.int64, pin_memory=True)),
+                  ("typed.device", lambda: typed.device), ("torch.cuda.current_device()", torch.cuda.current_device)]
+    print("materialize_probe: its torch calls alone: " + "; ".join(f"{name} {_timed(fn, reps):.1f}" for name, fn in parts))
+    pr = cProfile.Profile()
+    f = mat(bs)
+    pr.enable()
+    for _ in range(reps):
+        f()
+    pr.disable()
+    if cuda:
+        torch.cuda.synchronize()
+    st = pstats.Stats(pr)
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:14]  # type: ignore[attr-defined]
+    print(f"materialize_probe: cProfile of {reps} shared-lease calls, top by own time (us per batch: own, cumulative; calls per batch):")
+    for (fn, line, name), (_cc, nc, tt, ct, _callers) in top:
+        print(f"materialize_probe:   {os.path.basename(fn)}:{line}({name}) {tt / reps * 1e6:.1f} {ct / reps * 1e6:.1f} {nc / reps:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
