@@ -4,7 +4,7 @@ a daemon (issue 15, 16 KiB: the 18:45 GPU run's "materialize in the loop" was ~1
 of 16 whatever the sample size, while the same call costs ~15 us of Python plus the copy on the
 CPU machine's host engine).
 
-Usage: materialize_probe.py [--batches 2000] [--kib 16] [--batch 16] [--cpu]
+Usage: materialize_probe.py [--batches 2000] [--kib 16] [--batch 16] [--cpu] [--bin build/gpu/gdsfs]
 
 A stand-in slab (a 64 MiB uint8 tensor on cuda:0; --cpu: in host memory) replaces the daemon's:
 gdsfs._tensors._slab_of is patched to return it, the batches' leases have no Hold (nothing to
@@ -16,16 +16,26 @@ at uneven starts) and ``cls`` (a CPU int64 tensor of the batch). Printed, us per
 rounds): the whole call for each batch shape; the torch calls it makes, alone (the typed strided
 clone, the pin of the small CPU tensor, torch.cuda.is_available, is_pinned); then cProfile's top
 functions of the shared-lease call by own time. No GPU memory beyond ~100 MiB; ~10 s.
+
+--bin GDSFS: also the same calls on batches of a real slab: the probe mounts a temp dir with
+that binary (its default engine; --cpu: the host engine), writes a tar of 16 KiB samples, reads
+64 batches as a gdsfs.torch.DataLoader worker does (one lease per batch; a lease per sample), and
+times materialize on them over and over (deferred, never settled: the leases stay held until
+the end), so a slab the daemon exported (CUDA VMM/IPC) can be told from a plain CUDA tensor.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import io
 import os
 import pstats
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -74,12 +84,93 @@ def _timed(fn: Callable[[], Any], reps: int, rounds: int = 5) -> float:
     return statistics.median(meds)
 
 
+def _real(bin_path: str, cpu: bool, kib: int, rows: int, reps: int, dev: Any, pin: bool) -> None:
+    """The loop's materialize on batches of a real slab (see --bin), then unmount."""
+    import numpy as np
+
+    import gdsfs.torch as gt
+
+    base = tempfile.mkdtemp(prefix="gdsfs-matprobe-")
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.makedirs(src)
+    os.makedirs(mnt)
+    cmd = [bin_path, "mount", "--background", "--source", src, "--log-file", os.path.join(base, "daemon.log"), mnt] + (["--engine", "host"] if cpu else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        print(f"materialize_probe: real slab: mount failed: {r.stderr.strip()}")
+        return
+    try:
+        rng = np.random.default_rng(16)
+        with tarfile.open(os.path.join(src, "s.tar"), "w") as tf:
+            for i in range(64 * rows * 2):
+                b = io.BytesIO()
+                np.save(b, rng.standard_normal((kib << 10) // 4, dtype=np.float32))
+                for ext, data in (("cls", str(i % 1000).encode()), ("x.npy", b.getvalue())):
+                    ti = tarfile.TarInfo(f"{i:06d}.{ext}")
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+        for label, batched in (("one lease per batch", rows), ("a lease per sample", 0)):
+            ds = gt.GDSShardDataset([os.path.join(mnt, "s.tar")], gpu_keys=["x.npy"], strict=True, read_ahead=64)
+            ds._batched = batched  # as gdsfs.torch.DataLoader tells its workers' copies
+            it = iter(ds)
+            import itertools
+
+            bs = [gt.collate(list(itertools.islice(it, rows))) for _ in range(64)]
+            it.close()
+            out: list[Any] = []
+
+            def one(b: Any) -> None:
+                m = b.materialize(dev, pin=pin, _defer=True, _parsed=True, _record=False)
+                if m._pending is not None:  # never settled: no release, no wait when dropped
+                    m._pending.holds, m._pending.devices = [], []
+                out.append(m)
+
+            k = [0]
+
+            def step() -> None:
+                one(bs[k[0] % len(bs)])
+                k[0] += 1
+                if len(out) >= 256:
+                    out.clear()
+
+            x = bs[0]["x.npy"]
+            leases = len(x.leases)
+            dev_of = "cuda" if x.leases[0].device >= 0 else "host"
+            us = _timed(step, reps)
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(reps):
+                step()
+            pr.disable()
+            out.clear()
+            print(f"materialize_probe: real slab ({dev_of}, engine {x.leases[0].engine}), {label} ({leases} leases in the first): "
+                  f"the loop's materialize {us:.1f} us per batch")
+            _top(pr, reps, f"real slab, {label}")
+            for b in bs:
+                b.release()
+            x = None
+            ds.close()
+    finally:
+        for c in ([bin_path, "unmount", mnt], ["umount", "-l", mnt]):
+            if os.path.ismount(mnt):
+                subprocess.run(c, capture_output=True, timeout=30)
+
+
+def _top(pr: cProfile.Profile, reps: int, what: str, n: int = 12) -> None:
+    st = pstats.Stats(pr)
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:n]  # type: ignore[attr-defined]
+    print(f"materialize_probe: cProfile of {reps} calls ({what}), top by own time (us per batch: own, cumulative; calls per batch):")
+    for (fn, line, name), (_cc, nc, tt, ct, _callers) in top:
+        print(f"materialize_probe:   {os.path.basename(fn)}:{line}({name}) {tt / reps * 1e6:.1f} {ct / reps * 1e6:.1f} {nc / reps:.0f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=2000)
     ap.add_argument("--kib", type=int, default=16)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--cpu", action="store_true", help="host-memory stand-in slab, CPU target, no pinning (runs without a GPU)")
+    ap.add_argument("--bin", help="also time batches of a real slab: a temp mount with this gdsfs binary")
     a = ap.parse_args()
     cuda = torch.cuda.is_available() and not a.cpu
     dev = torch.device("cuda", 0) if cuda else None
@@ -134,11 +225,9 @@ def main() -> int:
     pr.disable()
     if cuda:
         torch.cuda.synchronize()
-    st = pstats.Stats(pr)
-    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:14]  # type: ignore[attr-defined]
-    print(f"materialize_probe: cProfile of {reps} shared-lease calls, top by own time (us per batch: own, cumulative; calls per batch):")
-    for (fn, line, name), (_cc, nc, tt, ct, _callers) in top:
-        print(f"materialize_probe:   {os.path.basename(fn)}:{line}({name}) {tt / reps * 1e6:.1f} {ct / reps * 1e6:.1f} {nc / reps:.0f}")
+    _top(pr, reps, "stand-in slab, shared lease", 14)
+    if a.bin:
+        _real(a.bin, not cuda, a.kib, rows, reps, dev, pin)
     return 0
 
 
