@@ -31,6 +31,7 @@ import cProfile
 import io
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
@@ -154,6 +155,8 @@ def _real(bin_path: str, cpu: bool, kib: int, rows: int, reps: int, dev: Any, pi
         for c in ([bin_path, "unmount", mnt], ["umount", "-l", mnt]):
             if os.path.ismount(mnt):
                 subprocess.run(c, capture_output=True, timeout=30)
+        if not os.path.ismount(mnt):
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def _top(pr: cProfile.Profile, reps: int, what: str, n: int = 12) -> None:
