@@ -102,10 +102,14 @@ def _real(bin_path: str, cpu: bool, kib: int, rows: int, reps: int, dev: Any, pi
         return
     try:
         rng = np.random.default_rng(16)
+        truth: dict[str, bytes] = {}
         with tarfile.open(os.path.join(src, "s.tar"), "w") as tf:
             for i in range(64 * rows * 2):
                 b = io.BytesIO()
-                np.save(b, rng.standard_normal((kib << 10) // 4, dtype=np.float32))
+                arr = rng.standard_normal((kib << 10) // 4, dtype=np.float32)
+                if i < 64 * rows:
+                    truth[f"{i:06d}"] = arr.tobytes()
+                np.save(b, arr)
                 for ext, data in (("cls", str(i % 1000).encode()), ("x.npy", b.getvalue())):
                     ti = tarfile.TarInfo(f"{i:06d}.{ext}")
                     ti.size = len(data)
@@ -134,6 +138,12 @@ def _real(bin_path: str, cpu: bool, kib: int, rows: int, reps: int, dev: Any, pi
                 if len(out) >= 256:
                     out.clear()
 
+            got = bs[0].materialize(dev, pin=pin, _defer=True, _parsed=True, _record=False)
+            if got._pending is not None:
+                got._pending.holds, got._pending.devices = [], []
+            xs = got["x.npy"].cpu()
+            assert [xs[i].numpy().tobytes() for i in range(rows)] == [truth[k] for k in got["__key__"]], "real slab: wrong bytes"
+            del got, xs
             x = bs[0]["x.npy"]
             leases = len(x.leases)
             dev_of = "cuda" if x.leases[0].device >= 0 else "host"
@@ -178,6 +188,7 @@ def main() -> int:
     cuda = torch.cuda.is_available() and not a.cpu
     dev = torch.device("cuda", 0) if cuda else None
     slab = torch.zeros(64 << 20, dtype=torch.uint8, device=dev or "cpu")
+    real_slab_of = _tensors._slab_of
     _tensors._slab_of = lambda r, h, slabs: slab  # type: ignore[assignment]
     n = a.kib << 10
     step = n + 2048  # a tar's headers and the .cls member between two samples
@@ -229,6 +240,7 @@ def main() -> int:
     if cuda:
         torch.cuda.synchronize()
     _top(pr, reps, "stand-in slab, shared lease", 14)
+    _tensors._slab_of = real_slab_of  # type: ignore[assignment]
     if a.bin:
         _real(a.bin, not cuda, a.kib, rows, reps, dev, pin)
     return 0
