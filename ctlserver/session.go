@@ -334,7 +334,6 @@ func (ss *session) readRanges(ctx context.Context, f *os.File, eng cufile.Engine
 		}
 		held[i] = l
 	}
-	eng, code = routeByMemory(eng, code, held)
 	// Ranges are independent: read them concurrently, a few at a time
 	// (engines parallelise within a range too). This goroutine is one of
 	// the readers: a request of one range costs no goroutine hand-off.
@@ -392,27 +391,6 @@ func (ss *session) readRanges(ctx context.Context, f *os.File, eng cufile.Engine
 	ss.srv.counters.readRanges.Add(uint64(len(plan)))
 	ss.srv.counters.readBytes.Add(bytes)
 	return out, 0
-}
-
-// routeByMemory lets eng name the engine that reads into held's slabs
-// (cufile.MemoryRouter: cuFile compat mode sends slabs it was not
-// prepared for to posix), and the reply's code follows it where code
-// named eng.
-func routeByMemory(eng cufile.Engine, code ctl.EngineCode, held []*gpubuf.Lease) (cufile.Engine, ctl.EngineCode) {
-	if _, ok := eng.(cufile.MemoryRouter); !ok {
-		return eng, code
-	}
-	slabs := make([]*gpubuf.Slab, 0, len(held))
-	for _, l := range held {
-		if l != nil {
-			slabs = append(slabs, l.Slab)
-		}
-	}
-	to := cufile.RouteFor(eng, slabs)
-	if to != eng && code == ctl.EngineCodeOf(eng.Name()) {
-		code = ctl.EngineCodeOf(to.Name())
-	}
-	return to, code
 }
 
 // Close implements fs.Session: it ends the session and releases every lease

@@ -9,7 +9,11 @@
 //   - gds: cuFileRead/cuFileWrite in parallel chunks from OS-thread-locked
 //     workers with the device's primary context current. Each backing file is
 //     registered once (cuFileHandleRegister on the engine's own descriptor,
-//     cached by device and inode); each slab once (cuFileBufRegister).
+//     cached by device and inode); with nvidia-fs each slab once
+//     (cuFileBufRegister). In compat mode (no nvidia-fs) slabs are never
+//     registered: compat mode bounces through libcufile's own buffers
+//     either way, and a registration costs ~28 ms per slab and stalls
+//     other CUDA work (compatfirst.go).
 //   - posix: parallel chunked pread (buffered, or O_DIRECT when cachestat(2)
 //     says the range is mostly not cached) into pinned host staging
 //     (cuMemHostAlloc), cuMemcpyHtoDAsync on one stream per staging buffer;
@@ -29,12 +33,8 @@
 // P2P is used with nvidia-fs present; without it, cuFile compat mode serves
 // ranges mostly in the page cache and the posix pipeline the others (each
 // where it measured faster; residency sampled, so no answer is cached).
-// Compat mode then also routes by destination (MemoryRouter, asked by ctl
-// once a READ's leases are allocated): a READ into a slab not yet
-// registered with cuFile goes to posix while the slab registers in the
-// background, since compat's first read into a new allocation costs ~30
-// ms (compatfirst.go). A file cuFile refuses, or fails on, is served by
-// posix from then on, logged once; clients never see the cuFile error.
+// A file cuFile refuses, or fails on, is served by posix from then on,
+// logged once; clients never see the cuFile error.
 //
 // # Slab memory
 //

@@ -102,10 +102,6 @@ type Engines struct {
 	// compatWarm: auto without nvidia-fs serves files in the page cache with
 	// cuFile compat mode and the others with posix (see Choose).
 	compatWarm bool
-	// compatPrep registers slabs for compat mode in the background and
-	// routes READs into slabs not yet registered to posix
-	// (compatfirst.go); non-nil only with compatWarm.
-	compatPrep *compatPreparer
 	report     Report
 	host       Engine
 	posix      *posixEngine
@@ -223,7 +219,7 @@ func (e *Engines) choose(gpuErr error) error {
 	r := &e.report
 	gpu := e.drv != nil
 	if gpu {
-		be, why := newCUDABackend(e.drv, e.lib)
+		be, why := newCUDABackend(e.drv)
 		e.backend = be
 		r.Probes = append(r.Probes, Probe{Name: "cuda slab handles", OK: be.vmm, Detail: why})
 		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct, ColdTaskBytes: e.cfg.ColdChunkBytes, ColdReadAheadBytes: e.cfg.ColdReadAheadBytes})
@@ -263,7 +259,6 @@ func (e *Engines) choose(gpuErr error) error {
 			// compat mode 50 GB/s warm vs posix 37-47, but 1.55 GB/s cold
 			// vs posix 1.84-2.03 (O_DIRECT). So: each where it is faster.
 			e.compatWarm = true
-			e.compatPrep = newCompatPreparer(bufRegister(e.lib), e.log)
 			r.Engine, r.Why = EnginePosix, "no nvidia-fs: posix pipeline for files not in the page cache, cuFile compat mode for files in it (where it measured faster)"
 		default:
 			r.Engine, r.Why = EnginePosix, "GPUDirect Storage unavailable (see probes): parallel pread, pinned staging, async copies"
@@ -512,9 +507,6 @@ func (e *Engines) Close() error {
 	if e.stopSweeper != nil {
 		e.stopSweeper()
 		e.stopSweeper = nil
-	}
-	if e.compatPrep != nil {
-		e.compatPrep.wait()
 	}
 	if e.gds != nil {
 		e.gds.Close()

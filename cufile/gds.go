@@ -53,15 +53,33 @@ type handleLib interface {
 	HandleDeregister(h uintptr)
 }
 
+// gdsIO is what a transfer calls of libcufile to move bytes: *Lib in
+// production, a fake in the CPU tests.
+type gdsIO interface {
+	Read(h, base uintptr, size, fileOff, bufOff int64) (int64, error)
+	Write(h, base uintptr, size, fileOff, bufOff int64) (int64, error)
+}
+
+// gdsDevice is what a transfer calls of the CUDA driver: *Driver in
+// production, a fake in the CPU tests.
+type gdsDevice interface {
+	SetCurrent(device int) error
+	Memset(device int, p uintptr, v byte, n int64) error
+}
+
 // gdsEngine moves bytes with cuFileRead/cuFileWrite in parallel chunks from
 // OS-thread-locked workers with the device context current.
 type gdsEngine struct {
-	name       string // EngineGDS, or EngineGDSCompat without nvidia-fs
-	d          *Driver
-	lib        *Lib
-	reg        handleLib // lib's handle calls (handles.go's rule; a fake in tests)
-	chunkBytes int64
-	workers    int
+	name string // EngineGDS, or EngineGDSCompat without nvidia-fs
+	d    gdsDevice
+	lib  *Lib      // what slabs are registered with (registerBufs)
+	io   gdsIO     // lib's cuFileRead/cuFileWrite (a fake in tests)
+	reg  handleLib // lib's handle calls (handles.go's rule; a fake in tests)
+	// registerBufs: slabs are registered with cuFile (cuFileBufRegister)
+	// on their first transfer; only with nvidia-fs (compatfirst.go).
+	registerBufs bool
+	chunkBytes   int64
+	workers      int
 
 	mu      sync.Mutex
 	handles map[fileKey]*fileHandle // GUARDED_BY(mu)
@@ -90,7 +108,8 @@ func newGDSEngine(d *Driver, lib *Lib, chunkBytes int64, workers int, compat boo
 	if compat {
 		name = EngineGDSCompat
 	}
-	return &gdsEngine{name: name, d: d, lib: lib, reg: lib, chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
+	return &gdsEngine{name: name, d: d, lib: lib, io: lib, reg: lib, registerBufs: !compat,
+		chunkBytes: chunkBytes, workers: workers, handles: map[fileKey]*fileHandle{}}
 }
 
 func (e *gdsEngine) Name() string { return e.name }
@@ -208,12 +227,7 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 	if !ok {
 		return 0, fmt.Errorf("%s: needs device memory, got %T", op, mem)
 	}
-	if cm, ok := mem.(interface{ register(*Lib) error }); ok {
-		// Unregistered memory still works (cuFile bounces it through its
-		// own registered buffers), only slower: registration failing (BAR1
-		// space, 5016) is no reason to fail the transfer.
-		_ = cm.register(e.lib)
-	}
+	e.registerBuf(mem)
 	if mode, err := accessMode(f); err != nil {
 		return 0, fmt.Errorf("%s: %w", op, err)
 	} else if (mode == unix.O_WRONLY && !write) || (mode == unix.O_RDONLY && write) {
@@ -246,9 +260,9 @@ func (e *gdsEngine) transfer(ctx context.Context, f *os.File, mem gpubuf.Memory,
 					var m int64
 					var err error
 					if write {
-						m, err = e.lib.Write(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
+						m, err = e.io.Write(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
 					} else {
-						m, err = e.lib.Read(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
+						m, err = e.io.Read(fh.h, base, c.n-done, fileOff+c.off+done, memOff+c.off+done)
 					}
 					if err != nil {
 						return done, err

@@ -43,7 +43,7 @@ func BenchmarkGPUPosixReadShape(b *testing.B) {
 	if err := f.Sync(); err != nil {
 		b.Fatal(err)
 	}
-	be, _ := newCUDABackend(d, nil)
+	be, _ := newCUDABackend(d)
 	mem, err := be.Alloc(context.Background(), 0, size, 0)
 	if err != nil {
 		b.Fatal(err)

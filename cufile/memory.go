@@ -15,8 +15,7 @@ import (
 // support them, and with cuMemAlloc (legacy IPC handles) otherwise. Both
 // are registrable with cuFile and addressable by cuMemcpy*.
 type cudaBackend struct {
-	d   *Driver
-	lib *Lib // non-nil when slabs are registered with cuFile on first use
+	d *Driver
 	// vmm: slabs are VMM allocations (exported as descriptors on the slab
 	// socket). rdma: they are created GPUDirect-RDMA capable.
 	vmm, rdma bool
@@ -25,8 +24,8 @@ type cudaBackend struct {
 // newCUDABackend picks the slab memory kind for every device: VMM when
 // each device supports it, legacy cuMemAlloc otherwise. why says which and
 // why, for the probe report.
-func newCUDABackend(d *Driver, lib *Lib) (b *cudaBackend, why string) {
-	b = &cudaBackend{d: d, lib: lib, vmm: true, rdma: true}
+func newCUDABackend(d *Driver) (b *cudaBackend, why string) {
+	b = &cudaBackend{d: d, vmm: true, rdma: true}
 	for dev := range d.Devices() {
 		rdma, err := d.VMMSupport(dev)
 		if err == nil {
@@ -126,7 +125,8 @@ type cudaMemory struct {
 	// regMu is held through a cuFileBufRegister and by Close, so the
 	// memory is never freed under a registration; mu is not, so that an
 	// export (the slab socket handing a client its descriptor) never
-	// waits for a registration in the background (compatfirst.go).
+	// waits for a registration (~30 ms, inside the first gds READ into
+	// the slab, with nvidia-fs only: compatfirst.go).
 	// Lock order: regMu, then mu.
 	regMu      sync.Mutex
 	registered *Lib  // GUARDED_BY(regMu): cuFile library the memory is registered with, or nil
@@ -134,8 +134,6 @@ type cudaMemory struct {
 
 	mu     sync.Mutex
 	closed bool // GUARDED_BY(mu); set with regMu held too
-
-	prep slabPrep // compat mode's background registration (compatfirst.go)
 }
 
 var _ gpubuf.DeviceMemory = (*cudaMemory)(nil)
@@ -161,6 +159,9 @@ func (m *cudaMemory) Export() ([]byte, error) {
 	}
 	return h, nil
 }
+
+// errMemoryClosed is registration's answer for memory closed first.
+var errMemoryClosed = errors.New("cufile: memory closed")
 
 // register registers the memory with cuFile once (cuFileBufRegister is
 // expensive and uses BAR1 space: once per slab, never per I/O).

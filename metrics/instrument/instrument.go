@@ -130,57 +130,17 @@ func (c *chooser) wrap(e cufile.Engine, why string) (cufile.Engine, string) {
 	return wrapEngine(e, c.r), why
 }
 
-// wrapEngine returns e recording its bytes in r, with e's optional
-// abilities that ctlserver looks for (ReadVec, RouteFor) and no others.
+// wrapEngine returns e recording its bytes in r, with e's ReadVec (the
+// optional ability ctlserver looks for) and no other.
 func wrapEngine(e cufile.Engine, r Recorder) cufile.Engine {
 	w := &engine{Engine: e, r: r}
-	vr, vec := e.(cufile.VecReader)
-	mr, routes := e.(cufile.MemoryRouter)
-	switch {
-	case vec && routes:
-		return &vecRouteEngine{vecEngine: &vecEngine{engine: w, vr: vr}, mr: mr}
-	case vec:
+	if vr, ok := e.(cufile.VecReader); ok {
 		// ctlserver serves a READ of many small ranges through ReadVec when
 		// the engine has it: keep it visible behind the wrapper (issue 15's
 		// small samples ran range by range on mounts with --metrics-addr).
 		return &vecEngine{engine: w, vr: vr}
-	case routes:
-		// cuFile compat mode's routing of new slabs to posix: without it,
-		// mounts with --metrics-addr would pay compat's first touch of
-		// every new slab.
-		return &routeEngine{engine: w, mr: mr}
 	}
 	return w
-}
-
-// routeTo is a MemoryRouter's answer for slabs, recorded in r under the
-// name of the engine it routes to.
-func routeTo(mr cufile.MemoryRouter, slabs []*gpubuf.Slab, r Recorder) cufile.Engine {
-	to := mr.RouteFor(slabs)
-	if to == nil {
-		return nil
-	}
-	return wrapEngine(to, r)
-}
-
-// routeEngine is the recording wrapper of a cufile.MemoryRouter.
-type routeEngine struct {
-	*engine
-	mr cufile.MemoryRouter
-}
-
-// RouteFor implements cufile.MemoryRouter.
-func (e *routeEngine) RouteFor(slabs []*gpubuf.Slab) cufile.Engine { return routeTo(e.mr, slabs, e.r) }
-
-// vecRouteEngine is the recording wrapper of an engine that is both.
-type vecRouteEngine struct {
-	*vecEngine
-	mr cufile.MemoryRouter
-}
-
-// RouteFor implements cufile.MemoryRouter.
-func (e *vecRouteEngine) RouteFor(slabs []*gpubuf.Slab) cufile.Engine {
-	return routeTo(e.mr, slabs, e.r)
 }
 
 type engine struct {

@@ -303,45 +303,52 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
     not yielded: the ones before it are, then its GDSLeaseError is raised. At a yield every batch
     taken from it is settled (nothing of a group is left unreleased when the consumer stops); an
     exception from it (a worker that died) comes after the batches taken before it."""
-    src = iter(it)
-    tgt = _target_device(device)
-    group: list[Any] = []
-    held = 0
-    failed: Optional[BaseException] = None
-    while True:
-        try:
-            b = next(src)
-            if isinstance(b, GDSBatch) and not b.materialized:
-                b = b.materialize(tgt, pin=pin, _defer=True, _parsed=True, _record=False)
-        except StopIteration:
-            break
-        except Exception as e:  # noqa: BLE001 - raised again once the batches before it are out
-            failed = e
-            break
-        group.append(b)
-        if isinstance(b, GDSBatch):
-            held += _batch_bytes(b)
-        if len(group) < SETTLE_BATCHES and held < SETTLE_BYTES and ready is not None and ready():
-            continue
-        errs = _settle_group(group)
-        out, group, held = group, [], 0
-        for b, err in zip(out, errs):
-            if err is not None:
-                raise err
-            yield b
-        del out, b
-    if group:
-        errs = _settle_group(group)
-        for b, err in zip(group, errs):
-            if err is not None:
-                raise err
-            yield b
-    if failed is not None:
-        del src, group  # what the traceback's frame keeps
-        try:
-            raise failed
-        finally:
-            failed = None  # no cycle from this frame through the traceback to the exception
+    # Every yield sits inside this try: close() then throws GeneratorExit in and unwinds the frame.
+    # CPython 3.12.3 (Ubuntu 24.04's) closes a generator paused at a yield outside every try block
+    # without unwinding it and keeps its locals (gh-118272): the source with the batches never
+    # taken, and their leases, stayed until the consumer dropped the generator itself.
+    try:
+        src = iter(it)
+        tgt = _target_device(device)
+        group: list[Any] = []
+        held = 0
+        failed: Optional[BaseException] = None
+        while True:
+            try:
+                b = next(src)
+                if isinstance(b, GDSBatch) and not b.materialized:
+                    b = b.materialize(tgt, pin=pin, _defer=True, _parsed=True, _record=False)
+            except StopIteration:
+                break
+            except Exception as e:  # noqa: BLE001 - raised again once the batches before it are out
+                failed = e
+                break
+            group.append(b)
+            if isinstance(b, GDSBatch):
+                held += _batch_bytes(b)
+            if len(group) < SETTLE_BATCHES and held < SETTLE_BYTES and ready is not None and ready():
+                continue
+            errs = _settle_group(group)
+            out, group, held = group, [], 0
+            for b, err in zip(out, errs):
+                if err is not None:
+                    raise err
+                yield b
+            del out, b
+        if group:
+            errs = _settle_group(group)
+            for b, err in zip(group, errs):
+                if err is not None:
+                    raise err
+                yield b
+        if failed is not None:
+            try:
+                raise failed
+            finally:
+                failed = None  # no cycle from this frame through the traceback to the exception
+    finally:
+        # Nothing for a traceback's frame to keep.
+        src, group, out, b = iter(()), [], [], None
 
 
 def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:

@@ -90,3 +90,59 @@ def test_batches_dropped_in_a_reference_cycle_return_their_leases_at_close(gdsfs
     ds.close()
     n = gdsfs_mount.wait_leases(0)
     assert n == 0, _lease_diag.report(gdsfs_mount)
+
+
+@pytest.mark.parametrize("stop", ["islice", "break"])
+def test_a_closed_settled_generator_lets_go_of_what_it_never_took(no_gc, stop: str) -> None:
+    """settled() stopped after one item and closed while the consumer still holds the generator
+    (a variable of its own): the source iterator and the items settled() never took are freed at
+    once, not when that variable goes. CPython 3.12.3 (Ubuntu 24.04's) kept a closed generator's
+    locals when its yield sat outside every try block (gh-118272), and with them the batches never
+    taken and their leases (scripts/gpu/gen_close_probe.py shows which Pythons do)."""
+    from gdsfs import _tensors
+
+    class Item:
+        pass
+
+    items = [Item() for _ in range(4)]
+    weak = [weakref.ref(x) for x in items]
+    gen = _tensors.settled(iter(items), ready=lambda: True)
+    got = _stop_after_one(gen, stop)
+    assert got == items[:1]
+    gen.close()
+    del items, got
+    assert [w() for w in weak] == [None] * 4
+
+
+def _yields_outside_try(fn) -> list[int]:
+    """Lines of fn's own yields that sit outside every try block."""
+    import ast
+    import inspect
+    import textwrap
+
+    src = textwrap.dedent(inspect.getsource(fn))
+    first = inspect.getsourcelines(fn)[1]
+    tree = ast.parse(src).body[0]
+    out: list[int] = []
+
+    def walk(node: ast.AST, in_try: bool) -> None:
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            if isinstance(ch, (ast.Yield, ast.YieldFrom)) and not in_try:
+                out.append(first + ch.lineno - 1)
+            walk(ch, in_try or isinstance(ch, ast.Try))
+
+    walk(tree, False)
+    return out
+
+
+def test_generators_that_hold_leases_yield_inside_a_try() -> None:
+    """The generators that hand out or hold back leased batches and samples yield only inside a
+    try block, so that close() unwinds them and frees their locals on every Python, CPython 3.12.3
+    included (see the test above: its behaviour shows only on that Python)."""
+    import gdsfs.torch as gt
+    from gdsfs import _tensors
+
+    for fn in (_tensors.settled, gt.GDSShardDataset.__iter__, gt.DataLoader.__iter__):
+        assert _yields_outside_try(fn) == [], f"{fn.__qualname__} yields outside a try block"

@@ -140,17 +140,49 @@ def main() -> int:
     dcp.save(sd, storage_writer=gdcp.GDSFileSystemWriter(p))
     log(f"gdsfs writer: {nbytes / (time.perf_counter() - t) / 1e9:.2f} GB/s; {residency(bp)}")
 
+    def daemon_pid() -> int:
+        """The pid of the gdsfs daemon serving a.mount (0: not found)."""
+        want = os.path.realpath(a.mount).encode()
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/cmdline", "rb") as fh:
+                        args = fh.read().split(b"\0")
+                except OSError:
+                    continue
+                if args and os.path.basename(args[0]) == b"gdsfs" and b"mount" in args and want in args:
+                    return int(d)
+        return 0
+
+    pid = daemon_pid()
+
+    def proc_stat(p: int) -> tuple[float, int]:
+        """(CPU seconds, threads) of process p, (0, 0) if it cannot be read."""
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"), int(f[17])
+        except (OSError, IndexError, ValueError):
+            return 0.0, 0
+
     def load(label: str) -> None:
         before = engine_bytes()
+        d0, _ = proc_stat(pid)
+        c0 = time.process_time()
         dst = {k: torch.empty_like(v) for k, v in sd.items()}
         torch.cuda.synchronize()
         t = time.perf_counter()
         dcp.load(dst, storage_reader=gdcp.GDSFileSystemReader(p))
         torch.cuda.synchronize()
         secs = time.perf_counter() - t
+        c1 = time.process_time()
+        d1, threads = proc_stat(pid)
         ok = all(torch.equal(dst[k], sd[k]) for k in list(sd)[:: max(1, n // 4)])
+        # Where a slow load's time goes: the daemon's CPU (and its OS threads, each a thread
+        # cuFile may see for the first time) against this process's.
         log(f"{label}: {nbytes / secs / 1e9:.2f} GB/s in {secs:.2f} s, bytes {'equal' if ok else 'DIFFER'}; "
-            f"after: {residency(bp)}{by_engine(before)}")
+            f"after: {residency(bp)}{by_engine(before)}; CPU s: daemon {d1 - d0:.2f} (pid {pid}, {threads} threads after), "
+            f"this process {c1 - c0:.2f}")
         del dst
         torch.cuda.empty_cache()
 
