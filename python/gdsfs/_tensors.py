@@ -723,9 +723,9 @@ def _host_rows(col: _RefColumn) -> Optional[torch.Tensor]:
     """A (len(col), nbytes) uint8 copy of a one-geometry column whose samples all lie in host
     (CPU) slabs, at any starts (a lease per sample: an in-process iteration, a stock DataLoader's
     workers): one new tensor, each sample's bytes copied into its row through numpy (a slice
-    assignment per sample, no tensor per sample and no stack). None when a sample is empty or on
-    a CUDA slab (_byte_views then). Checks each sample's range and slab as _byte_views does, in
-    the same order, before copying anything."""
+    assignment per sample, no tensor per sample and no stack). None when a sample is empty, on
+    a CUDA slab or numpy is missing (_byte_views then). Checks each sample's range and slab as
+    _byte_views does, in the same order, before copying anything."""
     rows = len(col.idx)
     if not rows or len(col.geos) != 1:
         return None
@@ -750,7 +750,10 @@ def _host_rows(col: _RefColumn) -> Optional[torch.Tensor]:
                 slab = _slab_of(r, holds[i], slabs)
                 if slab.device.type != "cpu":
                     return None
-                a = arrays[key] = slab.numpy()
+                try:
+                    a = arrays[key] = slab.numpy()
+                except RuntimeError:  # a torch built without numpy: the views then
+                    return None
             last = key
         srcs.append((a, r.offset + start))
     out = torch.empty((rows, n), dtype=torch.uint8)
