@@ -101,3 +101,23 @@ def test_row_copies_refuse_what_the_views_refuse(gdsfs_mount) -> None:
     del b, refs, past
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_without_numpy_a_lease_per_sample_still_gathers(gdsfs_mount, monkeypatch) -> None:
+    """A torch without numpy (Tensor.numpy raises) gathers with the per-sample views: the same bytes."""
+    from gdsfs import _tensors
+
+    ds, truth, b = _batch(gdsfs_mount)
+
+    def no_numpy(self):
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    assert _tensors._host_rows(b["x.npy"]) is None
+    out = b.materialize()
+    monkeypatch.undo()
+    x = out["x.npy"]
+    assert [x[i].numpy().tobytes() for i in range(16)] == [truth[k] for k in out["__key__"]]
+    del b, out, x
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
