@@ -187,7 +187,7 @@ def main() -> int:
     a = ap.parse_args()
     cuda = torch.cuda.is_available() and not a.cpu
     dev = torch.device("cuda", 0) if cuda else None
-    slab = torch.zeros(64 << 20, dtype=torch.uint8, device=dev or "cpu")
+    slab = torch.randint(0, 256, (64 << 20,), dtype=torch.uint8, device=dev or "cpu")  # bytes that tell rows apart
     real_slab_of = _tensors._slab_of
     _tensors._slab_of = lambda r, h, slabs: slab  # type: ignore[assignment]
     n = a.kib << 10
