@@ -719,6 +719,50 @@ def _byte_views(col: _RefColumn) -> list[torch.Tensor]:
     return out
 
 
+def _host_rows(col: _RefColumn) -> Optional[torch.Tensor]:
+    """A (len(col), nbytes) uint8 copy of a one-geometry column whose samples all lie in host
+    (CPU) slabs, at any starts (a lease per sample: an in-process iteration, a stock DataLoader's
+    workers): one new tensor, each sample's bytes copied into its row through numpy (a slice
+    assignment per sample, no tensor per sample and no stack). None when a sample is empty, on
+    a CUDA slab or numpy is missing (_byte_views then). Checks each sample's range and slab as
+    _byte_views does, in the same order, before copying anything."""
+    rows = len(col.idx)
+    if not rows or len(col.geos) != 1:
+        return None
+    dt, shape, _fortran = col.geos[0]
+    n = _numel(shape) * _itemsize(dt)
+    if n == 0:
+        return None
+    slabs: dict[tuple[str, int, int], torch.Tensor] = {}
+    arrays: dict[tuple[str, int, int], Any] = {}  # slab -> its numpy view (once per distinct slab of the column)
+    leases, holds = col.leases, col.holds
+    srcs: list[tuple[Any, int]] = []
+    last: Optional[tuple[str, int, int]] = None
+    a: Any = None
+    for i, start in zip(col.idx, col.starts):
+        r = leases[i]
+        if start < 0 or start + n > r.valid:
+            raise ValueError(f"gdsfs: bytes [{start}, {start + n}) outside lease {r.lease} of {r.valid} valid bytes")
+        key = (r.mount, r.daemon_pid, r.slab)
+        if key != last:  # a batch's leases are mostly in one slab: look it up once
+            a = arrays.get(key)
+            if a is None:
+                slab = _slab_of(r, holds[i], slabs)
+                if slab.device.type != "cpu":
+                    return None
+                try:
+                    a = arrays[key] = slab.numpy()
+                except RuntimeError:  # a torch built without numpy: the views then
+                    return None
+            last = key
+        srcs.append((a, r.offset + start))
+    out = torch.empty((rows, n), dtype=torch.uint8)
+    o = out.numpy()
+    for k, (a, at) in enumerate(srcs):
+        o[k] = a[at : at + n]
+    return out
+
+
 def _run_of(col: _RefColumn) -> Optional[tuple[torch.Tensor, int, int, int]]:
     """(slab, storage offset of the first sample's bytes, step, nbytes) when every sample of the
     column views the same lease, with one geometry, at starts evenly spaced by at least nbytes (a
@@ -816,11 +860,14 @@ def _gather(col: _RefColumn, device: Device, *, pin: bool, parsed: bool = False)
         # The field in one copy, already typed and shaped (the lease is released after it).
         return typed.clone(memory_format=torch.contiguous_format)
     run = _strided_run(col)
-    views = [run] if run is not None else _byte_views(col)
+    rows_out = _host_rows(col) if run is None else None
+    views = [run] if run is not None else [rows_out] if rows_out is not None else _byte_views(col)
     src = views[0].device
 
     def stacked() -> torch.Tensor:
         # Always a copy: the lease is released once the gather is done.
+        if rows_out is not None:
+            return rows_out
         return run.clone(memory_format=torch.contiguous_format) if run is not None else torch.stack(views)
 
     target = target0 or src
