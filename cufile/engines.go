@@ -486,7 +486,7 @@ func (f *fallbackEngine) demote(file *os.File, err error) {
 
 func (f *fallbackEngine) ReadAt(ctx context.Context, file *os.File, dst gpubuf.Memory, dstOff, fileOff, n int64) (int64, error) {
 	got, err := f.e.gds.ReadAt(ctx, file, dst, dstOff, fileOff, n)
-	if err == nil || ctx.Err() != nil || errors.Is(err, ErrRange) {
+	if err == nil || ctx.Err() != nil || errors.Is(err, ErrRange) || errors.Is(err, errEngineClosed) {
 		return got, err
 	}
 	f.demote(file, err)
@@ -495,7 +495,7 @@ func (f *fallbackEngine) ReadAt(ctx context.Context, file *os.File, dst gpubuf.M
 
 func (f *fallbackEngine) WriteAt(ctx context.Context, file *os.File, src gpubuf.Memory, srcOff, fileOff, n int64) (int64, error) {
 	got, err := f.e.gds.WriteAt(ctx, file, src, srcOff, fileOff, n)
-	if err == nil || ctx.Err() != nil || errors.Is(err, ErrRange) || !isWritable(file) {
+	if err == nil || ctx.Err() != nil || errors.Is(err, ErrRange) || errors.Is(err, errEngineClosed) || !isWritable(file) {
 		return got, err
 	}
 	f.demote(file, err)

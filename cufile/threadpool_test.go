@@ -434,6 +434,38 @@ func TestGDSPoolCloseWaits(t *testing.T) {
 	goroutinesBack(t, before)
 }
 
+// TestGDSPoolClosedIsNoRefusal: a READ or WRITE that reaches cuFile after
+// the engines closed (daemon shutdown) answers errEngineClosed; the file
+// is not demoted to posix nor logged as one cuFile failed on.
+func TestGDSPoolClosedIsNoRefusal(t *testing.T) {
+	const size = 256 << 10
+	c := cuFileConfigs[1] // --engine gds without nvidia-fs
+	f, _ := randomCachedFile(t, size)
+	cf := newFakeCuFile(t)
+	e := c.engines(cf)
+	if e.gds.pool == nil { // GDSFS_CUFILE_POOL=0 in the environment: this is a test of the pool
+		e.gds.pool = newThreadPool(poolThreads(e.gds.workers), e.gds.bind)
+	}
+	eng, why := e.ChooseAs(f, f.Name(), 0, size, nil)
+	if _, ok := eng.(*fallbackEngine); !ok {
+		t.Fatalf("the file is chosen as %s (%q), want cuFile", eng.Name(), why)
+	}
+	e.gds.Close()
+	m := cf.slab(size)
+	if _, err := eng.ReadAt(context.Background(), f, m, 0, 0, size); !errors.Is(err, errEngineClosed) {
+		t.Errorf("ReadAt after Close = %v, want errEngineClosed", err)
+	}
+	if _, err := eng.WriteAt(context.Background(), f, m, 0, 0, size); !errors.Is(err, errEngineClosed) {
+		t.Errorf("WriteAt after Close = %v, want errEngineClosed", err)
+	}
+	if r := e.Refusals(); len(r) != 0 {
+		t.Errorf("a closed engine's answer was taken for cuFile failing on the file: %+v", r)
+	}
+	if eng, _ := e.ChooseAs(f, f.Name(), 0, size, nil); eng.Name() == EnginePosix {
+		t.Error("the file was demoted to posix")
+	}
+}
+
 // TestGDSPoolChunkError: a chunk's error fails its own transfer, with the
 // chunk named, while the transfers beside it complete with their bytes,
 // and the pool still serves transfers after.
