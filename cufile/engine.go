@@ -198,27 +198,49 @@ func (r *chunkRun) fail(err error) {
 // work moves chunks with w until none are left, the run failed or its
 // context ended, then finishes w.
 func (r *chunkRun) work(w worker) {
-	for !r.stop.Load() {
-		if err := r.ctx.Err(); err != nil {
-			r.fail(err)
-			break
-		}
-		i := int(r.next.Add(1) - 1)
-		if i >= r.count {
-			break
-		}
-		c := chunk{index: i, off: int64(i) * r.chunkBytes}
-		c.n = min(r.chunkBytes, r.n-c.off)
-		m, err := w.do(c)
-		r.got[i] = m
-		if err != nil {
-			r.fail(fmt.Errorf("chunk at +%d: %w", c.off, err))
-			break
-		}
+	for r.next1(w) {
 	}
 	if err := w.finish(); err != nil {
 		r.fail(err)
 	}
+}
+
+// step moves at most one chunk with w (the gds pool's ticket), then
+// finishes w.
+func (r *chunkRun) step(w worker) {
+	r.next1(w)
+	if err := w.finish(); err != nil {
+		r.fail(err)
+	}
+}
+
+// pending reports whether chunks are left to hand out: the run has not
+// failed and not every chunk was taken.
+func (r *chunkRun) pending() bool { return !r.stop.Load() && r.next.Load() < int64(r.count) }
+
+// next1 moves the next chunk with w unless none is left, the run failed or
+// its context ended, and reports whether it moved one without error.
+func (r *chunkRun) next1(w worker) bool {
+	if r.stop.Load() {
+		return false
+	}
+	if err := r.ctx.Err(); err != nil {
+		r.fail(err)
+		return false
+	}
+	i := int(r.next.Add(1) - 1)
+	if i >= r.count {
+		return false
+	}
+	c := chunk{index: i, off: int64(i) * r.chunkBytes}
+	c.n = min(r.chunkBytes, r.n-c.off)
+	m, err := w.do(c)
+	r.got[i] = m
+	if err != nil {
+		r.fail(fmt.Errorf("chunk at +%d: %w", c.off, err))
+		return false
+	}
+	return true
 }
 
 // result is the run's first error, else the length of its complete prefix.

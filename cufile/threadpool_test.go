@@ -26,9 +26,10 @@ import (
 // every call into one slab.
 type threadCuFile struct {
 	*fakeCuFile
-	gate     chan struct{} // non-nil: each call waits for it to close
-	entered  chan struct{} // a token per call that reached the gate
-	failBase uintptr       // calls into the slab at this pointer fail with EIO
+	gate     chan struct{}    // non-nil: each call waits for it to close
+	gated    map[uintptr]bool // non-nil: only calls into these slabs wait at gate (set before any call)
+	entered  chan struct{}    // a token per call that reached the gate
+	failBase uintptr          // calls into the slab at this pointer fail with EIO
 
 	tmu       sync.Mutex
 	ioThreads map[int]int    // GUARDED_BY(tmu): calls per OS thread
@@ -72,7 +73,7 @@ func (c *threadCuFile) enter(base uintptr) error {
 	// yielding here lets the scheduler run other goroutines beside it,
 	// as it does then.
 	runtime.Gosched()
-	if c.gate != nil {
+	if c.gate != nil && (c.gated == nil || c.gated[base]) {
 		c.entered <- struct{}{}
 		<-c.gate
 	}
@@ -116,7 +117,10 @@ func (c *threadCuFile) threads() (io, mostSets, wrong int) {
 }
 
 // poolTestEngine is the gds engine (compat mode) on tf's fake calls with
-// workers workers per transfer, closed at the end of the test.
+// workers workers per transfer, closed at the end of the test. Its
+// transfers never spill to threads of their own (a test of the spill sets
+// pool.spillAfter back): on a loaded machine, or under -race, a fake
+// transfer can wait for a pool thread longer than spillAfter.
 func poolTestEngine(t *testing.T, tf *threadCuFile, workers int) *gdsEngine {
 	t.Helper()
 	g := newGDSEngine(nil, nil, 64<<10, workers, true)
@@ -124,6 +128,7 @@ func poolTestEngine(t *testing.T, tf *threadCuFile, workers int) *gdsEngine {
 	if g.pool == nil { // GDSFS_CUFILE_POOL=0 in the environment: these tests are of the pool
 		g.pool = newThreadPool(poolThreads(workers), g.bind)
 	}
+	g.pool.spillAfter = time.Hour
 	t.Cleanup(g.Close)
 	return g
 }
@@ -546,6 +551,7 @@ func BenchmarkGDSPool(b *testing.B) {
 			}
 			if pool {
 				g.pool = newThreadPool(poolThreads(workers), g.bind)
+				g.pool.spillAfter = time.Hour // the pool's threads only (poolTestEngine)
 			}
 			defer g.Close()
 			slabs := make([]*fakeCuSlab, callers)
