@@ -121,3 +121,50 @@ def test_without_numpy_a_lease_per_sample_still_gathers(gdsfs_mount, monkeypatch
     del b, out, x
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("dtype,shape,fortran,shift", [
+    (torch.float32, (64, 64), True, 0),    # fortran order, the whole sample
+    (torch.int16, (), False, 6),           # 0-d
+    (torch.float64, (3,), False, 1),       # a start not aligned for its dtype
+    (torch.bool, (100,), False, 3),
+    (torch.float16, (2, 4, 8), True, 2),   # fortran, 3-d, unaligned start
+    (torch.bfloat16, (10,), False, 8),
+    (torch.int64, (1, 5), False, 16),
+])
+def test_row_copies_equal_the_views_for_every_geometry(gdsfs_mount, monkeypatch, dtype, shape, fortran, shift) -> None:
+    """Every dtype and shape the column path supports (fortran order, 0-d, unaligned starts) comes
+    out of the row copies as out of the per-sample views and their stack, value for value, in a
+    tensor of its own (not a view of a slab, which a later READ into it would change)."""
+    import gdsfs.torch as gt
+    from gdsfs import _core, _tensors
+
+    ds, truth, b = _batch(gdsfs_mount, n=8)
+    refs = b["x.npy"].refs
+    col = _tensors._RefColumn([gt.TensorRef(t.ref, dtype, shape, t.start + shift, fortran, t.field, t.sample, t.path, t._hold) for t in refs])
+    assert _tensors._host_rows(col) is not None
+    rows = _tensors._gather(col, None, pin=False)
+    with monkeypatch.context() as m:
+        m.setattr(_tensors, "_host_rows", lambda c: None)
+        views = _tensors._gather(col, None, pin=False)
+    assert isinstance(rows, torch.Tensor) and rows.dtype == dtype and rows.shape == views.shape == (8,) + shape
+    assert rows.stride() == views.stride(), "the row copy's layout differs from the views' (fortran order)"
+    assert _bytes(rows) == _bytes(views)
+    nbytes = rows.element_size() * rows[0].numel()
+    for i, k in enumerate(b["__key__"]):
+        want = truth[k][shift : shift + nbytes]
+        got = rows[i].permute(*reversed(range(len(shape)))).contiguous() if fortran else rows[i].contiguous()
+        assert _bytes(got) == want
+    for r in col.leases:
+        slab = _tensors._slab_tensor(_core.session_for(r), r.slab)
+        lo, hi = slab.data_ptr(), slab.data_ptr() + slab.numel()
+        p = rows.data_ptr()
+        assert not (p < hi and lo < p + rows.numel() * rows.element_size()), "the gather aliases a slab: a later READ into it would change the batch"
+    b.release()
+    del b, refs, col, views, rows, slab
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
