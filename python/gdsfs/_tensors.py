@@ -347,8 +347,13 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
             finally:
                 failed = None  # no cycle from this frame through the traceback to the exception
     finally:
-        # Nothing for a traceback's frame to keep.
-        src, group, out, b = iter(()), [], [], None
+        # Nothing for a traceback's frame to keep: a consumer that keeps the exception raised here
+        # (a GDSLeaseError mid-group, a dead worker's error) keeps this frame through its
+        # traceback; the frame must not keep the source (it is src: a DataLoader iterator, its
+        # workers and the leases of the batches they hold), the batches, nor the exception
+        # itself (err: a cycle through the traceback).
+        it = src = iter(())
+        group, out, errs, b, err = [], [], [], None, None
 
 
 def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:

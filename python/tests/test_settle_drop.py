@@ -146,3 +146,68 @@ def test_generators_that_hold_leases_yield_inside_a_try() -> None:
 
     for fn in (_tensors.settled, gt.GDSShardDataset.__iter__, gt.DataLoader.__iter__):
         assert _yields_outside_try(fn) == [], f"{fn.__qualname__} yields outside a try block"
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("fails", ["source", "lease"])
+def test_a_kept_error_of_settled_keeps_not_its_source(no_gc, grouped: bool, fails: str) -> None:
+    """settled() over a source that fails after two items (a DataLoader whose worker died), or
+    whose second item fails to settle (a GDSLeaseError mid-group): the items before come out, then
+    that very exception. A consumer that keeps the exception (a retry loop's last error, a log
+    record, the REPL's sys.last_value) keeps its traceback, and with it settled()'s frame: that
+    frame must not keep the source (a DataLoader iterator: its workers and the leases of the
+    batches they hold) nor an item nor the exception itself (a cycle only the collector breaks)."""
+    import gdsfs
+    from gdsfs import _tensors
+
+    class Item:
+        pass
+
+    items = [Item(), Item()]
+    weak = [weakref.ref(x) for x in items]
+    boom = RuntimeError("DataLoader worker (pid(s) 1234) exited unexpectedly")
+
+    def source():
+        yield from items
+        if fails == "source":
+            raise boom
+
+    src = source()
+    weak_src = weakref.ref(src)
+    want = 2
+    if fails == "lease":
+        boom = gdsfs.GDSLeaseError(7, "the daemon no longer had it")
+        real = _tensors._settle_group
+        want = 1
+
+        def settle(group):
+            errs = real(group)
+            return [boom if x is items[1] else err for x, err in zip(group, errs)]
+        _tensors._settle_group, restore = settle, real
+    try:
+        gen = _tensors.settled(src, ready=(lambda: True) if grouped else None)
+        got = []
+        with pytest.raises(type(boom)) as e:
+            for x in gen:
+                got.append(x)
+    finally:
+        if fails == "lease":
+            _tensors._settle_group = restore
+    assert got == items[:want] and e.value is boom
+    kept = e.value  # the consumer keeps the error, and with it the traceback
+    assert list(gen) == []
+    items.clear()
+    del got, src, gen, e
+    x = None
+    assert weak_src() is None, "a kept error of settled() keeps its source alive (through settled()'s frame)"
+    assert [w() for w in weak] == [None, None], "a kept error of settled() keeps its items alive"
+    frames = [tb.tb_frame for tb in _walk_tb(kept.__traceback__) if tb.tb_frame.f_code is _tensors.settled.__code__]
+    assert frames, "settled() is not in the traceback"
+    for f in frames:
+        assert not any(v is kept for v in f.f_locals.values()), "settled()'s frame keeps the exception it raised (a cycle)"
+
+
+def _walk_tb(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
