@@ -180,9 +180,9 @@ def main() -> int:
         ok = all(torch.equal(dst[k], sd[k]) for k in list(sd)[:: max(1, n // 4)])
         # Where a slow load's time goes: the daemon's CPU (and its OS threads, each a thread
         # cuFile may see for the first time) against this process's.
+        daemon = f"daemon {d1 - d0:.2f} (pid {pid}, {threads} threads after)" if pid else "daemon not found (its argv names the mount otherwise)"
         log(f"{label}: {nbytes / secs / 1e9:.2f} GB/s in {secs:.2f} s, bytes {'equal' if ok else 'DIFFER'}; "
-            f"after: {residency(bp)}{by_engine(before)}; CPU s: daemon {d1 - d0:.2f} (pid {pid}, {threads} threads after), "
-            f"this process {c1 - c0:.2f}")
+            f"after: {residency(bp)}{by_engine(before)}; CPU s: {daemon}, this process {c1 - c0:.2f}")
         del dst
         torch.cuda.empty_cache()
 
