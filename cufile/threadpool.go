@@ -186,9 +186,9 @@ func (p *threadPool) spill(t *poolTask) {
 // at a time, and returns what runChunks returns: r's complete prefix, or
 // its first error (ctx.Err() once r's context ends: its chunks not handed
 // out yet are not moved; errEngineClosed once the pool is closing: a
-// transfer begun before close runs to its end). When no
-// pool thread takes one of its tickets within spillAfter, the rest of its
-// workers run on threads of their own.
+// transfer begun before close runs to its end). When no pool thread takes
+// one of its tickets within spillAfter, the rest of its workers run on
+// threads of their own.
 func (p *threadPool) run(r *chunkRun, device int, workers int, move func(c chunk) (int64, error)) (int64, error) {
 	if r.n == 0 {
 		return 0, r.ctx.Err()
