@@ -4,7 +4,8 @@ a daemon (issue 15, 16 KiB: the 18:45 GPU run's "materialize in the loop" was ~1
 of 16 whatever the sample size, while the same call costs ~15 us of Python plus the copy on the
 CPU machine's host engine).
 
-Usage: materialize_probe.py [--batches 2000] [--kib 16] [--batch 16] [--cpu] [--bin build/gpu/gdsfs]
+Usage: materialize_probe.py [--batches 2000] [--kib 16] [--batch 16] [--cpu] [--gap-us 500]
+       [--bin build/gpu/gdsfs [--loop-workers 8]]
 
 A stand-in slab (a 64 MiB uint8 tensor on cuda:0; --cpu: in host memory) replaces the daemon's:
 gdsfs._tensors._slab_of is patched to return it, the batches' leases have no Hold (nothing to
@@ -22,6 +23,17 @@ that binary (its default engine; --cpu: the host engine), writes a tar of 16 KiB
 64 batches as a gdsfs.torch.DataLoader worker does (one lease per batch; a lease per sample), and
 times materialize on them over and over (deferred, never settled: the leases stay held until
 the end), so a slab the daemon exported (CUDA VMM/IPC) can be told from a plain CUDA tensor.
+
+--gap-us (default 500): also the same calls one at a time, each after that long a sleep or that
+much other work (pickling, a 1 MiB copy). The loop calls materialize once per batch, its thread
+idle or busy elsewhere in between, so the CPU's caches and branch predictors are cold for the
+call; back to back they are hot (on the CPU test machine the same call on the same batch costs
+2.5-4x more after a 500 us sleep: that, and the slab's bytes not being in cache, is the whole gap
+between this probe's figure and the main profile's "materialize in the loop").
+
+--loop-workers N (with --bin): also, in the real loader's main process (gdsfs.torch.DataLoader, N
+workers, over the temp mount's tar), per batch: the loop's own call, the same call again on the
+same batch, and the stand-in batch's call, made right where the loop makes its own.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import argparse
 import cProfile
 import io
 import os
+import pickle
 import pstats
 import shutil
 import statistics
@@ -85,7 +98,40 @@ def _timed(fn: Callable[[], Any], reps: int, rounds: int = 5) -> float:
     return statistics.median(meds)
 
 
-def _real(bin_path: str, cpu: bool, kib: int, rows: int, reps: int, dev: Any, pin: bool) -> None:
+def _busy(seconds: float, junk: list[Any], buf: bytearray) -> None:
+    """About seconds of other work in this thread: pickling small containers and copying 1 MiB
+    (what the loop's thread does between two materializes: unpickle the next batch, settle)."""
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        pickle.loads(pickle.dumps(junk))
+        buf[: 1 << 20] = buf[1 << 20 : 2 << 20]
+
+
+def _gapped(fn: Callable[[], Any], reps: int, gap: str, gap_s: float, rounds: int = 5) -> float:
+    """Median us of one call of fn (its CPU side: the copies it queues on CUDA are waited for
+    before the next gap, untimed) when each call follows gap_s of sleep (gap "sleep": the loop's
+    thread waiting for the next batch) or of other work (gap "busy", _busy), the gap untimed. A
+    loop calls materialize once per batch with its thread idle or busy elsewhere in between: the
+    CPU's caches and predictors are cold for it, unlike _timed's calls back to back."""
+    junk: list[Any] = [{"k": [str(i) * 10 for i in range(50)], "v": list(range(200))} for _ in range(3)]
+    buf = bytearray(2 << 20)
+    per: list[float] = []
+    for _ in range(rounds):
+        for _ in range(reps):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the last call's copies done, before the gap: not timed
+            if gap == "sleep":
+                time.sleep(gap_s)
+            else:
+                _busy(gap_s, junk, buf)
+            t = time.perf_counter()
+            fn()
+            per.append(time.perf_counter() - t)
+    return statistics.median(per) * 1e6
+
+
+def _real(bin_path: str, cpu: bool, kib: int, rows: int, reps: int, dev: Any, pin: bool, gap_s: float = 0.0,
+          loop_workers: int = 0, stand: Any = None) -> None:
     """The loop's materialize on batches of a real slab (see --bin), then unmount."""
     import numpy as np
 
@@ -148,6 +194,11 @@ def _real(bin_path: str, cpu: bool, kib: int, rows: int, reps: int, dev: Any, pi
             leases = len(x.leases)
             dev_of = "cuda" if x.leases[0].device >= 0 else "host"
             us = _timed(step, reps)
+            gapped = ""
+            if gap_s > 0:
+                greps = max(1, min(reps, int(1.0 / 5 / gap_s)))
+                gapped = (f"; one after each {gap_s * 1e6:g} us gap: after sleep {_gapped(step, greps, 'sleep', gap_s):.1f}, "
+                          f"after other work {_gapped(step, greps, 'busy', gap_s):.1f}")
             pr = cProfile.Profile()
             pr.enable()
             for _ in range(reps):
@@ -155,18 +206,76 @@ def _real(bin_path: str, cpu: bool, kib: int, rows: int, reps: int, dev: Any, pi
             pr.disable()
             out.clear()
             print(f"materialize_probe: real slab ({dev_of}, engine {x.leases[0].engine}), {label} ({leases} leases in the first): "
-                  f"the loop's materialize {us:.1f} us per batch")
+                  f"the loop's materialize {us:.1f} us per batch{gapped}")
             _top(pr, reps, f"real slab, {label}")
             for b in bs:
                 b.release()
             x = None
             ds.close()
+        if loop_workers > 0 and stand is not None:
+            _in_loop(mnt, rows, loop_workers, not cpu, stand)
     finally:
         for c in ([bin_path, "unmount", mnt], ["umount", "-l", mnt]):
             if os.path.ismount(mnt):
                 subprocess.run(c, capture_output=True, timeout=30)
         if not os.path.ismount(mnt):
             shutil.rmtree(base, ignore_errors=True)
+
+
+def _in_loop(mnt: str, rows: int, workers: int, cuda: bool, stand: Any, epochs: int = 3) -> None:
+    """In the real loader's main process (gdsfs.torch.DataLoader over mnt/s.tar, persistent workers,
+    pin_memory on CUDA), per batch: the loop's materialize (its first call on the batch), the same
+    call again on the same batch, then the stand-in batch stand (a GDSBatch over the stand-in slab,
+    no Holds); medians over epochs after a warm-up one. The second call and the stand-in's are the
+    probe's own call, made where the loop makes its own: what the loop adds over them is the
+    first call's cold caches, not gdsfs's lookups (issue 15, 16 KiB)."""
+    import gdsfs.torch as gt
+
+    ds = gt.GDSShardDataset([os.path.join(mnt, "s.tar")], gpu_keys=["x.npy"], strict=True)
+    dl = gt.DataLoader(ds, batch_size=rows, num_workers=workers, pin_memory=cuda, collate_fn=gt.collate, persistent_workers=True, timeout=300)
+    times: dict[str, list[float]] = {"first call": [], "same call again": [], "stand-in batch": [], "first call's CPU time": []}
+    real = _tensors.GDSBatch.materialize
+    real_slab_of = _tensors._slab_of
+    slab, sb = stand
+    on = [False]
+
+    def mat(self: Any, *a: Any, **kw: Any) -> Any:
+        t, c = time.perf_counter(), time.thread_time()
+        got = real(self, *a, **kw)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        if not on[0]:
+            return got
+        again = real(self, *a, **kw)
+        t2 = time.perf_counter()
+        if again._pending is not None:  # the first call's pending settles the leases
+            again._pending.holds, again._pending.devices = [], []
+        _tensors._slab_of = lambda r, h, slabs: slab  # type: ignore[assignment]
+        try:
+            t3 = time.perf_counter()
+            real(sb, *a, **kw)
+            t4 = time.perf_counter()
+        finally:
+            _tensors._slab_of = real_slab_of  # type: ignore[assignment]
+        for k, v in zip(times, (t1 - t, t2 - t1, t4 - t3, c1 - c)):
+            times[k].append(v)
+        return got
+
+    _tensors.GDSBatch.materialize = mat  # type: ignore[method-assign]
+    try:
+        for _b in dl:  # warm-up epoch: workers started, slabs mapped
+            pass
+        on[0] = True
+        for _ in range(epochs):
+            for _b in dl:
+                pass
+    finally:
+        _tensors.GDSBatch.materialize = real  # type: ignore[method-assign]
+        on[0] = False
+        del dl
+        ds.close()
+    n = len(times["first call"])
+    print(f"materialize_probe: in the real loader's main process ({workers} workers, {n} batches; the calls' CPU side, as the main profile's), "
+          "us per batch (median): " + "; ".join(f"{k} {statistics.median(v) * 1e6:.1f}" for k, v in times.items() if v))
 
 
 def _top(pr: cProfile.Profile, reps: int, what: str, n: int = 12) -> None:
@@ -183,6 +292,10 @@ def main() -> int:
     ap.add_argument("--kib", type=int, default=16)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--cpu", action="store_true", help="host-memory stand-in slab, CPU target, no pinning (runs without a GPU)")
+    ap.add_argument("--gap-us", type=float, default=500,
+                    help="also time the calls one at a time, each after this many us of sleep or of other work (0: not)")
+    ap.add_argument("--loop-workers", type=int, default=0,
+                    help="with --bin: also time the calls in the real loader's main process with this many workers (0: not)")
     ap.add_argument("--bin", help="also time batches of a real slab: a temp mount with this gdsfs binary")
     a = ap.parse_args()
     cuda = torch.cuda.is_available() and not a.cpu
@@ -221,6 +334,15 @@ def main() -> int:
     print(f"materialize_probe: {where}; us per batch (median of 5 rounds of {reps})")
     print(f"materialize_probe: the loop's materialize: shared lease {_timed(mat(bs), reps):.1f}; a lease per sample {_timed(mat(bp), reps):.1f}; "
           f"shared lease without cls {_timed(mat(bx), reps):.1f}")
+    if a.gap_us > 0:
+        g = a.gap_us / 1e6
+        greps = max(1, min(reps, int(1.0 / 5 / g)))  # about a second per figure
+        cases = [("shared lease", mat(bs)), ("clone of the typed view alone", lambda: typed0.clone(memory_format=torch.contiguous_format))]
+        typed0 = _tensors._typed_run(shared)
+        print(f"materialize_probe: the same calls, one after each {a.gap_us:g} us gap (median of {5 * greps} calls; the loop's thread "
+              "idles or works between two batches): " + "; ".join(
+                  f"{name}: after sleep {_gapped(fn, greps, 'sleep', g):.1f}, after other work {_gapped(fn, greps, 'busy', g):.1f}"
+                  for name, fn in cases))
     typed = _tensors._typed_run(shared)
     parts = [("typed strided view (as_strided)", lambda: _tensors._typed_run(shared)),
              ("its clone", lambda: typed.clone(memory_format=torch.contiguous_format)),
@@ -242,7 +364,7 @@ def main() -> int:
     _top(pr, reps, "stand-in slab, shared lease", 14)
     _tensors._slab_of = real_slab_of  # type: ignore[assignment]
     if a.bin:
-        _real(a.bin, not cuda, a.kib, rows, reps, dev, pin)
+        _real(a.bin, not cuda, a.kib, rows, reps, dev, pin, a.gap_us / 1e6, a.loop_workers, (slab, bs))
     return 0
 
 
