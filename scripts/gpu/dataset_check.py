@@ -559,6 +559,7 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]
 
     T: dict[str, float] = {}
     N: dict[str, int] = {}
+    M: list[float] = []  # each materialize's seconds: the mean has a 2-4x tail of preempted calls on a busy box
 
     def timed_fn(obj: Any, name: str, label: str) -> Any:
         real = getattr(obj, name)
@@ -569,8 +570,11 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]
             try:
                 return real(*args, **kw)
             finally:
-                T[label] = T.get(label, 0.0) + time.perf_counter() - t
+                d = time.perf_counter() - t
+                T[label] = T.get(label, 0.0) + d
                 N[label] = N.get(label, 0) + 1
+                if label == "materialize":
+                    M.append(d)
 
         setattr(obj, name, wrapper)
         return real
@@ -590,6 +594,7 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]
             pass
         T.clear()
         N.clear()
+        M.clear()
         if sess is not None and sess.timing is not None:
             sess.timing.clear()
         gcs: dict[int, list[float]] = {}  # generation -> [collections, seconds]
@@ -648,7 +653,9 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]
                      + (f", daemon {(d1 - d0) / nb * 1e6:,.0f}" if d0 >= 0 and d1 >= 0 else ""))
         lines.append(f"main process per batch (wall, us): unpickle {unp:,.0f} ("
                      + ", ".join(f"{k[len('unpickle: '):]} {v:,.0f}" for k, v in sorted(per.items()) if k.startswith("unpickle"))
-                     + f"), pin_memory {per.get('pin_memory', 0.0):,.0f}, materialize in the loop {per.get('materialize', 0.0) - per.get('pin_memory', 0.0) if pin_tid is None else 0.0:,.0f}, "
+                     + f"), pin_memory {per.get('pin_memory', 0.0):,.0f}, "
+                     f"materialize in the loop {per.get('materialize', 0.0) - per.get('pin_memory', 0.0) if pin_tid is None else 0.0:,.0f}"
+                     + (f" (median {statistics.median(M) * 1e6:,.0f})" if M and pin_tid is None else "") + ", "
                      f"settle {per.get('settle', 0.0):,.0f} (RELEASE ioctl {rel[1] / nb * 1e6:,.0f}, {rel[0]} RELEASEs of {rel[2] / max(1, rel[0]):.1f} ids, "
                      f"{rel[0] / nb:.2f} per batch); "
                      f"next() in the loop (torch's queues, then gdsfs.torch.DataLoader's materialize or settle) {wait / nb * 1e6:,.0f}")
