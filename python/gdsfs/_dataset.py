@@ -250,6 +250,33 @@ class _FieldPlan(NamedTuple):
     npy: int = -1
 
 
+# A sample's plan as _ShardState.plans keeps it: one flat tuple (key, number of fields, each
+# _FieldPlan's values, then each gpu field's name and geometry) of strings, numbers, dtypes and
+# the shape tuples the index's headers share: the garbage collector stops tracking it at its first
+# collection (a tuple in a tuple can need one collection per level: move_unreachable reorders).
+_KeptPlan = tuple[Any, ...]
+_FP_LEN = len(_FieldPlan._fields)
+_GEO_LEN = 6  # name, then _tensor_geometry's (data offset, data bytes, dtype, shape, fortran)
+
+
+def _keep_plan(key: str, fields: list[_FieldPlan], geo: dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]) -> _KeptPlan:
+    """A sample's (key, field plans, gpu fields' geometry) as _ShardState.plans keeps it."""
+    flat: list[Any] = [key, len(fields)]
+    for fp in fields:
+        flat.extend(fp)
+    for name, g in geo.items():
+        flat.append(name)
+        flat.extend(g)
+    return tuple(flat)
+
+
+def _kept_plan(k: _KeptPlan) -> tuple[str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]:
+    """_keep_plan's (key, fields, geo) back, as new objects (the caller's to keep or change)."""
+    end = 2 + k[1] * _FP_LEN
+    fields = [_FieldPlan._make(k[i:i + _FP_LEN]) for i in range(2, end, _FP_LEN)]
+    return k[0], fields, {k[i]: (k[i + 1], k[i + 2], k[i + 3], k[i + 4], k[i + 5]) for i in range(end, len(k), _GEO_LEN)}
+
+
 def _tar_tail_error(path: str, size: int) -> str:
     """Why the bytes after a tar's last member are not its end-of-archive blocks (Python's
     tarfile stops quietly at a header cut short or garbage), or ""."""
@@ -282,7 +309,11 @@ class _ShardState:
     """A shard open in this process: its descriptor, parsed index, and the plans of the samples
     read from it so far (key, field plans, gpu fields' geometry: derived from the index and the
     .npy headers, so they live exactly as long as the index does; a later epoch of a persistent
-    worker reuses them instead of planning and pread-ing each header again)."""
+    worker reuses them instead of planning and pread-ing each header again). A plan is kept as
+    one flat tuple of strings, numbers and dtypes (_keep_plan), which the garbage collector stops
+    tracking at its first collection; _plan_items makes the _FieldPlans and dict back from it. As
+    NamedTuples, a list, a dict and a tuple they were five tracked objects per sample that every
+    full collection of a DataLoader worker walked (issue 15 at 16 KiB)."""
 
     def __init__(self, path: str, fd: int, index: dict[str, Any], ident: Optional[tuple[int, int, int, int, int]] = None, version: int = 0) -> None:
         self.path, self.fd, self.index = path, fd, index
@@ -292,7 +323,7 @@ class _ShardState:
         # CAP_READ_VERSION; 0: none): every READ of the shard names it, and the daemon answers
         # ESTALE once the file is at another version (docs/protocol.md, READ).
         self.version = version
-        self.plans: dict[int, tuple[str, list[_FieldPlan], dict[str, tuple[int, int, torch.dtype, tuple[int, ...], bool]]]] = {}
+        self.plans: dict[int, _KeptPlan] = {}
         # A tar's .npy geometries as the daemon's index gives them (its "npy_headers", parsed
         # from the same header bytes as _layout.parse_npy_header would be, docs/index-format.md):
         # planning a sample then reads no header of the shard. _npy_geo: their (header length,
@@ -1257,13 +1288,13 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 st, last = self._shard(shard), shard
             known = st.plans.get(idx) if daemon else None
             if known is not None:
-                planned.append((pos, shard, st, *known))
+                planned.append((pos, shard, st, *_kept_plan(known)))
                 continue
             key, fields = self._sample_fields(st, idx)
             try:
                 geo = {fp.name: self._tensor_geometry(st, fp) for fp in fields if fp.gpu and daemon}
                 if daemon:
-                    st.plans[idx] = (key, fields, geo)
+                    st.plans[idx] = _keep_plan(key, fields, geo)
             except (GDSShardError, ValueError) as e:
                 why = str(e).removeprefix("gdsfs: ")
                 err = e if isinstance(e, GDSShardError) else GDSShardError(
