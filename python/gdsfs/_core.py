@@ -424,7 +424,10 @@ def _ioctl(fd: int, cmd: int, buf: bytearray) -> None:
         fcntl.ioctl(fd, cmd, buf, True)
         return
     f = _libc_ioctl()
-    arr = (ctypes.c_char * len(buf)).from_buffer(buf)
+    # One c_char at buf's start (its address, and an export that keeps buf where it is): a
+    # (c_char * len) type per length was a new class per call, garbage in a cycle for the
+    # collector (issue 15: most of a 16 KiB worker's collection time).
+    arr = ctypes.c_char.from_buffer(buf)
     try:
         rc = f(fd, cmd, ctypes.addressof(arr))
     finally:
