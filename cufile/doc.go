@@ -13,7 +13,7 @@
 //     (cuFileBufRegister). In compat mode (no nvidia-fs) slabs are never
 //     registered: compat mode bounces through libcufile's own buffers
 //     either way, and a registration costs ~28 ms per slab and stalls
-//     other CUDA work (compatfirst.go).
+//     other CUDA work (bufregister.go).
 //   - posix: parallel chunked pread (buffered, or O_DIRECT when cachestat(2)
 //     says the range is mostly not cached) into pinned host staging
 //     (cuMemHostAlloc), cuMemcpyHtoDAsync on one stream per staging buffer;

@@ -77,7 +77,7 @@ type gdsEngine struct {
 	io   gdsIO     // lib's cuFileRead/cuFileWrite (a fake in tests)
 	reg  handleLib // lib's handle calls (handles.go's rule; a fake in tests)
 	// registerBufs: slabs are registered with cuFile (cuFileBufRegister)
-	// on their first transfer; only with nvidia-fs (compatfirst.go).
+	// on their first transfer; only with nvidia-fs (bufregister.go).
 	registerBufs bool
 	chunkBytes   int64
 	workers      int

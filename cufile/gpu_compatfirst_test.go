@@ -15,7 +15,7 @@ import (
 
 // TestGPUCompatFirstTouch measures, on a GPU host without nvidia-fs
 // (cuFile compat mode), what a fresh daemon's first warm load costs now
-// that compat mode never registers slabs (compatfirst.go), on a cached
+// that compat mode never registers slabs (bufregister.go), on a cached
 // file into slabs of the daemon's size, checking every byte: the engine's
 // first READ into a fresh slab (2026-12-02 02:20, registering inside it:
 // 27.9 ms; unregistered cuFileRead: 0.20 ms), a 512 MiB load into 8 fresh

@@ -126,7 +126,7 @@ type cudaMemory struct {
 	// memory is never freed under a registration; mu is not, so that an
 	// export (the slab socket handing a client its descriptor) never
 	// waits for a registration (~30 ms, inside the first gds READ into
-	// the slab, with nvidia-fs only: compatfirst.go).
+	// the slab, with nvidia-fs only: bufregister.go).
 	// Lock order: regMu, then mu.
 	regMu      sync.Mutex
 	registered *Lib  // GUARDED_BY(regMu): cuFile library the memory is registered with, or nil

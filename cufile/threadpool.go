@@ -42,7 +42,7 @@ import (
 // device's context current only when its ticket's device differs from
 // the one it made current last. GDSFS_CUFILE_POOL=0 in the daemon's environment,
 // read when the engine is built, restores the per-transfer workers (the
-// A/B of GPU-RUN.txt).
+// A/B of docs/gpu-pending.md).
 
 // poolEnv names the environment variable that turns the pool off ("0").
 const poolEnv = "GDSFS_CUFILE_POOL"
@@ -87,7 +87,8 @@ type threadPool struct {
 	// spillAfter: how long a ticket waits for a pool thread before the
 	// transfer spills (the constant; tests change it).
 	spillAfter time.Duration
-	// queued counts the transfers waiting for a pool thread now.
+	// queued counts the transfers waiting for a pool thread now (the
+	// tests wait on it: a state, not a time).
 	queued atomic.Int64
 
 	startOnce sync.Once
