@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
+import gdsfs  # noqa: E402
 import gdsfs.dcp as gdcp  # noqa: E402
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -140,21 +141,7 @@ def main() -> int:
     dcp.save(sd, storage_writer=gdcp.GDSFileSystemWriter(p))
     log(f"gdsfs writer: {nbytes / (time.perf_counter() - t) / 1e9:.2f} GB/s; {residency(bp)}")
 
-    def daemon_pid() -> int:
-        """The pid of the gdsfs daemon serving a.mount (0: not found)."""
-        want = os.path.realpath(a.mount).encode()
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    with open(f"/proc/{d}/cmdline", "rb") as fh:
-                        args = fh.read().split(b"\0")
-                except OSError:
-                    continue
-                if args and os.path.basename(args[0]) == b"gdsfs" and b"mount" in args and want in args:
-                    return int(d)
-        return 0
-
-    pid = daemon_pid()
+    pid = int(gdsfs.status(a.mount).get("daemon_pid", 0))  # 0: an older daemon's STATUS
 
     def proc_stat(p: int) -> tuple[float, int]:
         """(CPU seconds, threads) of process p, (0, 0) if it cannot be read."""
@@ -180,7 +167,7 @@ def main() -> int:
         ok = all(torch.equal(dst[k], sd[k]) for k in list(sd)[:: max(1, n // 4)])
         # Where a slow load's time goes: the daemon's CPU (and its OS threads, each a thread
         # cuFile may see for the first time) against this process's.
-        daemon = f"daemon {d1 - d0:.2f} (pid {pid}, {threads} threads after)" if pid else "daemon not found (its argv names the mount otherwise)"
+        daemon = f"daemon {d1 - d0:.2f} (pid {pid}, {threads} threads after)" if pid else "daemon CPU not known (its STATUS names no pid)"
         log(f"{label}: {nbytes / secs / 1e9:.2f} GB/s in {secs:.2f} s, bytes {'equal' if ok else 'DIFFER'}; "
             f"after: {residency(bp)}{by_engine(before)}; CPU s: {daemon}, this process {c1 - c0:.2f}")
         del dst
