@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, N
 import torch
 import torch.utils.data
 
-from . import _core, _devmap, _indexcols, _layout, _leases, _tensors
+from . import _core, _devmap, _indexcols, _layout, _leases, _starthint, _tensors
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _release_refs, collate
@@ -1622,6 +1622,9 @@ class DataLoader(torch.utils.data.DataLoader):
             # copies may let a batch's adjacent samples share a lease (GDSShardDataset._runs).
             batched = self.batch_size if (self.num_workers > 0 and self.batch_size and self.collate_fn is collate) else 0
             ds._main_iteration_starting(batched or 0)
+            if self.num_workers > 0 and not (self.persistent_workers and getattr(self, "_iterator", None) is not None):
+                # Fresh workers: the disk reads their first bytes while torch starts them.
+                self._start_hints = _starthint.start(ds, self.num_workers, getattr(self, "_start_hints", None))
         try:
             it = super().__iter__()
         except BaseException as e:
@@ -1651,6 +1654,9 @@ class DataLoader(torch.utils.data.DataLoader):
                 yield batch
             ok = True
         finally:
+            hints = getattr(self, "_start_hints", None)
+            if hints is not None:
+                hints.stop()
             if isinstance(pin_thread, threading.Thread):
                 _tensors.defer_release(pin_thread, False)
             if not ok and isinstance(ds, GDSShardDataset) and not self.persistent_workers:

@@ -1,0 +1,327 @@
+"""The start hint of a cold epoch (issue 15): while torch starts a DataLoader's workers (fork,
+imports, each worker's index loading and planning: 50-100 ms before their first READs), a
+thread of the main process asks the kernel for the bytes each worker's plan reads first, so
+that the disk is busy from the moment the loop starts the iterator and the workers' first
+READs find those bytes in the page cache (docs/benchmarks.md, "Cold start").
+
+What it reads ahead is exactly the plan's: each worker's slot, its resume point, the epoch's
+seed and shuffle, interleave and shuffle buffer (EpochPlan.positions), and of each sample the
+fields its keys= select, in the order the worker reads them; bounded by GDSFS_START_HINT
+bytes for all the loader's workers together. posix_fadvise(WILLNEED) through the mount, on the
+thread's own descriptors (O_NONBLOCK: a path replaced by a FIFO never holds it; only regular
+files are advised), so a slow daemon holds the thread, never the loop. A hint: every error
+ends it quietly (the workers' READs report what is wrong).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import stat
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+
+from . import _core, _indexcols
+from . import _protocol as proto
+
+if TYPE_CHECKING:
+    from ._dataset import GDSShardDataset, _ShardState
+
+# All the workers' hints of one iteration's start together (bytes): about what a fast disk
+# reads while 8 workers start (0.1 s at 1.3 GB/s); each worker's share at most
+# START_HINT_WORKER (the daemon's largest readahead window: its own readahead takes over from
+# the worker's first READs on). GDSFS_START_HINT (bytes; 0: no hint) overrides the total.
+START_HINT = 128 << 20
+START_HINT_WORKER = 32 << 20
+START_HINT_ENV = "GDSFS_START_HINT"
+# One posix_fadvise call reads at most the mount's max_readahead (128 KiB): calls are cut at
+# its multiples. Ranges of a worker closer than a page are one (a tar's headers and padding
+# between a sample's members: no page of the gap is added).
+WILLNEED_STEP = 128 << 10
+PAGE = 4096
+# The hints go out in rounds of ROUND_BYTES per worker, so every worker's first batch is asked
+# for before any worker's later ones.
+ROUND_BYTES = 1 << 20
+
+
+def start_hint_bytes() -> int:
+    """GDSFS_START_HINT as bytes (0 or less: no hint); unset or not an integer: the default."""
+    v = os.environ.get(START_HINT_ENV, "")
+    try:
+        return max(0, int(v)) if v else START_HINT
+    except ValueError:
+        return START_HINT
+
+
+class _HintFds:
+    """The descriptors start-hint threads hold open, closed in a forked child (a worker forked
+    while a hint runs must not keep its descriptor of a shard for its whole life)."""
+
+    def __init__(self) -> None:
+        self.fds: set[int] = set()
+
+    def after_fork_in_child(self) -> None:
+        fds, self.fds = self.fds, set()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_fds = _HintFds()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fds.after_fork_in_child)
+
+
+Range = tuple[int, int, int]  # (shard, offset, end)
+
+
+def _merge(out: list[Range], shard: int, off: int, end: int) -> None:
+    if end <= off:
+        return
+    if out:
+        s, o, e = out[-1]
+        if s == shard and o <= off and off - e < PAGE:
+            out[-1] = (s, o, max(e, end))
+            return
+    out.append((shard, off, end))
+
+
+def worker_ranges(ds: "GDSShardDataset", state: Callable[[int], Any], plan: Any, slot: int, skip: int,
+                  budget: int) -> list[Range]:
+    """The byte ranges (shard, offset, end) that slot's worker reads first, in its order, at
+    most budget bytes: the fields keys= selects of its samples from position skip on (a range
+    at the budget is cut there). state(shard): the shard's parsed state, None when it cannot
+    be read (the ranges stop there: what follows would not be what the worker reads first)."""
+    out: list[Range] = []
+    total = 0
+    for _pos, shard, idx in plan.positions(slot, skip):
+        st = state(shard)
+        if st is None:
+            break
+        _key, fields = ds._sample_fields(st, idx)
+        for fp in sorted(fields, key=lambda f: f.offset):
+            n = min(fp.length, budget - total)
+            if n <= 0:
+                break
+            _merge(out, shard, fp.offset, fp.offset + n)
+            total += n
+        if total >= budget:
+            break
+    return out
+
+
+_libc: Optional[ctypes.CDLL] = None
+
+
+def _page_resident(fd: int, off: int) -> bool:
+    """Whether the page of fd at off is in the page cache (mincore of a mapping of that page,
+    which touches nothing: with FUSE passthrough, the backing file's page); False when it
+    cannot be told."""
+    global _libc
+    try:
+        if _libc is None:
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.mmap.restype = ctypes.c_void_p
+            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+            _libc = lib
+        page = off - off % PAGE
+        addr = _libc.mmap(None, PAGE, mmap.PROT_READ, mmap.MAP_SHARED, fd, page)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            return False
+        try:
+            vec = ctypes.c_ubyte(0)
+            if _libc.mincore(addr, PAGE, ctypes.byref(vec)) != 0:
+                return False
+            return bool(vec.value & 1)
+        finally:
+            _libc.munmap(addr, PAGE)
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+class _PlanState:
+    """What GDSShardDataset._sample_fields reads of a shard's state: its path, index and the
+    cache of its field names' kinds."""
+
+    def __init__(self, path: str, index: dict[str, Any]) -> None:
+        self.path, self.index = path, index
+        self.field_kinds: dict[str, tuple[bool, str]] = {}
+
+
+class StartHints:
+    """One iteration start's hints, run by a daemon thread (start()); stop() ends them at the
+    next call."""
+
+    def __init__(self, ds: "GDSShardDataset", slots: int, workers: Sequence[tuple[int, int]], budget: int,
+                 known: dict[int, "_ShardState"]) -> None:
+        self.ds, self.slots, self.workers, self.budget = ds, slots, list(workers), budget
+        self.known = known  # the main process's open shards (their indexes), at the start
+        self.stop_event = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+        self.ranges: list[list[tuple[str, int, int]]] = []  # per worker, as hinted (path, offset, end): tests read it
+        self._fds: dict[int, int] = {}  # shard -> the thread's descriptor of it
+        self._states: dict[int, Any] = {}
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, name="gdsfs-start-hint", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:  # noqa: BLE001 - a hint: the workers' own reads report what is wrong
+            pass
+        finally:
+            for fd in self._fds.values():
+                _fds.fds.discard(fd)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._fds.clear()
+
+    def _run(self) -> None:
+        ds = self.ds
+        plan = ds._plan(self.slots)
+        per = min(START_HINT_WORKER, self.budget // max(1, len(self.workers)))
+        if per <= 0:
+            return
+        queues: list[Iterator[tuple[int, int, int]]] = []
+        for slot, skip in self.workers:
+            if self.stop_event.is_set():
+                return
+            # Its first round's bytes in the page cache already (a warm epoch): nothing to ask
+            # for, and nothing more of it planned.
+            head = worker_ranges(ds, self._state, plan, slot, skip, min(per, ROUND_BYTES))
+            if not head or self._resident(head):
+                self.ranges.append([])
+                continue
+            rs = worker_ranges(ds, self._state, plan, slot, skip, per)
+            self.ranges.append([(ds.shards[s], o, e) for s, o, e in rs])
+            q = self._steps(rs)
+            # This worker's first round now: the disk starts on it while the next worker's
+            # ranges are planned.
+            if not self._advise(q, ROUND_BYTES):
+                queues.append(q)
+        while queues and not self.stop_event.is_set():
+            queues = [q for q in queues if not self._advise(q, ROUND_BYTES)]
+
+    @staticmethod
+    def _steps(rs: list[Range]) -> Iterator[tuple[int, int, int]]:
+        """(shard, offset, length) of each posix_fadvise call of rs, cut at WILLNEED_STEP's
+        multiples."""
+        for shard, off, end in rs:
+            while off < end:
+                nxt = min(end, (off // WILLNEED_STEP + 1) * WILLNEED_STEP)
+                yield shard, off, nxt - off
+                off = nxt
+
+    def _resident(self, rs: list[Range]) -> bool:
+        """Whether the first page of rs and its last one are in the page cache."""
+        (s0, o0, _e0), (s1, _o1, e1) = rs[0], rs[-1]
+        return _page_resident(self._fds[s0], o0) and _page_resident(self._fds[s1], e1 - 1)
+
+    def _advise(self, q: Iterator[tuple[int, int, int]], nbytes: int) -> bool:
+        """Up to nbytes of q's calls; True when q is done."""
+        done = 0
+        for shard, off, n in q:
+            fd = self._fds.get(shard)
+            if fd is not None:
+                try:
+                    os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass
+            done += n
+            if done >= nbytes or self.stop_event.is_set():
+                return self.stop_event.is_set()
+        return True
+
+    def _state(self, shard: int) -> Any:
+        """Shard's state for planning (the main process's where its file is unchanged, else
+        its INDEX read anew on the thread's own descriptor); None: it cannot be opened, is not
+        a regular file, or the daemon has no index of it."""
+        if shard in self._states:
+            return self._states[shard]
+        self._states[shard] = None
+        if self.stop_event.is_set():
+            return None
+        path = self.ds.shards[shard]
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        _fds.fds.add(fd)
+        self._fds[shard] = fd
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        from ._dataset import _file_ident, _sample_count
+
+        known = self.known.get(shard)
+        state: Any
+        if known is not None and known.ident == _file_ident(fd):
+            state = known  # read only here (_sample_fields reads its index, caches field kinds)
+        else:
+            index = self._index(path, fd)
+            if index is None or _sample_count(index) != self.ds.counts[shard]:
+                return None
+            state = _PlanState(path, index)
+        self._states[shard] = state
+        return state
+
+    def _index(self, path: str, fd: int) -> Optional[dict[str, Any]]:
+        """The daemon's index of the open shard fd, or None (a raw file needs none)."""
+        ds = self.ds
+        fmt = ds._shard_format(path)
+        if fmt == "raw":
+            return {"format": "raw", "file_size": os.fstat(fd).st_size}
+        session = ds._session
+        if session is None:
+            return None
+        cols = bool(session.hello.caps & proto.CAP_INDEX_COLUMNS)
+        try:
+            raw, _version, form = _core._paged_index(fd, columns=cols)
+        except OSError:
+            return None  # no index (the daemon could not parse it, or serves no control path)
+        if form == proto.INDEX_FORM_JSON:
+            doc = json.loads(raw)
+        elif form == proto.INDEX_FORM_TAR_COLUMNS:
+            doc = _indexcols.decode(raw, path)
+        else:
+            return None
+        return doc if isinstance(doc, dict) and doc.get("format") == fmt else None
+
+
+def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints]) -> Optional[StartHints]:
+    """The hints of a DataLoader iteration that starts num_workers fresh workers over ds (called
+    in the main process before torch starts them, after ds._main_iteration_starting), or None:
+    no hint (GDSFS_START_HINT=0, no daemon session, a previous start's hints still running, or a
+    resume state the workers will refuse)."""
+    budget = start_hint_bytes()
+    if budget <= 0 or num_workers <= 0 or ds._session is None:
+        return None
+    if previous is not None and previous.thread is not None and previous.thread.is_alive():
+        return None
+    from ._dataset import _rank_world
+
+    rank, world = _rank_world() if ds.split_by_node else (0, 1)
+    nw = num_workers if ds.split_by_worker else 1
+    slots = world * nw
+    with ds._lock:
+        pending = ds._resume if ds._resume_epoch == ds.epoch else {}
+        if pending and ds._slots_seen and ds._slots_seen != slots:
+            return None
+        workers = [(rank * nw + w, int(pending.get(rank * nw + w, 0))) for w in range(nw)]
+    known = dict(ds._open) if ds._open_pid == os.getpid() else {}
+    h = StartHints(ds, slots, workers, budget, known)
+    h.start()
+    return h

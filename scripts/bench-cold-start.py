@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""A cold epoch's start (issue 15): a fresh gdsfs.torch.DataLoader's cold pass against the
+disk, with and without the start hint (GDSFS_START_HINT), in one run.
+
+Usage: bench-cold-start.py [--sizes 64,256] [--mib 256] [--shards 16] [--workers 8]
+                           [--batch 16] [--rounds 3] [--json PATH]
+
+Writes WebDataset tars of float32 .npy samples (plus a .cls) on a host-mode gdsfs mount of its
+own, has the daemon index them, then per size and round, interleaved (the order of the two
+loaders alternates between rounds):
+
+- the disk's sequential read of the same files, their pages dropped first (posix_fadvise
+  DONTNEED on this run's files only, the backing files' and the mount's; 8 MiB reads);
+- a fresh GDSShardDataset + DataLoader with the pages dropped, hint off (GDSFS_START_HINT=0)
+  and on (the default): the pass timed from the dataset's construction (as dataset_check.py
+  on the GPU machine does) and from iter(loader) (the loop's start), the first batch's
+  latency from iter(loader), samples/s and GB/s of payload; the ratio is payload GB/s over
+  the disk's file-bytes GB/s, as dataset_check.py prints it.
+
+Then a warm row per size (pages cached, fresh loaders, hint off and on): what the hint costs
+an epoch that needs none. Prints each round and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def _bench_dataset() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_dataset", os.path.join(HERE, "bench-dataset.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def log(msg: str) -> None:
+    print(f"bench-cold-start: {msg}", file=sys.stderr, flush=True)
+
+
+def one_pass(shards: list[str], batch: int, workers: int, hint: bool) -> dict[str, float]:
+    """One fresh loader's pass: seconds from construction and from iter(), the first batch."""
+    import gdsfs.torch
+
+    os.environ["GDSFS_START_HINT"] = "" if hint else "0"
+    t0 = time.perf_counter()
+    ds = gdsfs.torch.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
+    dl = gdsfs.torch.DataLoader(ds, batch_size=batch, num_workers=workers)
+    t1 = time.perf_counter()
+    first = 0.0
+    n = nb = 0
+    for b in dl:
+        x = b["x.npy"]
+        if not first:
+            first = time.perf_counter() - t1
+        n += x.shape[0]
+        nb += x.numel() * x.element_size()
+    t2 = time.perf_counter()
+    del dl
+    ds.close()
+    os.environ.pop("GDSFS_START_HINT", None)
+    return {"from_construction": t2 - t0, "from_iter": t2 - t1, "first_batch": first, "samples": n, "payload": nb}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="64,256", help="sample sizes in KiB")
+    ap.add_argument("--mib", type=int, default=256, help="MiB of tars per size")
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", help="where to write the tars and mount (default: a temp dir)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    bd = _bench_dataset()
+    base = tempfile.mkdtemp(prefix="gdsfs-cold-start-", dir=a.dir)
+    src, mnt = bd.own_mount(base)
+    out: list[dict[str, Any]] = []
+    try:
+        for kib in (int(s) for s in a.sizes.split(",")):
+            n = (a.mib << 20) // (kib << 10)
+            n -= n % a.shards
+            backing = bd.make_tars(os.path.join(src, f"{kib}KiB"), kib, n, a.shards)
+            shards = [p.replace(src, mnt, 1) for p in backing]
+            file_bytes = sum(os.path.getsize(p) for p in backing)
+            one_pass(shards, a.batch, 0, False)  # the daemon indexes every shard once
+            rows: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+            disk: list[float] = []
+            for rnd in range(a.rounds):
+                disk.append(bd.sequential_rate(backing))
+                for label in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+                    bd.drop(backing + shards)
+                    r = one_pass(shards, a.batch, a.workers, label == "on")
+                    if r["samples"] != n:
+                        raise RuntimeError(f"{kib} KiB hint {label}: {r['samples']} samples, expected {n}")
+                    r["ratio"] = r["payload"] / r["from_construction"] / 1e9 / disk[-1]
+                    r["ratio_iter"] = r["payload"] / r["from_iter"] / 1e9 / disk[-1]
+                    rows[label].append(r)
+                    log(f"{kib} KiB round {rnd} hint {label}: disk {disk[-1]:.2f} GB/s, pass {r['from_construction']:.3f} s "
+                        f"({r['payload'] / r['from_construction'] / 1e9:.2f} GB/s, {r['ratio']:.2f}x; from iter {r['ratio_iter']:.2f}x), "
+                        f"first batch {r['first_batch'] * 1e3:.0f} ms")
+            warm: dict[str, list[float]] = {"off": [], "on": []}
+            for rnd in range(a.rounds):
+                for label in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+                    warm[label].append(one_pass(shards, a.batch, a.workers, label == "on")["from_iter"])
+            med = {k: {f: statistics.median(r[f] for r in v) for f in ("ratio", "ratio_iter", "first_batch", "from_construction")} for k, v in rows.items()}
+            res = {"kib": kib, "samples": n, "file_bytes": file_bytes, "disk_GBps": disk, "rounds": rows, "median": med,
+                   "warm_s": warm}
+            out.append(res)
+            print(f"{kib} KiB, {a.shards} shards, {file_bytes / 2**20:.0f} MiB, {a.workers} workers, batch {a.batch}: disk {statistics.median(disk):.2f} GB/s (median)")
+            for k in ("off", "on"):
+                m = med[k]
+                print(f"  hint {k:<3}: cold {m['ratio']:.2f}x the disk (rounds {' / '.join('%.2f' % r['ratio'] for r in rows[k])}), "
+                      f"from iter {m['ratio_iter']:.2f}x, first batch {m['first_batch'] * 1e3:.0f} ms; "
+                      f"warm pass {statistics.median(warm[k]):.3f} s (rounds {' / '.join('%.3f' % s for s in warm[k])})")
+    finally:
+        bd.unmount(mnt)
+        shutil.rmtree(base, ignore_errors=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
