@@ -1,0 +1,292 @@
+"""Issue 15, a cold epoch's start: while torch starts a gdsfs.torch.DataLoader's workers, a thread
+of the main process asks the kernel for the bytes each worker reads first (gdsfs._starthint), so
+that the disk reads them during worker start-up (docs/benchmarks.md, "Cold start"). Asserted on
+what was asked for against what the workers then delivered (the tar's own member offsets, read
+with tarfile, are the oracle), never on time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from typing import Any
+
+import pytest
+
+import gdsfs._starthint as sh
+import gdsfs.torch as gt
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAGE = 4096
+FLOATS = 4096  # 16 KiB of float32 per sample, plus its .npy header
+
+
+def _shards(mount: Any, n: int, per_shard: int) -> tuple[list[str], list[str]]:
+    """(mount paths, backing paths) of n tars of per_shard samples (x.npy, cls)."""
+    import numpy as np
+
+    from _wds_helpers import fresh_dir, npy, write_tar
+
+    src, mnt = fresh_dir(mount, "starthint")
+    rng = np.random.default_rng(1515)
+    paths, backing = [], []
+    for s in range(n):
+        samples = [(f"s{s}_{i:04d}", {"cls": str(i).encode(), "x.npy": npy(rng.standard_normal(FLOATS).astype(np.float32))}) for i in range(per_shard)]
+        write_tar(os.path.join(src, f"shard-{s}.tar"), samples)
+        paths.append(os.path.join(mnt, f"shard-{s}.tar"))
+        backing.append(os.path.join(src, f"shard-{s}.tar"))
+    return paths, backing
+
+
+def _drop(paths: list[str]) -> None:
+    """These files' pages out of the page cache (this test's own files only)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _members(backing: list[str], mount_paths: list[str]) -> dict[str, list[tuple[str, int, int]]]:
+    """key -> its members' (real mount path, offset, end), from the tar itself."""
+    out: dict[str, list[tuple[str, int, int]]] = {}
+    for b, m in zip(backing, mount_paths):
+        with tarfile.open(b) as tf:
+            for ti in tf:
+                key = ti.name.split(".", 1)[0]
+                out.setdefault(key, []).append((os.path.realpath(m), ti.offset_data, ti.offset_data + ti.size))
+    return out
+
+
+def _pages(ranges: list[tuple[str, int, int]]) -> set[tuple[str, int]]:
+    return {(os.path.realpath(p), pg) for p, o, e in ranges for pg in range(o // PAGE, (e - 1) // PAGE + 1) if e > o}
+
+
+def _delivered(dl: Any) -> dict[int, list[str]]:
+    """Each slot's keys in the order its worker delivered them (one slot per batch)."""
+    per: dict[int, list[str]] = {}
+    seen: set[str] = set()
+    for b in dl:
+        (slot,) = b.progress.keys()
+        for k in b["__key__"]:
+            assert k not in seen, f"{k} delivered twice"
+            seen.add(k)
+        per.setdefault(slot, []).extend(b["__key__"])
+    return per
+
+
+def _hints(dl: Any) -> sh.StartHints:
+    h = dl._start_hints
+    assert h is not None, "no start hint ran"
+    h.thread.join(timeout=60)
+    assert not h.thread.is_alive(), "the start hint did not finish"
+    return h
+
+
+SAMPLE = 16384 + 128 + 1  # the fields' bytes of one sample: x.npy (header + data), cls
+
+
+@pytest.mark.parametrize("shuffle,resume", [(False, False), (True, False), (True, True), (False, True)])
+def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, shuffle: bool, resume: bool) -> None:
+    paths, backing = _shards(gdsfs_mount, 4, 24)
+    members = _members(backing, paths)
+    # Each worker's share: its first 6 samples and 100 bytes of its 7th's first member.
+    per_worker = 6 * SAMPLE + 100
+    monkeypatch.setenv(sh.START_HINT_ENV, str(2 * per_worker))
+    state = None
+    if resume:
+        ds0 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True)
+        dl0 = gt.DataLoader(ds0, batch_size=4, num_workers=2)
+        it = iter(dl0)
+        for _ in range(5):  # 3 batches of one worker, 2 of the other
+            next(it)
+        state = dl0.state_dict()
+        del it, dl0
+        ds0.close()
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True)
+    if state is not None:
+        ds.load_state_dict(state)
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=2)
+    try:
+        _drop(backing + paths)
+        per = _delivered(dl)
+        h = _hints(dl)
+    finally:
+        ds.close()
+    assert sum(len(v) for v in per.values()) == 96 - (20 if resume else 0)
+    assert len(h.ranges) == 2
+    for w, got in enumerate(h.ranges):
+        keys = per[w]
+        assert {os.path.realpath(p) for p, _o, _e in got} <= {os.path.realpath(p) for p in paths}
+        first = [r for k in keys[:6] for r in members[k]]
+        left, part = 100, []  # the 7th sample's first 100 bytes of its members, in file order
+        for p, o, e in sorted(members[keys[6]], key=lambda r: r[1]):
+            part.append((p, o, o + min(left, e - o)))
+            left -= min(left, e - o)
+        want = _pages(first + part)
+        assert _pages(got) == want, f"worker {w}: hinted pages are not its first samples' ({keys[:7]})"
+
+
+def test_warm_start_asks_for_nothing(gdsfs_mount, monkeypatch) -> None:
+    monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
+    paths, _backing = _shards(gdsfs_mount, 2, 16)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=2)
+    try:
+        for path in paths:  # cached (as the mount serves them: passthrough's backing pages or its own)
+            with open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+        assert sum(len(v) for v in _delivered(dl).values()) == 32
+        h = _hints(dl)
+    finally:
+        ds.close()
+    assert h.ranges == [[], []]
+
+
+def test_off_and_persistent_workers(gdsfs_mount, monkeypatch) -> None:
+    paths, _backing = _shards(gdsfs_mount, 2, 8)
+    monkeypatch.setenv(sh.START_HINT_ENV, "0")
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    try:
+        dl = gt.DataLoader(ds, batch_size=4, num_workers=2)
+        assert sum(len(v) for v in _delivered(dl).values()) == 16
+        assert dl._start_hints is None
+        monkeypatch.delenv(sh.START_HINT_ENV)
+        dl = gt.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+        _delivered(dl)
+        first = _hints(dl)
+        _delivered(dl)  # the workers are running: no start to overlap
+        assert dl._start_hints is first or dl._start_hints is None
+    finally:
+        ds.close()
+
+
+def test_a_stuck_hint_never_holds_the_loop(gdsfs_mount, monkeypatch) -> None:
+    # The hint thread stuck where a slow daemon would hold it (its open or INDEX of a shard):
+    # the loop still gets every sample, and the next iteration starts no second hint.
+    paths, backing = _shards(gdsfs_mount, 2, 16)
+    release, entered = threading.Event(), threading.Event()
+    real = sh.StartHints._state
+
+    def stuck(self: Any, shard: int) -> Any:
+        entered.set()
+        release.wait()
+        return real(self, shard)
+
+    monkeypatch.setattr(sh.StartHints, "_state", stuck)
+    monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=2)
+    h = None
+    try:
+        _drop(backing + paths)
+        assert sum(len(v) for v in _delivered(dl).values()) == 32
+        h = dl._start_hints
+        assert h is not None
+        assert entered.wait(60) and h.thread.is_alive()
+        assert sum(len(v) for v in _delivered(dl).values()) == 32
+        assert dl._start_hints is None  # the first one still runs: none started beside it
+    finally:
+        release.set()
+        if h is not None:
+            h.thread.join(timeout=60)
+        ds.close()
+    assert h is not None and not h.thread.is_alive()
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_fifo_in_place_of_a_shard(gdsfs_mount, monkeypatch) -> None:
+    # Shard 1 replaced by a FIFO after the dataset was built: the hint of worker 1 (whose
+    # first shard it is) opens it without blocking, advises nothing, and keeps no descriptor.
+    paths, backing = _shards(gdsfs_mount, 2, 16)
+    monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    try:
+        _drop(backing + paths)
+        fifo = backing[1] + ".fifo"
+        os.mkfifo(fifo)
+        os.rename(fifo, backing[1])
+        before = _fds()
+        ds._main_iteration_starting(4)
+        h = sh.start(ds, 2, None)
+        assert h is not None
+        h.thread.join(timeout=60)
+        assert not h.thread.is_alive(), "the hint blocked on a FIFO"
+        assert _fds() == before
+    finally:
+        ds.close()
+    assert [p for p, _o, _e in h.ranges[0]] and all(os.path.realpath(p) == os.path.realpath(paths[0]) for p, _o, _e in h.ranges[0])
+    assert h.ranges[1] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another uid")
+def test_a_shard_the_user_cannot_open(gdsfs_bin) -> None:
+    # uid 10001's own shards, one made unreadable after the dataset was built: nothing of it
+    # is asked for, and the hint keeps no descriptor.
+    from conftest import mount, unmount
+
+    base = tempfile.mkdtemp(prefix="gdsfs-starthint-", dir="/tmp")
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.chmod(base, 0o755)
+    os.mkdir(src, 0o755)
+    os.mkdir(mnt)
+    os.mkdir(os.path.join(src, "u"), 0o755)
+    os.chown(os.path.join(src, "u"), 10001, 10001)
+    m = mount(gdsfs_bin, src, mnt, os.path.join(base, "daemon.log"), "--allow-other")
+    try:
+        code = f"""
+import io, os, tarfile
+import numpy as np
+import gdsfs._starthint as sh, gdsfs.torch as gt
+d = {os.path.join(mnt, 'u')!r}
+paths = []
+for s in range(2):
+    p = os.path.join(d, f"shard-{{s}}.tar")
+    with tarfile.open(p, "w") as tf:
+        for i in range(16):
+            b = io.BytesIO(); np.save(b, np.ones(4096, np.float32))
+            for ext, data in (("cls", b"1"), ("x.npy", b.getvalue())):
+                ti = tarfile.TarInfo(f"s{{s}}_{{i:03d}}.{{ext}}"); ti.size = len(data); tf.addfile(ti, io.BytesIO(data))
+    paths.append(p)
+ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+for p in paths:
+    fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
+    fd = os.open(p.replace({mnt!r}, {src!r}, 1), os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
+os.chmod(paths[1], 0)
+before = set(os.listdir("/proc/self/fd"))
+ds._main_iteration_starting(4)
+h = sh.start(ds, 2, None)
+h.thread.join(60)
+assert not h.thread.is_alive()
+assert set(os.listdir("/proc/self/fd")) == before, "descriptor kept"
+assert h.ranges[0] and {{p for p, _o, _e in h.ranges[0]}} == {{paths[0]}}, h.ranges
+assert h.ranges[1] == [], h.ranges
+ds.close()
+print("ok")
+"""
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), PYTHONWARNINGS="ignore")
+        env.pop(sh.START_HINT_ENV, None)
+        r = subprocess.run(["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    finally:
+        unmount(gdsfs_bin, m.mnt)
+        subprocess.run(["rm", "-rf", base], check=False)
+
+
+def test_start_hint_env_values(monkeypatch) -> None:
+    for value, want in ((None, sh.START_HINT), ("", sh.START_HINT), ("4M", sh.START_HINT), ("-1", 0), ("0", 0), ("65536", 65536)):
+        if value is None:
+            monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
+        else:
+            monkeypatch.setenv(sh.START_HINT_ENV, value)
+        assert sh.start_hint_bytes() == want
