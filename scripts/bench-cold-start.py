@@ -51,15 +51,26 @@ def log(msg: str) -> None:
     print(f"bench-cold-start: {msg}", file=sys.stderr, flush=True)
 
 
+def _started(d: str, _worker_id: int) -> None:
+    """worker_init_fn: writes d/PID with the wall-clock time this worker started."""
+    with open(os.path.join(d, str(os.getpid())), "w") as f:
+        f.write(str(time.time()))
+
+
 def one_pass(shards: list[str], batch: int, workers: int, hint: bool) -> dict[str, float]:
-    """One fresh loader's pass: seconds from construction and from iter(), the first batch."""
+    """One fresh loader's pass: seconds from construction and from iter(), the first batch,
+    the last worker's start (from iter())."""
+    import functools
+
     import gdsfs.torch
 
     os.environ["GDSFS_START_HINT"] = "" if hint else "0"
+    d = tempfile.mkdtemp(prefix="gdsfs-cold-start-w-")
     t0 = time.perf_counter()
     ds = gdsfs.torch.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
-    dl = gdsfs.torch.DataLoader(ds, batch_size=batch, num_workers=workers)
+    dl = gdsfs.torch.DataLoader(ds, batch_size=batch, num_workers=workers, worker_init_fn=functools.partial(_started, d) if workers else None)
     t1 = time.perf_counter()
+    w1 = time.time()
     first = 0.0
     n = nb = 0
     for b in dl:
@@ -72,7 +83,10 @@ def one_pass(shards: list[str], batch: int, workers: int, hint: bool) -> dict[st
     del dl
     ds.close()
     os.environ.pop("GDSFS_START_HINT", None)
-    return {"from_construction": t2 - t0, "from_iter": t2 - t1, "first_batch": first, "samples": n, "payload": nb}
+    starts = [float(open(os.path.join(d, x)).read()) - w1 for x in os.listdir(d)]
+    shutil.rmtree(d, ignore_errors=True)
+    return {"from_construction": t2 - t0, "from_iter": t2 - t1, "first_batch": first, "samples": n, "payload": nb,
+            "workers_started": max(starts, default=0.0)}
 
 
 def main() -> int:
@@ -112,12 +126,12 @@ def main() -> int:
                     rows[label].append(r)
                     log(f"{kib} KiB round {rnd} hint {label}: disk {disk[-1]:.2f} GB/s, pass {r['from_construction']:.3f} s "
                         f"({r['payload'] / r['from_construction'] / 1e9:.2f} GB/s, {r['ratio']:.2f}x; from iter {r['ratio_iter']:.2f}x), "
-                        f"first batch {r['first_batch'] * 1e3:.0f} ms")
+                        f"first batch {r['first_batch'] * 1e3:.0f} ms, last worker started {r['workers_started'] * 1e3:.0f} ms")
             warm: dict[str, list[float]] = {"off": [], "on": []}
             for rnd in range(a.rounds):
                 for label in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
                     warm[label].append(one_pass(shards, a.batch, a.workers, label == "on")["from_iter"])
-            med = {k: {f: statistics.median(r[f] for r in v) for f in ("ratio", "ratio_iter", "first_batch", "from_construction")} for k, v in rows.items()}
+            med = {k: {f: statistics.median(r[f] for r in v) for f in ("ratio", "ratio_iter", "first_batch", "from_construction", "workers_started")} for k, v in rows.items()}
             res = {"kib": kib, "samples": n, "file_bytes": file_bytes, "disk_GBps": disk, "rounds": rows, "median": med,
                    "warm_s": warm}
             out.append(res)
@@ -125,7 +139,7 @@ def main() -> int:
             for k in ("off", "on"):
                 m = med[k]
                 print(f"  hint {k:<3}: cold {m['ratio']:.2f}x the disk (rounds {' / '.join('%.2f' % r['ratio'] for r in rows[k])}), "
-                      f"from iter {m['ratio_iter']:.2f}x, first batch {m['first_batch'] * 1e3:.0f} ms; "
+                      f"from iter {m['ratio_iter']:.2f}x, first batch {m['first_batch'] * 1e3:.0f} ms, last worker started {m['workers_started'] * 1e3:.0f} ms; "
                       f"warm pass {statistics.median(warm[k]):.3f} s (rounds {' / '.join('%.3f' % s for s in warm[k])})")
     finally:
         bd.unmount(mnt)

@@ -16,6 +16,7 @@ ends it quietly (the workers' READs report what is wrong).
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import mmap
 import os
@@ -44,6 +45,8 @@ PAGE = 4096
 # The hints go out in rounds of ROUND_BYTES per worker, so every worker's first batch is asked
 # for before any worker's later ones.
 ROUND_BYTES = 1 << 20
+# The hint thread's nice value (Linux: per thread).
+HINT_NICE = 19
 
 
 def start_hint_bytes() -> int:
@@ -114,34 +117,42 @@ def worker_ranges(ds: "GDSShardDataset", state: Callable[[int], Any], plan: Any,
     return out
 
 
-_libc: Optional[ctypes.CDLL] = None
+@functools.lru_cache(maxsize=1)
+def _libc() -> Optional[ctypes.CDLL]:
+    """libc with mmap, munmap and mincore typed, for _page_resident (None: not loadable).
+    Loaded by StartHints.start in the thread that starts the hints, never first in the hint
+    thread: a fork while it held the dynamic loader's lock would leave the child's held."""
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None
+    return lib
 
 
 def _page_resident(fd: int, off: int) -> bool:
-    """Whether the page of fd at off is in the page cache (mincore of a mapping of that page,
-    which touches nothing: with FUSE passthrough, the backing file's page); False when it
+    """Whether the page of fd at off is in the page cache (mincore of a shared mapping of that
+    page, which reads nothing: with FUSE passthrough, the backing file's page); False when it
     cannot be told."""
-    global _libc
+    lib = _libc()
+    if lib is None:
+        return False
     try:
-        if _libc is None:
-            lib = ctypes.CDLL(None, use_errno=True)
-            lib.mmap.restype = ctypes.c_void_p
-            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-            _libc = lib
         page = off - off % PAGE
-        addr = _libc.mmap(None, PAGE, mmap.PROT_READ, mmap.MAP_SHARED, fd, page)
+        addr = lib.mmap(None, PAGE, mmap.PROT_READ, mmap.MAP_SHARED, fd, page)
         if addr is None or addr == ctypes.c_void_p(-1).value:
             return False
         try:
             vec = ctypes.c_ubyte(0)
-            if _libc.mincore(addr, PAGE, ctypes.byref(vec)) != 0:
+            if lib.mincore(addr, PAGE, ctypes.byref(vec)) != 0:
                 return False
             return bool(vec.value & 1)
         finally:
-            _libc.munmap(addr, PAGE)
-    except (OSError, AttributeError, ValueError):
+            lib.munmap(addr, PAGE)
+    except (OSError, ValueError):
         return False
 
 
@@ -169,6 +180,7 @@ class StartHints:
         self._states: dict[int, Any] = {}
 
     def start(self) -> None:
+        _libc()
         self.thread = threading.Thread(target=self.run, name="gdsfs-start-hint", daemon=True)
         self.thread.start()
 
@@ -176,6 +188,12 @@ class StartHints:
         self.stop_event.set()
 
     def run(self) -> None:
+        try:
+            # The CPU is the workers' and the fork loop's first: where cores are short the
+            # hint takes what they leave (its calls need little; the disk does the work).
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HINT_NICE)
+        except (OSError, AttributeError):
+            pass
         try:
             self._run()
         except Exception:  # noqa: BLE001 - a hint: the workers' own reads report what is wrong

@@ -671,6 +671,20 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]
 TARGETS: dict[str, tuple[float, float]] = {"16KiB": (2.0, 0), "64KiB": (3.0, 0), "256KiB": (4.0, 25000), "4MiB": (8.0, 0)}
 COLD_TARGET = 0.95  # cold gdsfs >= this x the disk's sequential read rate
 STARTED = "gdsfs workers started"  # the cold row of a loader whose workers ran an epoch before
+# The cold row of gdsfs with GDSFS_START_HINT=0: no start hint of the workers' first bytes while
+# they start (gdsfs._starthint), for the A/B in one run.
+NOHINT = "gdsfs start hint off"
+START_HINT_ENV = "GDSFS_START_HINT"
+
+
+def _start_hint_env(value: Optional[str], off: bool) -> None:
+    """GDSFS_START_HINT as the caller set it (value; None: unset), or 0 when off."""
+    if off:
+        os.environ[START_HINT_ENV] = "0"
+    elif value is None:
+        os.environ.pop(START_HINT_ENV, None)
+    else:
+        os.environ[START_HINT_ENV] = value
 
 
 def issue_table(results: list[dict[str, Any]]) -> list[str]:
@@ -946,6 +960,7 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     errors: list[str] = []
     can_drop = True
+    hint_env = os.environ.get(START_HINT_ENV)
     probes: list[tuple[str, dict[str, float], dict[str, float]]] = []
     for name, sb, ns, nsh, batch in sizes:
         shards_m = make_dataset(root_m, name, sb, ns, nsh)
@@ -1001,13 +1016,16 @@ def main() -> int:
                   [("gdsfs range per sample", lambda **kw: gds_loader(shards_m, batch, sb, shared=False, **kw)[0], False)]),
                 *([] if not feats else [("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False)]),
                 *([] if cache != "cold" else [(STARTED, lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False)]),
+                *([] if cache != "cold" else [(NOHINT, lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False)]),
                 ("(a) plain via mount", lambda **kw: plain_loader(shards_m, batch, **kw), True),
                 ("(b) plain backing dir", lambda **kw: plain_loader(shards_b, batch, **kw), True),
             ):
                 if a.cold_only and cache == "warm" and label != "gdsfs":
                     continue
-                if rnd > 1 and label not in ("gdsfs", "(a) plain via mount"):
+                if rnd > 1 and label not in ("gdsfs", NOHINT, "(a) plain via mount"):
                     continue  # --cold-rounds: later rounds time what the cold target compares
+                # The start hint (GDSFS_START_HINT) as the caller set it, off for the NOHINT row.
+                _start_hint_env(hint_env, label == NOHINT)
                 try:
                     if cache == "warm":
                         # Steady state, as in multi-epoch training: one loader with
@@ -1058,6 +1076,7 @@ def main() -> int:
                                 "round": rnd})
                 log(f"{name} {cache} {label}: {n / secs:.0f} samples/s, {nb / secs / 1e9:.2f} GB/s")
 
+    _start_hint_env(hint_env, False)
     gc.collect()
     deadline = time.monotonic() + 10
     while (leases := int(gdsfs.status(a.mountpoint).get("leases", 0))) and time.monotonic() < deadline:
