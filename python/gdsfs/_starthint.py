@@ -22,7 +22,7 @@ import mmap
 import os
 import stat
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import _core, _indexcols
 from . import _protocol as proto
@@ -42,9 +42,8 @@ START_HINT_ENV = "GDSFS_START_HINT"
 # between a sample's members: no page of the gap is added).
 WILLNEED_STEP = 128 << 10
 PAGE = 4096
-# The hints go out in rounds of ROUND_BYTES per worker, so every worker's first batch is asked
-# for before any worker's later ones.
-ROUND_BYTES = 1 << 20
+# How much of a worker's first bytes is probed for residency (its first page and the last).
+PROBE_BYTES = 1 << 20
 # The hint thread's nice value (Linux: per thread).
 HINT_NICE = 19
 
@@ -79,39 +78,41 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fds.after_fork_in_child)
 
 
-Range = tuple[int, int, int]  # (shard, offset, end)
+Range = tuple[int, int, int, int]  # (shard, offset, end, chunk)
 
 
-def _merge(out: list[Range], shard: int, off: int, end: int) -> None:
+def _merge(out: list[Range], shard: int, off: int, end: int, chunk: int) -> None:
     if end <= off:
         return
     if out:
-        s, o, e = out[-1]
-        if s == shard and o <= off and off - e < PAGE:
-            out[-1] = (s, o, max(e, end))
+        s, o, e, c = out[-1]
+        if s == shard and c == chunk and o <= off and off - e < PAGE:
+            out[-1] = (s, o, max(e, end), c)
             return
-    out.append((shard, off, end))
+    out.append((shard, off, end, chunk))
 
 
 def worker_ranges(ds: "GDSShardDataset", state: Callable[[int], Any], plan: Any, slot: int, skip: int,
                   budget: int) -> list[Range]:
-    """The byte ranges (shard, offset, end) that slot's worker reads first, in its order, at
-    most budget bytes: the fields keys= selects of its samples from position skip on (a range
-    at the budget is cut there). state(shard): the shard's parsed state, None when it cannot
-    be read (the ranges stop there: what follows would not be what the worker reads first)."""
+    """The byte ranges (shard, offset, end, chunk) that slot's worker reads first, in its
+    order, at most budget bytes: the fields keys= selects of its samples from position skip on
+    (a range at the budget is cut there), each tagged with the chunk of read_ahead samples it
+    belongs to (the worker READs a chunk at once, and yields none of it before). state(shard):
+    the shard's parsed state, None when it cannot be read (the ranges stop there: what follows
+    would not be what the worker reads first)."""
     out: list[Range] = []
     total = 0
-    for _pos, shard, idx in plan.positions(slot, skip):
+    for n, (_pos, shard, idx) in enumerate(plan.positions(slot, skip)):
         st = state(shard)
         if st is None:
             break
         _key, fields = ds._sample_fields(st, idx)
         for fp in sorted(fields, key=lambda f: f.offset):
-            n = min(fp.length, budget - total)
-            if n <= 0:
+            k = min(fp.length, budget - total)
+            if k <= 0:
                 break
-            _merge(out, shard, fp.offset, fp.offset + n)
-            total += n
+            _merge(out, shard, fp.offset, fp.offset + k, n // ds.read_ahead)
+            total += k
         if total >= budget:
             break
     return out
@@ -213,55 +214,53 @@ class StartHints:
         per = min(START_HINT_WORKER, self.budget // max(1, len(self.workers)))
         if per <= 0:
             return
-        queues: list[Iterator[tuple[int, int, int]]] = []
+        # Each worker's chunks in the order the loop consumes them: torch takes the workers'
+        # batches in turn, and a worker yields a chunk's batches once its READ is done. Its
+        # first chunk right after its planning: the disk starts on it while the next worker's
+        # ranges are planned.
+        later: list[list[list[Range]]] = []
         for slot, skip in self.workers:
             if self.stop_event.is_set():
                 return
-            # Its first round's bytes in the page cache already (a warm epoch): nothing to ask
-            # for, and nothing more of it planned.
-            head = worker_ranges(ds, self._state, plan, slot, skip, min(per, ROUND_BYTES))
+            # Its first bytes in the page cache already (a warm epoch): nothing to ask for,
+            # and nothing more of it planned.
+            head = worker_ranges(ds, self._state, plan, slot, skip, min(per, PROBE_BYTES))
             if not head or self._resident(head):
                 self.ranges.append([])
                 continue
             rs = worker_ranges(ds, self._state, plan, slot, skip, per)
-            self.ranges.append([(ds.shards[s], o, e) for s, o, e in rs])
-            q = self._steps(rs)
-            # This worker's first round now: the disk starts on it while the next worker's
-            # ranges are planned.
-            if not self._advise(q, ROUND_BYTES):
-                queues.append(q)
-        while queues and not self.stop_event.is_set():
-            queues = [q for q in queues if not self._advise(q, ROUND_BYTES)]
-
-    @staticmethod
-    def _steps(rs: list[Range]) -> Iterator[tuple[int, int, int]]:
-        """(shard, offset, length) of each posix_fadvise call of rs, cut at WILLNEED_STEP's
-        multiples."""
-        for shard, off, end in rs:
-            while off < end:
-                nxt = min(end, (off // WILLNEED_STEP + 1) * WILLNEED_STEP)
-                yield shard, off, nxt - off
-                off = nxt
+            self.ranges.append([(ds.shards[s], o, e) for s, o, e, _c in rs])
+            chunks: list[list[Range]] = []
+            for r in rs:
+                if not chunks or chunks[-1][-1][3] != r[3]:
+                    chunks.append([])
+                chunks[-1].append(r)
+            self._advise(chunks[0])
+            later.append(chunks[1:])
+        for c in range(max((len(x) for x in later), default=0)):
+            for chunks in later:
+                if self.stop_event.is_set():
+                    return
+                if c < len(chunks):
+                    self._advise(chunks[c])
 
     def _resident(self, rs: list[Range]) -> bool:
         """Whether the first page of rs and its last one are in the page cache."""
-        (s0, o0, _e0), (s1, _o1, e1) = rs[0], rs[-1]
+        (s0, o0, _e0, _c0), (s1, _o1, e1, _c1) = rs[0], rs[-1]
         return _page_resident(self._fds[s0], o0) and _page_resident(self._fds[s1], e1 - 1)
 
-    def _advise(self, q: Iterator[tuple[int, int, int]], nbytes: int) -> bool:
-        """Up to nbytes of q's calls; True when q is done."""
-        done = 0
-        for shard, off, n in q:
+    def _advise(self, rs: list[Range]) -> None:
+        """posix_fadvise(WILLNEED) of rs, in calls cut at WILLNEED_STEP's multiples (errors
+        ignored: a hint)."""
+        for shard, off, end, _c in rs:
             fd = self._fds.get(shard)
-            if fd is not None:
+            while fd is not None and off < end and not self.stop_event.is_set():
+                nxt = min(end, (off // WILLNEED_STEP + 1) * WILLNEED_STEP)
                 try:
-                    os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+                    os.posix_fadvise(fd, off, nxt - off, os.POSIX_FADV_WILLNEED)
                 except OSError:
                     pass
-            done += n
-            if done >= nbytes or self.stop_event.is_set():
-                return self.stop_event.is_set()
-        return True
+                off = nxt
 
     def _state(self, shard: int) -> Any:
         """Shard's state for planning (the main process's where its file is unchanged, else

@@ -91,6 +91,43 @@ def _hints(dl: Any) -> sh.StartHints:
 SAMPLE = 16384 + 128 + 1  # the fields' bytes of one sample: x.npy (header + data), cls
 
 
+def _wait_for_hint(fd: int, _worker_id: int) -> None:
+    """worker_init_fn: wait until the test says the start hint is done (a byte on fd), so that
+    no worker's READ caches its first bytes before the hint looked at them (it would skip them:
+    already cached)."""
+    os.read(fd, 1)
+
+
+class _AfterHint:
+    """Lets the loader's workers go (one byte each on a pipe) once its start hint finished."""
+
+    def __init__(self, workers: int) -> None:
+        self.r, self.w = os.pipe()
+        self.workers = workers
+        self.thread: threading.Thread | None = None
+
+    def init_fn(self) -> Any:
+        import functools
+
+        return functools.partial(_wait_for_hint, self.r)
+
+    def watch(self, dl: Any) -> None:
+        def go() -> None:
+            while not hasattr(dl, "_start_hints"):
+                threading.Event().wait(0.01)  # set by dl.__iter__ before torch starts the workers
+            h = dl._start_hints
+            if h is not None:
+                h.thread.join()
+            os.write(self.w, b"x" * self.workers)
+
+        self.thread = threading.Thread(target=go, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
 @pytest.mark.parametrize("shuffle,resume", [(False, False), (True, False), (True, True), (False, True)])
 def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, shuffle: bool, resume: bool) -> None:
     paths, backing = _shards(gdsfs_mount, 4, 24)
@@ -111,13 +148,16 @@ def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, s
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True)
     if state is not None:
         ds.load_state_dict(state)
-    dl = gt.DataLoader(ds, batch_size=4, num_workers=2)
+    gate = _AfterHint(2)
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=2, worker_init_fn=gate.init_fn())
     try:
         _drop(backing + paths)
+        gate.watch(dl)
         per = _delivered(dl)
         h = _hints(dl)
     finally:
         ds.close()
+        gate.close()
     assert sum(len(v) for v in per.values()) == 96 - (20 if resume else 0)
     assert len(h.ranges) == 2
     for w, got in enumerate(h.ranges):
