@@ -320,13 +320,13 @@ class StartHints:
 
 def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints]) -> Optional[StartHints]:
     """The hints of a DataLoader iteration that starts num_workers fresh workers over ds (called
-    in the main process before torch starts them, after ds._main_iteration_starting), or None:
-    no hint (GDSFS_START_HINT=0, no daemon session, a previous start's hints still running, or a
-    resume state the workers will refuse)."""
+    in the main process before torch starts them, after ds._main_iteration_starting): previous
+    while its thread still runs (never two at once), else new ones, or None: no hint
+    (GDSFS_START_HINT=0, no daemon session, or a resume state the workers will refuse)."""
+    if previous is not None and previous.thread is not None and previous.thread.is_alive():
+        return previous
     budget = start_hint_bytes()
     if budget <= 0 or num_workers <= 0 or ds._session is None:
-        return None
-    if previous is not None and previous.thread is not None and previous.thread.is_alive():
         return None
     from ._dataset import _rank_world
 

@@ -231,7 +231,9 @@ def test_a_stuck_hint_never_holds_the_loop(gdsfs_mount, monkeypatch) -> None:
         assert h is not None
         assert entered.wait(60) and h.thread.is_alive()
         assert sum(len(v) for v in _delivered(dl).values()) == 32
-        assert dl._start_hints is None  # the first one still runs: none started beside it
+        # The first one still runs: none was started beside it.
+        assert dl._start_hints is h
+        assert sum(t.name == "gdsfs-start-hint" for t in threading.enumerate()) == 1
     finally:
         release.set()
         if h is not None:
