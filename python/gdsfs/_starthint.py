@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 START_HINT = 128 << 20
 START_HINT_WORKER = 32 << 20
 START_HINT_ENV = "GDSFS_START_HINT"
+# At most this many chunks (of read_ahead samples) of each worker are planned and hinted: the
+# thread's planning holds the GIL, which the fork loop of the main thread needs, and at small
+# samples (16 KiB: 1,024 samples a worker for 16 MiB) it would cost more than the disk gains.
+START_HINT_CHUNKS = 4
 # One posix_fadvise call reads at most the mount's max_readahead (128 KiB): calls are cut at
 # its multiples. Ranges of a worker closer than a page are one (a tar's headers and padding
 # between a sample's members: no page of the gap is added).
@@ -95,14 +99,16 @@ def _merge(out: list[Range], shard: int, off: int, end: int, chunk: int) -> None
 def worker_ranges(ds: "GDSShardDataset", state: Callable[[int], Any], plan: Any, slot: int, skip: int,
                   budget: int) -> list[Range]:
     """The byte ranges (shard, offset, end, chunk) that slot's worker reads first, in its
-    order, at most budget bytes: the fields keys= selects of its samples from position skip on
-    (a range at the budget is cut there), each tagged with the chunk of read_ahead samples it
+    order, at most budget bytes and START_HINT_CHUNKS chunks: the fields keys= selects of its
+    samples from position skip on (a range at the budget is cut there), each tagged with the chunk of read_ahead samples it
     belongs to (the worker READs a chunk at once, and yields none of it before). state(shard):
     the shard's parsed state, None when it cannot be read (the ranges stop there: what follows
     would not be what the worker reads first)."""
     out: list[Range] = []
     total = 0
     for n, (_pos, shard, idx) in enumerate(plan.positions(slot, skip)):
+        if n >= START_HINT_CHUNKS * ds.read_ahead:
+            break
         st = state(shard)
         if st is None:
             break
