@@ -332,3 +332,28 @@ def test_start_hint_env_values(monkeypatch) -> None:
         else:
             monkeypatch.setenv(sh.START_HINT_ENV, value)
         assert sh.start_hint_bytes() == want
+
+
+def test_chunks_go_out_in_the_order_the_loop_takes_them(gdsfs_mount, monkeypatch) -> None:
+    # torch takes the workers' batches in turn and a worker yields nothing of a chunk (read_ahead
+    # samples, one READ) before it is read: worker 0's chunk 0, worker 1's, then their chunk 1...
+    paths, backing = _shards(gdsfs_mount, 2, 16)
+    monkeypatch.setenv(sh.START_HINT_ENV, str(2 * 12 * SAMPLE))  # 12 samples a worker: 3 chunks of 4
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], read_ahead=4, strict=True)
+    calls: list[tuple[str, int]] = []
+    real = sh.StartHints._advise
+
+    def advise(self: Any, rs: list[Any]) -> None:
+        calls.append((os.path.basename(ds.shards[rs[0][0]]), rs[0][3]))
+        real(self, rs)
+
+    monkeypatch.setattr(sh.StartHints, "_advise", advise)
+    try:
+        _drop(backing + paths)
+        ds._main_iteration_starting(4)
+        h = sh.start(ds, 2, None)
+        assert h is not None
+        h.thread.join(timeout=60)
+    finally:
+        ds.close()
+    assert calls == [("shard-0.tar", 0), ("shard-1.tar", 0), ("shard-0.tar", 1), ("shard-1.tar", 1), ("shard-0.tar", 2), ("shard-1.tar", 2)]
