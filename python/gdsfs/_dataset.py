@@ -1694,7 +1694,7 @@ class DataLoader(torch.utils.data.DataLoader):
         return bool(self.pin_memory) and not getattr(self, "pin_memory_device", "") and self.collate_fn is collate and torch.cuda.is_available()
 
     def _get_iterator(self) -> Any:
-        with _frozen_heap(self):
+        with _frozen_heap(self), _starthint.forking(getattr(self, "_start_hints", None)):
             if not self._loop_pins():
                 return super()._get_iterator()
             self.pin_memory = False  # torch starts no pin-memory thread for this iterator (see __iter__)

@@ -15,6 +15,7 @@ ends it quietly (the workers' READs report what is wrong).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -22,7 +23,8 @@ import mmap
 import os
 import stat
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from . import _core, _indexcols
 from . import _protocol as proto
@@ -322,6 +324,25 @@ class StartHints:
         else:
             return None
         return doc if isinstance(doc, dict) and doc.get("format") == fmt else None
+
+
+# Python 3.12's warning at a fork while other threads run (os.fork, a DeprecationWarning).
+_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks in the child"
+
+
+@contextlib.contextmanager
+def forking(hints: Optional[StartHints]) -> Iterator[None]:
+    """While torch forks a loader's workers: Python 3.12's warning that the process is
+    multi-threaded is not shown while the start hint's thread runs (a program that turns
+    warnings into errors would otherwise fail to start its workers). That thread is fork-safe:
+    it holds no lock a child could need (plain system calls, libc loaded before it started), and
+    its descriptors are closed in the child (_HintFds)."""
+    if hints is None or hints.thread is None or not hints.thread.is_alive():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
+        yield
 
 
 def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints]) -> Optional[StartHints]:

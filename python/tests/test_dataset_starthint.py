@@ -357,3 +357,41 @@ def test_chunks_go_out_in_the_order_the_loop_takes_them(gdsfs_mount, monkeypatch
     finally:
         ds.close()
     assert calls == [("shard-0.tar", 0), ("shard-1.tar", 0), ("shard-0.tar", 1), ("shard-1.tar", 1), ("shard-0.tar", 2), ("shard-1.tar", 2)]
+
+
+def test_fork_warning_is_hidden_only_while_the_hint_runs(gdsfs_mount, monkeypatch) -> None:
+    # Python 3.12 warns (DeprecationWarning) at a fork while other threads run; a program that
+    # turns warnings into errors must still start its workers while the hint's thread runs.
+    import warnings
+
+    msg = "This process (pid=1234) is multi-threaded, use of fork() may lead to deadlocks in the child."
+    paths, _backing = _shards(gdsfs_mount, 2, 8)
+    release = threading.Event()
+    real = sh.StartHints._state
+
+    def stuck(self: Any, shard: int) -> Any:
+        release.wait()
+        return real(self, shard)
+
+    monkeypatch.setattr(sh.StartHints, "_state", stuck)
+    monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    try:
+        ds._main_iteration_starting(4)
+        h = sh.start(ds, 2, None)
+        assert h is not None and h.thread.is_alive()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with sh.forking(h):
+                warnings.warn(msg, DeprecationWarning)  # hidden: the hint runs
+            release.set()
+            h.thread.join(timeout=60)
+            with pytest.raises(DeprecationWarning):
+                with sh.forking(h):
+                    warnings.warn(msg, DeprecationWarning)  # shown: it is done
+            with pytest.raises(DeprecationWarning):
+                with sh.forking(None):
+                    warnings.warn(msg, DeprecationWarning)
+    finally:
+        release.set()
+        ds.close()
