@@ -254,8 +254,8 @@ class StartHints:
 
     def _resident(self, rs: list[Range]) -> bool:
         """Whether the first page of rs and its last one are in the page cache."""
-        (s0, o0, _e0, _c0), (s1, _o1, e1, _c1) = rs[0], rs[-1]
-        return _page_resident(self._fds[s0], o0) and _page_resident(self._fds[s1], e1 - 1)
+        first, last = rs[0], rs[-1]
+        return _page_resident(self._fds[first[0]], first[1]) and _page_resident(self._fds[last[0]], last[2] - 1)
 
     def _advise(self, rs: list[Range]) -> None:
         """posix_fadvise(WILLNEED) of rs, in calls cut at WILLNEED_STEP's multiples (errors
