@@ -17,6 +17,11 @@ loaders alternates between rounds):
   latency from iter(loader), samples/s and GB/s of payload; the ratio is payload GB/s over
   the disk's file-bytes GB/s, as dataset_check.py prints it.
 
+--blkio DIR (the cgroup v1 blkio group the run is in, e.g. with a read_bps_device limit that
+makes the disk the bound on a small machine): per cold pass, when the run's processes first asked
+the disk for a MiB and how much they had asked for by 100 ms after iter() (the start the hint
+is for).
+
 Then a warm row per size (pages cached, fresh loaders, hint off and on): what the hint costs
 an epoch that needs none. Prints each round and the medians.
 """
@@ -31,8 +36,9 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -57,7 +63,44 @@ def _started(d: str, _worker_id: int) -> None:
         f.write(str(time.time()))
 
 
-def one_pass(shards: list[str], batch: int, workers: int, hint: bool) -> dict[str, float]:
+class _Asked:
+    """Samples a blkio cgroup's read bytes (blkio.throttle.io_service_bytes, counted as reads are
+    submitted) every 2 ms from start() to stop(): when this run's processes first asked the disk
+    for data, whatever the throttle then made them wait."""
+
+    def __init__(self, cgroup: str, dev: str) -> None:
+        self.path, self.dev = os.path.join(cgroup, "blkio.throttle.io_service_bytes"), dev
+        self.samples: list[tuple[float, int]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self) -> int:
+        with open(self.path) as f:
+            for line in f:
+                dev, op, n = line.split()[:3] if len(line.split()) >= 3 else ("", "", "0")
+                if dev == self.dev and op == "Read":
+                    return int(n)
+        return 0
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        while not self.done.wait(0.002):
+            self.samples.append((time.perf_counter() - t0, self._read()))
+
+    def start(self) -> None:
+        self.samples.append((0.0, self._read()))
+        self.thread.start()
+
+    def stop(self) -> dict[str, float]:
+        self.done.set()
+        self.thread.join()
+        base = self.samples[0][1]
+        first = next((t for t, n in self.samples if n - base >= 1 << 20), -1.0)
+        by100 = max((n - base for t, n in self.samples if t <= 0.1), default=0)
+        return {"first_mib_s": first, "asked_by_100ms": by100}
+
+
+def one_pass(shards: list[str], batch: int, workers: int, hint: bool, asked: Optional[_Asked] = None) -> dict[str, float]:
     """One fresh loader's pass: seconds from construction and from iter(), the first batch,
     the last worker's start (from iter())."""
     import functools
@@ -69,6 +112,8 @@ def one_pass(shards: list[str], batch: int, workers: int, hint: bool) -> dict[st
     t0 = time.perf_counter()
     ds = gdsfs.torch.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
     dl = gdsfs.torch.DataLoader(ds, batch_size=batch, num_workers=workers, worker_init_fn=functools.partial(_started, d) if workers else None)
+    if asked is not None:
+        asked.start()
     t1 = time.perf_counter()
     w1 = time.time()
     first = 0.0
@@ -80,13 +125,14 @@ def one_pass(shards: list[str], batch: int, workers: int, hint: bool) -> dict[st
         n += x.shape[0]
         nb += x.numel() * x.element_size()
     t2 = time.perf_counter()
+    disk = asked.stop() if asked is not None else {}
     del dl
     ds.close()
     os.environ.pop("GDSFS_START_HINT", None)
     starts = [float(open(os.path.join(d, x)).read()) - w1 for x in os.listdir(d)]
     shutil.rmtree(d, ignore_errors=True)
     return {"from_construction": t2 - t0, "from_iter": t2 - t1, "first_batch": first, "samples": n, "payload": nb,
-            "workers_started": max(starts, default=0.0)}
+            "workers_started": max(starts, default=0.0), **disk}
 
 
 def main() -> int:
@@ -98,6 +144,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", help="where to write the tars and mount (default: a temp dir)")
+    ap.add_argument("--blkio", metavar="DIR", help="the cgroup v1 blkio directory this run is in: per cold pass, when its "
+                    "processes first asked the disk for data (blkio.throttle.io_service_bytes, sampled every 2 ms)")
+    ap.add_argument("--blkio-dev", default="254:0", metavar="MAJ:MIN", help="the backing directory's disk (default 254:0)")
     ap.add_argument("--json")
     a = ap.parse_args()
     bd = _bench_dataset()
@@ -118,7 +167,8 @@ def main() -> int:
                 disk.append(bd.sequential_rate(backing))
                 for label in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
                     bd.drop(backing + shards)
-                    r = one_pass(shards, a.batch, a.workers, label == "on")
+                    asked = _Asked(a.blkio, a.blkio_dev) if a.blkio else None
+                    r = one_pass(shards, a.batch, a.workers, label == "on", asked)
                     if r["samples"] != n:
                         raise RuntimeError(f"{kib} KiB hint {label}: {r['samples']} samples, expected {n}")
                     r["ratio"] = r["payload"] / r["from_construction"] / 1e9 / disk[-1]
@@ -126,12 +176,15 @@ def main() -> int:
                     rows[label].append(r)
                     log(f"{kib} KiB round {rnd} hint {label}: disk {disk[-1]:.2f} GB/s, pass {r['from_construction']:.3f} s "
                         f"({r['payload'] / r['from_construction'] / 1e9:.2f} GB/s, {r['ratio']:.2f}x; from iter {r['ratio_iter']:.2f}x), "
-                        f"first batch {r['first_batch'] * 1e3:.0f} ms, last worker started {r['workers_started'] * 1e3:.0f} ms")
+                        f"first batch {r['first_batch'] * 1e3:.0f} ms, last worker started {r['workers_started'] * 1e3:.0f} ms"
+                        + (f"; disk asked for its first MiB at {r['first_mib_s'] * 1e3:.0f} ms, {r['asked_by_100ms'] / 2**20:.0f} MiB by 100 ms"
+                           if "first_mib_s" in r else ""))
             warm: dict[str, list[float]] = {"off": [], "on": []}
             for rnd in range(a.rounds):
                 for label in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
                     warm[label].append(one_pass(shards, a.batch, a.workers, label == "on")["from_iter"])
-            med = {k: {f: statistics.median(r[f] for r in v) for f in ("ratio", "ratio_iter", "first_batch", "from_construction", "workers_started")} for k, v in rows.items()}
+            fields = ("ratio", "ratio_iter", "first_batch", "from_construction", "workers_started", "first_mib_s", "asked_by_100ms")
+            med = {k: {f: statistics.median(r[f] for r in v) for f in fields if all(f in r for r in v)} for k, v in rows.items()}
             res = {"kib": kib, "samples": n, "file_bytes": file_bytes, "disk_GBps": disk, "rounds": rows, "median": med,
                    "warm_s": warm}
             out.append(res)
@@ -140,7 +193,9 @@ def main() -> int:
                 m = med[k]
                 print(f"  hint {k:<3}: cold {m['ratio']:.2f}x the disk (rounds {' / '.join('%.2f' % r['ratio'] for r in rows[k])}), "
                       f"from iter {m['ratio_iter']:.2f}x, first batch {m['first_batch'] * 1e3:.0f} ms, last worker started {m['workers_started'] * 1e3:.0f} ms; "
-                      f"warm pass {statistics.median(warm[k]):.3f} s (rounds {' / '.join('%.3f' % s for s in warm[k])})")
+                      f"warm pass {statistics.median(warm[k]):.3f} s (rounds {' / '.join('%.3f' % s for s in warm[k])})"
+                      + (f"; disk asked for its first MiB at {m['first_mib_s'] * 1e3:.0f} ms, {m['asked_by_100ms'] / 2**20:.0f} MiB by 100 ms"
+                         if "first_mib_s" in m else ""))
     finally:
         bd.unmount(mnt)
         shutil.rmtree(base, ignore_errors=True)
