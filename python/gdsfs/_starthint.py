@@ -50,8 +50,6 @@ WILLNEED_STEP = 128 << 10
 PAGE = 4096
 # How much of a worker's first bytes is probed for residency (its first page and the last).
 PROBE_BYTES = 1 << 20
-# The hint thread's nice value (Linux: per thread).
-HINT_NICE = 19
 
 
 def start_hint_bytes() -> int:
@@ -197,12 +195,6 @@ class StartHints:
         self.stop_event.set()
 
     def run(self) -> None:
-        try:
-            # The CPU is the workers' and the fork loop's first: where cores are short the
-            # hint takes what they leave (its calls need little; the disk does the work).
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HINT_NICE)
-        except (OSError, AttributeError):
-            pass
         try:
             self._run()
         except Exception:  # noqa: BLE001 - a hint: the workers' own reads report what is wrong
