@@ -296,7 +296,7 @@ def _settle_group(batches: Sequence[Any]) -> list[Optional[GDSLeaseError]]:
 # gdsfs.torch.DataLoader(batches_per_item=None): workers send k = KBATCH_BYTES // (a batch's
 # bytes) batches per torch item, at most KBATCH_MAX (k=1, one batch per item, from a batch of
 # KBATCH_BYTES up).
-KBATCH_BYTES = 1 << 20
+KBATCH_BYTES = 2 << 20
 KBATCH_MAX = 8
 
 
