@@ -10,8 +10,8 @@ in a temp dir, unless --mount), then per round and per batches_per_item value (1
 torch item, as before; auto: the loader's default; or a number) one pass of a persistent-worker
 gdsfs.torch.DataLoader after a warm-up pass, timing in the loop's thread: its CPU per batch
 (time.thread_time: what bounds the loader when the workers keep up, as on the GPU machine's 8
-workers), the wall time per batch, and the wall time of next() (torch's queues plus the loop's
-materialize and settle). Prints each round and the medians; the values of k alternate within a
+workers), the wall time per batch, the wall time of next() (torch's queues plus the loop's
+materialize and settle) and the median of the loop's materialize calls (one per batch). Prints each round and the medians; the values of k alternate within a
 round, so a busy box loads them alike. Exits non-zero only when a pass loses or repeats a sample.
 """
 
@@ -58,8 +58,28 @@ def make_tars(d: str, kib: int, nsamples: int, nshards: int = 8) -> list[str]:
     return paths
 
 
+_CALLS: list[float] = []  # each GDSBatch.materialize's seconds in the loop (timed_materialize)
+
+
+def timed_materialize() -> None:
+    """Time the loop's GDSBatch.materialize calls (one per batch), into _CALLS."""
+    from gdsfs import _tensors
+
+    real = _tensors.GDSBatch.materialize
+
+    def wrapper(self: Any, *args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return real(self, *args, **kw)
+        finally:
+            _CALLS.append(time.perf_counter() - t)
+
+    _tensors.GDSBatch.materialize = wrapper  # type: ignore[method-assign]
+
+
 def one_pass(dl: Any, nsamples: int) -> dict[str, float]:
     seen: set[str] = set()
+    _CALLS.clear()
     nb = 0
     nxt = 0.0
     it = iter(dl)
@@ -76,7 +96,8 @@ def one_pass(dl: Any, nsamples: int) -> dict[str, float]:
     c1, t1 = time.thread_time(), time.perf_counter()
     if len(seen) != nsamples:
         raise RuntimeError(f"a pass delivered {len(seen)} distinct samples of {nsamples}")
-    return {"cpu_us": (c1 - c0) / nb * 1e6, "wall_us": (t1 - t0) / nb * 1e6, "next_us": nxt / nb * 1e6, "sps": nsamples / (t1 - t0), "batches": nb}
+    calls = sorted(_CALLS)
+    return {"mat_us": calls[len(calls) // 2] * 1e6 if calls else 0.0, "cpu_us": (c1 - c0) / nb * 1e6, "wall_us": (t1 - t0) / nb * 1e6, "next_us": nxt / nb * 1e6, "sps": nsamples / (t1 - t0), "batches": nb}
 
 
 def main() -> int:
@@ -93,6 +114,7 @@ def main() -> int:
 
     import gdsfs.torch as gt
 
+    timed_materialize()
     ks: list[Optional[int]] = [None if x.strip() == "auto" else int(x) for x in a.k.split(",") if x.strip()]
     base = tempfile.mkdtemp(prefix="gdsfs-bench-kbatch-")
     mounted = None
@@ -127,13 +149,14 @@ def main() -> int:
                 name = f"k={dl._kbatch}" + (" (auto)" if k is None else "")
                 rows.setdefault(name, []).append(r)
                 log(f"round {rnd + 1} {name}: loop thread CPU {r['cpu_us']:.0f} us per batch, wall {r['wall_us']:.0f} us per batch "
-                    f"(next() {r['next_us']:.0f}), {r['sps']:,.0f} samples/s")
+                    f"(next() {r['next_us']:.0f}; materialize median {r['mat_us']:.0f}), {r['sps']:,.0f} samples/s")
         log(f"medians of {a.rounds} rounds ({a.kib} KiB samples, batch {a.batch}, {a.workers} workers, {nsamples} samples a pass):")
         base_cpu = statistics.median(x["cpu_us"] for x in next(iter(rows.values())))
         for name, rs in rows.items():
             cpu = statistics.median(x["cpu_us"] for x in rs)
             log(f"  {name}: loop thread CPU {cpu:.0f} us per batch ({cpu / base_cpu:.2f}x of the first), wall "
                 f"{statistics.median(x['wall_us'] for x in rs):.0f} us, next() {statistics.median(x['next_us'] for x in rs):.0f} us, "
+                f"materialize {statistics.median(x['mat_us'] for x in rs):.0f} us, "
                 f"{statistics.median(x['sps'] for x in rs):,.0f} samples/s")
         for _k, ds, dl in loaders:
             dl._iterator._shutdown_workers()

@@ -50,13 +50,16 @@ def small(gdsfs_mount):
 def test_a_pass_is_every_sample_once_in_the_same_batches(gdsfs_mount, small, k) -> None:
     """batches_per_item=k (None: chosen, 8 here: a batch of 4 x 16 KiB is small): the batches are
     the same as with one batch per item (batch_size samples, each worker's last one short), len()
-    is exact, every sample comes once; the order between workers goes round-robin per k batches."""
+    is exact, every sample comes once, batch_map sees each batch; the order between workers goes
+    round-robin per k batches."""
     import gdsfs.torch as gt
 
     paths, truth = small
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
-    dl = _loader(ds, batches_per_item=k)
+    mapped = []
+    dl = _loader(ds, batches_per_item=k, batch_map=lambda b: mapped.append(b) or b)
     got = list(dl)
+    assert [id(b) for b in mapped] == [id(b) for b in got], "batch_map runs once per batch, in order"
     per_slot: dict[int, list[tuple[str, ...]]] = {}
     seen: dict[str, bytes] = {}
     for b in got:
@@ -72,7 +75,7 @@ def test_a_pass_is_every_sample_once_in_the_same_batches(gdsfs_mount, small, k) 
     # Each worker's 16 batches come in items of k (its last item shorter), round-robin per item.
     want = {1: 1, 3: 3, None: 8}[k]
     assert _runs(got) == _expected_runs(16, 16, want), _runs(got)
-    del got, b
+    del got, b, mapped
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
 
