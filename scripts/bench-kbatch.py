@@ -97,7 +97,8 @@ def one_pass(dl: Any, nsamples: int) -> dict[str, float]:
     if len(seen) != nsamples:
         raise RuntimeError(f"a pass delivered {len(seen)} distinct samples of {nsamples}")
     calls = sorted(_CALLS)
-    return {"mat_us": calls[len(calls) // 2] * 1e6 if calls else 0.0, "cpu_us": (c1 - c0) / nb * 1e6, "wall_us": (t1 - t0) / nb * 1e6, "next_us": nxt / nb * 1e6, "sps": nsamples / (t1 - t0), "batches": nb}
+    return {"mat_us": calls[len(calls) // 2] * 1e6 if calls else 0.0, "cpu_us": (c1 - c0) / nb * 1e6, "wall_us": (t1 - t0) / nb * 1e6,
+            "next_us": nxt / nb * 1e6, "sps": nsamples / (t1 - t0), "batches": nb}
 
 
 def main() -> int:

@@ -1731,7 +1731,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def _index_sampler(self) -> Any:
         # What torch's iterator asks its workers for per item: k batches' worth of samples.
         if getattr(self, "_kbatch", 1) > 1 and self._auto_collation:
-            return torch.utils.data.BatchSampler(self.sampler, self.batch_size * self._kbatch, False)
+            return torch.utils.data.BatchSampler(self.sampler, int(self.batch_size or 1) * self._kbatch, False)
         return super()._index_sampler
 
     @contextlib.contextmanager
@@ -1744,8 +1744,8 @@ class DataLoader(torch.utils.data.DataLoader):
             yield
             return
         saved = (self.collate_fn, self.prefetch_factor, self.drop_last)
-        self.collate_fn = _KCollate(int(self.batch_size), k, bool(self.drop_last))
-        self.prefetch_factor = max(1, -(-int(self.prefetch_factor) // k))
+        self.collate_fn = _KCollate(int(self.batch_size or 1), k, bool(self.drop_last))
+        self.prefetch_factor = max(1, -(-int(self.prefetch_factor or 2) // k))
         object.__setattr__(self, "drop_last", False)  # torch forbids setting it once made: restored below
         try:
             yield

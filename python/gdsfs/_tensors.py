@@ -359,7 +359,7 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
                 group.append(b)
                 if isinstance(b, GDSBatch):
                     held += _batch_bytes(b)
-            parts = b = None
+            parts, b = (), None
             if failed is not None:
                 break
             if not group:

@@ -75,7 +75,8 @@ def test_a_pass_is_every_sample_once_in_the_same_batches(gdsfs_mount, small, k) 
     # Each worker's 16 batches come in items of k (its last item shorter), round-robin per item.
     want = {1: 1, 3: 3, None: 8}[k]
     assert _runs(got) == _expected_runs(16, 16, want), _runs(got)
-    del got, b, mapped
+    mapped.clear()
+    del got, b
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0
 
