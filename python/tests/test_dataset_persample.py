@@ -61,7 +61,11 @@ def test_a_programs_own_freeze_is_left_alone(gdsfs_mount, tmp_path) -> None:
         frozen = gc.get_freeze_count()
         dl = gt.DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
         assert sum(len(b["__key__"]) for b in dl) == 16
-        assert gc.get_freeze_count() >= frozen
+        # Frozen objects freed by their last reference leave the count (torch 2.11 frees one
+        # here), so the count may fall by a few; an unfreeze would empty it, a second freeze
+        # would add the thousands of objects made since.
+        after = gc.get_freeze_count()
+        assert frozen // 2 < after <= frozen, (frozen, after)
     finally:
         gc.unfreeze()
     ds.close()
