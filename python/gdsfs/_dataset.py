@@ -1717,8 +1717,8 @@ class DataLoader(torch.utils.data.DataLoader):
         ds = self.dataset
         if not (isinstance(ds, GDSShardDataset) and self.num_workers > 0 and self.batch_size and self.collate_fn is collate):
             return 1
-        if self.pin_memory and torch.cuda.is_available() and not self._loop_pins():
-            return 1
+        if self.pin_memory and not self._loop_pins():
+            return 1  # a pin-memory thread of torch's may run (pin_memory_device=, a CPU-only torch's "cpu")
         if self.batches_per_item is not None:
             return self.batches_per_item
         if self._sample_bytes < 0:
