@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 from . import _core
-from ._tensors import GDSBatch, GDSSample, TensorRef, _RefColumn, collate as _collate_batch
+from ._tensors import GDSBatch, GDSSample, TensorRef, _Batches, _RefColumn, collate as _collate_batch
 
 __all__ = ["collate"]
 
@@ -113,3 +113,20 @@ def collate(samples: Union[Sequence[Mapping[str, Any]], Mapping[str, Any]], *, m
     if not samples:
         raise ValueError("gdsfs: collate of an empty batch")
     return _collate_batch(_same_fields(samples, missing))
+
+
+class _KCollate:
+    """A DataLoader worker's collate_fn when it sends k batches per item (gdsfs.torch.DataLoader's
+    batches_per_item): torch's fetcher hands it up to k * batch_size samples (fewer only at the end
+    of the worker's samples) and it collates each batch_size of them with collate, in order.
+    drop_last: a short batch (the worker's last) is left out; torch itself is told not to drop a
+    short item, which would drop that item's full batches too."""
+
+    def __init__(self, batch_size: int, k: int, drop_last: bool) -> None:
+        self.batch_size, self.k, self.drop_last = batch_size, k, drop_last
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> _Batches:
+        n, bs = len(samples), self.batch_size
+        if self.drop_last:
+            n -= n % bs
+        return _Batches(collate(samples[i : i + bs]) for i in range(0, n, bs))

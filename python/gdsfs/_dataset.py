@@ -15,6 +15,7 @@ import functools
 import gc
 import glob
 import io
+import itertools
 import json
 import math
 import multiprocessing
@@ -34,7 +35,7 @@ import torch.utils.data
 from . import _core, _devmap, _indexcols, _layout, _leases, _starthint, _tensors
 from . import _protocol as proto
 from ._core import Ref, Session
-from ._collate import _release_refs, collate
+from ._collate import _KCollate, _release_refs, collate
 from ._errors import GDSShardChangedError, GDSShardError, GDSShardWarning, GDSUnavailableError, warn_fallback
 from ._plan import EpochPlan, expand_braces
 from ._tensors import GDSBatch, GDSSample, TensorRef, _new_tensor_ref, _numel, _torch_dtype, _view_as
@@ -1585,22 +1586,44 @@ class DataLoader(torch.utils.data.DataLoader):
     batch_size=None yields one sample at a time (a GDSBatch without the batch
     dimension).
 
+    With a GDSShardDataset, workers and gdsfs.torch.collate, each worker sends
+    several batches per torch item (batches_per_item): torch's per-item work
+    and the loop's first, cold materialize are paid once per item. The
+    batches are the same (batch_size samples; each worker's last one short,
+    or dropped with drop_last), len() and resume stay exact; what changes is
+    the order between workers, round-robin per item instead of per batch.
+
     Args:
         dataset: the dataset (a GDSShardDataset for the bookkeeping).
         batch_map: a function applied to each materialized batch in this
             process (gpu fields already on their device), returning what the
             loop gets; it runs after the resume bookkeeping, so
             state_dict() stays exact.
+        batches_per_item: batches a worker sends per torch item. None
+            (default): KBATCH_BYTES (2 MiB) // the batch's bytes (estimated
+            from the shards' sizes), at most KBATCH_MAX (8): 7 for batches
+            of 16 x 16 KiB in tars, 1 once a batch is over 1 MiB; 1: one batch per item,
+            torch's own way. Only where it applies (above); elsewhere one
+            batch per item. prefetch_factor keeps counting batches: torch is
+            asked for ceil(prefetch_factor / k) items per worker (at least
+            one).
         *args, **kwargs: as torch.utils.data.DataLoader.
     """
 
-    def __init__(self, dataset: torch.utils.data.Dataset, *args: Any, batch_map: Optional[Callable[[Any], Any]] = None, **kwargs: Any) -> None:
+    def __init__(self, dataset: torch.utils.data.Dataset, *args: Any, batch_map: Optional[Callable[[Any], Any]] = None,
+                 batches_per_item: Optional[int] = None, **kwargs: Any) -> None:
         if batch_map is not None and not callable(batch_map):
             raise TypeError(f"gdsfs: batch_map={batch_map!r} is not callable: pass a function of one batch")
+        if batches_per_item is not None and (isinstance(batches_per_item, bool) or not isinstance(batches_per_item, int) or batches_per_item < 1):
+            raise ValueError(f"gdsfs: batches_per_item={batches_per_item!r} is not a whole number >= 1: pass None (chosen from "
+                             "the batch's bytes), 1 (one batch per worker item) or more")
         kwargs.setdefault("collate_fn", collate)
         kwargs.setdefault("pin_memory", torch.cuda.is_available())
         super().__init__(dataset, *args, **kwargs)
         self.batch_map = batch_map
+        self.batches_per_item = batches_per_item
+        self._kbatch = 1  # batches per item of the workers of the last iterator made (_get_iterator)
+        self._sample_bytes = -1  # the shards' bytes per sample (_per_item), once known
 
     def __len__(self) -> int:
         """Batches one pass yields: for a GDSShardDataset, counted per worker
@@ -1693,9 +1716,53 @@ class DataLoader(torch.utils.data.DataLoader):
         per batch, with no second thread to hand the GIL to at each tensor call and queue."""
         return bool(self.pin_memory) and not getattr(self, "pin_memory_device", "") and self.collate_fn is collate and torch.cuda.is_available()
 
+    def _per_item(self) -> int:
+        """Batches per torch item for the next iterator's workers (batches_per_item): more than one
+        only for a GDSShardDataset's gdsfs.torch.collate batches, made by workers, that no
+        pin-memory thread of torch's handles (it would see items, not batches)."""
+        ds = self.dataset
+        if not (isinstance(ds, GDSShardDataset) and self.num_workers > 0 and self.batch_size and self.collate_fn is collate):
+            return 1
+        if self.pin_memory and not self._loop_pins():
+            return 1  # a pin-memory thread of torch's may run (pin_memory_device=, a CPU-only torch's "cpu")
+        if self.batches_per_item is not None:
+            return self.batches_per_item
+        if self._sample_bytes < 0:
+            self._sample_bytes = _shard_bytes_per_sample(ds)
+        if self._sample_bytes <= 0:
+            return 1
+        return max(1, min(_tensors.KBATCH_MAX, _tensors.KBATCH_BYTES // (self._sample_bytes * self.batch_size)))
+
+    @property
+    def _index_sampler(self) -> Any:
+        # What torch's iterator asks its workers for per item: k batches' worth of samples.
+        if getattr(self, "_kbatch", 1) > 1 and self._auto_collation:
+            return torch.utils.data.BatchSampler(self.sampler, int(self.batch_size or 1) * self._kbatch, False)
+        return super()._index_sampler
+
+    @contextlib.contextmanager
+    def _items_of(self, k: int) -> Iterator[None]:
+        """While torch makes an iterator (and starts its workers): items of k batches. Its workers
+        collate k batches per item (_KCollate), torch drops no short item (_KCollate drops the short
+        batch), and prefetch_factor counts items. The loader's own settings are back afterwards."""
+        self._kbatch = k
+        if k <= 1:
+            yield
+            return
+        saved = (self.collate_fn, self.prefetch_factor, self.drop_last)
+        self.collate_fn = _KCollate(int(self.batch_size or 1), k, bool(self.drop_last))
+        self.prefetch_factor = max(1, -(-int(self.prefetch_factor or 2) // k))
+        object.__setattr__(self, "drop_last", False)  # torch forbids setting it once made: restored below
+        try:
+            yield
+        finally:
+            self.collate_fn, self.prefetch_factor = saved[0], saved[1]
+            object.__setattr__(self, "drop_last", saved[2])
+
     def _get_iterator(self) -> Any:
-        with _frozen_heap(self), _starthint.forking(getattr(self, "_start_hints", None)):
-            if not self._loop_pins():
+        loop_pins = self._loop_pins()
+        with _frozen_heap(self), self._items_of(self._per_item()), _starthint.forking(getattr(self, "_start_hints", None)):
+            if not loop_pins:
                 return super()._get_iterator()
             self.pin_memory = False  # torch starts no pin-memory thread for this iterator (see __iter__)
             try:
@@ -1710,6 +1777,19 @@ class DataLoader(torch.utils.data.DataLoader):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from state_dict() (same world size and num_workers)."""
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def _shard_bytes_per_sample(ds: GDSShardDataset, most: int = 64) -> int:
+    """The bytes per sample of (up to most of) ds's shards, by their sizes (0: not known): what
+    DataLoader's batches_per_item=None sizes batches by."""
+    size = n = 0
+    for path, count in itertools.islice(zip(ds.shards, ds.counts), most):
+        try:
+            size += os.stat(path).st_size
+        except OSError:
+            continue
+        n += count
+    return size // n if n else 0
 
 
 @contextlib.contextmanager

@@ -293,13 +293,37 @@ def _settle_group(batches: Sequence[Any]) -> list[Optional[GDSLeaseError]]:
     return errs
 
 
+# gdsfs.torch.DataLoader(batches_per_item=None): workers send k = KBATCH_BYTES // (a batch's
+# bytes) batches per torch item, at most KBATCH_MAX (k=1, one batch per item, from a batch of
+# KBATCH_BYTES up).
+KBATCH_BYTES = 2 << 20
+KBATCH_MAX = 8
+
+
+class _Batches(list):  # type: ignore[type-arg]
+    """The batches of one DataLoader item (a worker's k batches, gdsfs.torch.DataLoader's
+    batches_per_item): settled() materializes them back to back and yields them one by one."""
+
+    __slots__ = ()
+
+
+def _release_unmaterialized(batches: Sequence[Any]) -> None:
+    """Give back the leases of an item's batches the loop never materialized (one failed before
+    them): they are never yielded."""
+    hs = [h for b in batches if isinstance(b, GDSBatch) for h in b._holds()]
+    _leases.release(hs, check_held=False)
+
+
 def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, ready: Optional[Callable[[], bool]] = None) -> Iterator[Any]:
     """The batches of it (a DataLoader iterator), each GDSBatch materialized (gpu fields on device;
     with pin, CPU tensors pinned, as GDSBatch.pin_memory does) and settled before it is yielded:
     its copies waited for, its leases released and the daemon's answer checked, exactly as a
     synchronous materialize(); what differs is that while ready() says another batch is waiting
     (up to SETTLE_BATCHES batches, SETTLE_BYTES bytes of gpu fields), the batches are copied first
-    and settled together with one RELEASE, then yielded in order. A batch whose settling fails is
+    and settled together with one RELEASE, then yielded in order. An item of several batches
+    (_Batches: a worker's k batches) is materialized whole, back to back, before any of its
+    batches is yielded; its batches after one whose materialize failed return their leases
+    unmaterialized. A batch whose settling fails is
     not yielded: the ones before it are, then its GDSLeaseError is raised. At a yield every batch
     taken from it is settled (nothing of a group is left unreleased when the consumer stops); an
     exception from it (a worker that died) comes after the batches taken before it."""
@@ -313,19 +337,33 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
         group: list[Any] = []
         held = 0
         failed: Optional[BaseException] = None
+        item: Any = None
         while True:
             try:
-                b = next(src)
-                if isinstance(b, GDSBatch) and not b.materialized:
-                    b = b.materialize(tgt, pin=pin, _defer=True, _parsed=True, _record=False)
+                item = next(src)
             except StopIteration:
                 break
             except Exception as e:  # noqa: BLE001 - raised again once the batches before it are out
                 failed = e
                 break
-            group.append(b)
-            if isinstance(b, GDSBatch):
-                held += _batch_bytes(b)
+            parts = item if isinstance(item, _Batches) else (item,)
+            item = None
+            for i, b in enumerate(parts):
+                try:
+                    if isinstance(b, GDSBatch) and not b.materialized:
+                        b = b.materialize(tgt, pin=pin, _defer=True, _parsed=True, _record=False)
+                except Exception as e:  # noqa: BLE001 - raised again once the batches before it are out
+                    failed = e
+                    _release_unmaterialized(parts[i + 1 :])
+                    break
+                group.append(b)
+                if isinstance(b, GDSBatch):
+                    held += _batch_bytes(b)
+            parts, b = (), None
+            if failed is not None:
+                break
+            if not group:
+                continue  # an item whose one short batch drop_last left out
             if len(group) < SETTLE_BATCHES and held < SETTLE_BYTES and ready is not None and ready():
                 continue
             errs = _settle_group(group)
@@ -353,7 +391,7 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
         # workers and the leases of the batches they hold), the batches, nor the exception
         # itself (err: a cycle through the traceback).
         it = src = iter(())
-        group, out, errs, b, err = [], [], [], None, None
+        group, out, errs, b, err, item, parts = [], [], [], None, None, None, ()
 
 
 def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:

@@ -426,7 +426,8 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
     paths, truth = _small_shards(gdsfs_mount, nshards=3, per=40)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     # pin_memory=False: torch's own pin-memory thread (CUDA present) would materialize before ours.
-    dl = gt.DataLoader(ds, batch_size=8, num_workers=2, pin_memory=False)
+    # batches_per_item=1: what the loader chooses where torch's pin thread runs (it sees items).
+    dl = gt.DataLoader(ds, batch_size=8, num_workers=2, pin_memory=False, batches_per_item=1)
     seen = {}
     it = iter(dl)
     if stop == "islice":
@@ -459,7 +460,7 @@ def test_the_loader_settles_what_its_pin_thread_deferred(gdsfs_mount, monkeypatc
     # A whole pass through the same loader: every sample once.
     ds2 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     whole = {}
-    for b in gt.DataLoader(ds2, batch_size=8, num_workers=2, pin_memory=False):
+    for b in gt.DataLoader(ds2, batch_size=8, num_workers=2, pin_memory=False, batches_per_item=1):
         assert b._pending is None
         for i, key in enumerate(b["__key__"]):
             assert key not in whole

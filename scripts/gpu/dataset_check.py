@@ -45,6 +45,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -526,7 +527,7 @@ def _task_cpu() -> dict[int, float]:
     return out
 
 
-def main_profile(shards: list[str], batch: int, sample_bytes: int, legacy: bool = False) -> list[str]:
+def main_profile(shards: list[str], batch: int, sample_bytes: int, legacy: bool = False, per_item: "int | None" = None) -> list[str]:
     """Where the main process's time goes per batch in the real loader (gdsfs.torch.DataLoader,
     Opts.workers persistent workers, pin_memory on CUDA, one timed epoch after a warm-up one):
     the CPU time of the pin-memory thread (if any), the loop's thread and the rest of the
@@ -535,7 +536,8 @@ def main_profile(shards: list[str], batch: int, sample_bytes: int, legacy: bool 
     and the batch; GDSBatch.pin_memory; the loop's materialize and settle, its RELEASE ioctls
     apart, from GDSFS_DEBUG_TIMING) and the loop's wait for the next batch. legacy: the loader
     as before issue 15's wave 5 (torch's pin-memory thread copies, the loop settles each batch
-    with its own RELEASE), for a before/after of the same run."""
+    with its own RELEASE), for a before/after of the same run. per_item: the loader's
+    batches_per_item (None: --batches-per-item)."""
     from gdsfs import _tensors
 
     undo: list[tuple[Any, str, Any]] = []
@@ -546,13 +548,13 @@ def main_profile(shards: list[str], batch: int, sample_bytes: int, legacy: bool 
     elif legacy:
         return ["(this gdsfs has only the pin-memory thread's loader: the profile above is it)"]
     try:
-        return _main_profile(shards, batch, sample_bytes)
+        return _main_profile(shards, batch, sample_bytes, per_item)
     finally:
         for obj, name, real in undo:
             setattr(obj, name, real)
 
 
-def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]:
+def _main_profile(shards: list[str], batch: int, sample_bytes: int, per_item: "int | None" = None) -> list[str]:
     import threading
 
     from gdsfs import _core, _tensors
@@ -588,10 +590,11 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]
     reals = [(obj, name, timed_fn(obj, name, label)) for obj, name, label in patched]
     lines: list[str] = []
     try:
-        dl, ds = gds_loader(shards, batch, sample_bytes, persistent_workers=True)
+        dl, ds = gds_loader(shards, batch, sample_bytes, persistent_workers=True, batches_per_item=per_item if per_item is not None else Opts.per_item)
         sess = ds._session
         for b in dl:  # warm-up epoch (workers started, page and index caches, slabs mapped)
             pass
+        k = getattr(dl, "_kbatch", 1)  # the batches per item its workers send
         T.clear()
         N.clear()
         M.clear()
@@ -646,7 +649,8 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int) -> list[str]
         pin_c, main_c = cpu_of(pin_tid), cpu_of(main_tid)
         per = {k: T[k] / nb * 1e6 for k in T}
         unp = sum(v for k, v in per.items() if k.startswith("unpickle"))
-        lines.append(f"main process, the real loader ({Opts.workers} workers, batch {batch}, pin_memory={Opts.cuda}): {n / wall:,.0f} samples/s, "
+        lines.append(f"main process, the real loader ({Opts.workers} workers, batch {batch}, {k} batches per worker item, pin_memory={Opts.cuda}): "
+                     f"{n / wall:,.0f} samples/s, "
                      f"{wall / nb * 1e6:,.0f} us per batch; CPU per batch: pin-memory thread {pin_c / nb * 1e6:,.0f} us"
                      + ("" if pin_tid is not None else " (no pin-memory thread)")
                      + f", loop thread {main_c / nb * 1e6:,.0f}, other threads {(total - pin_c - main_c) / nb * 1e6:,.0f}"
@@ -752,6 +756,7 @@ class Opts:
     metrics = ""  # the daemon's --metrics-addr HOST:PORT, for the worker profile's daemon-side times
     drop_files: "list[str] | None" = None  # --drop-files: the files cold runs drop from the page cache
     first_batch_s = 0.0  # timed(): seconds to the last pass's first batch
+    per_item: "int | None" = None  # --batches-per-item: gdsfs.torch.DataLoader's batches_per_item (None: its default)
 
 
 def _same_sample(sample: Any) -> Any:
@@ -778,6 +783,10 @@ def gds_loader(shards: list[str], batch: int, sample_bytes: int, features: bool 
     # else (small samples): the dataset's defaults, what users get (read_ahead=64 samples, 64 MiB).
     ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, **extra)
     if pin and shared:
+        if "batches_per_item" in inspect.signature(gt.DataLoader.__init__).parameters:
+            kw.setdefault("batches_per_item", Opts.per_item)
+        else:
+            kw.pop("batches_per_item", None)
         return gt.DataLoader(ds, batch_size=batch, num_workers=Opts.workers, pin_memory=Opts.cuda, collate_fn=gt.collate, timeout=300, **kw), ds
     if shared:
         ds._batched = batch  # what gdsfs.torch.DataLoader tells its workers
@@ -908,6 +917,9 @@ def main() -> int:
     ap.add_argument("--sizes", default="100,4096", help="sample sizes in KiB, comma-separated (default 100,4096; issue 15: 16,64,256,4096)")
     ap.add_argument("--batch", type=int, default=0, help="batch size for every size (default: 64 below 1 MiB, 8 above)")
     ap.add_argument("--no-features", action="store_true", help="skip the gdsfs+features loader")
+    ap.add_argument("--batches-per-item", default=os.environ.get("GDSFS_BATCHES_PER_ITEM", "auto"),
+                    help="gdsfs.torch.DataLoader's batches_per_item for the gdsfs loaders: auto (its default) or a number; "
+                         "env GDSFS_BATCHES_PER_ITEM (the main profile and the 'gdsfs one batch per item' row always show 1 too)")
     ap.add_argument("--probes", action=argparse.BooleanOptionalAction, default=True,
                     help="below 1 MiB samples, also measure the daemon alone and the loader's two halves apart (default on)")
     ap.add_argument("--read-ahead", default="auto",
@@ -931,6 +943,9 @@ def main() -> int:
     a = ap.parse_args()
     Opts.workers, Opts.cuda, Opts.epochs, Opts.read_ahead = a.workers, not a.cpu, max(1, a.epochs), a.read_ahead
     Opts.metrics = a.metrics
+    if a.batches_per_item != "auto" and not (a.batches_per_item.isdigit() and int(a.batches_per_item) >= 1):
+        ap.error(f"--batches-per-item {a.batches_per_item!r} is not auto or a number >= 1")
+    Opts.per_item = None if a.batches_per_item == "auto" else int(a.batches_per_item)
     if a.read_ahead not in ("auto", "batch") and not a.read_ahead.isdigit():
         ap.error(f"--read-ahead {a.read_ahead!r} is not auto, batch or a number of samples")
     if Opts.cuda and not torch.cuda.is_available():
@@ -994,10 +1009,11 @@ def main() -> int:
                     log(f"{name} worker profile: {line}")
             except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
                 log(f"{name} worker profile failed: {type(e).__name__}: {e}")
-            for legacy in (False, True):
-                tag = "main profile" + (" (before: torch's pin-memory thread, a RELEASE per batch)" if legacy else "")
+            for legacy, per_item in ((False, None), (False, 1), (True, 1)):
+                tag = "main profile" + (" (before: torch's pin-memory thread, a RELEASE per batch)" if legacy else
+                                        " (before: one batch per worker item)" if per_item == 1 else "")
                 try:
-                    for line in main_profile(shards_m, batch, sb, legacy=legacy):
+                    for line in main_profile(shards_m, batch, sb, legacy=legacy, per_item=per_item):
                         log(f"{name} {tag}: {line}")
                 except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
                     log(f"{name} {tag} failed: {type(e).__name__}: {e}")
@@ -1013,7 +1029,8 @@ def main() -> int:
             for label, make, plain in (
                 ("gdsfs", lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False),
                 *([] if not (cache == "warm" and sb < (1 << 20)) else
-                  [("gdsfs range per sample", lambda **kw: gds_loader(shards_m, batch, sb, shared=False, **kw)[0], False)]),
+                  [("gdsfs range per sample", lambda **kw: gds_loader(shards_m, batch, sb, shared=False, **kw)[0], False),
+                   ("gdsfs one batch per item", lambda **kw: gds_loader(shards_m, batch, sb, batches_per_item=1, **kw)[0], False)]),
                 *([] if not feats else [("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False)]),
                 *([] if cache != "cold" else [(STARTED, lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False)]),
                 *([] if cache != "cold" else [(NOHINT, lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False)]),

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Host-engine benchmark: the main process's cost per batch with k batches per worker item
+(issue 15, 16 KiB samples; gdsfs.torch.DataLoader's batches_per_item).
+
+Usage: bench-kbatch.py [--kib 16] [--batch 16] [--workers 2] [--samples 8192] [--rounds 5]
+                       [--k 1,auto] [--mount MNT --source SRC]
+
+Writes WebDataset tars of float32 .npy samples (plus a .cls) on a host-mode gdsfs mount (its own,
+in a temp dir, unless --mount), then per round and per batches_per_item value (1: one batch per
+torch item, as before; auto: the loader's default; or a number) one pass of a persistent-worker
+gdsfs.torch.DataLoader after a warm-up pass, timing in the loop's thread: its CPU per batch
+(time.thread_time: what bounds the loader when the workers keep up, as on the GPU machine's 8
+workers), the wall time per batch, the wall time of next() (torch's queues plus the loop's
+materialize and settle) and the median of the loop's materialize calls (one per batch). Prints each round and the medians; the values of k alternate within a
+round, so a busy box loads them alike. Exits non-zero only when a pass loses or repeats a sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Any, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def log(msg: str) -> None:
+    print(f"bench-kbatch: {msg}", flush=True)
+
+
+def make_tars(d: str, kib: int, nsamples: int, nshards: int = 8) -> list[str]:
+    import numpy as np
+
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(kib)
+    per = nsamples // nshards
+    paths = []
+    for s in range(nshards):
+        p = os.path.join(d, f"shard-{s:03d}.tar")
+        with tarfile.open(p, "w") as tf:
+            for i in range(per):
+                b = io.BytesIO()
+                np.save(b, rng.standard_normal((kib << 10) // 4, dtype=np.float32))
+                for ext, data in (("cls", str(i % 1000).encode()), ("x.npy", b.getvalue())):
+                    ti = tarfile.TarInfo(f"{s:03d}_{i:06d}.{ext}")
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+        paths.append(os.path.basename(p))
+    return paths
+
+
+_CALLS: list[float] = []  # each GDSBatch.materialize's seconds in the loop (timed_materialize)
+
+
+def timed_materialize() -> None:
+    """Time the loop's GDSBatch.materialize calls (one per batch), into _CALLS."""
+    from gdsfs import _tensors
+
+    real = _tensors.GDSBatch.materialize
+
+    def wrapper(self: Any, *args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return real(self, *args, **kw)
+        finally:
+            _CALLS.append(time.perf_counter() - t)
+
+    _tensors.GDSBatch.materialize = wrapper  # type: ignore[method-assign]
+
+
+def one_pass(dl: Any, nsamples: int) -> dict[str, float]:
+    seen: set[str] = set()
+    _CALLS.clear()
+    nb = 0
+    nxt = 0.0
+    it = iter(dl)
+    c0, t0 = time.thread_time(), time.perf_counter()
+    while True:
+        a = time.perf_counter()
+        try:
+            b = next(it)
+        except StopIteration:
+            break
+        nxt += time.perf_counter() - a
+        nb += 1
+        seen.update(b["__key__"])
+    c1, t1 = time.thread_time(), time.perf_counter()
+    if len(seen) != nsamples:
+        raise RuntimeError(f"a pass delivered {len(seen)} distinct samples of {nsamples}")
+    calls = sorted(_CALLS)
+    return {"mat_us": calls[len(calls) // 2] * 1e6 if calls else 0.0, "cpu_us": (c1 - c0) / nb * 1e6, "wall_us": (t1 - t0) / nb * 1e6,
+            "next_us": nxt / nb * 1e6, "sps": nsamples / (t1 - t0), "batches": nb}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kib", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=8192)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--k", default="1,auto", help="batches_per_item values, comma-separated (auto: the default)")
+    ap.add_argument("--mount")
+    ap.add_argument("--source")
+    a = ap.parse_args()
+
+    import gdsfs.torch as gt
+
+    timed_materialize()
+    ks: list[Optional[int]] = [None if x.strip() == "auto" else int(x) for x in a.k.split(",") if x.strip()]
+    base = tempfile.mkdtemp(prefix="gdsfs-bench-kbatch-")
+    mounted = None
+    binary = os.environ.get("GDSFS_BIN") or os.path.join(ROOT, "bin", "gdsfs")
+    try:
+        if a.mount:
+            src, mnt = a.source, a.mount
+        else:
+            src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+            os.makedirs(src)
+            os.makedirs(mnt)
+            r = subprocess.run([binary, "mount", "--source", src, "--engine", "host", "--background", "--log-file",
+                                os.path.join(base, "daemon.log"), mnt], capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                log(f"mount failed: {r.stderr.strip()}")
+                return 2
+            mounted = mnt
+        sub = f"kbatch-{os.getpid()}"
+        names = make_tars(os.path.join(src, sub), a.kib, a.samples)
+        shards = [os.path.join(mnt, sub, n) for n in names]
+        nsamples = a.samples - a.samples % 8
+        rows: dict[str, list[dict[str, float]]] = {}
+        loaders = []
+        for k in ks:
+            ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
+            dl = gt.DataLoader(ds, batch_size=a.batch, num_workers=a.workers, persistent_workers=True, timeout=120, batches_per_item=k)
+            one_pass(dl, nsamples)  # warm-up: workers, page and index caches, slabs mapped
+            loaders.append((k, ds, dl))
+        for rnd in range(a.rounds):
+            for k, _ds, dl in loaders:
+                r = one_pass(dl, nsamples)
+                name = f"k={dl._kbatch}" + (" (auto)" if k is None else "")
+                rows.setdefault(name, []).append(r)
+                log(f"round {rnd + 1} {name}: loop thread CPU {r['cpu_us']:.0f} us per batch, wall {r['wall_us']:.0f} us per batch "
+                    f"(next() {r['next_us']:.0f}; materialize median {r['mat_us']:.0f}), {r['sps']:,.0f} samples/s")
+        log(f"medians of {a.rounds} rounds ({a.kib} KiB samples, batch {a.batch}, {a.workers} workers, {nsamples} samples a pass):")
+        base_cpu = statistics.median(x["cpu_us"] for x in next(iter(rows.values())))
+        for name, rs in rows.items():
+            cpu = statistics.median(x["cpu_us"] for x in rs)
+            log(f"  {name}: loop thread CPU {cpu:.0f} us per batch ({cpu / base_cpu:.2f}x of the first), wall "
+                f"{statistics.median(x['wall_us'] for x in rs):.0f} us, next() {statistics.median(x['next_us'] for x in rs):.0f} us, "
+                f"materialize {statistics.median(x['mat_us'] for x in rs):.0f} us, "
+                f"{statistics.median(x['sps'] for x in rs):,.0f} samples/s")
+        for _k, ds, dl in loaders:
+            dl._iterator._shutdown_workers()
+            ds.close()
+    finally:
+        if mounted:
+            for cmd in ([binary, "unmount", mounted], ["umount", "-l", mounted]):
+                if os.path.ismount(mounted):
+                    subprocess.run(cmd, capture_output=True, timeout=30)
+        subprocess.run(["rm", "-rf", base], timeout=60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
