@@ -67,7 +67,7 @@ def test_a_pass_is_every_sample_once_in_the_same_batches(gdsfs_mount, small, k) 
         per_slot.setdefault(_slot(b), []).append(tuple(b["__key__"]))
         for i, key in enumerate(b["__key__"]):
             assert key not in seen, f"{key} delivered twice"
-            seen[key] = b["x.npy"][i].numpy().tobytes()
+            seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
     assert seen == truth
     assert len(got) == len(dl) == 16 + 16
     for slot, bs in per_slot.items():
@@ -263,7 +263,7 @@ def test_stopping_mid_item_returns_every_lease(gdsfs_mount, small, small_batches
     for b in got:
         assert b._pending is None
         for i, key in enumerate(b["__key__"]):
-            assert b["x.npy"][i].numpy().tobytes() == truth[key]
+            assert b["x.npy"][i].cpu().numpy().tobytes() == truth[key]
     # Out-of-order items torch's iterator took from the workers and keeps (not ours to release
     # before the iterator goes) may hold leases here; those of the item the loop was in do not.
     assert not _held_samples() & _item_keys(small_batches, got)
@@ -304,7 +304,7 @@ def test_a_lost_lease_mid_item_yields_the_batches_before_and_returns_the_rest(gd
     with pytest.raises(gdsfs.GDSLeaseError):
         for b in _tensors.settled(iter([item]), ready=lambda: False):
             got.append(b)
-    assert len(got) == 1 and [b["x.npy"][0].numpy().tobytes() for b in got] == [truth[got[0]["__key__"][0]]]
+    assert len(got) == 1 and [b["x.npy"][0].cpu().numpy().tobytes() for b in got] == [truth[got[0]["__key__"][0]]]
     assert not (third & _held_here()), "the unmaterialized batch's leases are still held"
     assert not (mine & _held_here()), "a lease of the item is still held"
     del item, got, b
@@ -323,7 +323,7 @@ def test_settled_items_stopped_midway_return_every_lease(gdsfs_mount, stop: str)
     gen = _tensors.settled(iter([item]), ready=lambda: False)
     got = list(itertools.islice(gen, 1))
     assert not (mine & _held_here()), "batches materialized ahead still hold their leases"
-    assert [got[0]["x.npy"][i].numpy().tobytes() for i in range(4)] == [truth[k] for k in got[0]["__key__"]]
+    assert [got[0]["x.npy"][i].cpu().numpy().tobytes() for i in range(4)] == [truth[k] for k in got[0]["__key__"]]
     if stop == "del":
         del gen
     else:
