@@ -132,12 +132,13 @@ class _AfterHint:
 def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, shuffle: bool, resume: bool) -> None:
     paths, backing = _shards(gdsfs_mount, 4, 24)
     members = _members(backing, paths)
-    # Each worker's share: its first 6 samples and 100 bytes of its 7th's first member.
+    # Each worker's share: its first 6 samples and 100 bytes of its 7th's first member (its
+    # first chunk of 4 samples whole: a share that cuts the first chunk asks for nothing).
     per_worker = 6 * SAMPLE + 100
     monkeypatch.setenv(sh.START_HINT_ENV, str(2 * per_worker))
     state = None
     if resume:
-        ds0 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True)
+        ds0 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True, read_ahead=4)
         dl0 = gt.DataLoader(ds0, batch_size=4, num_workers=2)
         it = iter(dl0)
         for _ in range(5):  # 3 batches of one worker, 2 of the other
@@ -145,7 +146,7 @@ def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, s
         state = dl0.state_dict()
         del it, dl0
         ds0.close()
-    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True, read_ahead=4)
     if state is not None:
         ds.load_state_dict(state)
     gate = _AfterHint(2)
@@ -170,6 +171,30 @@ def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, s
             left -= min(left, e - o)
         want = _pages(first + part)
         assert _pages(got) == want, f"worker {w}: hinted pages are not its first samples' ({keys[:7]})"
+
+
+@pytest.mark.parametrize("share", [4 * SAMPLE - 100, 4 * SAMPLE])
+def test_a_first_chunk_larger_than_its_share_asks_for_nothing(gdsfs_mount, monkeypatch, share: int) -> None:
+    """Large samples: a worker's first READ (its first chunk of read_ahead samples, none of which
+    it yields before the whole chunk is read) is more than its share of the hint. Hinting a part
+    of it only reorders the workers' first READs against the order the loop takes them (the GPU
+    run of 12-02 05:50: 4 MiB samples' first batch came 70-240 ms later): nothing is asked for,
+    whether the share ends inside a sample or at a sample's end short of the chunk's."""
+    paths, backing = _shards(gdsfs_mount, 4, 24)
+    monkeypatch.setenv(sh.START_HINT_ENV, str(2 * share))
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=5)
+    gate = _AfterHint(2)
+    dl = gt.DataLoader(ds, batch_size=5, num_workers=2, worker_init_fn=gate.init_fn())
+    try:
+        _drop(backing)
+        gate.watch(dl)
+        per = _delivered(dl)
+        h = _hints(dl)
+    finally:
+        ds.close()
+        gate.close()
+    assert sum(len(v) for v in per.values()) == 96
+    assert h.ranges == [[], []], "a part of a worker's first chunk was hinted"
 
 
 def test_warm_start_asks_for_nothing(gdsfs_mount, monkeypatch) -> None:
