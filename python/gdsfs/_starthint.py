@@ -238,7 +238,7 @@ class StartHints:
                 # Its first chunk (the first READ, which yields nothing before it is whole) is
                 # more than its share: large samples. A part of it only reorders the workers'
                 # first READs against the order the loop takes them, and a READ that large keeps
-                # the disk busy by itself (12-02 05:50, 4 MiB samples: the first batch 70-240 ms
+                # the disk busy by itself (12-02 05:48, 4 MiB samples: the first batch 70-240 ms
                 # later with such hints, 0.98x the disk against 1.06x without).
                 self.ranges.append([])
                 continue
