@@ -178,7 +178,7 @@ def test_a_first_chunk_larger_than_its_share_asks_for_nothing(gdsfs_mount, monke
     """Large samples: a worker's first READ (its first chunk of read_ahead samples, none of which
     it yields before the whole chunk is read) is more than its share of the hint. Hinting a part
     of it only reorders the workers' first READs against the order the loop takes them (the GPU
-    run of 12-02 05:50: 4 MiB samples' first batch came 70-240 ms later): nothing is asked for,
+    run of 12-02 05:48: 4 MiB samples' first batch came 70-240 ms later): nothing is asked for,
     whether the share ends inside a sample or at a sample's end short of the chunk's."""
     paths, backing = _shards(gdsfs_mount, 4, 24)
     monkeypatch.setenv(sh.START_HINT_ENV, str(2 * share))
