@@ -63,12 +63,50 @@ def start_hint_bytes() -> int:
 
 class _HintFds:
     """The descriptors start-hint threads hold open, closed in a forked child (a worker forked
-    while a hint runs must not keep its descriptor of a shard for its whole life)."""
+    while a hint runs must not keep its descriptor of a shard for its whole life).
+
+    A descriptor is opened and registered (closed and unregistered) under lock, which a fork
+    takes first (before_fork): a fork never falls between the open's return and the
+    registration, where the child would get a descriptor it does not know to close. A fork
+    waits at most FORK_WAIT for it (a hint thread inside a slow daemon's open: a fork while
+    the open is still in the kernel copies no descriptor of it), and not at all while a hint
+    thread has kept it that long (stuck, until that open returns)."""
+
+    FORK_WAIT = 0.5
 
     def __init__(self) -> None:
         self.fds: set[int] = set()
+        self.lock = threading.Lock()
+        self.held: dict[int, bool] = {}  # forking thread -> whether its fork took lock
+        self.stuck = False
+
+    def open(self, path: str, flags: int) -> int:
+        with self.lock:
+            fd = os.open(path, flags)
+            self.fds.add(fd)
+            self.stuck = False
+            return fd
+
+    def close(self, fd: int) -> None:
+        with self.lock:
+            self.fds.discard(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def before_fork(self) -> None:
+        took = self.lock.acquire(blocking=False) or (not self.stuck and self.lock.acquire(timeout=self.FORK_WAIT))
+        if not took:
+            self.stuck = True
+        self.held[threading.get_ident()] = took
+
+    def after_fork_in_parent(self) -> None:
+        if self.held.pop(threading.get_ident(), False):
+            self.lock.release()
 
     def after_fork_in_child(self) -> None:
+        self.lock, self.held, self.stuck = threading.Lock(), {}, False
         fds, self.fds = self.fds, set()
         for fd in fds:
             try:
@@ -79,7 +117,7 @@ class _HintFds:
 
 _fds = _HintFds()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fds.after_fork_in_child)
+    os.register_at_fork(before=_fds.before_fork, after_in_parent=_fds.after_fork_in_parent, after_in_child=_fds.after_fork_in_child)
 
 
 Range = tuple[int, int, int, int]  # (shard, offset, end, chunk)
@@ -206,11 +244,7 @@ class StartHints:
             pass
         finally:
             for fd in self._fds.values():
-                _fds.fds.discard(fd)
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+                _fds.close(fd)
             self._fds.clear()
 
     def _run(self) -> None:
@@ -286,10 +320,9 @@ class StartHints:
             return None
         path = self.ds.shards[shard]
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = _fds.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return None
-        _fds.fds.add(fd)
         self._fds[shard] = fd
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

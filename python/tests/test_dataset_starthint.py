@@ -420,3 +420,68 @@ def test_fork_warning_is_hidden_only_while_the_hint_runs(gdsfs_mount, monkeypatc
     finally:
         release.set()
         ds.close()
+
+
+def test_a_fork_right_after_the_hints_open_leaves_the_child_no_descriptor(gdsfs_mount, monkeypatch) -> None:
+    # torch forks a worker just as the hint thread's open of a shard returned, before the
+    # thread registered the descriptor for the at-fork hook to close: the worker must not get
+    # it (it would hold the shard, and two of the daemon's descriptors, for its whole life).
+    paths, backing = _shards(gdsfs_mount, 2, 16)
+    monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
+    real_open = os.open
+    opened, forked = threading.Event(), threading.Event()
+    got: list[int] = []
+    forker: list[int] = []
+
+    def in_before_fork() -> bool:
+        frame = sys._current_frames().get(forker[0]) if forker else None
+        while frame is not None:
+            if frame.f_code.co_name == "before_fork" and frame.f_code.co_filename == sh.__file__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def hint_open(path: Any, flags: int, *a: Any, **kw: Any) -> int:
+        fd = real_open(path, flags, *a, **kw)
+        if threading.current_thread().name == "gdsfs-start-hint" and not got:
+            got.append(fd)
+            opened.set()
+            # The fork comes now: the open returned, the thread has not gone on yet.
+            pause = threading.Event()
+            for _ in range(6000):
+                if forked.is_set() or in_before_fork():
+                    break
+                pause.wait(0.01)
+        return fd
+
+    child_saw: list[int] = []
+
+    def fork() -> None:
+        forker.append(threading.get_ident())
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.fstat(got[0])
+                os._exit(1)  # the hint's descriptor is open in the child
+            except OSError:
+                os._exit(0)
+        forked.set()
+        child_saw.append(os.waitpid(pid, 0)[1])
+
+    monkeypatch.setattr(os, "open", hint_open)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    try:
+        _drop(backing + paths)
+        ds._main_iteration_starting(4)
+        h = sh.start(ds, 2, None)
+        assert h is not None
+        assert opened.wait(60)
+        t = threading.Thread(target=fork)
+        t.start()
+        t.join(timeout=60)
+        h.thread.join(timeout=60)
+        assert not t.is_alive() and not h.thread.is_alive()
+    finally:
+        monkeypatch.setattr(os, "open", real_open)
+        ds.close()
+    assert child_saw == [0], "the forked child kept the start hint's descriptor of a shard"
