@@ -1731,7 +1731,17 @@ class DataLoader(torch.utils.data.DataLoader):
             self._sample_bytes = _shard_bytes_per_sample(ds)
         if self._sample_bytes <= 0:
             return 1
-        return max(1, min(_tensors.KBATCH_MAX, _tensors.KBATCH_BYTES // (self._sample_bytes * self.batch_size)))
+        batch = self._sample_bytes * self.batch_size
+        k = max(1, min(_tensors.KBATCH_MAX, _tensors.KBATCH_BYTES // batch))
+        # The batches in flight (torch's ceil(prefetch_factor / k) items of k batches a worker)
+        # within a part of this uid's share of the pool: on a pool that holds what k=1 keeps in
+        # flight, a larger k must not make the workers wait for pool space that the batches
+        # the loop waits for hold (a loader that worked at k=1 would hang).
+        share = ds._session.hello.max_lease if ds._session is not None else 0
+        pf = int(self.prefetch_factor or 2)
+        while k > 1 and share > 0 and self.num_workers * -(-pf // k) * k * batch > share // _tensors.KBATCH_SHARE_PART:
+            k -= 1
+        return k
 
     @property
     def _index_sampler(self) -> Any:

@@ -298,6 +298,9 @@ def _settle_group(batches: Sequence[Any]) -> list[Optional[GDSLeaseError]]:
 # KBATCH_BYTES up).
 KBATCH_BYTES = 2 << 20
 KBATCH_MAX = 8
+# ...and a smaller k while the workers' batches in flight would be more than 1/KBATCH_SHARE_PART
+# of the uid's share of the pool (the daemon's max_lease).
+KBATCH_SHARE_PART = 4
 
 
 class _Batches(list):  # type: ignore[type-arg]

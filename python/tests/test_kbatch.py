@@ -365,3 +365,41 @@ def test_a_bad_batches_per_item_says_what_to_pass(gdsfs_mount, small, bad) -> No
     with pytest.raises(ValueError, match=r"batches_per_item=.* is not a whole number >= 1"):
         gt.DataLoader(ds, batch_size=4, num_workers=2, batches_per_item=bad)
     ds.close()
+
+
+@pytest.fixture(scope="module")
+def small_pool(gdsfs_bin, tmp_path_factory):
+    """A mount whose host pool (4 MiB of 1 MiB slabs, all of it this uid's) holds what 2 workers
+    keep in flight at one batch of 16 x 16 KiB per item, not what they would at 7."""
+    import conftest
+
+    base = tmp_path_factory.mktemp("kbatch-pool")
+    src, mnt = base / "src", base / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    m = conftest.mount(gdsfs_bin, str(src), str(mnt), str(base / "daemon.log"), "--host-pool", "4MiB", "--slab-size", "1MiB", "--uid-share", "100%")
+    try:
+        yield m
+    finally:
+        conftest.unmount(gdsfs_bin, m.mnt)
+
+
+def test_the_default_k_fits_a_pool_that_one_batch_per_item_fits(small_pool) -> None:
+    """A loader that works at batches_per_item=1 on a small pool works at the default too (its k
+    bounded by the uid's share of the pool), instead of every worker waiting for pool space that
+    the items the loop waits for hold (a timeout, a hang without one)."""
+    import gdsfs.torch as gt
+
+    paths, truth = _shards(small_pool, "kbatch-pool", nshards=8, per=64)
+    for k in (1, None):
+        ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+        dl = _loader(ds, batch_size=16, batches_per_item=k, timeout=20)
+        seen: list[str] = []
+        for b in dl:
+            for i, key in enumerate(b["__key__"]):
+                assert b["x.npy"][i].cpu().numpy().tobytes() == truth[key]
+            seen.extend(b["__key__"])
+        del b
+        assert sorted(seen) == sorted(truth), k
+        ds.close()
+    assert small_pool.wait_leases(0) == 0
