@@ -206,6 +206,26 @@ def _page_resident(fd: int, off: int) -> bool:
         return False
 
 
+# The daemon's descriptors one open of a shard by the hint costs this uid (the open, and the
+# control path's duplicate its INDEX makes: docs/operations.md, "Open files").
+OPEN_COST = 2
+
+
+def _budget_leaves_room(mount: str) -> bool:
+    """Whether this uid's opens on the mount, with one more shard of the hint's, hold at most half
+    of its budget of the daemon's descriptors (--max-open-per-user): the hint never takes
+    descriptors that the loader's own workers, opening their shards while it runs, may need (an
+    EMFILE of theirs would be the hint's doing). True when the daemon does not say."""
+    try:
+        doc = json.loads(os.getxattr(mount, "user.gdsfs.stats"))
+        of = doc.get("open_files") or {}
+        per = int(of.get("per_uid", 0))
+        mine = sum(int(u.get("open", 0)) for u in of.get("uids") or () if u.get("uid") == os.getuid())
+    except (OSError, ValueError, TypeError, AttributeError):
+        return True
+    return per <= 0 or mine + OPEN_COST <= per // 2
+
+
 class _PlanState:
     """What GDSShardDataset._sample_fields reads of a shard's state: its path, index and the
     cache of its field names' kinds."""
@@ -319,6 +339,9 @@ class StartHints:
         if self.stop_event.is_set():
             return None
         path = self.ds.shards[shard]
+        session = self.ds._session
+        if session is not None and not _budget_leaves_room(session.mount):
+            return None
         try:
             fd = _fds.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:

@@ -485,3 +485,67 @@ def test_a_fork_right_after_the_hints_open_leaves_the_child_no_descriptor(gdsfs_
         monkeypatch.setattr(os, "open", real_open)
         ds.close()
     assert child_saw == [0], "the forked child kept the start hint's descriptor of a shard"
+
+
+@pytest.fixture()
+def budget_mount(gdsfs_bin, tmp_path):
+    """A mount whose per-uid budget of the daemon's descriptors is 40 (--max-open-per-user)."""
+    import conftest
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    m = conftest.mount(gdsfs_bin, str(src), str(mnt), str(tmp_path / "daemon.log"), "--max-open-per-user", "40")
+    try:
+        yield m
+    finally:
+        conftest.unmount(gdsfs_bin, m.mnt)
+
+
+def _my_opens(mount: Any) -> tuple[int, int]:
+    of = mount.stats()["open_files"]
+    return sum(u["open"] for u in of.get("uids") or () if u["uid"] == os.getuid()), of["per_uid"]
+
+
+def test_near_the_open_files_budget_the_hint_takes_no_descriptor_the_workers_need(budget_mount, monkeypatch) -> None:
+    # This uid holds all but 2 of its 40 descriptors; the hint thread is held (a slow daemon, a
+    # loaded machine) while the loader's workers open their shards: the two opens that fit must
+    # succeed, so the hint holds none of them.
+    paths, backing = _shards(budget_mount, 2, 16)
+    monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
+    release, advising = threading.Event(), threading.Event()
+    real = sh.StartHints._advise
+
+    def held(self: Any, rs: Any) -> None:
+        advising.set()
+        release.wait(60)
+        real(self, rs)
+
+    monkeypatch.setattr(sh.StartHints, "_advise", held)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    fillers: list[int] = []
+    h = None
+    try:
+        _drop(backing + paths)
+        mine, per = _my_opens(budget_mount)
+        while mine < per - 2:
+            fillers.append(os.open(paths[len(fillers) % 2], os.O_RDONLY))
+            mine += 1
+        assert _my_opens(budget_mount)[0] == per - 2
+        ds._main_iteration_starting(4)
+        h = sh.start(ds, 2, None)
+        assert h is not None
+        for _ in range(6000):  # the hint is advising (holding its descriptors) or done
+            if advising.is_set() or not h.thread.is_alive():
+                break
+            threading.Event().wait(0.01)
+        worker_fds = [os.open(p, os.O_RDONLY) for p in paths]  # what a worker opens: EMFILE if the hint took them
+        for fd in worker_fds:
+            os.close(fd)
+    finally:
+        release.set()
+        if h is not None:
+            h.thread.join(timeout=60)
+        for fd in fillers:
+            os.close(fd)
+        ds.close()
