@@ -80,15 +80,22 @@ class _HintFds:
         self.held: dict[int, bool] = {}  # forking thread -> whether its fork took lock
         self.stuck = False
 
-    def open(self, path: str, flags: int) -> int:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
         with self.lock:
+            try:
+                yield
+            finally:
+                self.stuck = False  # forks wait for the lock again
+
+    def open(self, path: str, flags: int) -> int:
+        with self._locked():
             fd = os.open(path, flags)
             self.fds.add(fd)
-            self.stuck = False
             return fd
 
     def close(self, fd: int) -> None:
-        with self.lock:
+        with self._locked():
             self.fds.discard(fd)
             try:
                 os.close(fd)

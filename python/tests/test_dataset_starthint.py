@@ -549,3 +549,40 @@ def test_near_the_open_files_budget_the_hint_takes_no_descriptor_the_workers_nee
         for fd in fillers:
             os.close(fd)
         ds.close()
+
+
+def test_a_fork_waits_for_the_hints_open_again_once_a_stuck_one_returned() -> None:
+    # A hint's open or close held the lock past FORK_WAIT (a slow daemon): that fork went on
+    # without it, and later forks do not wait while it is stuck; once it returned, they wait for
+    # the lock again (it protects the next open's window).
+    fds = sh._HintFds()
+    r, w = os.pipe()
+    inside, go = threading.Event(), threading.Event()
+    real_close = os.close
+
+    def slow_close() -> None:
+        fds.fds.add(r)
+        os.close = lambda fd: (inside.set(), go.wait(60), real_close(fd))[-1]  # type: ignore[assignment]
+        try:
+            fds.close(r)
+        finally:
+            os.close = real_close  # type: ignore[assignment]
+
+    t = threading.Thread(target=slow_close)
+    t.start()
+    try:
+        assert inside.wait(60)
+        fds.before_fork()
+        assert fds.held == {threading.get_ident(): False} and fds.stuck
+        fds.after_fork_in_parent()
+    finally:
+        go.set()
+        t.join(timeout=60)
+        real_close(w)
+    assert not fds.stuck and r not in fds.fds
+    fds.before_fork()
+    try:
+        assert fds.held == {threading.get_ident(): True}, "a fork after the stuck close returned no longer waits for the lock"
+    finally:
+        fds.after_fork_in_parent()
+    assert not fds.lock.locked()
