@@ -403,8 +403,9 @@ def forking(hints: Optional[StartHints]) -> Iterator[None]:
     """While torch forks a loader's workers: Python 3.12's warning that the process is
     multi-threaded is not shown while the start hint's thread runs (a program that turns
     warnings into errors would otherwise fail to start its workers). That thread is fork-safe:
-    it holds no lock a child could need (plain system calls, libc loaded before it started), and
-    its descriptors are closed in the child (_HintFds)."""
+    it holds no lock a child could need (plain system calls, libc loaded before it started; its
+    one lock, _HintFds.lock, a fork takes first and the child makes anew), and its descriptors
+    are closed in the child (_HintFds)."""
     if hints is None or hints.thread is None or not hints.thread.is_alive():
         yield
         return
