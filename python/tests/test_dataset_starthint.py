@@ -586,3 +586,46 @@ def test_a_fork_waits_for_the_hints_open_again_once_a_stuck_one_returned() -> No
     finally:
         fds.after_fork_in_parent()
     assert not fds.lock.locked()
+
+
+def test_a_hint_stuck_inside_its_open_never_holds_the_workers_fork(gdsfs_mount, monkeypatch) -> None:
+    # The hint thread inside a shard's open (a slow daemon), holding the lock forks take: torch
+    # still forks the workers (each fork waits at most FORK_WAIT, then none waits while it is
+    # stuck) and the loop gets every sample, twice.
+    paths, backing = _shards(gdsfs_mount, 2, 16)
+    monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
+    real_open = os.open
+    release, entered = threading.Event(), threading.Event()
+
+    def stuck_open(path: Any, flags: int, *a: Any, **kw: Any) -> int:
+        if threading.current_thread().name == "gdsfs-start-hint":
+            entered.set()
+            release.wait(120)
+        return real_open(path, flags, *a, **kw)
+
+    real_forking = sh.forking
+
+    def forking_once_stuck(hints: Any) -> Any:
+        assert entered.wait(60), "the hint never reached its open"
+        return real_forking(hints)
+
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=2, timeout=60)
+    monkeypatch.setattr(os, "open", stuck_open)
+    monkeypatch.setattr(sh, "forking", forking_once_stuck)
+    h = None
+    try:
+        _drop(backing + paths)
+        it = iter(dl)
+        first = next(it)  # torch forked both workers
+        h = dl._start_hints
+        assert h is not None and h.thread.is_alive()
+        assert len(first["__key__"]) + sum(len(b["__key__"]) for b in it) == 32
+        assert sum(len(b["__key__"]) for b in dl) == 32
+    finally:
+        release.set()
+        monkeypatch.setattr(sh, "forking", real_forking)
+        monkeypatch.setattr(os, "open", real_open)
+        if h is not None:
+            h.thread.join(timeout=60)
+        ds.close()
