@@ -220,17 +220,24 @@ OPEN_COST = 2
 
 def _budget_leaves_room(mount: str) -> bool:
     """Whether this uid's opens on the mount, with one more shard of the hint's, hold at most half
-    of its budget of the daemon's descriptors (--max-open-per-user): the hint never takes
-    descriptors that the loader's own workers, opening their shards while it runs, may need (an
-    EMFILE of theirs would be the hint's doing). True when the daemon does not say."""
+    of its budget of the daemon's descriptors (--max-open-per-user), and every uid's together at
+    most half of what the daemon lets users hold: the hint never takes descriptors that the
+    loader's own workers, or another user, opening files while it runs may need (an EMFILE or
+    ENFILE of theirs would be the hint's doing). True when the daemon does not say."""
     try:
-        doc = json.loads(os.getxattr(mount, "user.gdsfs.stats"))
-        of = doc.get("open_files") or {}
-        per = int(of.get("per_uid", 0))
-        mine = sum(int(u.get("open", 0)) for u in of.get("uids") or () if u.get("uid") == os.getuid())
+        return _room(json.loads(os.getxattr(mount, "user.gdsfs.stats")).get("open_files") or {}, os.getuid())
     except (OSError, ValueError, TypeError, AttributeError):
         return True
-    return per <= 0 or mine + OPEN_COST <= per // 2
+
+
+def _room(of: dict[str, Any], uid: int) -> bool:
+    """_budget_leaves_room of the daemon's open_files figures (docs/operations.md, "Open files")."""
+    per = int(of.get("per_uid", 0))
+    mine = sum(int(u.get("open", 0)) for u in of.get("uids") or () if u.get("uid") == uid)
+    users = int(of.get("limit", 0)) - int(of.get("reserve", 0))
+    if per > 0 and mine + OPEN_COST > per // 2:
+        return False
+    return int(of.get("limit", 0)) <= 0 or int(of.get("open", 0)) + OPEN_COST <= users // 2
 
 
 class _PlanState:

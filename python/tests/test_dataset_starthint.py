@@ -629,3 +629,15 @@ def test_a_hint_stuck_inside_its_open_never_holds_the_workers_fork(gdsfs_mount, 
         if h is not None:
             h.thread.join(timeout=60)
         ds.close()
+
+
+@pytest.mark.parametrize("of,room", [
+    ({}, True),  # a daemon that does not say
+    ({"limit": 20000, "reserve": 2500, "per_uid": 40, "open": 9, "uids": [{"uid": 7, "open": 9}]}, True),
+    ({"limit": 20000, "reserve": 2500, "per_uid": 40, "open": 19, "uids": [{"uid": 7, "open": 19}]}, False),  # this uid near its budget
+    ({"limit": 20000, "reserve": 2500, "per_uid": 40, "open": 19, "uids": [{"uid": 8, "open": 19}]}, True),  # another uid's opens
+    ({"limit": 20000, "reserve": 2500, "per_uid": 4375, "open": 8749, "uids": []}, False),  # every user together near ENFILE
+    ({"limit": 20000, "reserve": 2500, "per_uid": 4375, "open": 8748, "uids": []}, True),
+])
+def test_the_hint_opens_only_with_room_in_both_budgets(of: dict[str, Any], room: bool) -> None:
+    assert sh._room(of, 7) is room
