@@ -18,12 +18,11 @@ round, so a busy box loads them alike. Exits non-zero only when a pass loses or 
 from __future__ import annotations
 
 import argparse
-import io
+import importlib.util
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from typing import Any, Optional
@@ -38,24 +37,12 @@ def log(msg: str) -> None:
 
 
 def make_tars(d: str, kib: int, nsamples: int, nshards: int = 8) -> list[str]:
-    import numpy as np
-
-    os.makedirs(d, exist_ok=True)
-    rng = np.random.default_rng(kib)
-    per = nsamples // nshards
-    paths = []
-    for s in range(nshards):
-        p = os.path.join(d, f"shard-{s:03d}.tar")
-        with tarfile.open(p, "w") as tf:
-            for i in range(per):
-                b = io.BytesIO()
-                np.save(b, rng.standard_normal((kib << 10) // 4, dtype=np.float32))
-                for ext, data in (("cls", str(i % 1000).encode()), ("x.npy", b.getvalue())):
-                    ti = tarfile.TarInfo(f"{s:03d}_{i:06d}.{ext}")
-                    ti.size = len(data)
-                    tf.addfile(ti, io.BytesIO(data))
-        paths.append(os.path.basename(p))
-    return paths
+    """bench-dataset.py's tars (float32 .npy plus .cls), named relative to d."""
+    spec = importlib.util.spec_from_file_location("bench_dataset", os.path.join(HERE, "bench-dataset.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return [os.path.basename(p) for p in mod.make_tars(d, kib, nsamples, nshards)]
 
 
 _CALLS: list[float] = []  # each GDSBatch.materialize's seconds in the loop (timed_materialize)

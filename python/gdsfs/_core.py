@@ -561,6 +561,17 @@ class _HostMapping:
         self.view = memoryview(self.mm)
 
 
+def env_bytes(name: str, default: int) -> int:
+    """The environment variable name as a byte count (0 or less: 0, i.e. off); unset, empty or
+    not an integer: default. For the hints' sizes, which a bad value must never turn into an
+    error."""
+    v = os.environ.get(name, "")
+    try:
+        return max(0, int(v)) if v else default
+    except ValueError:
+        return default
+
+
 # How long a CUDA virtual-memory slab mapping outlives the end of the last
 # session of its mount in this process, in seconds (GDSFS_SLAB_RETAIN_S, 0
 # to unmap at once). Every load_file and checkpoint load is a session of its

@@ -158,11 +158,7 @@ WILLNEED_STEP = 128 << 10
 
 def _shard_hint_bytes() -> int:
     """GDSFS_SHARD_HINT as bytes (0 or less: no hint); unset or not an integer: the default."""
-    v = os.environ.get(NEXT_SHARD_HINT_ENV, "")
-    try:
-        return max(0, int(v)) if v else NEXT_SHARD_HINT
-    except ValueError:
-        return NEXT_SHARD_HINT
+    return _core.env_bytes(NEXT_SHARD_HINT_ENV, NEXT_SHARD_HINT)
 
 
 def _willneed(path: str, nbytes: int) -> None:

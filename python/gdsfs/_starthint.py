@@ -54,11 +54,7 @@ PROBE_BYTES = 1 << 20
 
 def start_hint_bytes() -> int:
     """GDSFS_START_HINT as bytes (0 or less: no hint); unset or not an integer: the default."""
-    v = os.environ.get(START_HINT_ENV, "")
-    try:
-        return max(0, int(v)) if v else START_HINT
-    except ValueError:
-        return START_HINT
+    return _core.env_bytes(START_HINT_ENV, START_HINT)
 
 
 class _HintFds:
