@@ -1750,19 +1750,22 @@ class DataLoader(torch.utils.data.DataLoader):
     def _items_of(self, k: int) -> Iterator[None]:
         """While torch makes an iterator (and starts its workers): items of k batches. Its workers
         collate k batches per item (_KCollate), torch drops no short item (_KCollate drops the short
-        batch), and prefetch_factor counts items. The loader's own settings are back afterwards."""
+        batch), prefetch_factor counts items, and torch waits k times timeout for one. The loader's
+        own settings are back afterwards."""
         self._kbatch = k
         if k <= 1:
             yield
             return
-        saved = (self.collate_fn, self.prefetch_factor, self.drop_last)
+        saved = (self.collate_fn, self.prefetch_factor, self.drop_last, self.timeout)
         self.collate_fn = _KCollate(int(self.batch_size or 1), k, bool(self.drop_last))
         self.prefetch_factor = max(1, -(-int(self.prefetch_factor or 2) // k))
         object.__setattr__(self, "drop_last", False)  # torch forbids setting it once made: restored below
+        if self.timeout and self.timeout > 0:
+            self.timeout = self.timeout * k  # torch waits per item: timeout= keeps counting per batch
         try:
             yield
         finally:
-            self.collate_fn, self.prefetch_factor = saved[0], saved[1]
+            self.collate_fn, self.prefetch_factor, self.timeout = saved[0], saved[1], saved[3]
             object.__setattr__(self, "drop_last", saved[2])
 
     def _get_iterator(self) -> Any:

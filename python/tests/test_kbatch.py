@@ -403,3 +403,22 @@ def test_the_default_k_fits_a_pool_that_one_batch_per_item_fits(small_pool) -> N
         assert sorted(seen) == sorted(truth), k
         ds.close()
     assert small_pool.wait_leases(0) == 0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_timeout_keeps_counting_per_batch(gdsfs_mount, small, k) -> None:
+    """timeout= is the most a batch may take to come from the workers (torch's own words): with
+    k batches per item, torch waits for each item k times as long (a worker makes k batches for
+    it), so a loader whose batches each came in time does not time out at the default k; the
+    loader's own timeout is unchanged."""
+    import gdsfs.torch as gt
+
+    ds = gt.GDSShardDataset(small[0], gpu_keys=["x.npy"], strict=True)
+    dl = _loader(ds, batches_per_item=k, timeout=7)
+    it = dl._get_iterator()
+    try:
+        assert it._timeout == 7 * k and dl.timeout == 7
+    finally:
+        it._shutdown_workers()
+        del it
+        ds.close()
