@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -171,18 +169,7 @@ func (c cuFileConfig) wantName() string {
 // compat mode); it is opened read-write.
 func randomCachedFile(t testing.TB, size int) (*os.File, []byte) {
 	t.Helper()
-	data := make([]byte, size)
-	r := rand.NewChaCha8([32]byte{7})
-	_, _ = r.Read(data)
-	p := filepath.Join(t.TempDir(), "data")
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(p, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
+	f, data := writeRandomFile(t, size)
 	if _, ok := pagecache.Cached(f, 0, 1); !ok {
 		t.Skip("kernel without cachestat(2)")
 	}

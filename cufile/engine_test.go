@@ -94,7 +94,7 @@ func (l *fakeLane) sync(slot int) error {
 }
 func (l *fakeLane) close() error { l.closed = true; return nil }
 
-func writeRandomFile(t *testing.T, n int) (*os.File, []byte) {
+func writeRandomFile(t testing.TB, n int) (*os.File, []byte) {
 	t.Helper()
 	data := make([]byte, n)
 	r := rand.New(rand.NewPCG(uint64(n), 7))
