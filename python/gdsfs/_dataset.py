@@ -1734,8 +1734,7 @@ class DataLoader(torch.utils.data.DataLoader):
         # flight, a larger k must not make the workers wait for pool space that the batches
         # the loop waits for hold (a loader that worked at k=1 would hang).
         share = ds._session.hello.max_lease if ds._session is not None else 0
-        pf = int(self.prefetch_factor or 2)
-        while k > 1 and share > 0 and self.num_workers * -(-pf // k) * k * batch > share // _tensors.KBATCH_SHARE_PART:
+        while k > 1 and share > 0 and self.num_workers * self._items_prefetched(k) * k * batch > share // _tensors.KBATCH_SHARE_PART:
             k -= 1
         return k
 
@@ -1745,6 +1744,11 @@ class DataLoader(torch.utils.data.DataLoader):
         if getattr(self, "_kbatch", 1) > 1 and self._auto_collation:
             return torch.utils.data.BatchSampler(self.sampler, int(self.batch_size or 1) * self._kbatch, False)
         return super()._index_sampler
+
+    def _items_prefetched(self, k: int) -> int:
+        """torch's prefetch_factor for items of k batches: prefetch_factor keeps counting
+        batches, ceil(prefetch_factor / k) items a worker, at least one."""
+        return max(1, -(-int(self.prefetch_factor or 2) // k))
 
     @contextlib.contextmanager
     def _items_of(self, k: int) -> Iterator[None]:
@@ -1758,7 +1762,7 @@ class DataLoader(torch.utils.data.DataLoader):
             return
         saved = (self.collate_fn, self.prefetch_factor, self.drop_last, self.timeout)
         self.collate_fn = _KCollate(int(self.batch_size or 1), k, bool(self.drop_last))
-        self.prefetch_factor = max(1, -(-int(self.prefetch_factor or 2) // k))
+        self.prefetch_factor = self._items_prefetched(k)
         object.__setattr__(self, "drop_last", False)  # torch forbids setting it once made: restored below
         if self.timeout and self.timeout > 0:
             self.timeout = self.timeout * k  # torch waits per item: timeout= keeps counting per batch
