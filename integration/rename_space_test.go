@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestRenameOverFreesSpaceAtOnce: a file renamed over through the mount
@@ -37,11 +38,34 @@ func TestRenameOverFreesSpaceAtOnce(t *testing.T) {
 		if _, err := os.ReadFile(ckpt); err != nil { // a load of the last one
 			t.Fatalf("save %d: load: %v", i, err)
 		}
+		// The kernel tells the daemon it forgot the inode renamed over
+		// (FORGET) asynchronously, so its blocks come back a moment
+		// after the rename, not within it: wait for the backing
+		// filesystem to have room, for at most half the stash's 2 s
+		// lifetime (before the fix, the blocks came back only then).
+		waitFree(t, backing, size, time.Second)
 		if err := os.WriteFile(tmp, genBytes(uint64(i), 0, size), 0o644); err != nil {
 			t.Fatalf("save %d: write %s: %v (the checkpoint renamed over before was not freed)", i, tmp, err)
 		}
 		if err := os.Rename(tmp, ckpt); err != nil {
 			t.Fatalf("save %d: rename: %v", i, err)
 		}
+	}
+}
+
+// waitFree waits until the filesystem at dir has n bytes free, or for at
+// most limit; the write that follows reports ENOSPC if it never has.
+func waitFree(t *testing.T, dir string, n int64, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err != nil {
+			t.Fatalf("statfs %s: %v", dir, err)
+		}
+		if int64(st.Bavail)*st.Bsize >= n || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
