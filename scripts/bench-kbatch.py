@@ -3,7 +3,7 @@
 (issue 15, 16 KiB samples; gdsfs.torch.DataLoader's batches_per_item).
 
 Usage: bench-kbatch.py [--kib 16] [--batch 16] [--workers 2] [--samples 8192] [--rounds 5]
-                       [--k 1,auto] [--mount MNT --source SRC]
+                       [--k 1,auto] [--loop views] [--mount MNT --source SRC]
 
 Writes WebDataset tars of float32 .npy samples (plus a .cls) on a host-mode gdsfs mount (its own,
 in a temp dir, unless --mount), then per round and per batches_per_item value (1: one batch per
@@ -11,14 +11,20 @@ torch item, as before; auto: the loader's default; or a number) one pass of a pe
 gdsfs.torch.DataLoader after a warm-up pass, timing in the loop's thread: its CPU per batch
 (time.thread_time: what bounds the loader when the workers keep up, as on the GPU machine's 8
 workers), the wall time per batch, the wall time of next() (torch's queues plus the loop's
-materialize and settle) and the median of the loop's materialize calls (one per batch). Prints each round and the medians; the values of k alternate within a
-round, so a busy box loads them alike. Exits non-zero only when a pass loses or repeats a sample.
+materialize and settle) and the median of the loop's materialize calls (one per batch, or one per
+item's run of batches gathered together: divided by the batches it made). --loop: how the loop
+materializes an item of k > 1 batches, per value a pass: views (the default: one copy per field
+per item's run, each batch a view of its rows), copies (the same, but a copy per batch) or
+per-batch (each batch materialized alone, as before the item path). Prints each round and the
+medians; the values of k and --loop alternate within a round, so a busy box loads them alike.
+Exits non-zero only when a pass loses or repeats a sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import os
 import statistics
 import subprocess
@@ -45,14 +51,17 @@ def make_tars(d: str, kib: int, nsamples: int, nshards: int = 8) -> list[str]:
     return [os.path.basename(p) for p in mod.make_tars(d, kib, nsamples, nshards)]
 
 
-_CALLS: list[float] = []  # each GDSBatch.materialize's seconds in the loop (timed_materialize)
+_CALLS: list[float] = []  # each batch's share of the loop's materialize calls, seconds (timed_materialize)
+LOOPS = ("views", "copies", "per-batch")
 
 
 def timed_materialize() -> None:
-    """Time the loop's GDSBatch.materialize calls (one per batch), into _CALLS."""
+    """Time the loop's GDSBatch.materialize calls (one per batch) and its item path's
+    _materialize_segment calls (one per run of batches: its time divided among them), into _CALLS."""
     from gdsfs import _tensors
 
     real = _tensors.GDSBatch.materialize
+    real_seg = _tensors._materialize_segment
 
     def wrapper(self: Any, *args: Any, **kw: Any) -> Any:
         t = time.perf_counter()
@@ -61,10 +70,29 @@ def timed_materialize() -> None:
         finally:
             _CALLS.append(time.perf_counter() - t)
 
+    def seg(bs: Any, *args: Any) -> Any:
+        t = time.perf_counter()
+        out = real_seg(bs, *args)
+        if out is not None:
+            _CALLS.extend([(time.perf_counter() - t) / len(out)] * len(out))
+        return out
+
     _tensors.GDSBatch.materialize = wrapper  # type: ignore[method-assign]
+    _tensors._materialize_segment = seg
 
 
-def one_pass(dl: Any, nsamples: int) -> dict[str, float]:
+def loop_mode(mode: str) -> None:
+    """How the loop materializes items of several batches (--loop)."""
+    from gdsfs import _tensors
+
+    if not hasattr(_tensors, "_real_item_segments"):
+        _tensors._real_item_segments = _tensors._item_segments  # type: ignore[attr-defined]
+    _tensors._item_segments = (lambda parts: {}) if mode == "per-batch" else _tensors._real_item_segments  # type: ignore[attr-defined]
+    _tensors.ITEM_VIEWS = mode == "views"
+
+
+def one_pass(dl: Any, nsamples: int, mode: str = "views") -> dict[str, float]:
+    loop_mode(mode)
     seen: set[str] = set()
     _CALLS.clear()
     nb = 0
@@ -88,6 +116,43 @@ def one_pass(dl: Any, nsamples: int) -> dict[str, float]:
             "next_us": nxt / nb * 1e6, "sps": nsamples / (t1 - t0), "batches": nb}
 
 
+def loop_alone(shards: list[str], batch: int, k: int, modes: list[str], reps: int) -> None:
+    """--loop-alone: the loop's materialize and settle of one item of k batches, in this process
+    without workers (no worker competes for the CPU): items read as a worker reads them (one
+    range per field per shard for the item's samples: GDSShardDataset._runs), collated and passed
+    through pickle as a worker's are, then timed (time.thread_time) through _tensors.settled, the
+    --loop values alternating item by item. Prints the median per batch of each."""
+    import pickle
+
+    import gdsfs.torch as gt
+    from gdsfs import _tensors
+
+    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, read_ahead=k * batch)
+    ds._batched = k * batch  # as in a DataLoader worker that sends items of k batches
+    src = iter(())
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for rep in range(reps):
+        for mode in modes:
+            samples = list(itertools.islice(src, k * batch))
+            if len(samples) < k * batch:
+                src = iter(ds)
+                samples = list(itertools.islice(src, k * batch))
+            item = _tensors._Batches(pickle.loads(pickle.dumps(gt.collate(samples[i : i + batch]), protocol=pickle.HIGHEST_PROTOCOL))
+                                     for i in range(0, k * batch, batch))
+            del samples
+            loop_mode(mode)
+            c = time.thread_time()
+            out = list(_tensors.settled(iter([item]), ready=lambda: False))
+            times[mode].append((time.thread_time() - c) / len(out) * 1e6)
+            del out, item
+    del src
+    ds.close()
+    base = statistics.median(times[modes[0]])
+    for m in modes:
+        med = statistics.median(times[m])
+        log(f"  loop alone, k={k} {m}: {med:.1f} us per batch ({med / base:.2f}x of {modes[0]}; {reps} items each)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kib", type=int, default=16)
@@ -96,14 +161,22 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--k", default="1,auto", help="batches_per_item values, comma-separated (auto: the default)")
+    ap.add_argument("--loop", default="views", help=f"how an item of k > 1 batches is materialized, comma-separated: {', '.join(LOOPS)}")
     ap.add_argument("--mount")
     ap.add_argument("--source")
+    ap.add_argument("--loop-alone", type=int, default=0, metavar="ITEMS",
+                    help="instead: time the loop alone over ITEMS items of the largest --k per --loop value (loop_alone)")
     a = ap.parse_args()
 
     import gdsfs.torch as gt
+    from gdsfs import _tensors
 
     timed_materialize()
     ks: list[Optional[int]] = [None if x.strip() == "auto" else int(x) for x in a.k.split(",") if x.strip()]
+    modes = [x.strip() for x in a.loop.split(",") if x.strip()]
+    bad = [m for m in modes if m not in LOOPS]
+    if bad or not modes:
+        ap.error(f"--loop {a.loop!r}: name one or more of {', '.join(LOOPS)}")
     base = tempfile.mkdtemp(prefix="gdsfs-bench-kbatch-")
     mounted = None
     binary = os.environ.get("GDSFS_BIN") or os.path.join(ROOT, "bin", "gdsfs")
@@ -124,17 +197,23 @@ def main() -> int:
         names = make_tars(os.path.join(src, sub), a.kib, a.samples)
         shards = [os.path.join(mnt, sub, n) for n in names]
         nsamples = a.samples - a.samples % 8
+        if a.loop_alone:
+            kmax = max(k or _tensors.KBATCH_MAX for k in ks)
+            log(f"the loop alone ({a.kib} KiB samples, batch {a.batch}, items of {kmax} batches):")
+            loop_alone(shards, a.batch, kmax, modes, a.loop_alone)
+            return 0
         rows: dict[str, list[dict[str, float]]] = {}
         loaders = []
         for k in ks:
             ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
             dl = gt.DataLoader(ds, batch_size=a.batch, num_workers=a.workers, persistent_workers=True, timeout=120, batches_per_item=k)
             one_pass(dl, nsamples)  # warm-up: workers, page and index caches, slabs mapped
-            loaders.append((k, ds, dl))
+            for mode in (modes if dl._kbatch > 1 else modes[:1]):
+                loaders.append((k, mode, ds, dl))
         for rnd in range(a.rounds):
-            for k, _ds, dl in loaders:
-                r = one_pass(dl, nsamples)
-                name = f"k={dl._kbatch}" + (" (auto)" if k is None else "")
+            for k, mode, _ds, dl in loaders:
+                r = one_pass(dl, nsamples, mode)
+                name = f"k={dl._kbatch}" + (" (auto)" if k is None else "") + (f" {mode}" if dl._kbatch > 1 and len(modes) > 1 else "")
                 rows.setdefault(name, []).append(r)
                 log(f"round {rnd + 1} {name}: loop thread CPU {r['cpu_us']:.0f} us per batch, wall {r['wall_us']:.0f} us per batch "
                     f"(next() {r['next_us']:.0f}; materialize median {r['mat_us']:.0f}), {r['sps']:,.0f} samples/s")
@@ -146,9 +225,10 @@ def main() -> int:
                 f"{statistics.median(x['wall_us'] for x in rs):.0f} us, next() {statistics.median(x['next_us'] for x in rs):.0f} us, "
                 f"materialize {statistics.median(x['mat_us'] for x in rs):.0f} us, "
                 f"{statistics.median(x['sps'] for x in rs):,.0f} samples/s")
-        for _k, ds, dl in loaders:
-            dl._iterator._shutdown_workers()
-            ds.close()
+        for _k, _mode, ds, dl in loaders:
+            if dl._iterator is not None and ds._session is not None:
+                dl._iterator._shutdown_workers()
+                ds.close()
     finally:
         if mounted:
             for cmd in ([binary, "unmount", mounted], ["umount", "-l", mounted]):

@@ -546,8 +546,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         self._worker_iterated: Any = multiprocessing.RawValue("b", 0)
         self._counting = False
         # Set in a DataLoader worker's copy by gdsfs.torch.DataLoader (see _main_iteration_starting):
-        # the batch size its samples are collated in, so that one batch's adjacent samples of a
-        # shard share one READ range and lease (0: one range per field per sample).
+        # the samples of one torch item it sends (the batch size, times k with batches_per_item),
+        # so that one item's adjacent samples of a shard share one READ range and lease (0: one
+        # range per field per sample).
         self._batched = 0
         # A tar field's default decoder by field name (_decode_field, decode=None).
         self._default_decoders: dict[str, Callable[[bytes], Any]] = {}
@@ -1262,9 +1263,13 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                  if hint and self._session is not None and not self.shuffle and plan.interleave == 1 and plan.buffer <= 1 else None)
         pending: list[tuple[int, int, int]] = []
         count = 0  # samples of this iteration before pending's first
+        # Chunks of whole torch items: an item (a batch, or k of them) is one READ per shard, so
+        # one run per field (_runs), also when it is larger than read_ahead.
+        b = self._batched
+        per = max(1, self.read_ahead // b) * b if b else self.read_ahead
         for item in plan.positions(slot, skip):
             pending.append(item)
-            if len(pending) >= self.read_ahead:
+            if len(pending) >= per:
                 if hints is not None:
                     hints.before(pending)
                 yield from self._emit(pending, slot, plan, epoch, count, it)
@@ -1357,8 +1362,9 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         field. In a DataLoader worker that knows its batch size (self._batched) and drops no
         sample (no map=, handler="raise"), one field of a batch's samples that lie one after the
         other in a shard (gaps up to RUN_GAP bytes: a tar's headers and small members) is one
-        range, and so one lease, shared by those samples: they are collated into one batch,
-        materialized and released together. Sample i of the iteration is in batch i // batch."""
+        range, and so one lease, shared by those samples: they are collated into one torch item
+        (a batch, or k of them: _tensors.settled materializes an item's batches together) and
+        released together. Sample i of the iteration is in item i // batch."""
         batch = self._batched if (self.map is None and self.handler == "raise" and self._session is not None) else 0
         cap = min(RUN_BYTES, self._session.max_lease - 2 * 4096) if batch and self._session is not None else 0
         wanted: dict[int, list[tuple[int, int]]] = {}
@@ -1760,6 +1766,9 @@ class DataLoader(torch.utils.data.DataLoader):
         if k <= 1:
             yield
             return
+        ds = self.dataset
+        if isinstance(ds, GDSShardDataset) and ds._batched:
+            ds._batched *= k  # the workers' runs span an item (_runs); reset once they started
         saved = (self.collate_fn, self.prefetch_factor, self.drop_last, self.timeout)
         self.collate_fn = _KCollate(int(self.batch_size or 1), k, bool(self.drop_last))
         self.prefetch_factor = self._items_prefetched(k)

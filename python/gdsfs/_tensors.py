@@ -310,11 +310,99 @@ class _Batches(list):  # type: ignore[type-arg]
     __slots__ = ()
 
 
-def _release_unmaterialized(batches: Sequence[Any]) -> None:
+def _release_unmaterialized(batches: Sequence[Any], kept: Sequence[Any] = ()) -> None:
     """Give back the leases of an item's batches the loop never materialized (one failed before
-    them): they are never yielded."""
-    hs = [h for b in batches if isinstance(b, GDSBatch) for h in b._holds()]
+    them): they are never yielded. Leases that batches of kept (materialized, not yet settled)
+    also hold stay for their settle: an item's batches may share one lease (one run of the item)."""
+    keep = {id(h.entry) for b in kept if isinstance(b, GDSBatch) and b._pending is not None for h in b._pending.holds}
+    hs = [h for b in batches if isinstance(b, GDSBatch) for h in b._holds() if id(h.entry) not in keep]
     _leases.release(hs, check_held=False)
+
+
+# settled()'s item path: the batches of one item whose gpu fields continue one evenly spaced run
+# of one lease (a worker's item read as one range per field: GDSShardDataset._runs) are gathered
+# with one copy per field for all of them, each batch's field a view of its rows of it; False: a
+# copy per batch (the checks and the run still found once for the item).
+ITEM_VIEWS = False
+
+
+def _run_sig(b: Any) -> Optional[tuple[Any, ...]]:
+    """What batches of one item must share to be gathered together (_item_segments): per gpu
+    field of b still in daemon memory, its one lease (its Hold) and one geometry; None when b is
+    not an unmaterialized GDSBatch of such fields."""
+    if type(b) is not GDSBatch or b._pending is not None:
+        return None
+    sig: list[Any] = []
+    for k, v in b.data.items():
+        if isinstance(v, _RefColumn):
+            if len(v.holds) != 1 or len(v.geos) != 1 or v.holds[0] is None or not v.idx:
+                return None
+            sig.append((k, id(v.holds[0]), v.geos[0]))
+    return tuple(sig) if sig else None
+
+
+def _item_segments(parts: Sequence[Any]) -> dict[int, int]:
+    """lo -> hi of each run of at least two consecutive batches of an item with one _run_sig."""
+    segs: dict[int, int] = {}
+    lo, sig = 0, None
+    for i, b in enumerate(parts):
+        s = _run_sig(b)
+        if s is None or s != sig:
+            if sig is not None and i - lo >= 2:
+                segs[lo] = i
+            lo, sig = i, s
+    if sig is not None and len(parts) - lo >= 2:
+        segs[lo] = len(parts)
+    return segs
+
+
+def _materialize_segment(bs: Sequence["GDSBatch"], device: Optional[torch.device], pin: bool) -> Optional[list["GDSBatch"]]:
+    """materialize(device, pin=pin, _defer=True, _parsed=True, _record=False) of each batch of
+    bs (one _run_sig) at once, when each gpu field's samples of all of them are one evenly
+    spaced run of their lease that _gather would copy in one typed clone: one clone per field,
+    each batch's field a view of its rows (ITEM_VIEWS); the first batch carries the _Pending of
+    their leases (the same for all), the others none. None when that does not apply, or
+    anything fails (nothing was released: the caller materializes them one by one, which
+    raises what that batch's own materialize raises)."""
+    try:
+        first = bs[0]
+        tgt = device
+        if tgt is None and pin and torch.cuda.is_available():
+            tgt = torch.device("cuda", torch.cuda.current_device())
+        holds = first._holds()
+        _leases.check(holds)
+        whole: dict[str, torch.Tensor] = {}
+        for k, v in first.data.items():
+            if not isinstance(v, _RefColumn):
+                continue
+            starts = [s for b in bs for s in b.data[k].starts]
+            col = _RefColumn.__new__(_RefColumn)
+            col._refs = None
+            col.leases, col.holds, col.geos, col.starts = v.leases, v.holds, v.geos, starts
+            col.idx = col.gidx = [0] * len(starts)
+            col.fields = col.samples = col.paths = []
+            typed = _typed_run(col)
+            if typed is None or (tgt is not None and tgt != typed.device) or (pin and typed.device.type == "cpu" and torch.cuda.is_available()):
+                return None
+            whole[k] = typed.clone(memory_format=torch.contiguous_format) if ITEM_VIEWS else typed
+        out: list[GDSBatch] = []
+        at = 0
+        for b in bs:
+            data: dict[str, Any] = {}
+            rows = 0
+            for k, v in b.data.items():
+                if isinstance(v, _RefColumn):
+                    rows = len(v.idx)
+                    t = whole[k][at : at + rows]
+                    data[k] = t if ITEM_VIEWS else t.clone(memory_format=torch.contiguous_format)
+                else:
+                    data[k] = _plain_field(k, v, b.gpu_fields, tgt, pin)
+            at += rows
+            out.append(GDSBatch(data, gpu_fields=b.gpu_fields, progress=b.progress, epoch=b.epoch, slots=b.slots, engines=b.engines))
+    except Exception:  # noqa: BLE001 - the batches one by one then raise what applies
+        return None
+    out[0]._pending = _Pending(holds, record=False)
+    return out
 
 
 def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, ready: Optional[Callable[[], bool]] = None) -> Iterator[Any]:
@@ -341,6 +429,8 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
         held = 0
         failed: Optional[BaseException] = None
         item: Any = None
+        done: Optional[list[Any]] = None
+        b: Any = None
         while True:
             try:
                 item = next(src)
@@ -351,18 +441,31 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
                 break
             parts = item if isinstance(item, _Batches) else (item,)
             item = None
-            for i, b in enumerate(parts):
+            segs = _item_segments(parts) if len(parts) > 1 else {}
+            i = 0
+            while i < len(parts):
+                hi = segs.get(i, 0)
+                done = _materialize_segment(parts[i:hi], tgt, pin) if hi else None
+                if done is not None:
+                    # Batches i..hi-1 of the item in one copy per field (their one run).
+                    for b in done:
+                        group.append(b)
+                        held += _batch_bytes(b)
+                    i, done = hi, None
+                    continue
+                b = parts[i]
                 try:
                     if isinstance(b, GDSBatch) and not b.materialized:
                         b = b.materialize(tgt, pin=pin, _defer=True, _parsed=True, _record=False)
                 except Exception as e:  # noqa: BLE001 - raised again once the batches before it are out
                     failed = e
-                    _release_unmaterialized(parts[i + 1 :])
+                    _release_unmaterialized(parts[i + 1 :], group)
                     break
                 group.append(b)
                 if isinstance(b, GDSBatch):
                     held += _batch_bytes(b)
-            parts, b = (), None
+                i += 1
+            parts, b, done = (), None, None
             if failed is not None:
                 break
             if not group:
@@ -394,7 +497,7 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
         # workers and the leases of the batches they hold), the batches, nor the exception
         # itself (err: a cycle through the traceback).
         it = src = iter(())
-        group, out, errs, b, err, item, parts = [], [], [], None, None, None, ()
+        group, out, errs, b, err, item, parts, done = [], [], [], None, None, None, (), None
 
 
 def _lease_error(h: Optional[_leases.Hold], ref: Ref, err: Exception) -> GDSLeaseError:
@@ -1092,16 +1195,8 @@ class GDSBatch:
         for k, v in self.data.items():
             if isinstance(v, _RefColumn):
                 out[k] = _gather(v, tgt, pin=pin, parsed=True)
-            elif k in self.gpu_fields and isinstance(v, torch.Tensor):
-                if tgt is not None and tgt != v.device:
-                    src = v.pin_memory() if pin and tgt.type == "cuda" else v
-                    out[k] = src.to(tgt, non_blocking=pin)
-                else:
-                    out[k] = v
-            elif pin and isinstance(v, torch.Tensor) and torch.cuda.is_available():
-                out[k] = v.pin_memory()
             else:
-                out[k] = v
+                out[k] = _plain_field(k, v, self.gpu_fields, tgt, pin)
         done = GDSBatch(out, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
         if _defer:
             # The loop's thread settles it (_settle) before anyone sees it.
@@ -1124,6 +1219,19 @@ class GDSBatch:
         d = _target_device(device)
         data = {k: (v.to(d, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v) for k, v in b.data.items()}
         return GDSBatch(data, gpu_fields=self.gpu_fields, progress=self.progress, epoch=self.epoch, slots=self.slots, engines=self.engines)
+
+
+def _plain_field(k: str, v: Any, gpu_fields: Sequence[str], tgt: Optional[torch.device], pin: bool) -> Any:
+    """A materialized batch's field k from v, not in daemon memory: a gpu field's tensor moved to
+    tgt, with pin other tensors pinned, anything else as it is."""
+    if k in gpu_fields and isinstance(v, torch.Tensor):
+        if tgt is not None and tgt != v.device:
+            src = v.pin_memory() if pin and tgt.type == "cuda" else v
+            return src.to(tgt, non_blocking=pin)
+        return v
+    if pin and isinstance(v, torch.Tensor) and torch.cuda.is_available():
+        return v.pin_memory()
+    return v
 
 
 def collate(samples: Sequence[Mapping[str, Any]]) -> GDSBatch:
