@@ -3,7 +3,8 @@
 (issue 15, 16 KiB samples; gdsfs.torch.DataLoader's batches_per_item).
 
 Usage: bench-kbatch.py [--kib 16] [--batch 16] [--workers 2] [--samples 8192] [--rounds 5]
-                       [--k 1,auto] [--loop views] [--mount MNT --source SRC]
+                       [--k 1,auto] [--loop copies] [--loop-alone ITEMS] [--engine host] [--pin]
+                       [--mount MNT --source SRC]
 
 Writes WebDataset tars of float32 .npy samples (plus a .cls) on a host-mode gdsfs mount (its own,
 in a temp dir, unless --mount), then per round and per batches_per_item value (1: one batch per
@@ -13,9 +14,12 @@ gdsfs.torch.DataLoader after a warm-up pass, timing in the loop's thread: its CP
 workers), the wall time per batch, the wall time of next() (torch's queues plus the loop's
 materialize and settle) and the median of the loop's materialize calls (one per batch, or one per
 item's run of batches gathered together: divided by the batches it made). --loop: how the loop
-materializes an item of k > 1 batches, per value a pass: views (the default: one copy per field
-per item's run, each batch a view of its rows), copies (the same, but a copy per batch) or
-per-batch (each batch materialized alone, as before the item path). Prints each round and the
+materializes an item of k > 1 batches, per value a pass: copies (the default, as the loader
+does: the item's run of batches found once, a copy per batch), views (_tensors.ITEM_VIEWS: one
+copy per field per run, each batch a view of its rows) or per-batch (each batch materialized
+alone, as before the item path). --loop-alone ITEMS: instead, the loop alone (loop_alone).
+--engine auto --pin on a GPU machine: the mount's default engine (CUDA slabs) and
+pin_memory=True (the loop copies the gpu fields on the GPU). Prints each round and the
 medians; the values of k and --loop alternate within a round, so a busy box loads them alike.
 Exits non-zero only when a pass loses or repeats a sample.
 """
@@ -52,7 +56,7 @@ def make_tars(d: str, kib: int, nsamples: int, nshards: int = 8) -> list[str]:
 
 
 _CALLS: list[float] = []  # each batch's share of the loop's materialize calls, seconds (timed_materialize)
-LOOPS = ("views", "copies", "per-batch")
+LOOPS = ("copies", "views", "per-batch")
 
 
 def timed_materialize() -> None:
@@ -91,7 +95,7 @@ def loop_mode(mode: str) -> None:
     _tensors.ITEM_VIEWS = mode == "views"
 
 
-def one_pass(dl: Any, nsamples: int, mode: str = "views") -> dict[str, float]:
+def one_pass(dl: Any, nsamples: int, mode: str = "copies") -> dict[str, float]:
     loop_mode(mode)
     seen: set[str] = set()
     _CALLS.clear()
@@ -116,7 +120,7 @@ def one_pass(dl: Any, nsamples: int, mode: str = "views") -> dict[str, float]:
             "next_us": nxt / nb * 1e6, "sps": nsamples / (t1 - t0), "batches": nb}
 
 
-def loop_alone(shards: list[str], batch: int, k: int, modes: list[str], reps: int) -> None:
+def loop_alone(shards: list[str], batch: int, k: int, modes: list[str], reps: int, pin: bool = False) -> None:
     """--loop-alone: the loop's materialize and settle of one item of k batches, in this process
     without workers (no worker competes for the CPU): items read as a worker reads them (one
     range per field per shard for the item's samples: GDSShardDataset._runs), collated and passed
@@ -127,6 +131,9 @@ def loop_alone(shards: list[str], batch: int, k: int, modes: list[str], reps: in
     import gdsfs.torch as gt
     from gdsfs import _tensors
 
+    import torch
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if pin else None
     ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, read_ahead=k * batch)
     ds._batched = k * batch  # as in a DataLoader worker that sends items of k batches
     src = iter(())
@@ -142,7 +149,7 @@ def loop_alone(shards: list[str], batch: int, k: int, modes: list[str], reps: in
             del samples
             loop_mode(mode)
             c = time.thread_time()
-            out = list(_tensors.settled(iter([item]), ready=lambda: False))
+            out = list(_tensors.settled(iter([item]), pin=pin, device=dev, ready=lambda: False))
             times[mode].append((time.thread_time() - c) / len(out) * 1e6)
             del out, item
     del src
@@ -161,7 +168,9 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--k", default="1,auto", help="batches_per_item values, comma-separated (auto: the default)")
-    ap.add_argument("--loop", default="views", help=f"how an item of k > 1 batches is materialized, comma-separated: {', '.join(LOOPS)}")
+    ap.add_argument("--engine", default="host", help="the mount's --engine (default host; auto on a GPU machine)")
+    ap.add_argument("--pin", action="store_true", help="pin_memory=True: with CUDA the loop copies the gpu fields to the GPU")
+    ap.add_argument("--loop", default="copies", help=f"how an item of k > 1 batches is materialized, comma-separated: {', '.join(LOOPS)}")
     ap.add_argument("--mount")
     ap.add_argument("--source")
     ap.add_argument("--loop-alone", type=int, default=0, metavar="ITEMS",
@@ -187,7 +196,7 @@ def main() -> int:
             src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
             os.makedirs(src)
             os.makedirs(mnt)
-            r = subprocess.run([binary, "mount", "--source", src, "--engine", "host", "--background", "--log-file",
+            r = subprocess.run([binary, "mount", "--source", src, "--engine", a.engine, "--background", "--log-file",
                                 os.path.join(base, "daemon.log"), mnt], capture_output=True, text=True, timeout=60)
             if r.returncode != 0:
                 log(f"mount failed: {r.stderr.strip()}")
@@ -200,13 +209,14 @@ def main() -> int:
         if a.loop_alone:
             kmax = max(k or _tensors.KBATCH_MAX for k in ks)
             log(f"the loop alone ({a.kib} KiB samples, batch {a.batch}, items of {kmax} batches):")
-            loop_alone(shards, a.batch, kmax, modes, a.loop_alone)
+            loop_alone(shards, a.batch, kmax, modes, a.loop_alone, a.pin)
             return 0
         rows: dict[str, list[dict[str, float]]] = {}
         loaders = []
         for k in ks:
             ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
-            dl = gt.DataLoader(ds, batch_size=a.batch, num_workers=a.workers, persistent_workers=True, timeout=120, batches_per_item=k)
+            dl = gt.DataLoader(ds, batch_size=a.batch, num_workers=a.workers, persistent_workers=True, timeout=120, batches_per_item=k,
+                               pin_memory=a.pin)
             one_pass(dl, nsamples)  # warm-up: workers, page and index caches, slabs mapped
             for mode in (modes if dl._kbatch > 1 else modes[:1]):
                 loaders.append((k, mode, ds, dl))
