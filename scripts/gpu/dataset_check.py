@@ -214,6 +214,74 @@ def disk_rate(paths: list[str]) -> float:
     return n / (time.perf_counter() - t0) / 1e9
 
 
+def disk_rate_parallel(paths: list[str], streams: int, chunk: int) -> float:
+    """GB/s of the workers' pattern on the bare disk, page cache dropped before: streams threads,
+    each reading its contiguous block of paths (a worker's shards, as EpochPlan.block gives them)
+    in order with chunk-byte preads. Beside disk_rate's one stream of 8 MiB reads it tells
+    whether this disk serves parallel streams faster or slower than one: the most a loader whose
+    workers read this way can reach."""
+    import threading
+
+    per = [paths[i * len(paths) // streams:(i + 1) * len(paths) // streams] for i in range(streams)]
+    done = [0] * streams
+
+    def run(k: int) -> None:
+        buf = bytearray(chunk)
+        mv = memoryview(buf)
+        for p in per[k]:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                off = 0
+                while True:
+                    n = os.preadv(fd, [mv], off)
+                    if n <= 0:
+                        break
+                    off += n
+                    done[k] += n
+            finally:
+                os.close(fd)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(streams) if per[k]]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(done) / (time.perf_counter() - t0) / 1e9
+
+
+class DiskStat:
+    """The backing disk's counters (/sys/dev/block/MAJ:MIN/stat of the device holding a path)
+    around a cold run: how busy the disk was, its reads' mean size and the mean number of reads
+    in flight. Tells a loader that left the disk idle (busy < 100%) from one that kept it busy
+    with a pattern it serves more slowly (busy ~100%, other sizes or depths than the probe's)."""
+
+    def __init__(self, path: str) -> None:
+        st = os.stat(path)
+        self.file = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+        self.t0 = 0.0
+        self.c0: "list[int] | None" = None
+
+    def _read(self) -> "list[int] | None":
+        try:
+            with open(self.file) as f:
+                return [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            return None
+
+    def start(self) -> None:
+        self.t0, self.c0 = time.perf_counter(), self._read()
+
+    def line(self) -> str:
+        c1, secs = self._read(), time.perf_counter() - self.t0
+        if not self.c0 or not c1 or len(c1) < 11 or secs <= 0:
+            return "disk counters unavailable"
+        reads, sectors, rticks, ioticks = (c1[i] - self.c0[i] for i in (0, 2, 3, 9))
+        size = sectors * 512 / reads / 1024 if reads else 0.0
+        return (f"disk busy {ioticks / 1000 / secs:.0%} of {secs:.2f} s, {reads:,} reads of {size:,.0f} KiB, "
+                f"{rticks / 1000 / secs:.1f} reads in flight (mean)")
+
+
 def daemon_probe(shards: list[str], threads: int = 8, group: int = 64, secs: float = 1.5) -> dict[str, float]:
     """The daemon alone (no dataset, no DataLoader): `threads` threads each READ `group`
     consecutive samples' x.npy ranges of a shard and RELEASE them, for secs; then the same bytes
@@ -671,6 +739,7 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int, per_item: "i
         os.environ.pop(_core.DEBUG_TIMING_ENV, None)
     return lines
 
+
 # Issue 15's targets, warm, gdsfs vs (a) the plain IterableDataset: (ratio, samples/s) per size.
 TARGETS: dict[str, tuple[float, float]] = {"16KiB": (2.0, 0), "64KiB": (3.0, 0), "256KiB": (4.0, 25000), "4MiB": (8.0, 0)}
 COLD_TARGET = 0.95  # cold gdsfs >= this x the disk's sequential read rate
@@ -678,6 +747,8 @@ STARTED = "gdsfs workers started"  # the cold row of a loader whose workers ran 
 # The cold row of gdsfs with GDSFS_START_HINT=0: no start hint of the workers' first bytes while
 # they start (gdsfs._starthint), for the A/B in one run.
 NOHINT = "gdsfs start hint off"
+# The bare disk read the workers' way (disk_rate_parallel): their blocks of shards in parallel.
+PARALLEL = "disk, the workers' pattern"
 START_HINT_ENV = "GDSFS_START_HINT"
 
 
@@ -721,6 +792,17 @@ def issue_table(results: list[dict[str, Any]]) -> list[str]:
             med = statistics.median(rs)
             out.append(f"cold {size:<8} {len(rs)} rounds, gdsfs/disk per round: {', '.join(f'{x:.2f}x' for x in rs)}; median {med:.2f}x  "
                        f"target >= {COLD_TARGET}x -> {'met' if med >= COLD_TARGET else 'NOT met'}")
+            share = d.get("payload_share") if d else None
+            extra = []
+            if share:
+                # What the loader read from the disk (every byte of the tars) over the disk's rate.
+                extra.append(f"file bytes median {statistics.median(gr / dr / share for dr, gr in rounds):.2f}x")
+            par = [x["GBps"] for x in results if x["size"] == size and x["cache"] == "cold" and x["loader"] == PARALLEL]
+            if par:
+                extra.append(f"the disk read the workers' way {statistics.median(par):.2f} GB/s median, "
+                             f"{statistics.median(p / dr for p, (dr, _g) in zip(par, rounds)):.2f}x the sequential read")
+            if extra:
+                out.append(f"cold {size:<8} {'; '.join(extra)}")
         if d and g:
             r = g["GBps"] / d["GBps"]
             plain = f", plain {pa['GBps']:.2f} GB/s ({g['GBps'] / pa['GBps']:.2f}x)" if pa else ""
@@ -980,6 +1062,7 @@ def main() -> int:
     for name, sb, ns, nsh, batch in sizes:
         shards_m = make_dataset(root_m, name, sb, ns, nsh)
         shards_b = [os.path.join(root_b, name, os.path.basename(p)) for p in shards_m]
+        disk = DiskStat(shards_b[0])
         for pm, pb in zip(shards_m, shards_b):
             if not os.path.exists(pb) or os.path.getsize(pb) != os.path.getsize(pm):
                 print(f"dataset_check: {pb} does not match {pm}: BACKING_DIR must be the directory the mount serves", file=sys.stderr)
@@ -1021,11 +1104,22 @@ def main() -> int:
         for rnd, cache in enumerate(["warm"] + ["cold"] * a.cold_rounds):
             if cache == "cold" and can_drop and drop_caches():
                 # The disk's sequential read rate over the same shards, for the cold target.
+                disk.start()
                 rate = disk_rate(shards_b)
                 share = ns * sb / sum(os.path.getsize(p) for p in shards_b)
                 results.append({"size": name, "cache": "cold", "loader": "disk sequential read", "seconds": 0.0, "samples": 0, "samples_per_s": 0.0, "GBps": rate,
                                 "payload_share": share, "round": rnd})
-                log(f"{name} cold disk sequential read: {rate:.2f} GB/s")
+                log(f"{name} cold disk sequential read: {rate:.2f} GB/s; {disk.line()}")
+                if drop_caches():
+                    # The same bytes read the way the workers read them (their blocks of shards in
+                    # parallel), on the bare disk.
+                    chunk = min(64 << 20, max(batch * sb, 2 << 20))
+                    disk.start()
+                    prate = disk_rate_parallel(shards_b, Opts.workers, chunk)
+                    results.append({"size": name, "cache": "cold", "loader": PARALLEL, "seconds": 0.0, "samples": 0, "samples_per_s": 0.0, "GBps": prate,
+                                    "round": rnd})
+                    log(f"{name} cold {PARALLEL} ({Opts.workers} streams of {chunk >> 20} MiB preads): {prate:.2f} GB/s "
+                        f"({prate / rate:.2f}x the sequential read); {disk.line()}")
             for label, make, plain in (
                 ("gdsfs", lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False),
                 *([] if not (cache == "warm" and sb < (1 << 20)) else
@@ -1062,7 +1156,9 @@ def main() -> int:
                         if not drop_caches():
                             continue
                         before = _readahead_counters(shards_m[0])
+                        disk.start()
                         secs, n, nb = timed(dl, plain)
+                        log(f"{name} cold {label}: {disk.line()}")
                         del dl
                         after = _readahead_counters(shards_m[0])
                         log(f"{name} cold {label}: the daemon read ahead {after[0] - before[0]} windows, "
@@ -1073,7 +1169,9 @@ def main() -> int:
                     else:
                         before = _readahead_counters(shards_m[0])
                         reads_dir, t0 = tempfile.mkdtemp(prefix="gdsfs-first-reads-"), time.time()
+                        disk.start()
                         secs, n, nb = timed(make() if plain else make(worker_init_fn=functools.partial(_time_first_read, reads_dir)), plain)
+                        log(f"{name} cold {label}: {disk.line()}")
                         log(f"{name} cold {label}: first batch after {Opts.first_batch_s:.3f} s (worker start, planning, the first READs)")
                         if not plain:
                             log(f"{name} cold {label}: {_first_reads(reads_dir, t0)} (from the dataset's construction)")
