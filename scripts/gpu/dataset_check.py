@@ -747,6 +747,7 @@ STARTED = "gdsfs workers started"  # the cold row of a loader whose workers ran 
 # The cold row of gdsfs with GDSFS_START_HINT=0: no start hint of the workers' first bytes while
 # they start (gdsfs._starthint), for the A/B in one run.
 NOHINT = "gdsfs start hint off"
+SEQ, GDS = "disk sequential read", "gdsfs"
 # The bare disk read the workers' way (disk_rate_parallel): their blocks of shards in parallel.
 PARALLEL = "disk, the workers' pattern"
 START_HINT_ENV = "GDSFS_START_HINT"
@@ -786,23 +787,26 @@ def issue_table(results: list[dict[str, Any]]) -> list[str]:
     for size in sizes:
         d, g, pa = get(size, "cold", "disk sequential read"), get(size, "cold", "gdsfs"), get(size, "cold", "(a) plain via mount")
         rounds = _cold_rounds(results, size)
-        if len(rounds) > 1:
+        share = d.get("payload_share") if d else None
+        if len(rounds) > 1 and share:
             # --cold-rounds: each round's gdsfs against the disk's rate measured just before it.
-            rs = sorted(gr / dr for dr, gr in rounds)
-            med = statistics.median(rs)
-            out.append(f"cold {size:<8} {len(rs)} rounds, gdsfs/disk per round: {', '.join(f'{x:.2f}x' for x in rs)}; median {med:.2f}x  "
+            # The verdict is on time: the cold epoch against the disk's time to read the same
+            # files (every byte of the tars: file bytes over the disk's rate). The payload's
+            # GB/s over the disk's counts only the tensors and cannot pass their share of the
+            # files (tar headers, padding, .cls: 0.89 at 16 KiB).
+            med = statistics.median(r[GDS] / r[SEQ] / share for r in rounds)
+            out.append(f"cold {size:<8} {len(rounds)} rounds, the disk's time to read the files over the epoch's (file bytes/s over the disk's): "
+                       f"{', '.join(f'{r[GDS] / r[SEQ] / share:.2f}x' for r in rounds)}; median {med:.2f}x  "
                        f"target >= {COLD_TARGET}x -> {'met' if med >= COLD_TARGET else 'NOT met'}")
-            share = d.get("payload_share") if d else None
-            extra = []
-            if share:
-                # What the loader read from the disk (every byte of the tars) over the disk's rate.
-                extra.append(f"file bytes median {statistics.median(gr / dr / share for dr, gr in rounds):.2f}x")
-            par = [x["GBps"] for x in results if x["size"] == size and x["cache"] == "cold" and x["loader"] == PARALLEL]
+            extra = [f"payload GB/s over the disk's {statistics.median(r[GDS] / r[SEQ] for r in rounds):.2f}x median (ceiling {share:.3f})"]
+            off = [r[NOHINT] / r[SEQ] / share for r in rounds if NOHINT in r]
+            if off:
+                extra.append(f"start hint off {statistics.median(off):.2f}x median ({', '.join(f'{x:.2f}x' for x in off)})")
+            par = [r for r in rounds if PARALLEL in r]
             if par:
-                extra.append(f"the disk read the workers' way {statistics.median(par):.2f} GB/s median, "
-                             f"{statistics.median(p / dr for p, (dr, _g) in zip(par, rounds)):.2f}x the sequential read")
-            if extra:
-                out.append(f"cold {size:<8} {'; '.join(extra)}")
+                extra.append(f"the bare disk read the workers' way {statistics.median(r[PARALLEL] / r[SEQ] for r in par):.2f}x the sequential read "
+                             f"(median), gdsfs {statistics.median(r[GDS] / share / r[PARALLEL] for r in par):.2f}x that")
+            out.append(f"cold {size:<8} {'; '.join(extra)}")
         if d and g:
             r = g["GBps"] / d["GBps"]
             plain = f", plain {pa['GBps']:.2f} GB/s ({g['GBps'] / pa['GBps']:.2f}x)" if pa else ""
@@ -815,19 +819,20 @@ def issue_table(results: list[dict[str, Any]]) -> list[str]:
             # cannot pass the payload's share of the file bytes (tar headers, padding, .cls).
             plain += f"; payload is {share:.3f} of the file bytes (the ratio's ceiling), file bytes {r / share:.2f}x" if share else ""
             # With --cold-rounds the median line above gives the verdict; this one is round 1's.
-            verdict = (f"target >= {COLD_TARGET}x -> {'met' if r >= COLD_TARGET else 'NOT met'}" if len(rounds) <= 1
+            verdict = (f"target >= {COLD_TARGET}x (file bytes) -> {'met' if (r / share if share else r) >= COLD_TARGET else 'NOT met'}" if len(rounds) <= 1
                        else "(round 1; the verdict is the median's, above)")
             out.append(f"cold {size:<8} gdsfs {g['GBps']:.2f} GB/s vs disk sequential {d['GBps']:.2f} GB/s: {r:.2f}x{plain}  {verdict}")
     return out
 
 
-def _cold_rounds(results: list[dict[str, Any]], size: str) -> list[tuple[float, float]]:
-    """(disk GB/s, gdsfs GB/s) of each cold round of size that timed both."""
+def _cold_rounds(results: list[dict[str, Any]], size: str) -> list[dict[str, float]]:
+    """Per cold round of size that timed the disk and gdsfs: GB/s by loader (SEQ, GDS, NOHINT,
+    PARALLEL: those it timed)."""
     by: dict[int, dict[str, float]] = {}
     for x in results:
-        if x["size"] == size and x["cache"] == "cold" and x["loader"] in ("disk sequential read", "gdsfs"):
+        if x["size"] == size and x["cache"] == "cold" and x["loader"] in (SEQ, GDS, NOHINT, PARALLEL):
             by.setdefault(x.get("round", 1), {})[x["loader"]] = x["GBps"]
-    return [(r["disk sequential read"], r["gdsfs"]) for _, r in sorted(by.items()) if len(r) == 2]
+    return [r for _, r in sorted(by.items()) if SEQ in r and GDS in r]
 
 
 class Opts:
