@@ -799,9 +799,9 @@ def issue_table(results: list[dict[str, Any]]) -> list[str]:
                        f"{', '.join(f'{r[GDS] / r[SEQ] / share:.2f}x' for r in rounds)}; median {med:.2f}x  "
                        f"target >= {COLD_TARGET}x -> {'met' if med >= COLD_TARGET else 'NOT met'}")
             extra = [f"payload GB/s over the disk's {statistics.median(r[GDS] / r[SEQ] for r in rounds):.2f}x median (ceiling {share:.3f})"]
-            off = [r[NOHINT] / r[SEQ] / share for r in rounds if NOHINT in r]
-            if off:
-                extra.append(f"start hint off {statistics.median(off):.2f}x median ({', '.join(f'{x:.2f}x' for x in off)})")
+            for lab in sorted({k for r in rounds for k in r if k == NOHINT or k.startswith("gdsfs prefetch_factor")}):
+                xs = [r[lab] / r[SEQ] / share for r in rounds if lab in r]
+                extra.append(f"{lab.removeprefix('gdsfs ')} {statistics.median(xs):.2f}x median ({', '.join(f'{x:.2f}x' for x in xs)})")
             par = [r for r in rounds if PARALLEL in r]
             if par:
                 extra.append(f"the bare disk read the workers' way {statistics.median(r[PARALLEL] / r[SEQ] for r in par):.2f}x the sequential read "
@@ -830,7 +830,7 @@ def _cold_rounds(results: list[dict[str, Any]], size: str) -> list[dict[str, flo
     PARALLEL: those it timed)."""
     by: dict[int, dict[str, float]] = {}
     for x in results:
-        if x["size"] == size and x["cache"] == "cold" and x["loader"] in (SEQ, GDS, NOHINT, PARALLEL):
+        if x["size"] == size and x["cache"] == "cold" and (x["loader"] in (SEQ, GDS, NOHINT, PARALLEL) or x["loader"].startswith("gdsfs prefetch_factor")):
             by.setdefault(x.get("round", 1), {})[x["loader"]] = x["GBps"]
     return [r for _, r in sorted(by.items()) if SEQ in r and GDS in r]
 
@@ -1004,6 +1004,10 @@ def main() -> int:
     ap.add_argument("--sizes", default="100,4096", help="sample sizes in KiB, comma-separated (default 100,4096; issue 15: 16,64,256,4096)")
     ap.add_argument("--batch", type=int, default=0, help="batch size for every size (default: 64 below 1 MiB, 8 above)")
     ap.add_argument("--no-features", action="store_true", help="skip the gdsfs+features loader")
+    ap.add_argument("--cold-prefetch", type=int, default=0, metavar="N",
+                    help="also time, in every cold round of samples under 256 KiB, gdsfs with DataLoader(prefetch_factor=N) (batches; "
+                         "the default is torch's 2, which with k batches per item is one item per worker): how much a deeper queue per "
+                         "worker absorbs the disk's stalls")
     ap.add_argument("--batches-per-item", default=os.environ.get("GDSFS_BATCHES_PER_ITEM", "auto"),
                     help="gdsfs.torch.DataLoader's batches_per_item for the gdsfs loaders: auto (its default) or a number; "
                          "env GDSFS_BATCHES_PER_ITEM (the main profile and the 'gdsfs one batch per item' row always show 1 too)")
@@ -1133,6 +1137,8 @@ def main() -> int:
                 *([] if not feats else [("gdsfs+features", lambda **kw: gds_loader(shards_m, batch, sb, features=True, **kw)[0], False)]),
                 *([] if cache != "cold" else [(STARTED, lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False)]),
                 *([] if cache != "cold" else [(NOHINT, lambda **kw: gds_loader(shards_m, batch, sb, **kw)[0], False)]),
+                *([] if cache != "cold" or not a.cold_prefetch or sb >= (256 << 10) else
+                  [(f"gdsfs prefetch_factor {a.cold_prefetch}", lambda **kw: gds_loader(shards_m, batch, sb, prefetch_factor=a.cold_prefetch, **kw)[0], False)]),
                 ("(a) plain via mount", lambda **kw: plain_loader(shards_m, batch, **kw), True),
                 ("(b) plain backing dir", lambda **kw: plain_loader(shards_b, batch, **kw), True),
             ]
@@ -1145,7 +1151,7 @@ def main() -> int:
             for label, make, plain in runs:
                 if a.cold_only and cache == "warm" and label != "gdsfs":
                     continue
-                if rnd > 1 and label not in ("gdsfs", NOHINT, "(a) plain via mount"):
+                if rnd > 1 and label not in ("gdsfs", NOHINT, "(a) plain via mount") and not label.startswith("gdsfs prefetch_factor"):
                     continue  # --cold-rounds: later rounds time what the cold target compares
                 # The start hint (GDSFS_START_HINT) as the caller set it, off for the NOHINT row.
                 _start_hint_env(hint_env, label == NOHINT)
