@@ -74,13 +74,17 @@ class _Segments:
         monkeypatch.setattr(_tensors, "_materialize_segment", spy)
 
 
+def _store(t):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
 def _storage(t) -> int:
-    return t.storage().data_ptr()
+    return _store(t).data_ptr()
 
 
 def _own(t) -> bool:
     """t is its own copy: its storage holds its bytes and nothing else."""
-    return t.storage().nbytes() == t.numel() * t.element_size()
+    return _store(t).nbytes() == t.numel() * t.element_size()
 
 
 def _bytes_of(b) -> list[tuple[object, ...]]:
@@ -88,7 +92,7 @@ def _bytes_of(b) -> list[tuple[object, ...]]:
     out = []
     for k, v in b.items():
         if hasattr(v, "numpy"):
-            out.append((k, str(v.dtype), tuple(v.shape), v.contiguous().numpy().tobytes()))
+            out.append((k, str(v.dtype), tuple(v.shape), v.cpu().contiguous().numpy().tobytes()))
         else:
             out.append((k, repr(v)))
     return out
@@ -146,7 +150,7 @@ def _check(got, truth) -> None:
 
     for b in got:
         for i, key in enumerate(b["__key__"]):
-            assert np.array_equal(b["x.npy"][i].numpy(), truth[key]), key
+            assert np.array_equal(b["x.npy"][i].cpu().numpy(), truth[key]), key
 
 
 def test_a_run_of_an_item_is_one_tensor_its_batches_views(gdsfs_mount, monkeypatch) -> None:
@@ -343,5 +347,36 @@ def test_a_lost_lease_of_an_item_yields_what_was_before_it(gdsfs_mount, monkeypa
     _check(got, truth)
     assert not (mine & _held_here()), "a lease of the item is still held"
     del item, got, shared, other
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
+def test_a_copy_to_the_gpu_from_host_slabs_keeps_the_batch_path(gdsfs_mount, monkeypatch) -> None:
+    """Where the batch path copies specially (pin with a GPU: host slabs' rows are pinned, then
+    copied to the GPU; or a target device other than the slab's), the item path gives the run
+    back untouched (CUDA faked: torch.cuda.is_available and current_device, nothing else is
+    called), leases still held; without them it gathers the run, its first batch carrying the
+    one _Pending of the shared lease, whose settle returns it."""
+    import torch
+
+    from gdsfs import _leases, _tensors
+
+    ds, shared, other, truth = _shared_item(gdsfs_mount, "itemcopy-pin")
+    mine = {r.lease for b in shared for r in b["x.npy"].leases}
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "current_device", lambda: 0)
+        assert _tensors._materialize_segment(shared, None, True) is None
+        assert _tensors._materialize_segment(shared, torch.device("cuda", 0), False) is None
+        assert _tensors._materialize_segment(shared, torch.device("cpu"), True) is None  # CPU, pinned
+    assert mine <= _held_here() and all(not b.materialized for b in shared)
+    out = _tensors._materialize_segment(shared, None, False)
+    assert out is not None and [b._pending is not None for b in out] == [True, False, False]
+    assert [k for b in out for k in b["__key__"]] == [k for b in shared for k in b["__key__"]]
+    _check(out, truth)
+    assert not _tensors._settle_group(out)[0]
+    assert not (mine & _held_here())
+    _leases.release(other[0]._holds(), check_held=False)
+    del out, shared, other
     ds.close()
     assert gdsfs_mount.wait_leases(0) == 0

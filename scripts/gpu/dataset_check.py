@@ -637,13 +637,17 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int, per_item: "i
         @functools.wraps(real)
         def wrapper(*args: Any, **kw: Any) -> Any:
             t = time.perf_counter()
+            out = None
             try:
-                return real(*args, **kw)
+                out = real(*args, **kw)
+                return out
             finally:
                 d = time.perf_counter() - t
                 T[label] = T.get(label, 0.0) + d
                 N[label] = N.get(label, 0) + 1
-                if label == "materialize":
+                if label == "materialize" and isinstance(out, list):  # _materialize_segment: a run of batches at once
+                    M.extend([d / len(out)] * len(out))
+                elif label == "materialize" and out is not None:
                     M.append(d)
 
         setattr(obj, name, wrapper)
@@ -654,6 +658,8 @@ def _main_profile(shards: list[str], batch: int, sample_bytes: int, per_item: "i
                (_tensors.GDSBatch, "_settle", "settle"), (_tensors.GDSBatch, "materialize", "materialize")]
     if hasattr(_tensors, "_settle_group"):  # the loop settles groups of batches (gdsfs._tensors.settled)
         patched.append((_tensors, "_settle_group", "settle"))
+    if hasattr(_tensors, "_materialize_segment"):  # the loop materializes an item's run of batches at once
+        patched.append((_tensors, "_materialize_segment", "materialize"))
     os.environ[_core.DEBUG_TIMING_ENV] = "1"
     reals = [(obj, name, timed_fn(obj, name, label)) for obj, name, label in patched]
     lines: list[str] = []
