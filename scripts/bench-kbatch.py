@@ -122,9 +122,9 @@ def one_pass(dl: Any, nsamples: int, mode: str = "copies") -> dict[str, float]:
 
 def loop_alone(shards: list[str], batch: int, k: int, modes: list[str], reps: int, pin: bool = False) -> None:
     """--loop-alone: the loop's materialize and settle of one item of k batches, in this process
-    without workers (no worker competes for the CPU): items read as a worker reads them (one
-    range per field per shard for the item's samples: GDSShardDataset._runs), collated and passed
-    through pickle as a worker's are, then timed (time.thread_time) through _tensors.settled, the
+    without workers (no worker competes for the CPU): items read as a worker reads them (chunks
+    of whole items, one range per field per shard for an item's samples: GDSShardDataset._runs),
+    collated and passed through pickle as a worker's are, then timed (time.thread_time) through _tensors.settled, the
     --loop values alternating item by item. Prints the median per batch of each."""
     import pickle
 
@@ -134,7 +134,7 @@ def loop_alone(shards: list[str], batch: int, k: int, modes: list[str], reps: in
     import torch
 
     dev = torch.device("cuda", torch.cuda.current_device()) if pin else None
-    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True, read_ahead=k * batch)
+    ds = gt.GDSShardDataset(shards, gpu_keys=["x.npy"], strict=True)
     ds._batched = k * batch  # as in a DataLoader worker that sends items of k batches
     src = iter(())
     times: dict[str, list[float]] = {m: [] for m in modes}

@@ -1264,7 +1264,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         pending: list[tuple[int, int, int]] = []
         count = 0  # samples of this iteration before pending's first
         # Chunks of whole torch items: an item (a batch, or k of them) is one READ per shard, so
-        # one run per field (_runs), also when it is larger than read_ahead.
+        # one run per field (_runs), also when it is larger than read_ahead (the start hint
+        # still tags the ranges it hints by chunks of read_ahead samples: _starthint.worker_ranges).
         b = self._batched
         per = max(1, self.read_ahead // b) * b if b else self.read_ahead
         for item in plan.positions(slot, skip):
