@@ -169,6 +169,25 @@ def test_a_run_of_an_item_is_one_tensor_its_batches_views(gdsfs_mount, monkeypat
     assert gdsfs_mount.wait_leases(0) == 0
 
 
+def test_an_item_larger_than_read_ahead_is_one_read(gdsfs_mount, monkeypatch) -> None:
+    """read_ahead=10 samples, items of 3 batches of 4 (12 samples): the worker reads in chunks of
+    whole items, so each item's batches are one run of one lease (ITEM_VIEWS: one tensor), not
+    split where a chunk of 10 would end."""
+    from gdsfs import _tensors
+    import gdsfs.torch as gt
+
+    monkeypatch.setattr(_tensors, "ITEM_VIEWS", True)
+    paths, truth = _write(gdsfs_mount, "itemcopy-chunk", [_arrays(36, "float32", (4096,), 9)])
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=10)
+    got = list(_loader(ds, num_workers=1, batches_per_item=3))
+    st = [_storage(b["x.npy"]) for b in got]
+    assert len(got) == 9 and [len(set(st[i : i + 3])) for i in range(0, 9, 3)] == [1, 1, 1] and len(set(st)) == 3
+    _check(got, truth)
+    del got
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
 @pytest.mark.parametrize("case", ["lengths", "shards", "drop_last", "off"])
 def test_no_view_where_the_run_does_not_hold(gdsfs_mount, monkeypatch, case: str) -> None:
     """Samples of different lengths (a list field), an item across two shards (a batch over both
