@@ -92,7 +92,7 @@ def loop_mode(mode: str) -> None:
     if not hasattr(_tensors, "_real_item_segments"):
         _tensors._real_item_segments = _tensors._item_segments  # type: ignore[attr-defined]
     _tensors._item_segments = (lambda parts: {}) if mode == "per-batch" else _tensors._real_item_segments  # type: ignore[attr-defined]
-    _tensors.ITEM_VIEWS = mode == "views"
+    _tensors.ITEM_VIEWS = frozenset({"cpu", "cuda"}) if mode == "views" else frozenset()
 
 
 def one_pass(dl: Any, nsamples: int, mode: str = "copies") -> dict[str, float]:

@@ -320,10 +320,12 @@ def _release_unmaterialized(batches: Sequence[Any], kept: Sequence[Any] = ()) ->
 
 
 # settled()'s item path: the batches of one item whose gpu fields continue one evenly spaced run
-# of one lease (a worker's item read as one range per field: GDSShardDataset._runs) are gathered
-# with one copy per field for all of them, each batch's field a view of its rows of it; False: a
-# copy per batch (the checks and the run still found once for the item).
-ITEM_VIEWS = False
+# of one lease (a worker's item read as one range per field: GDSShardDataset._runs) are checked
+# and their run found once, then gathered with a copy per batch; on the device types named here
+# ("cpu", "cuda"), with one copy per field for all of them, each batch's field a view of its rows.
+# None by default: on the CPU machine one item-sized allocation per field cost more than the
+# copies it saves (docs/benchmarks.md, "One copy per item").
+ITEM_VIEWS: frozenset[str] = frozenset()
 
 
 def _run_sig(b: Any) -> Optional[tuple[Any, ...]]:
@@ -372,6 +374,7 @@ def _materialize_segment(bs: Sequence["GDSBatch"], device: Optional[torch.device
         holds = first._holds()
         _leases.check(holds)
         whole: dict[str, torch.Tensor] = {}
+        views: dict[str, bool] = {}
         for k, v in first.data.items():
             if not isinstance(v, _RefColumn):
                 continue
@@ -384,7 +387,8 @@ def _materialize_segment(bs: Sequence["GDSBatch"], device: Optional[torch.device
             typed = _typed_run(col)
             if typed is None or (tgt is not None and tgt != typed.device) or (pin and typed.device.type == "cpu" and torch.cuda.is_available()):
                 return None
-            whole[k] = typed.clone(memory_format=torch.contiguous_format) if ITEM_VIEWS else typed
+            views[k] = typed.device.type in ITEM_VIEWS
+            whole[k] = typed.clone(memory_format=torch.contiguous_format) if views[k] else typed
         out: list[GDSBatch] = []
         at = 0
         for b in bs:
@@ -394,7 +398,7 @@ def _materialize_segment(bs: Sequence["GDSBatch"], device: Optional[torch.device
                 if isinstance(v, _RefColumn):
                     rows = len(v.idx)
                     t = whole[k][at : at + rows]
-                    data[k] = t if ITEM_VIEWS else t.clone(memory_format=torch.contiguous_format)
+                    data[k] = t if views[k] else t.clone(memory_format=torch.contiguous_format)
                 else:
                     data[k] = _plain_field(k, v, b.gpu_fields, tgt, pin)
             at += rows

@@ -1,13 +1,13 @@
 """Issue 15 at 16 KiB: the main process's loop materializes a worker's item of k batches
-(gdsfs.torch.DataLoader's batches_per_item) with one gather per field for the item's run of
-batches, instead of one per batch: a worker reads an item's samples of a shard as one range, so
-one lease, and the item's batches of one field form one evenly spaced run in it. What the user
+(gdsfs.torch.DataLoader's batches_per_item) a run of batches at a time: a worker reads an item's
+samples of a shard as one range, so one lease, and the item's batches of one field form one
+evenly spaced run in it, whose leases are checked and whose run is found once. What the user
 sees stays: the same batches as one batch per item, byte for byte (fields, keys, order, dtypes,
 shapes); every lease back after islice, break, del, an exception in batch_map (the daemon's
 STATUS as the oracle); a batch whose lease was lost is not yielded, the ones before it are. With
-_tensors.ITEM_VIEWS (off by default: the CPU measurements in docs/benchmarks.md, "One copy per
-item") a batch's field is a view of the item's one copy, only where the run holds, and stays
-right after later items and after every lease went back (the bytes were copied, not aliased)."""
+_tensors.ITEM_VIEWS (no device type by default: docs/benchmarks.md, "One copy per item") a
+batch's field is a view of the run's one copy, only where the run holds, and stays right after
+later items and after every lease went back (the bytes were copied, not aliased)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ import pytest
 import _lease_diag
 from _wds_helpers import fresh_dir, npy, write_tar
 from test_settle import _held_here
+
+
+def _views(on: bool) -> frozenset[str]:
+    """_tensors.ITEM_VIEWS: views on every device type, or on none (the default)."""
+    return frozenset({"cpu", "cuda"}) if on else frozenset()
 
 
 def _write(mount, name: str, shards: list[list[object]]) -> tuple[list[str], dict[str, object]]:
@@ -108,7 +113,7 @@ def test_items_are_the_one_batch_per_item_batches_byte_for_byte(gdsfs_mount, mon
     from gdsfs import _tensors
     import gdsfs.torch as gt
 
-    monkeypatch.setattr(_tensors, "ITEM_VIEWS", views)
+    monkeypatch.setattr(_tensors, "ITEM_VIEWS", _views(views))
     paths, truth = _write(gdsfs_mount, f"itemcopy-eq-{dtype}", [_arrays(26, dtype, shape, s) for s in range(2)])
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
 
@@ -138,7 +143,7 @@ def _one_worker_batches(gdsfs_mount, monkeypatch, name: str, shards, **kw):
     from gdsfs import _tensors
     import gdsfs.torch as gt
 
-    monkeypatch.setattr(_tensors, "ITEM_VIEWS", True)
+    monkeypatch.setattr(_tensors, "ITEM_VIEWS", _views(True))
     paths, truth = _write(gdsfs_mount, name, shards)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     got = list(_loader(ds, num_workers=1, batches_per_item=3, **kw))
@@ -176,7 +181,7 @@ def test_an_item_larger_than_read_ahead_is_one_read(gdsfs_mount, monkeypatch) ->
     from gdsfs import _tensors
     import gdsfs.torch as gt
 
-    monkeypatch.setattr(_tensors, "ITEM_VIEWS", True)
+    monkeypatch.setattr(_tensors, "ITEM_VIEWS", _views(True))
     paths, truth = _write(gdsfs_mount, "itemcopy-chunk", [_arrays(36, "float32", (4096,), 9)])
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=10)
     got = list(_loader(ds, num_workers=1, batches_per_item=3))
@@ -219,7 +224,7 @@ def test_no_view_where_the_run_does_not_hold(gdsfs_mount, monkeypatch, case: str
         _check(got, truth)
     else:
         ds, got, truth = _one_worker_batches(gdsfs_mount, monkeypatch, "itemcopy-off", [_arrays(24, "float32", (4096,), 5)])
-        monkeypatch.setattr(_tensors, "ITEM_VIEWS", False)
+        monkeypatch.setattr(_tensors, "ITEM_VIEWS", _views(False))
         seg = _Segments(monkeypatch)
         got = list(_loader(ds, num_workers=1, batches_per_item=3))
         assert seg.batches == 6
@@ -238,7 +243,7 @@ def test_views_stay_right_after_later_items_and_every_release(gdsfs_mount, monke
     from gdsfs import _tensors
     import gdsfs.torch as gt
 
-    monkeypatch.setattr(_tensors, "ITEM_VIEWS", True)
+    monkeypatch.setattr(_tensors, "ITEM_VIEWS", _views(True))
     paths, truth = _write(gdsfs_mount, "itemcopy-keep", [_arrays(48, "float32", (4096,), s) for s in range(2)])
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     it = iter(_loader(ds, batches_per_item=4))
@@ -272,7 +277,7 @@ def test_stopping_mid_item_leaves_no_lease(gdsfs_mount, monkeypatch, stop: str, 
     from gdsfs import _tensors
     import gdsfs.torch as gt
 
-    monkeypatch.setattr(_tensors, "ITEM_VIEWS", views)
+    monkeypatch.setattr(_tensors, "ITEM_VIEWS", _views(views))
     seg = _Segments(monkeypatch)
     paths, truth = _write(gdsfs_mount, f"itemcopy-stop-{stop}", [_arrays(32, "float32", (4096,), s) for s in range(2)])
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
@@ -343,7 +348,7 @@ def test_a_lost_lease_of_an_item_yields_what_was_before_it(gdsfs_mount, monkeypa
     import gdsfs
     from gdsfs import _tensors
 
-    monkeypatch.setattr(_tensors, "ITEM_VIEWS", True)
+    monkeypatch.setattr(_tensors, "ITEM_VIEWS", _views(True))
     ds, shared, other, truth = _shared_item(gdsfs_mount, f"itemcopy-lost-{how}")
     if how == "daemon":
         item = _tensors._Batches(other[:1] + shared)
