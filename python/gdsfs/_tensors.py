@@ -361,11 +361,12 @@ def _item_segments(parts: Sequence[Any]) -> dict[int, int]:
 def _materialize_segment(bs: Sequence["GDSBatch"], device: Optional[torch.device], pin: bool) -> Optional[list["GDSBatch"]]:
     """materialize(device, pin=pin, _defer=True, _parsed=True, _record=False) of each batch of
     bs (one _run_sig) at once, when each gpu field's samples of all of them are one evenly
-    spaced run of their lease that _gather would copy in one typed clone: one clone per field,
-    each batch's field a view of its rows (ITEM_VIEWS); the first batch carries the _Pending of
-    their leases (the same for all), the others none. None when that does not apply, or
-    anything fails (nothing was released: the caller materializes them one by one, which
-    raises what that batch's own materialize raises)."""
+    spaced run of their lease that _gather would copy in one typed clone: the lease check, the
+    run and the _Pending once for all of them, then each batch's rows cloned (on a device type
+    in ITEM_VIEWS: one clone per field, each batch's field a view of its rows). The first batch
+    carries the _Pending of their leases (the same for all), the others none. None when that
+    does not apply, or anything fails (nothing was released: the caller materializes them one
+    by one, which raises what that batch's own materialize raises)."""
     try:
         first = bs[0]
         tgt = device
@@ -417,8 +418,9 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
     (up to SETTLE_BATCHES batches, SETTLE_BYTES bytes of gpu fields), the batches are copied first
     and settled together with one RELEASE, then yielded in order. An item of several batches
     (_Batches: a worker's k batches) is materialized whole, back to back, before any of its
-    batches is yielded; its batches after one whose materialize failed return their leases
-    unmaterialized. A batch whose settling fails is
+    batches is yielded (its batches that continue one run of one lease together:
+    _materialize_segment); its batches after one whose materialize failed return their leases
+    unmaterialized (but for leases that batches before it share). A batch whose settling fails is
     not yielded: the ones before it are, then its GDSLeaseError is raised. At a yield every batch
     taken from it is settled (nothing of a group is left unreleased when the consumer stops); an
     exception from it (a worker that died) comes after the batches taken before it."""
@@ -451,7 +453,7 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
                 hi = segs.get(i, 0)
                 done = _materialize_segment(parts[i:hi], tgt, pin) if hi else None
                 if done is not None:
-                    # Batches i..hi-1 of the item in one copy per field (their one run).
+                    # Batches i..hi-1 of the item at once: one run of one lease per field.
                     for b in done:
                         group.append(b)
                         held += _batch_bytes(b)
