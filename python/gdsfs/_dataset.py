@@ -1176,15 +1176,18 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         t = torch.frombuffer(data, dtype=torch.uint8) if nb else torch.empty(0, dtype=torch.uint8)
         return _view_as(t, dt, shape, fortran)
 
-    def _pool_sample_bytes(self, batch: int = 0, shards: int = 4) -> tuple[float, float]:
+    def _pool_sample_bytes(self, batch: int = 0, slab: int = 0, shards: int = 4) -> tuple[float, float]:
         """(fields, leased): bytes per sample of the gpu fields, and of what their leases take in
         the daemon's pool, as a worker that collates batches of `batch` samples reads them (0: one
         range per field per sample): each range widened to the daemon's alignment (HELLO align),
         a batch's adjacent samples of a shard in one range with the bytes between them
-        (GDSShardDataset._runs, without shuffle, shuffle_buffer, map= or handler="warn_and_skip").
+        (GDSShardDataset._runs, without shuffle, shuffle_buffer, map= or handler="warn_and_skip"),
+        and with the pool's slabs of `slab` bytes (0: not known) the part of a slab that leases of
+        that size leave empty (a slab holds slab // lease of them; a larger one gets its own).
         From the index of up to `shards` shards open in this process (the first readable one when
-        none is) and their first samples (at least 64, at most 1,024). (0, 0): not known (no
-        daemon session, no gpu_keys, nothing readable)."""
+        none is) and their first samples (64 to 1,024 a shard, at most one batch or 256 in all
+        beyond the first shard). (0, 0): not known (no daemon session, no gpu_keys, nothing
+        readable)."""
         if self._session is None or not self.gpu_keys or self._open_pid != os.getpid():
             return 0.0, 0.0
         states = list(self._open.items())[-shards:]
@@ -1199,11 +1202,15 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         align = max(1, self._session.hello.align or 4096)
         cap = min(RUN_BYTES, self._session.max_lease - 2 * 4096)
 
-        def cost(r: list[int]) -> int:
-            return -(-r[1] // align) * align - r[0] // align * align
+        def cost(r: list[int]) -> float:
+            c = -(-r[1] // align) * align - r[0] // align * align
+            return slab / (slab // c) if 0 < c <= slab else c
 
-        n = fields = leased = 0
+        n = fields = 0
+        leased = 0.0
         for i, st in states:
+            if n >= max(256, min(batch, 1024)):
+                break
             runs: dict[str, list[int]] = {}  # field -> [start, end] of the range it is in
             for idx in range(min(max(64, batch), 1024, self.counts[i] if i < len(self.counts) else 0)):
                 try:
@@ -1854,36 +1861,37 @@ class DataLoader(torch.utils.data.DataLoader):
         self._pool_most = max(ds._worker_counts(self.num_workers), default=0)
         b = self._pool_fit(k, 0.0)[0]
         if getattr(self, "_pool_bytes", (-1, 0, 0))[0] != b:
-            self._pool_bytes = (b, *ds._pool_sample_bytes(b))
+            self._pool_bytes = (b, *ds._pool_sample_bytes(b, _slab_bytes(session.mount)))
         _b, fields, s = self._pool_bytes
         if s <= 0:
             return
         held = _leases.held_bytes(session.mount, session.device)
         avail = session.hello.max_lease - held
+        room = avail * (1 + 1e-9)  # what exactly fills the share fits (s is a quotient)
         b, total, need, over = self._pool_fit(k, fields)
         # settled() copies up to SETTLE_BATCHES batches (an item's k at once) ahead before it
         # releases them: with those held too, the item after them could not be read.
-        self._pool_tight = (need + (_tensors.SETTLE_BATCHES + k - 1) * b) * s > avail
+        self._pool_tight = (need + (_tensors.SETTLE_BATCHES + k - 1) * b) * s > room
         flag = "--host-pool" if session.device < 0 else "--gpu-pool"
         fix = f"have root mount with a larger {flag} (or --uid-share)"
         where = (f"uid {session.hello.uid}'s share of the gdsfs pool at {session.mount!r} ({_size(session.hello.max_lease)}"
                  + (f", {_size(held)} of it held by this process" if held > 0 else "") + ")")
         setting = (f"DataLoader(num_workers={self.num_workers}, batch_size={self.batch_size}, prefetch_factor={self.prefetch_factor}, "
                    f"batches_per_item={self.batches_per_item if self.batches_per_item is not None else f'None (k={k})'})")
-        if b * s > avail:
-            most = int(avail // s)
+        if b * s > room:
+            most = int(room // s)
             raise GDSPoolError(f"gdsfs: one batch of {setting} ({b} samples x {_size(s)} leased: {_size(b * s)}) is larger than {where}, "
                                "so its workers would wait for pool space that never comes; use "
                                + (f"batch_size <= {most}" if most >= 1 else "smaller samples") + f", or {fix}", errno=errno.EAGAIN)
-        if need * s > avail:
-            alt = next((j for j in range(k - 1, 0, -1) if self._pool_fit(j, fields)[2] * s <= avail), 0)
+        if need * s > room:
+            alt = next((j for j in range(k - 1, 0, -1) if self._pool_fit(j, fields)[2] * s <= room), 0)
             raise GDSPoolError(
                 f"gdsfs: {setting} can hang on {where}: its other workers can hold {_size((need - k * b - over) * s)} in flight "
                 f"({self._items_prefetched(k)} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased each, and up to {over} samples "
                 f"read ahead) while the item the loop waits for still needs {_size((k * b + over) * s)}, and the loop returns no pool "
                 "space until it comes; use " + (f"batches_per_item <= {alt}, " if alt and self.batches_per_item is not None else "")
                 + f"fewer num_workers, a smaller prefetch_factor, batch_size or read_ahead, or {fix}", errno=errno.EAGAIN)
-        if total * s > avail and not getattr(self, "_pool_warned", False):
+        if total * s > room and not getattr(self, "_pool_warned", False):
             self._pool_warned = True
             warnings.warn(f"gdsfs: {setting} keeps up to {_size(total * s)} in flight ({self.num_workers} workers x "
                           f"{self._items_prefetched(k)} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased, up to {over} samples "
@@ -1970,6 +1978,15 @@ def _read_ahead_overshoot(read_ahead: int, group: int, item: int) -> int:
     ends = [min(c + g, c + read_ahead) for c in range(0, period, read_ahead) for g in range(group, read_ahead + group, group)]
     ends.sort()
     return max(ends[bisect.bisect_left(ends, e)] - e for e in range(item, period + 1, item))
+
+
+def _slab_bytes(mount: str) -> int:
+    """The size of the daemon's slabs (user.gdsfs.stats pool.slab_bytes; 0: not known)."""
+    try:
+        doc = json.loads(os.getxattr(mount, _core.STATS_XATTR))
+        return max(0, int(doc["pool"]["slab_bytes"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        return 0
 
 
 def _size(n: float) -> str:
