@@ -202,6 +202,17 @@ def worker_ranges(ds: "GDSShardDataset", state: Callable[[int], Any], plan: Any,
     return out, cut
 
 
+def _head(rs: list[Range], nbytes: int) -> list[Range]:
+    """The ranges of rs that hold its first nbytes (the last one cut there)."""
+    out: list[Range] = []
+    for s, o, e, c in rs:
+        if nbytes <= 0:
+            break
+        out.append((s, o, min(e, o + nbytes), c))
+        nbytes -= e - o
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def _libc() -> Optional[ctypes.CDLL]:
     """libc with mmap, munmap and mincore typed, for _page_resident (None: not loadable).
@@ -323,19 +334,22 @@ class StartHints:
         for slot, skip in self.workers:
             if self.stop_event.is_set():
                 return
-            # Its first bytes in the page cache already (a warm epoch): nothing to ask for,
-            # and nothing more of it planned.
-            head, _ = worker_ranges(ds, self._state, plan, slot, skip, min(per, PROBE_BYTES))
-            if not head or self._resident(head):
+            # Planned first from the indexes the main process holds, opening nothing: a worker
+            # left without a hint costs no open, no INDEX and no residency probe (12-02 07:35,
+            # 4 MiB samples, every worker's first chunk over its share: the first batch still
+            # 50-150 ms later with the hint on than off, from those opens on a cold disk racing
+            # the forks for the lock they share).
+            rs, cut = worker_ranges(ds, self._plan_state, plan, slot, skip, per)
+            if not rs or cut or not self._open_all(rs):
+                # cut: its first chunk (the first READ, which yields nothing before it is whole)
+                # is more than its share: large samples. A part of it only reorders the
+                # workers' first READs against the order the loop takes them, and a READ that
+                # large keeps the disk busy by itself (12-02 05:48, 4 MiB samples: the first
+                # batch 70-240 ms later with such hints, 0.98x the disk against 1.06x without).
                 self.ranges.append([])
                 continue
-            rs, cut = worker_ranges(ds, self._state, plan, slot, skip, per)
-            if cut:
-                # Its first chunk (the first READ, which yields nothing before it is whole) is
-                # more than its share: large samples. A part of it only reorders the workers'
-                # first READs against the order the loop takes them, and a READ that large keeps
-                # the disk busy by itself (12-02 05:48, 4 MiB samples: the first batch 70-240 ms
-                # later with such hints, 0.98x the disk against 1.06x without).
+            if self._resident(_head(rs, min(per, PROBE_BYTES))):
+                # Its first bytes in the page cache already (a warm epoch): nothing to ask for.
                 self.ranges.append([])
                 continue
             self.ranges.append([(ds.shards[s], o, e) for s, o, e, _c in rs])
@@ -352,6 +366,36 @@ class StartHints:
                     return
                 if c < len(chunks):
                     self._advise(chunks[c])
+
+    def _plan_state(self, shard: int) -> Any:
+        """Shard's state for planning without opening it where the main process has its index
+        (its _ShardState; _open_all checks later that the file is still the one indexed), else
+        _state's."""
+        known = self.known.get(shard)
+        return known if known is not None else self._state(shard)
+
+    def _open_all(self, rs: list[Range]) -> bool:
+        """Open (as _state does) the shards of rs that planning did not open; False when one
+        cannot be, is not a regular file, or is not the file the main process indexed (the
+        ranges planned from that index would not be what the worker reads)."""
+        from ._dataset import _file_ident
+
+        for shard in dict.fromkeys(r[0] for r in rs):
+            if shard in self._fds:
+                continue
+            if self.stop_event.is_set():
+                return False
+            session = self.ds._session
+            if session is not None and not _budget_leaves_room(session.mount):
+                return False
+            try:
+                fd = _fds.open(self.ds.shards[shard], os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:
+                return False
+            self._fds[shard] = fd
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or self.known[shard].ident != _file_ident(fd):
+                return False
+        return True
 
     def _resident(self, rs: list[Range]) -> bool:
         """Whether the first page of rs and its last one are in the page cache."""

@@ -182,6 +182,17 @@ def test_a_first_chunk_larger_than_its_share_asks_for_nothing(gdsfs_mount, monke
     whether the share ends inside a sample or at a sample's end short of the chunk's."""
     paths, backing = _shards(gdsfs_mount, 4, 24)
     monkeypatch.setenv(sh.START_HINT_ENV, str(2 * share))
+    # Nor is a shard opened for it (the GPU run of 12-02 07:35: with every worker's first chunk
+    # over its share the first batch still came 50-150 ms later with the hint on, from its opens
+    # on the cold disk while torch forked the workers).
+    opened: list[str] = []
+    real = sh._fds.open
+
+    def counted(path: str, flags: int) -> int:
+        opened.append(path)
+        return real(path, flags)
+
+    monkeypatch.setattr(sh._fds, "open", counted)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=5)
     gate = _AfterHint(2)
     dl = gt.DataLoader(ds, batch_size=5, num_workers=2, worker_init_fn=gate.init_fn())
@@ -195,6 +206,7 @@ def test_a_first_chunk_larger_than_its_share_asks_for_nothing(gdsfs_mount, monke
         gate.close()
     assert sum(len(v) for v in per.values()) == 96
     assert h.ranges == [[], []], "a part of a worker's first chunk was hinted"
+    assert opened == [], f"the hint opened {opened} for workers it gives no hint"
 
 
 def test_warm_start_asks_for_nothing(gdsfs_mount, monkeypatch) -> None:
@@ -233,18 +245,18 @@ def test_off_and_persistent_workers(gdsfs_mount, monkeypatch) -> None:
 
 
 def test_a_stuck_hint_never_holds_the_loop(gdsfs_mount, monkeypatch) -> None:
-    # The hint thread stuck where a slow daemon would hold it (its open or INDEX of a shard):
-    # the loop still gets every sample, and the next iteration starts no second hint.
+    # The hint thread stuck where a slow daemon would hold it (its open of a shard): the loop
+    # still gets every sample, and the next iteration starts no second hint.
     paths, backing = _shards(gdsfs_mount, 2, 16)
     release, entered = threading.Event(), threading.Event()
-    real = sh.StartHints._state
+    real = sh._fds.open
 
-    def stuck(self: Any, shard: int) -> Any:
+    def stuck(path: str, flags: int) -> int:
         entered.set()
         release.wait()
-        return real(self, shard)
+        return real(path, flags)
 
-    monkeypatch.setattr(sh.StartHints, "_state", stuck)
+    monkeypatch.setattr(sh._fds, "open", stuck)
     monkeypatch.delenv(sh.START_HINT_ENV, raising=False)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     dl = gt.DataLoader(ds, batch_size=4, num_workers=2)
