@@ -1973,7 +1973,7 @@ def _read_ahead_overshoot(read_ahead: int, group: int, item: int) -> int:
     pattern's period is long."""
     read_ahead, group, item = max(1, read_ahead), max(1, min(group, read_ahead)), max(1, item)
     period = math.lcm(read_ahead, item)
-    if period > 1 << 16:
+    if period > 1 << 14:
         return group - 1
     ends = [min(c + g, c + read_ahead) for c in range(0, period, read_ahead) for g in range(group, read_ahead + group, group)]
     ends.sort()
