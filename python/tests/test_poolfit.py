@@ -213,6 +213,38 @@ def test_what_this_process_holds_counts(pool, data) -> None:
     assert pool.wait_leases(0) == 0
 
 
+def test_after_a_killed_worker_the_next_pass_fits_and_reads_everything(pool, data, tmp_path) -> None:
+    """A worker killed mid-pass on the small pool: torch's error, then the loader's next pass
+    (fresh workers, the session reclaimed) is checked and runs as before: the dead pass's leases
+    are not counted against it, nothing hangs, every sample comes once."""
+    import functools
+    import signal
+
+    import gdsfs.torch as gt
+    from gdsfs._errors import GDSPoolWarning
+    from test_settle import _record_pid
+
+    paths, truth = data
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
+    dl = gt.DataLoader(ds, batch_size=16, num_workers=2, timeout=30, worker_init_fn=functools.partial(_record_pid, str(tmp_path)))
+    it = iter(dl)
+    next(it)
+    next(it)
+    for pid in os.listdir(tmp_path):
+        os.kill(int(pid), signal.SIGKILL)
+        os.unlink(os.path.join(tmp_path, pid))
+    with pytest.raises(RuntimeError, match=r"exited unexpectedly|killed by signal"):
+        for _b in it:
+            pass
+    del it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GDSPoolWarning)
+        got = [key for b in dl for key in b["__key__"]]
+    assert sorted(got) == sorted(truth)
+    ds.close()
+    assert pool.wait_leases(0) == 0
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another uid")
 def test_a_second_user_holding_its_share_changes_nothing_for_ours(pool, data) -> None:
     """uid 10001 holds its whole 2 MiB share of the 4 MiB pool: our loader's check is by our own
