@@ -16,7 +16,7 @@ import importlib
 from typing import Any
 
 from ._core import Capabilities, Ref, Session, capabilities, find_mount, is_gdsfs_path, layout, status
-from ._errors import GDSFallbackWarning, GDSLeaseError, GDSUnavailableError
+from ._errors import GDSFallbackWarning, GDSLeaseError, GDSPoolError, GDSPoolWarning, GDSUnavailableError
 
 __version__ = "0.1.0"
 
@@ -24,6 +24,8 @@ __all__ = [
     "Capabilities",
     "GDSFallbackWarning",
     "GDSLeaseError",
+    "GDSPoolError",
+    "GDSPoolWarning",
     "GDSUnavailableError",
     "Ref",
     "Session",

@@ -1081,8 +1081,21 @@ class Session:
                 self._read_chunk(fd, ranges[:half], dev, timeout, out, version)
                 self._read_chunk(fd, ranges[half:], dev, timeout, out, version)
                 return
+            if e.errno == _errno.EAGAIN:
+                raise self._pool_full("READ", f"of {len(ranges)} ranges ({sum(n for _o, n in ranges)} bytes)", timeout, dev) from e
             raise _daemon_error("READ", e, f"of {len(ranges)} ranges") from e
         out.extend(self._make_ref(d, dev) for d in proto.decode_read(buf, len(ranges)))
+
+    def _pool_full(self, op: str, what: str, waited: float, dev: int) -> GDSUnavailableError:
+        """The error of a request that found the pool full for `waited` seconds: this uid's
+        share, what this process holds of it, and what to change."""
+        held = _leases.held_bytes(self.mount, dev)
+        flag = "--host-pool" if dev < 0 else "--gpu-pool"
+        return GDSUnavailableError(
+            f"gdsfs: {op} {what} failed: EAGAIN: the pool stayed full for {waited:g} s: uid {self.hello.uid}'s share of it at {self.mount!r} "
+            f"is {self.hello.max_lease} bytes ({held} held by this process); in a DataLoader its workers keep more in flight than that: "
+            "use fewer num_workers or a smaller batch_size, prefetch_factor, batches_per_item or read_ahead_bytes, release leases "
+            f"(materialize or drop batches), or have root mount with a larger {flag} (or --uid-share)", errno=_errno.EAGAIN)
 
     def read_names(self, fd: Any, names: Sequence[str], *, device: int | None = None, timeout: float = EAGAIN_TIMEOUT_S) -> list[Ref]:
         """Read index entries by name (tar member path, MDS "sample/field",

@@ -36,7 +36,7 @@ from . import _core, _devmap, _indexcols, _layout, _leases, _starthint, _tensors
 from . import _protocol as proto
 from ._core import Ref, Session
 from ._collate import _KCollate, _release_refs, collate
-from ._errors import GDSShardChangedError, GDSShardError, GDSShardWarning, GDSUnavailableError, warn_fallback
+from ._errors import GDSPoolError, GDSPoolWarning, GDSShardChangedError, GDSShardError, GDSShardWarning, GDSUnavailableError, warn_fallback
 from ._plan import EpochPlan, expand_braces
 from ._tensors import GDSBatch, GDSSample, TensorRef, _new_tensor_ref, _numel, _torch_dtype, _view_as
 
@@ -1177,6 +1177,69 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         t = torch.frombuffer(data, dtype=torch.uint8) if nb else torch.empty(0, dtype=torch.uint8)
         return _view_as(t, dt, shape, fortran)
 
+    def _pool_sample_bytes(self, batch: int = 0, slab: int = 0, shards: int = 4) -> tuple[float, float]:
+        """(fields, leased): bytes per sample of the gpu fields, and of what their leases take in
+        the daemon's pool, as a worker that collates batches of `batch` samples reads them (0: one
+        range per field per sample): each range widened to the daemon's alignment (HELLO align),
+        a batch's adjacent samples of a shard in one range with the bytes between them
+        (GDSShardDataset._runs, without shuffle, shuffle_buffer, map= or handler="warn_and_skip"),
+        and with the pool's slabs of `slab` bytes (0: not known) the part of a slab that leases of
+        that size leave empty (a slab holds slab // lease of them; a larger one gets its own).
+        From the index of up to `shards` shards open in this process (the first readable one when
+        none is) and their first samples (64 to 1,024 a shard, at most one batch or 256 in all
+        beyond the first shard). (0, 0): not known (no daemon session, no gpu_keys, nothing
+        readable)."""
+        if self._session is None or not self.gpu_keys or self._open_pid != os.getpid():
+            return 0.0, 0.0
+        states = list(self._open.items())[-shards:]
+        if not states:
+            good = [i for i in range(len(self.shards)) if i not in self._bad and self.counts[i] > 0]
+            try:
+                states = [(good[0], self._shard(good[0]))] if good else []
+            except (OSError, GDSShardError, GDSUnavailableError, ValueError):
+                return 0.0, 0.0
+        if self.shuffle or self.shuffle_buffer > 1 or self.map is not None or self.handler != "raise":
+            batch = 0
+        align = max(1, self._session.hello.align or 4096)
+        cap = min(RUN_BYTES, self._session.max_lease - 2 * 4096)
+
+        def cost(r: list[int]) -> float:
+            c = -(-r[1] // align) * align - r[0] // align * align
+            return slab / (slab // c) if 0 < c <= slab else c
+
+        n = fields = 0
+        leased = 0.0
+        for i, st in states:
+            if n >= max(256, min(batch, 1024)):
+                break
+            runs: dict[str, list[int]] = {}  # field -> [start, end] of the range it is in
+            for idx in range(min(max(64, batch), 1024, self.counts[i] if i < len(self.counts) else 0)):
+                try:
+                    _key, plans = self._sample_fields(st, idx)
+                    geo = [(fp.name, self._tensor_geometry(st, fp)) for fp in plans if fp.gpu]
+                except (GDSShardError, ValueError, OSError, KeyError, IndexError):
+                    continue  # a bad sample: the workers report it
+                if batch and idx % batch == 0:
+                    leased += sum(cost(r) for r in runs.values())
+                    runs = {}
+                for name, g in geo:
+                    off, nb = g[0], g[1]
+                    fields += nb
+                    r = runs.get(name)
+                    if r is not None and r[1] <= off <= r[1] + RUN_GAP and off + nb - r[0] <= cap:
+                        r[1] = off + nb
+                        continue
+                    if r is not None:
+                        leased += cost(r)
+                    if batch and nb <= RUN_FIELD_MAX:
+                        runs[name] = [off, off + nb]
+                    else:
+                        runs.pop(name, None)
+                        leased += cost([off, off + nb])
+                n += 1
+            leased += sum(cost(r) for r in runs.values())
+        return (fields / n, leased / n) if n else (0.0, 0.0)
+
     # -- iteration ----------------------------------------------------------
 
     def __iter__(self) -> Iterator[GDSSample]:
@@ -1644,6 +1707,10 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset
         if isinstance(ds, GDSShardDataset):
+            if self.num_workers > 0 and not (self.persistent_workers and getattr(self, "_iterator", None) is not None):
+                # Fresh workers: what they will hold of the pool fits this uid's share, or the
+                # iteration fails now, before any worker waits (GDSPoolError), or warns once.
+                self._check_pool_fit()
             # Workers that collate with gdsfs.torch.collate hand out whole batches: their
             # copies may let a batch's adjacent samples share a lease (GDSShardDataset._runs).
             batched = self.batch_size if (self.num_workers > 0 and self.batch_size and self.collate_fn is collate) else 0
@@ -1672,7 +1739,7 @@ class DataLoader(torch.utils.data.DataLoader):
         device = torch.device("cuda", torch.cuda.current_device()) if pin else None
         ok = False
         try:
-            for batch in _tensors.settled(it, pin=pin, device=device, ready=_tensors._ready_probe(it)):
+            for batch in _tensors.settled(it, pin=pin, device=device, ready=self._ready_probe(it)):
                 if isinstance(batch, GDSBatch) and isinstance(ds, GDSShardDataset):
                     ds._observe(batch.epoch, batch.progress, batch.slots)
                 if self.batch_map is not None:
@@ -1694,6 +1761,25 @@ class DataLoader(torch.utils.data.DataLoader):
                     shutdown()
                 del it
                 ds.reclaim()
+
+    def _ready_probe(self, it: Any) -> Optional[Callable[[], bool]]:
+        """settled()'s test of whether the next batch waits: torch's data queue has something
+        (_tensors._ready_probe), or, where the pool is tight (_check_pool_fit: the batches that
+        settled() copies ahead, unreleased, could hold the room that the item after them needs),
+        only whether torch already holds the next item in order. The queue's item may be another
+        worker's, out of order: torch keeps it and waits on for the next one, which can never
+        come while its worker waits for the pool space the group holds."""
+        probe = _tensors._ready_probe(it)
+        if probe is None or not getattr(self, "_pool_tight", False):
+            return probe
+        info = getattr(it, "_task_info", None)
+        if not isinstance(info, dict) or not hasattr(it, "_rcvd_idx"):
+            return None
+        received: dict[int, tuple[Any, ...]] = info
+
+        def in_order() -> bool:
+            return len(received.get(it._rcvd_idx, ())) == 2  # (worker, data): received
+        return in_order
 
     def _unpicklable(self, err: BaseException) -> TypeError:
         """The one-line error for workers that could not be started because what they are sent
@@ -1744,6 +1830,81 @@ class DataLoader(torch.utils.data.DataLoader):
         while k > 1 and share > 0 and self.num_workers * self._items_prefetched(k) * k * batch > share // _tensors.KBATCH_SHARE_PART:
             k -= 1
         return k
+
+    def _pool_fit(self, k: int, s: float) -> tuple[int, int, int, int]:
+        """(samples of one batch, samples the workers and the loop can hold at once, samples held
+        while the batch the loop waits for is read, samples read ahead past an item) for k
+        batches per item and s gpu-field bytes per sample. A worker holds its items in flight
+        (torch's ceil(prefetch_factor / k) of k batches) and what its last READ group read past
+        the last of them (_read_ahead_overshoot); the loop, the item it copies. The loop takes
+        items in order and returns no lease until the next one comes: while that item's worker
+        reads it, it holds at most the item and its overshoot, the others all they may."""
+        ds = self.dataset
+        assert isinstance(ds, GDSShardDataset)
+        most = getattr(self, "_pool_most", 0)  # a worker's samples this epoch (_check_pool_fit): no batch is longer
+        b = max(1, min(int(self.batch_size or 1), most)) if most > 0 else int(self.batch_size or 1)
+        per = self._items_prefetched(k)
+        group = max(1, min(ds.read_ahead, int(ds.read_ahead_bytes // s) if s > 0 else ds.read_ahead))
+        over = _read_ahead_overshoot(ds.read_ahead, group, k * b)
+        worker = per * k * b + over
+        w = self.num_workers
+        return b, w * worker + k * b, (w - 1) * worker + k * b + over, over
+
+    def _check_pool_fit(self) -> None:
+        """GDSPoolError when what the loader's fresh workers need of the daemon's pool at once
+        cannot fit this uid's share of it (the daemon's max_lease, less what this process holds):
+        one batch larger than that, or batches in flight that can fill it while the item the loop
+        waits for still needs room (the loop takes items in order and returns nothing meanwhile:
+        a hang until a READ gives up after EAGAIN_TIMEOUT_S). GDSPoolWarning, once per loader,
+        when the batches in flight are more than that but the awaited item always finds room: the
+        workers wait for the loop's releases. Bytes as leased (_pool_sample_bytes)."""
+        ds = self.dataset
+        session = ds._session if isinstance(ds, GDSShardDataset) else None
+        self._pool_tight = False
+        if session is None or self.collate_fn is not collate or not session.hello.max_lease:
+            return
+        assert isinstance(ds, GDSShardDataset)
+        k = self._per_item()
+        self._pool_most = max(ds._worker_counts(self.num_workers), default=0)
+        b = self._pool_fit(k, 0.0)[0]
+        if getattr(self, "_pool_bytes", (-1, 0, 0))[0] != b:
+            self._pool_bytes = (b, *ds._pool_sample_bytes(b, _slab_bytes(session.mount)))
+        _b, fields, s = self._pool_bytes
+        if s <= 0:
+            return
+        held = _leases.held_bytes(session.mount, session.device)
+        avail = session.hello.max_lease - held
+        room = avail * (1 + 1e-9)  # what exactly fills the share fits (s is a quotient)
+        b, total, need, over = self._pool_fit(k, fields)
+        # settled() copies up to SETTLE_BATCHES batches (an item's k at once) ahead before it
+        # releases them: with those held too, the item after them could not be read.
+        self._pool_tight = (need + (_tensors.SETTLE_BATCHES + k - 1) * b) * s > room
+        flag = "--host-pool" if session.device < 0 else "--gpu-pool"
+        fix = f"have root mount with a larger {flag} (or --uid-share)"
+        where = (f"uid {session.hello.uid}'s share of the gdsfs pool at {session.mount!r} ({_size(session.hello.max_lease)}"
+                 + (f", {_size(held)} of it held by this process" if held > 0 else "") + ")")
+        setting = (f"DataLoader(num_workers={self.num_workers}, batch_size={self.batch_size}, prefetch_factor={self.prefetch_factor}, "
+                   f"batches_per_item={self.batches_per_item if self.batches_per_item is not None else f'None (k={k})'})")
+        if b * s > room:
+            most = int(room // s)
+            raise GDSPoolError(f"gdsfs: one batch of {setting} ({b} samples x {_size(s)} leased: {_size(b * s)}) is larger than {where}, "
+                               "so its workers would wait for pool space that never comes; use "
+                               + (f"batch_size <= {most}" if most >= 1 else "smaller samples") + f", or {fix}", errno=errno.EAGAIN)
+        if need * s > room:
+            alt = next((j for j in range(k - 1, 0, -1) if self._pool_fit(j, fields)[2] * s <= room), 0)
+            raise GDSPoolError(
+                f"gdsfs: {setting} can hang on {where}: its other workers can hold {_size((need - k * b - over) * s)} in flight "
+                f"({self._items_prefetched(k)} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased each, and up to {over} samples "
+                f"read ahead) while the item the loop waits for still needs {_size((k * b + over) * s)}, and the loop returns no pool "
+                "space until it comes; use " + (f"batches_per_item <= {alt}, " if alt and self.batches_per_item is not None else "")
+                + f"fewer num_workers, a smaller prefetch_factor, batch_size or read_ahead, or {fix}", errno=errno.EAGAIN)
+        if total * s > room and not getattr(self, "_pool_warned", False):
+            self._pool_warned = True
+            warnings.warn(f"gdsfs: {setting} keeps up to {_size(total * s)} in flight ({self.num_workers} workers x "
+                          f"{self._items_prefetched(k)} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased, up to {over} samples "
+                          f"read ahead each, and the item the loop copies), more than {where}: the workers will wait for the loop to "
+                          "return pool space (the item it waits for always finds room); for full speed use fewer num_workers, a "
+                          f"smaller prefetch_factor, batches_per_item or batch_size, or {fix}", GDSPoolWarning, stacklevel=3)
 
     @property
     def _index_sampler(self) -> Any:
@@ -1813,6 +1974,37 @@ def _shard_bytes_per_sample(ds: GDSShardDataset, most: int = 64) -> int:
             continue
         n += count
     return size // n if n else 0
+
+
+def _read_ahead_overshoot(read_ahead: int, group: int, item: int) -> int:
+    """The most samples a worker's READ group reaches past the end of an item: its groups hold
+    `group` samples and are cut at every read_ahead samples, its items `item` samples, both
+    counted from the iteration's first sample (GDSShardDataset._emit); group - 1 when the
+    pattern's period is long."""
+    read_ahead, group, item = max(1, read_ahead), max(1, min(group, read_ahead)), max(1, item)
+    period = math.lcm(read_ahead, item)
+    if period > 1 << 14:
+        return group - 1
+    ends = [min(c + g, c + read_ahead) for c in range(0, period, read_ahead) for g in range(group, read_ahead + group, group)]
+    ends.sort()
+    return max(ends[bisect.bisect_left(ends, e)] - e for e in range(item, period + 1, item))
+
+
+def _slab_bytes(mount: str) -> int:
+    """The size of the daemon's slabs (user.gdsfs.stats pool.slab_bytes; 0: not known)."""
+    try:
+        doc = json.loads(os.getxattr(mount, _core.STATS_XATTR))
+        return max(0, int(doc["pool"]["slab_bytes"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        return 0
+
+
+def _size(n: float) -> str:
+    """n bytes for a message: KiB below 1 MiB, else MiB (GiB from 1 GiB)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
 
 
 @contextlib.contextmanager

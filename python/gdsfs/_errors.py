@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import warnings
 
-__all__ = ["GDSFallbackWarning", "GDSLeaseError", "GDSShardError", "GDSShardWarning", "GDSUnavailableError", "warn_fallback"]
+__all__ = ["GDSFallbackWarning", "GDSLeaseError", "GDSPoolError", "GDSPoolWarning", "GDSShardError", "GDSShardWarning", "GDSUnavailableError",
+           "warn_fallback"]
 
 
 class GDSUnavailableError(RuntimeError):
@@ -20,6 +21,16 @@ class GDSUnavailableError(RuntimeError):
     def __init__(self, message: str, *, errno: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+
+
+class GDSPoolError(GDSUnavailableError):
+    """What a DataLoader needs of the daemon's pool at once cannot fit this uid's share of it
+    (``max_lease`` of HELLO: ``--uid-share`` of ``--gpu-pool``/``--host-pool``): one batch is
+    larger than the share, or the workers' batches in flight can fill it while the batch the
+    loop waits for still needs room (a hang until a READ gives up after 120 s). Raised by
+    ``gdsfs.torch.DataLoader`` when an iteration starts, before any worker is started; the
+    message names the numbers and what to change. ``errno`` is EAGAIN, what the workers' READs
+    would have waited on."""
 
 
 class GDSLeaseError(RuntimeError):
@@ -75,6 +86,12 @@ class GDSShardChangedError(GDSShardError):
 
     def __init__(self, message: str, *, path: str = "", key: str | None = None, reason: str = "") -> None:
         super().__init__(message, path=path, key=key, reason=reason)
+
+
+class GDSPoolWarning(UserWarning):
+    """A DataLoader's batches in flight are more than this uid's share of the daemon's pool,
+    though the batch the loop waits for always finds room: its workers wait for the loop to
+    return pool space, and run slower than they could (issued once per loader)."""
 
 
 class GDSShardWarning(UserWarning):

@@ -48,7 +48,7 @@ from ._errors import GDSLeaseError, GDSUnavailableError
 if TYPE_CHECKING:
     from ._core import Ref, Session
 
-__all__ = ["Hold", "adopt", "check", "close_when_free", "drain", "end_free_sessions", "hold", "hold_many", "live", "mark_released", "pin", "release",
+__all__ = ["Hold", "adopt", "check", "close_when_free", "drain", "end_free_sessions", "held_bytes", "hold", "hold_many", "live", "mark_released", "pin", "release",
            "release_groups", "view"]
 
 # How often the background thread drains the queue of collected leases.
@@ -518,6 +518,15 @@ def drain() -> None:
         end_free_sessions()
     finally:
         b.io.release()
+
+
+def held_bytes(mount: str, device: int) -> int:
+    """Slab bytes of the leases this process holds or views on mount's device (its uid's, as
+    the daemon counts them against the uid's share of that device's pool: each widened to 4 KiB
+    pages, as the daemon reads them)."""
+    with _book.lock:
+        refs = [e.ref for e in _book.entries.values() if e.ref.mount == mount and e.ref.device == device]
+    return sum(-(-(r.offset + r.length) // 4096) * 4096 - r.offset // 4096 * 4096 for r in refs)
 
 
 def live() -> list[tuple[int, str, str, str, str]]:

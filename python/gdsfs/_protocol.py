@@ -345,7 +345,7 @@ def decode_pin(buf: bytes) -> PinReply:
 
 
 ERRNO_HINTS = {
-    _errno.EAGAIN: "the daemon's buffer pool is full: release leases (consume batches) or mount with a larger pool",
+    _errno.EAGAIN: "the daemon's buffer pool is full: release leases (consume batches), or have root mount with a larger --gpu-pool/--host-pool (or --uid-share)",
     _errno.E2BIG: "a range is larger than one slab: split it",
     _errno.EPERM: "the session token is not valid for this process (session ended, or another uid)",
     _errno.ENODEV: "the daemon has no slabs for that device",

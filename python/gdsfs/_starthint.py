@@ -7,7 +7,7 @@ READs find those bytes in the page cache (docs/benchmarks.md, "Cold start").
 What it reads ahead is exactly the plan's: each worker's slot, its resume point, the epoch's
 seed and shuffle, interleave and shuffle buffer (EpochPlan.positions), and of each sample the
 fields its keys= select, in the order the worker reads them; bounded by GDSFS_START_HINT
-bytes for all the loader's workers together. posix_fadvise(WILLNEED) through the mount, on the
+bytes for all the loader's workers together (by default shared by the DDP ranks of one node). posix_fadvise(WILLNEED) through the mount, on the
 thread's own descriptors (O_NONBLOCK: a path replaced by a FIFO never holds it; only regular
 files are advised), so a slow daemon holds the thread, never the loop. A hint: every error
 ends it quietly (the workers' READs report what is wrong).
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 # All the workers' hints of one iteration's start together (bytes): about what a fast disk
 # reads while 8 workers start (0.1 s at 1.3 GB/s); each worker's share at most
 # START_HINT_WORKER (the daemon's largest readahead window: its own readahead takes over from
-# the worker's first READs on). GDSFS_START_HINT (bytes; 0: no hint) overrides the total.
+# the worker's first READs on). The ranks of one node share it (LOCAL_WORLD_SIZE: each gets
+# START_HINT / that). GDSFS_START_HINT (bytes; 0: no hint) overrides it, per process.
 START_HINT = 128 << 20
 START_HINT_WORKER = 32 << 20
 START_HINT_ENV = "GDSFS_START_HINT"
@@ -52,9 +53,40 @@ PAGE = 4096
 PROBE_BYTES = 1 << 20
 
 
-def start_hint_bytes() -> int:
-    """GDSFS_START_HINT as bytes (0 or less: no hint); unset or not an integer: the default."""
-    return _core.env_bytes(START_HINT_ENV, START_HINT)
+# torchrun's count of the ranks on this node, each of which starts its own loaders' hints.
+LOCAL_WORLD_ENV = "LOCAL_WORLD_SIZE"
+
+
+def local_world_size(devices: int = 0) -> int:
+    """The ranks of this node that start hints of their own: torchrun's LOCAL_WORLD_SIZE (a whole
+    number >= 1; anything else is ignored), else with torch.distributed initialized its world
+    size, at most the daemon's GPUs (`devices`: the ranks of one node use one GPU each; none:
+    host memory, 1), else 1."""
+    v = os.environ.get(LOCAL_WORLD_ENV, "").strip()
+    if v:
+        try:
+            return max(1, int(v))
+        except ValueError:
+            pass
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return max(1, min(int(dist.get_world_size()), devices))
+    except (ImportError, RuntimeError, ValueError):
+        pass
+    return 1
+
+
+def start_hint_bytes(devices: int = 0) -> int:
+    """GDSFS_START_HINT as bytes, for this process (0 or less: no hint); unset or not an
+    integer: START_HINT shared by the node's ranks (local_world_size(devices)), so that k
+    ranks together ask for START_HINT, not k times it."""
+    v = os.environ.get(START_HINT_ENV, "")
+    try:
+        return max(0, int(v)) if v else START_HINT // local_world_size(devices)
+    except ValueError:
+        return START_HINT // local_world_size(devices)
 
 
 class _HintFds:
@@ -468,7 +500,7 @@ def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints
     (GDSFS_START_HINT=0, no daemon session, or a resume state the workers will refuse)."""
     if previous is not None and previous.thread is not None and previous.thread.is_alive():
         return previous
-    budget = start_hint_bytes()
+    budget = start_hint_bytes(ds._session.hello.devices if ds._session is not None else 0)
     if budget <= 0 or num_workers <= 0 or ds._session is None:
         return None
     from ._dataset import _rank_world

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from ._collate import collate
 from ._dataset import DataLoader, GDSShardDataset, StatefulDataLoader, default_decode, stateful_dataloader
-from ._errors import GDSShardChangedError, GDSShardError, GDSShardWarning
+from ._errors import GDSPoolError, GDSPoolWarning, GDSShardChangedError, GDSShardError, GDSShardWarning
 from ._tensors import GDSBatch, GDSSample, TensorRef, materialize, tensor_from_ref, writable_view
 
 __all__ = [
     "DataLoader",
     "GDSBatch",
+    "GDSPoolError",
+    "GDSPoolWarning",
     "GDSSample",
     "GDSShardDataset",
     "GDSShardChangedError",
