@@ -1866,10 +1866,8 @@ class DataLoader(torch.utils.data.DataLoader):
         assert isinstance(ds, GDSShardDataset)
         k = self._per_item()
         self._pool_most = max(ds._worker_counts(self.num_workers), default=0)
-        b = self._pool_fit(k, 0.0)[0]
-        if getattr(self, "_pool_bytes", (-1, 0, 0))[0] != b:
-            self._pool_bytes = (b, *ds._pool_sample_bytes(b, _slab_bytes(session.mount)))
-        _b, fields, s = self._pool_bytes
+        slab = _slab_bytes(session.mount)
+        fields, s = self._pool_cost(k, slab)
         if s <= 0:
             return
         held = _leases.held_bytes(session.mount, session.device)
@@ -1891,7 +1889,7 @@ class DataLoader(torch.utils.data.DataLoader):
                                "so its workers would wait for pool space that never comes; use "
                                + (f"batch_size <= {most}" if most >= 1 else "smaller samples") + f", or {fix}", errno=errno.EAGAIN)
         if need * s > room:
-            alt = next((j for j in range(k - 1, 0, -1) if self._pool_fit(j, fields)[2] * s <= room), 0)
+            alt = next((j for j in range(k - 1, 0, -1) if self._pool_fit(j, self._pool_cost(j, slab)[0])[2] * self._pool_cost(j, slab)[1] <= room), 0)
             raise GDSPoolError(
                 f"gdsfs: {setting} can hang on {where}: its other workers can hold {_size((need - k * b - over) * s)} in flight "
                 f"({self._items_prefetched(k)} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased each, and up to {over} samples "
@@ -1905,6 +1903,18 @@ class DataLoader(torch.utils.data.DataLoader):
                           f"read ahead each, and the item the loop copies), more than {where}: the workers will wait for the loop to "
                           "return pool space (the item it waits for always finds room); for full speed use fewer num_workers, a "
                           f"smaller prefetch_factor, batches_per_item or batch_size, or {fix}", GDSPoolWarning, stacklevel=3)
+
+    def _pool_cost(self, k: int, slab: int) -> tuple[float, float]:
+        """_pool_sample_bytes for items of k batches: the workers' runs span an item (their
+        _batched is batch_size x k, GDSShardDataset._runs), so a lease holds an item's samples of
+        a shard, and a slab fewer of them than of one batch's. Cached per item size."""
+        ds = self.dataset
+        assert isinstance(ds, GDSShardDataset)
+        item = k * self._pool_fit(k, 0.0)[0]
+        cache = self.__dict__.setdefault("_pool_costs", {})
+        if item not in cache:
+            cache[item] = ds._pool_sample_bytes(item, slab)
+        return cache[item]
 
     @property
     def _index_sampler(self) -> Any:

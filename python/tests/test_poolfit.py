@@ -138,6 +138,34 @@ def test_batches_in_flight_that_can_hang_are_an_error(pool, data, monkeypatch, k
     assert pool.wait_leases(0) == 0
 
 
+def test_items_are_counted_as_the_workers_lease_them(pool, data, monkeypatch) -> None:
+    """3 workers, batches of 4, batches_per_item=8, read_ahead=32: a worker reads its item of 32
+    samples of a shard as one range (GDSShardDataset._runs keyed by item), a lease of 574 KiB, of
+    which a 1 MiB slab holds one. Counted by batch (4 samples, 13 leases a slab: 18 KiB a sample)
+    the other workers' items and the awaited one fit the 2 MiB share; as leased they take 3 slabs
+    of its 2, and the loader hung (DataLoader timeout) without a word. Now GDSPoolError before any
+    worker starts, naming a batches_per_item that fits; that k reads every sample."""
+    import gdsfs.torch as gt
+    from gdsfs._errors import GDSPoolError, GDSPoolWarning
+
+    paths, truth = data
+    forks = _Forks(monkeypatch)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=32)
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=3, batches_per_item=8, timeout=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GDSPoolWarning)
+        with pytest.raises(GDSPoolError, match="can hang on uid") as ei:
+            next(iter(dl))
+    named = re.search(r"batches_per_item <= (\d+),", str(ei.value))
+    assert named and 1 <= int(named[1]) < 8 and forks.n == 0, str(ei.value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GDSPoolWarning)
+        got = [key for b in gt.DataLoader(ds, batch_size=4, num_workers=3, batches_per_item=int(named[1]), timeout=30) for key in b["__key__"]]
+    assert sorted(got) == sorted(truth)
+    ds.close()
+    assert pool.wait_leases(0) == 0
+
+
 def test_batches_in_flight_over_the_share_warn_once_and_every_sample_comes(pool, data) -> None:
     """prefetch_factor=4: 2 workers x 4 batches of 16 x 16 KiB (and the batch the loop copies)
     are more than the 2 MiB share with the daemon's alignment, but the batch the loop waits for
