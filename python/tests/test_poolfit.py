@@ -197,19 +197,23 @@ def test_batches_in_flight_over_the_share_warn_once_and_every_sample_comes(pool,
     assert pool.wait_leases(0) == 0
 
 
-def test_what_fits_says_nothing(pool, data) -> None:
-    """Batches of 16, k chosen (1 here), read_ahead=16: 2 items a worker and the loop's, 1.4 MiB:
-    no warning, no error."""
+def _reads_all_without_warning(paths: list[str], truth: list[str]) -> None:
+    """Batches of 16, 2 workers, read_ahead=16 over paths: every sample of truth, no GDSPoolWarning."""
     import gdsfs.torch as gt
     from gdsfs._errors import GDSPoolWarning
 
-    paths, truth = data
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
     with warnings.catch_warnings():
         warnings.simplefilter("error", GDSPoolWarning)
         got = [key for b in gt.DataLoader(ds, batch_size=16, num_workers=2, timeout=30) for key in b["__key__"]]
     assert sorted(got) == sorted(truth)
     ds.close()
+
+
+def test_what_fits_says_nothing(pool, data) -> None:
+    """Batches of 16, k chosen (1 here), read_ahead=16: 2 items a worker and the loop's, 1.4 MiB:
+    no warning, no error."""
+    _reads_all_without_warning(*data)
 
 
 def test_what_this_process_holds_counts(pool, data) -> None:
@@ -277,9 +281,6 @@ def test_after_a_killed_worker_the_next_pass_fits_and_reads_everything(pool, dat
 def test_a_second_user_holding_its_share_changes_nothing_for_ours(pool, data) -> None:
     """uid 10001 holds its whole 2 MiB share of the 4 MiB pool: our loader's check is by our own
     share (no error, no warning), and it reads every sample."""
-    import gdsfs.torch as gt
-    from gdsfs._errors import GDSPoolWarning
-
     code = f"""
 import sys
 import gdsfs
@@ -294,13 +295,7 @@ sys.stdin.read()
     try:
         line = other.stdout.readline()  # type: ignore[union-attr]
         assert line.strip() == "held", line + other.stderr.read()  # type: ignore[union-attr]
-        paths, truth = data
-        ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", GDSPoolWarning)
-            got = [key for b in gt.DataLoader(ds, batch_size=16, num_workers=2, timeout=30) for key in b["__key__"]]
-        assert sorted(got) == sorted(truth)
-        ds.close()
+        _reads_all_without_warning(*data)
     finally:
         other.communicate(timeout=30)
     assert pool.wait_leases(0) == 0
