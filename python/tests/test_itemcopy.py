@@ -5,7 +5,7 @@ evenly spaced run in it, whose leases are checked and whose run is found once. W
 sees stays: the same batches as one batch per item, byte for byte (fields, keys, order, dtypes,
 shapes); every lease back after islice, break, del, an exception in batch_map (the daemon's
 STATUS as the oracle); a batch whose lease was lost is not yielded, the ones before it are. With
-_tensors.ITEM_VIEWS (no device type by default: docs/benchmarks.md, "One copy per item") a
+_tensors.ITEM_VIEWS (CUDA only by default: docs/benchmarks.md, "One copy per item") a
 batch's field is a view of the run's one copy, only where the run holds, and stays right after
 later items and after every lease went back (the bytes were copied, not aliased)."""
 
@@ -22,7 +22,7 @@ from test_settle import _held_here
 
 
 def _views(on: bool) -> frozenset[str]:
-    """_tensors.ITEM_VIEWS: views on every device type, or on none (the default)."""
+    """_tensors.ITEM_VIEWS: views on every device type, or on none."""
     return frozenset({"cpu", "cuda"}) if on else frozenset()
 
 
@@ -58,6 +58,10 @@ def _loader(ds, **kw):
     kw.setdefault("batch_size", 4)
     kw.setdefault("num_workers", 2)
     kw.setdefault("timeout", 60)
+    # The host slabs' rows stay on the CPU: on a GPU machine pin_memory (its default there) copies
+    # them to the GPU batch by batch, where the item path leaves the batch path alone
+    # (test_a_copy_to_the_gpu_from_host_slabs_keeps_the_batch_path).
+    kw.setdefault("pin_memory", False)
     return gt.DataLoader(ds, **kw)
 
 

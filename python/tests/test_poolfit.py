@@ -185,7 +185,7 @@ def test_batches_in_flight_over_the_share_warn_once_and_every_sample_comes(pool,
             for b in dl:
                 for i, key in enumerate(b["__key__"]):
                     assert key not in seen
-                    seen[key] = b["x.npy"][i].numpy().tobytes()
+                    seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
             del b
         pw = [x for x in w if issubclass(x.category, GDSPoolWarning)]
         assert len(pw) == (1 if epoch == 0 else 0), [str(x.message) for x in pw]
