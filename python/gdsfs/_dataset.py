@@ -1666,9 +1666,10 @@ class DataLoader(torch.utils.data.DataLoader):
             loop gets; it runs after the resume bookkeeping, so
             state_dict() stays exact.
         batches_per_item: batches a worker sends per torch item. None
-            (default): KBATCH_BYTES (2 MiB) // the batch's bytes (estimated
-            from the shards' sizes), at most KBATCH_MAX (8): 7 for batches
-            of 16 x 16 KiB in tars, 1 once a batch is over 1 MiB; 1: one batch per item,
+            (default): KBATCH_BYTES (16 MiB) // the batch's bytes (estimated
+            from the shards' sizes), at most KBATCH_MAX (8): 8 for batches
+            of 16 x 16 or 64 KiB in tars, 3 for 16 x 256 KiB, 1 once a batch
+            is over 8 MiB; 1: one batch per item,
             torch's own way. Only where it applies (above); elsewhere one
             batch per item. prefetch_factor keeps counting batches: torch is
             asked for ceil(prefetch_factor / k) items per worker (at least

@@ -119,11 +119,12 @@ def test_prefetch_counts_items_so_batches_in_flight_stay(gdsfs_mount, small) -> 
 
 
 def test_large_batches_keep_one_batch_per_item(gdsfs_mount) -> None:
-    """The default chooses k from the batch's bytes: batches of 8 x 256 KiB (2 MiB, KBATCH_BYTES)
-    stay one per item, round-robin per batch as before."""
+    """The default chooses k from the batch's bytes: batches of 8 samples of an eighth of
+    KBATCH_BYTES (16 MiB) stay one per item, round-robin per batch as before."""
+    from gdsfs import _tensors
     import gdsfs.torch as gt
 
-    paths, truth = _shards(gdsfs_mount, "kbatch-large", nshards=2, per=12, nbytes=256 << 10)
+    paths, truth = _shards(gdsfs_mount, "kbatch-large", nshards=2, per=12, nbytes=_tensors.KBATCH_BYTES // 8)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
     got = list(_loader(ds, batch_size=8))
     assert _runs(got) == _expected_runs(2, 2, 1)
