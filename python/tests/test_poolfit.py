@@ -166,6 +166,57 @@ def test_items_are_counted_as_the_workers_lease_them(pool, data, monkeypatch) ->
     assert pool.wait_leases(0) == 0
 
 
+@pytest.mark.parametrize("read_ahead", [48, 64, 95])
+def test_items_read_whole_at_the_margin_run(pool, data, read_ahead: int) -> None:
+    """Batches of 16, batches_per_item=3 (items of 48 samples, one lease of 864 KiB each: a 1 MiB
+    slab apiece), 2 workers, one item in flight each: a worker's chunk is its item whole
+    (read_ahead // 48 items, at least one: one here up to read_ahead=95), so no READ reaches past
+    an item. The other worker's item and the awaited one fill the 2 MiB share exactly. The check
+    priced a READ cut every read_ahead samples, up to 47 samples past each item (another slab),
+    and refused it (GDSPoolError "can hang"); run for real, it reads every sample once."""
+    import gdsfs.torch as gt
+    from gdsfs._errors import GDSPoolWarning
+
+    paths, truth = data
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=read_ahead)
+    dl = gt.DataLoader(ds, batch_size=16, num_workers=2, batches_per_item=3, timeout=20)
+    for _epoch in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GDSPoolWarning)  # 3 items with the loop's: more than the share
+            seen: dict[str, bytes] = {}
+            for b in dl:
+                for i, key in enumerate(b["__key__"]):
+                    assert key not in seen
+                    seen[key] = b["x.npy"][i].numpy().tobytes()
+            del b
+        assert seen == truth
+    ds.close()
+    assert pool.wait_leases(0) == 0
+
+
+def test_items_read_two_at_once_past_the_margin_hang_and_are_refused(pool, data, monkeypatch) -> None:
+    """read_ahead=96, one past that margin: a worker's chunk is 2 items, one READ of 2 slabs, so
+    a worker holds its share whole at its first READ and the other's first READ never fits (the
+    loop returns nothing until that worker's item comes). Without the check it does hang (torch's
+    timeout fires: the READ would wait 120 s); the check refuses it before any worker starts."""
+    import gdsfs.torch as gt
+    from gdsfs._errors import GDSPoolError
+
+    paths, _truth = data
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=96)
+    forks = _Forks(monkeypatch)
+    dl = gt.DataLoader(ds, batch_size=16, num_workers=2, batches_per_item=3, timeout=2)
+    with pytest.raises(GDSPoolError, match="can hang on uid") as ei:
+        next(iter(dl))
+    assert "read ahead" in str(ei.value) and forks.n == 0, str(ei.value)
+    monkeypatch.setattr(gt.DataLoader, "_check_pool_fit", lambda self: None)
+    with pytest.raises(RuntimeError, match="timed out"):
+        for _b in dl:
+            pass
+    ds.close()
+    assert pool.wait_leases(0) == 0
+
+
 def test_batches_in_flight_over_the_share_warn_once_and_every_sample_comes(pool, data) -> None:
     """prefetch_factor=4: 2 workers x 4 batches of 16 x 16 KiB (and the batch the loop copies)
     are more than the 2 MiB share with the daemon's alignment, but the batch the loop waits for
