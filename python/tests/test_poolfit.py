@@ -217,6 +217,72 @@ def test_items_read_two_at_once_past_the_margin_hang_and_are_refused(pool, data,
     assert pool.wait_leases(0) == 0
 
 
+def _record_reads(out_dir: str):
+    """GDSShardDataset._read_versioned that also appends each READ's (shard, ranges) to a file of
+    the calling process's in out_dir (a worker's, forked with it); a READ of nothing (a version
+    check) is left out."""
+    import json
+
+    from gdsfs._dataset import GDSShardDataset
+
+    real = GDSShardDataset._read_versioned
+
+    def spy(self, session, shard, st, ranges):
+        if list(ranges) != [(0, 0)]:
+            with open(os.path.join(out_dir, str(os.getpid())), "a") as f:
+                f.write(json.dumps([shard, [list(r) for r in ranges]]) + "\n")
+        return real(self, session, shard, st, ranges)
+    return spy
+
+
+@pytest.mark.parametrize("read_ahead, k, read_ahead_bytes, shuffle, resume", [
+    (64, 3, 64 << 20, False, 0),  # an item of 48 a chunk
+    (96, 3, 64 << 20, False, 0),  # 2 items a chunk, one READ
+    (64, 1, 64 << 20, False, 0),  # 4 batches a chunk
+    (16, 8, 700 << 10, False, 0),  # an item of 128 in READs of 38 samples (700 KiB)
+    (64, 3, 64 << 20, True, 0),
+    (64, 3, 64 << 20, False, 37),  # resumed mid-item: items and chunks from the resume point
+    (40, 2, 64 << 20, True, 45),
+])
+def test_the_check_plans_the_reads_the_workers_make(gdsfs_mount, monkeypatch, tmp_path, read_ahead, k, read_ahead_bytes, shuffle, resume) -> None:
+    """The pool check prices the READs the workers will make, planned by the workers' own code
+    (chunks of whole items, READ groups by read_ahead_bytes, one range per field of an item's
+    samples of a shard): its plan of the first worker's READs is, range for range, what that
+    worker then READs first, in order; with shuffle, and resumed mid-item."""
+    import json
+
+    import gdsfs.torch as gt
+    from gdsfs._dataset import GDSShardDataset
+    from test_settle import _shards as shards
+
+    paths, truth = shards(gdsfs_mount, f"poolfit-plan-{read_ahead}-{k}-{shuffle}-{resume}", nshards=3, per=100)
+    plans = []
+    real_plan = GDSShardDataset._lease_plan
+
+    def spy_plan(self, *a, **kw):
+        lp = real_plan(self, *a, **kw)
+        plans.append(lp)
+        return lp
+
+    monkeypatch.setattr(GDSShardDataset, "_lease_plan", spy_plan)
+    monkeypatch.setattr(GDSShardDataset, "_read_versioned", _record_reads(str(tmp_path)))
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes, shuffle=shuffle, seed=3)
+    if resume:
+        ds.load_state_dict({"version": 1, "epoch": 0, "seed": 3, "shuffle": shuffle, "slots": 2, "consumed": {0: resume, 1: resume}})
+    got = [key for b in gt.DataLoader(ds, batch_size=16, num_workers=2, batches_per_item=k, timeout=30) for key in b["__key__"]]
+    assert len(got) == len(set(got)) == len(truth) - 2 * resume
+    ds.close()
+    assert plans and plans[0] is not None and plans[0].reads
+    want = [(sh, [tuple(r) for r in rs]) for sh, rs in plans[0].reads]
+    # The first worker's READs (slot 0: the one that READ the first planned range).
+    files = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    reads = {f: [(sh, [tuple(r) for r in rs]) for sh, rs in map(json.loads, open(f))] for f in files}
+    first = [r for r in reads.values() if r and r[0] == want[0]]
+    assert len(first) == 1, f"no worker READ the planned first range {want[0]}"
+    assert first[0][: len(want)] == want
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
 def test_batches_in_flight_over_the_share_warn_once_and_every_sample_comes(pool, data) -> None:
     """prefetch_factor=4: 2 workers x 4 batches of 16 x 16 KiB (and the batch the loop copies)
     are more than the 2 MiB share with the daemon's alignment, but the batch the loop waits for
@@ -429,19 +495,3 @@ def test_torch_distributed_without_torchrun_shares_the_hint_by_the_daemons_gpus(
     assert sh.start_hint_bytes(devices=0) == 128 << 20
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     assert sh.start_hint_bytes(devices=8) == 64 << 20
-
-
-@pytest.mark.parametrize("read_ahead, group, item, want", [
-    (64, 64, 16, 48),  # one READ of 64 samples for an item of 16: 48 read past the first item
-    (64, 16, 16, 0),  # groups of one batch
-    (64, 64, 112, 48),  # items of 7 batches of 16: item ends 112, 224, 336 (48 short of 384), 448
-    (64, 16, 32, 0),
-    (10, 4, 5, 3),  # chunks of 10 cut into 4 + 4 + 2: the item ending at 5 reads to 8
-    (64, 64, 256, 0),
-    (16, 64, 16, 0),  # a group is never longer than read_ahead
-    (7, 7, 4096 * 17, 6),  # a long period: group - 1
-])
-def test_read_ahead_overshoot(read_ahead: int, group: int, item: int, want: int) -> None:
-    from gdsfs._dataset import _read_ahead_overshoot
-
-    assert _read_ahead_overshoot(read_ahead, group, item) == want
