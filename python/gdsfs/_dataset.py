@@ -1090,9 +1090,11 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             plans.append(_FieldPlan(ext, 0, int(x["file_size"]), gpu, "bytes"))
         return key, plans
 
-    def _tensor_geometry(self, st: _ShardState, fp: _FieldPlan) -> tuple[int, int, torch.dtype, tuple[int, ...], bool]:
+    def _tensor_geometry(self, st: _ShardState, fp: _FieldPlan, read: bool = True) -> tuple[int, int, torch.dtype, tuple[int, ...], bool]:
         """(data offset, data bytes, dtype, shape, fortran) of a gpu field.
-        Reads at most a small header with pread; never the payload."""
+        Reads at most a small header with pread; never the payload. read=False: reads nothing;
+        a field whose header the index does not hold is then its member's bytes (the start
+        hint's sizing of a READ: _plan_sample)."""
         if fp.name in self.field_spec:
             dt, shape = self.field_spec[fp.name]
             return fp.offset, _numel(shape) * torch.empty((), dtype=dt).element_size(), dt, tuple(shape), False
@@ -1105,6 +1107,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             if 0 <= fp.npy < len(st.npy_headers):
                 h, nb, dt = st.npy_geometry(fp.npy)
                 return fp.offset + h.data_offset, nb, dt, h.shape, h.fortran_order
+            if not read:
+                return fp.offset, fp.length, torch.uint8, (fp.length,), False
             head = os.pread(st.fd, min(fp.length, 4096), fp.offset)
             h = _layout.npy_header_cached(head)
             dt = _torch_dtype(h.dtype)
@@ -1123,6 +1127,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 try:
                     if 0 <= fp.npy < len(st.mds_headers):
                         at, dname, shp = st.mds_headers[fp.npy]  # the daemon's parse of the same header
+                    elif not read:
+                        return fp.offset, fp.length, torch.uint8, (fp.length,), False
                     else:
                         at, dname, shp = _layout.mds_ndarray_prefix(enc, os.pread(st.fd, min(fp.length, 1 + 1 + 8 * 64), fp.offset))
                     _layout.mds_ndarray_check(dname, shp, fp.length - at)
@@ -1473,6 +1479,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 self._errors[(st.path, key)] = err
             planned.append((pos, shard, st, key, fields, geo))
         return planned
+
+    def _plan_sample(self, st: _ShardState, pos: int, shard: int, idx: int) -> _Planned:
+        """Sample idx of st planned as _plan_items plans it, from what st holds already (its kept
+        plan, else the index), reading nothing: for the start hint's thread, which plans the
+        workers' first READs (_starthint.worker_ranges). Raises what planning it raises."""
+        known = st.plans.get(idx)
+        if known is not None:
+            return (pos, shard, st, *_kept_plan(known))
+        key, fields = self._sample_fields(st, idx)
+        return (pos, shard, st, key, fields, {fp.name: self._tensor_geometry(st, fp, read=False) for fp in fields if fp.gpu})
 
     def _emit(self, items: list[tuple[int, int, int]], slot: int, plan: EpochPlan, epoch: int, first: int = 0, it: Optional["_Iteration"] = None) -> Iterator[GDSSample]:
         """Plan every sample of a chunk, then read it in groups of at most
@@ -1828,8 +1844,9 @@ class DataLoader(torch.utils.data.DataLoader):
             batched = self.batch_size if (self.num_workers > 0 and self.batch_size and self.collate_fn is collate) else 0
             ds._main_iteration_starting(batched or 0)
             if self.num_workers > 0 and not (self.persistent_workers and getattr(self, "_iterator", None) is not None):
-                # Fresh workers: the disk reads their first bytes while torch starts them.
-                self._start_hints = _starthint.start(ds, self.num_workers, getattr(self, "_start_hints", None))
+                # Fresh workers: the disk reads their first bytes while torch starts them (their first
+                # READs: of whole items, k batches each, _items_of).
+                self._start_hints = _starthint.start(ds, self.num_workers, getattr(self, "_start_hints", None), batched * self._per_item())
         try:
             it = super().__iter__()
         except BaseException as e:
