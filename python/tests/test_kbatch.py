@@ -205,10 +205,9 @@ def test_a_state_loaded_while_persistent_workers_run_resumes_exactly(gdsfs_mount
     it = iter(dl)
     before = [key for b in itertools.islice(it, 5) for key in b["__key__"]]
     state = dl.state_dict()
-    del it, b
+    del it
     (dl if how == "loader" else ds).load_state_dict(state)
     after = [key for b in dl for key in b["__key__"]]
-    del b
     assert len(before) == 20 and sorted(before + after) == sorted(truth)
     # The next epoch of the same loader: every sample once again, in the running workers.
     ds.set_epoch(1)
