@@ -834,6 +834,11 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._consumed = dict(self._resume)
             self._slots_seen = int(state.get("slots", 0))
 
+    def _resume_pending(self) -> bool:
+        """Whether a state loaded (load_state_dict) waits for the next iteration to resume at."""
+        with self._lock:
+            return bool(self._resume) and self._resume_epoch == self.epoch
+
     def _main_iteration_starting(self, batched: int = 0) -> None:
         """gdsfs.torch.DataLoader starts an iteration: count delivered
         samples afresh (from the resume point, if one is pending). batched:
@@ -1835,6 +1840,11 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset
         if isinstance(ds, GDSShardDataset):
+            if self.persistent_workers and getattr(self, "_iterator", None) is not None and ds._resume_pending():
+                # A state loaded since the persistent workers were forked: they hold their copy of
+                # the dataset from then (no resume point) and would start the epoch over. Fresh
+                # workers start at the state; the running ones stop, and their leases go back.
+                self._stop_persistent_workers()
             if self.num_workers > 0 and not (self.persistent_workers and getattr(self, "_iterator", None) is not None):
                 # Fresh workers: what they will hold of the pool fits this uid's share, or the
                 # iteration fails now, before any worker waits (GDSPoolError), or warns once.
@@ -1890,6 +1900,18 @@ class DataLoader(torch.utils.data.DataLoader):
                     shutdown()
                 del it
                 ds.reclaim()
+
+    def _stop_persistent_workers(self) -> None:
+        """Stop the persistent workers of this loader's last iterator, so that the next iteration
+        forks fresh ones, and reclaim the leases they held (GDSShardDataset.reclaim)."""
+        it = self._iterator
+        self._iterator = None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        del it
+        if isinstance(self.dataset, GDSShardDataset):
+            self.dataset.reclaim()
 
     def _ready_probe(self, it: Any) -> Optional[Callable[[], bool]]:
         """settled()'s test of whether the next batch waits: torch's data queue has something
