@@ -146,7 +146,7 @@ RUN_BYTES = 16 << 20
 RUN_FIELD_MAX = 1 << 20
 # The most samples DataLoader's pool check plans of its workers' first READs (_lease_plan), all
 # workers together: it plans them in the main process at each start of fresh workers.
-LEASE_PLAN_SAMPLES = 4096
+LEASE_PLAN_SAMPLES = 2048
 # A worker reading its shards one after the other from their starts asks for its next shard's
 # first NEXT_SHARD_HINT bytes (posix_fadvise WILLNEED through the mount, in WILLNEED_STEP
 # calls: the kernel reads at most the mount's max_readahead, 128 KiB, per call) once what is
