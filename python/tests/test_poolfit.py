@@ -394,6 +394,46 @@ def test_after_a_killed_worker_the_next_pass_fits_and_reads_everything(pool, dat
     assert pool.wait_leases(0) == 0
 
 
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("k", [3, 1])
+def test_a_batch_map_error_kept_holds_no_lease(pool, data, k) -> None:
+    """batch_map raises at the 3rd batch (mid-item for k=3) and the program keeps the exception
+    (its traceback: the loader's frames): the dead pass holds no lease of the small pool (the
+    items torch took ahead, the workers' reads never delivered), so the loader's next pass is
+    checked against the whole share and reads every sample once (a guard: the traceback keeps
+    the loader's frame, not the loop's generator nor torch's iterator)."""
+    import gdsfs.torch as gt
+    from gdsfs._errors import GDSPoolWarning
+
+    paths, truth = data
+    n = [0]
+
+    def boom(b):
+        n[0] += 1
+        if n[0] == 3:
+            raise _Boom()
+        return b
+
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
+    dl = gt.DataLoader(ds, batch_size=16, num_workers=2, batches_per_item=k, batch_map=boom, timeout=30)
+    with pytest.raises(_Boom) as ei:
+        for _b in dl:
+            pass
+    kept = ei.value  # with its traceback
+    assert kept.__traceback__ is not None
+    assert pool.wait_leases(0) == 0, "the dead pass's leases are held while its exception is kept"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GDSPoolWarning)
+        got = [key for b in dl for key in b["__key__"]]
+    assert sorted(got) == sorted(truth)
+    del kept, ei
+    ds.close()
+    assert pool.wait_leases(0) == 0
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another uid")
 def test_a_second_user_holding_its_share_changes_nothing_for_ours(pool, data) -> None:
     """uid 10001 holds its whole 2 MiB share of the 4 MiB pool: our loader's check is by our own
