@@ -2026,10 +2026,14 @@ class DataLoader(torch.utils.data.DataLoader):
         s = lp.leased
         most = max(ds._worker_counts(self.num_workers), default=0)  # a worker's samples this epoch: no batch is longer
         b = max(1, min(int(self.batch_size or 1), most)) if most > 0 else int(self.batch_size or 1)
+        need, total = self._pool_need(lp)
         held = _leases.held_bytes(session.mount, session.device)
+        if held > 0 and max(need, total, b * s) > session.hello.max_lease - held:
+            # What this process holds decides: only what it really holds (a dead iterator's
+            # items, dropped in a reference cycle, free nothing until a collection).
+            held = _leases.held_bytes(session.mount, session.device, collect=True)
         avail = session.hello.max_lease - held
         room = avail * (1 + 1e-9)  # what exactly fills the share fits (s is a quotient)
-        need, total = self._pool_need(lp)
         # settled() copies up to SETTLE_BATCHES batches (an item's k at once) ahead before it
         # releases them: with those held too, the item after them could not be read.
         self._pool_tight = need + (_tensors.SETTLE_BATCHES + k - 1) * b * s > room
