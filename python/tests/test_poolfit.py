@@ -449,33 +449,60 @@ class _Boom(Exception):
     pass
 
 
+def _worker_0_late(worker_id: int) -> None:
+    """worker_init_fn: worker 0 starts after the others have sent their first items (torch keeps
+    those, out of order, until worker 0's first comes)."""
+    import time
+
+    if worker_id == 0:
+        time.sleep(1.0)
+
+
+@pytest.mark.parametrize("stop", ["batch_map", "killed"])
 @pytest.mark.parametrize("k", [3, 1])
-def test_a_batch_map_error_kept_holds_no_lease(pool, data, k) -> None:
-    """batch_map raises at the 3rd batch (mid-item for k=3) and the program keeps the exception
-    (its traceback: the loader's frames): the dead pass holds no lease of the small pool (the
-    items torch took ahead, the workers' reads never delivered), so the loader's next pass is
-    checked against the whole share and reads every sample once (a guard: the traceback keeps
-    the loader's frame, not the loop's generator nor torch's iterator)."""
+def test_a_failed_pass_whose_error_is_kept_holds_no_lease(pool, data, tmp_path, k, stop: str) -> None:
+    """A pass fails (batch_map raises at the first batch; a worker is killed) while torch's
+    iterator holds another worker's items out of order, and the program keeps the exception (its
+    traceback holds the loader's frame): the dead pass holds no lease of the small pool, so the
+    loader's next pass is checked against the whole share and reads every sample once. Before,
+    that frame's local `shutdown` (the bound method that stopped the workers) kept torch's
+    iterator, and with it those items' Holds: the old session and every lease of the dead pass
+    stayed until the exception went."""
+    import functools
+    import signal
+
     import gdsfs.torch as gt
     from gdsfs._errors import GDSPoolWarning
+    from test_settle import _record_pid
 
     paths, truth = data
-    n = [0]
 
     def boom(b):
-        n[0] += 1
-        if n[0] == 3:
-            raise _Boom()
-        return b
+        raise _Boom()
+
+    def init(worker_id: int) -> None:
+        _record_pid(str(tmp_path), worker_id)
+        _worker_0_late(worker_id)
 
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=16)
-    dl = gt.DataLoader(ds, batch_size=16, num_workers=2, batches_per_item=k, batch_map=boom, timeout=30)
-    with pytest.raises(_Boom) as ei:
-        for _b in dl:
-            pass
+    dl = gt.DataLoader(ds, batch_size=16, num_workers=2, batches_per_item=k, timeout=30, worker_init_fn=init,
+                       batch_map=boom if stop == "batch_map" else None)
+    err = _Boom if stop == "batch_map" else RuntimeError
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GDSPoolWarning)
+        with pytest.raises(err) as ei:
+            it = iter(dl)
+            next(it)  # batch_map: raises; killed: the first batch, worker 0's (worker 1's items wait in torch)
+            for pid in os.listdir(tmp_path):
+                os.kill(int(pid), signal.SIGKILL)
+            for _b in it:
+                pass
     kept = ei.value  # with its traceback
     assert kept.__traceback__ is not None
+    del it
     assert pool.wait_leases(0) == 0, "the dead pass's leases are held while its exception is kept"
+    dl.batch_map = None
+    dl.worker_init_fn = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GDSPoolWarning)
         got = [key for b in dl for key in b["__key__"]]
