@@ -1894,10 +1894,12 @@ class DataLoader(torch.utils.data.DataLoader):
             if not ok and isinstance(ds, GDSShardDataset) and not self.persistent_workers:
                 # Leases the workers took for batches never delivered would
                 # otherwise stay until the session ends: stop the workers,
-                # then start over with a fresh session.
-                shutdown = getattr(it, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()
+                # then start over with a fresh session. Nothing of this frame may keep
+                # torch's iterator (a bound method of it would): a program that keeps the
+                # exception keeps the frame, and the iterator holds the items it took out of
+                # order, whose Holds keep the old session and all of its leases.
+                if hasattr(it, "_shutdown_workers"):
+                    it._shutdown_workers()
                 del it
                 ds.reclaim()
 

@@ -468,7 +468,6 @@ def test_a_failed_pass_whose_error_is_kept_holds_no_lease(pool, data, tmp_path, 
     that frame's local `shutdown` (the bound method that stopped the workers) kept torch's
     iterator, and with it those items' Holds: the old session and every lease of the dead pass
     stayed until the exception went."""
-    import functools
     import signal
 
     import gdsfs.torch as gt
