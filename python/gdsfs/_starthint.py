@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 START_HINT = 128 << 20
 START_HINT_WORKER = 32 << 20
 START_HINT_ENV = "GDSFS_START_HINT"
-# At most this many chunks (whole items, as the worker reads them) of each worker are planned and hinted: the
-# thread's planning holds the GIL, which the fork loop of the main thread needs, and at small
-# samples (16 KiB: 1,024 samples a worker for 16 MiB) it would cost more than the disk gains.
+# At most this many chunks of each worker (as it reads them: whole items) are planned and
+# hinted: the thread's planning holds the GIL, which the fork loop of the main thread needs, and
+# at small samples (16 KiB: 1,024 samples a worker for 16 MiB) it would cost more than the disk
+# gains.
 START_HINT_CHUNKS = 4
 # One posix_fadvise call reads at most the mount's max_readahead (128 KiB): calls are cut at
 # its multiples. Ranges of a worker closer than a page are one (a tar's headers and padding
