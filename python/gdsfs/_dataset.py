@@ -27,7 +27,7 @@ import tarfile
 import threading
 import warnings
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
@@ -144,6 +144,9 @@ def _mds_decode(encoding: str, data: bytes) -> Any:
 RUN_GAP = 16 << 10
 RUN_BYTES = 16 << 20
 RUN_FIELD_MAX = 1 << 20
+# The most samples DataLoader's pool check plans of its workers' first READs (_lease_plan), all
+# workers together: it plans them in the main process at each start of fresh workers.
+LEASE_PLAN_SAMPLES = 2048
 # A worker reading its shards one after the other from their starts asks for its next shard's
 # first NEXT_SHARD_HINT bytes (posix_fadvise WILLNEED through the mount, in WILLNEED_STEP
 # calls: the kernel reads at most the mount's max_readahead, 128 KiB, per call) once what is
@@ -789,6 +792,19 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         wid, nw = (wi.id, wi.num_workers) if (wi is not None and self.split_by_worker) else (0, 1)
         return rank * nw + wid, world * nw, nw
 
+    def _loader_slots(self, num_workers: int) -> Optional[tuple[int, list[tuple[int, int]]]]:
+        """(slots, [(slot, resume point)] of each of this rank's workers) of an iteration that
+        num_workers fresh workers make, as their _samples will plan it; None when the resume
+        state pending was saved with other slots (the workers refuse it)."""
+        rank, world = _rank_world() if self.split_by_node else (0, 1)
+        nw = num_workers if self.split_by_worker else 1
+        slots = world * nw
+        with self._lock:
+            pending = self._resume if self._resume_epoch == self.epoch else {}
+            if pending and self._slots_seen and self._slots_seen != slots:
+                return None
+            return slots, [(rank * nw + w, int(pending.get(rank * nw + w, 0))) for w in range(nw)]
+
     def state_dict(self) -> dict[str, Any]:
         """Progress in the current epoch: samples handed out per slot.
 
@@ -817,6 +833,11 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             self._resume_epoch = self.epoch
             self._consumed = dict(self._resume)
             self._slots_seen = int(state.get("slots", 0))
+
+    def _resume_pending(self) -> bool:
+        """Whether a state loaded (load_state_dict) waits for the next iteration to resume at."""
+        with self._lock:
+            return bool(self._resume) and self._resume_epoch == self.epoch
 
     def _main_iteration_starting(self, batched: int = 0) -> None:
         """gdsfs.torch.DataLoader starts an iteration: count delivered
@@ -1074,9 +1095,11 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             plans.append(_FieldPlan(ext, 0, int(x["file_size"]), gpu, "bytes"))
         return key, plans
 
-    def _tensor_geometry(self, st: _ShardState, fp: _FieldPlan) -> tuple[int, int, torch.dtype, tuple[int, ...], bool]:
+    def _tensor_geometry(self, st: _ShardState, fp: _FieldPlan, read: bool = True) -> tuple[int, int, torch.dtype, tuple[int, ...], bool]:
         """(data offset, data bytes, dtype, shape, fortran) of a gpu field.
-        Reads at most a small header with pread; never the payload."""
+        Reads at most a small header with pread; never the payload. read=False: reads nothing;
+        a field whose header the index does not hold is then its member's bytes (the start
+        hint's sizing of a READ: _plan_sample)."""
         if fp.name in self.field_spec:
             dt, shape = self.field_spec[fp.name]
             return fp.offset, _numel(shape) * torch.empty((), dtype=dt).element_size(), dt, tuple(shape), False
@@ -1089,6 +1112,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             if 0 <= fp.npy < len(st.npy_headers):
                 h, nb, dt = st.npy_geometry(fp.npy)
                 return fp.offset + h.data_offset, nb, dt, h.shape, h.fortran_order
+            if not read:
+                return fp.offset, fp.length, torch.uint8, (fp.length,), False
             head = os.pread(st.fd, min(fp.length, 4096), fp.offset)
             h = _layout.npy_header_cached(head)
             dt = _torch_dtype(h.dtype)
@@ -1107,6 +1132,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
                 try:
                     if 0 <= fp.npy < len(st.mds_headers):
                         at, dname, shp = st.mds_headers[fp.npy]  # the daemon's parse of the same header
+                    elif not read:
+                        return fp.offset, fp.length, torch.uint8, (fp.length,), False
                     else:
                         at, dname, shp = _layout.mds_ndarray_prefix(enc, os.pread(st.fd, min(fp.length, 1 + 1 + 8 * 64), fp.offset))
                     _layout.mds_ndarray_check(dname, shp, fp.length - at)
@@ -1177,68 +1204,127 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         t = torch.frombuffer(data, dtype=torch.uint8) if nb else torch.empty(0, dtype=torch.uint8)
         return _view_as(t, dt, shape, fortran)
 
-    def _pool_sample_bytes(self, batch: int = 0, slab: int = 0, shards: int = 4) -> tuple[float, float]:
-        """(fields, leased): bytes per sample of the gpu fields, and of what their leases take in
-        the daemon's pool, as a worker that collates batches of `batch` samples reads them (0: one
-        range per field per sample): each range widened to the daemon's alignment (HELLO align),
-        a batch's adjacent samples of a shard in one range with the bytes between them
-        (GDSShardDataset._runs, without shuffle, shuffle_buffer, map= or handler="warn_and_skip"),
-        and with the pool's slabs of `slab` bytes (0: not known) the part of a slab that leases of
-        that size leave empty (a slab holds slab // lease of them; a larger one gets its own).
-        From the index of up to `shards` shards open in this process (the first readable one when
-        none is) and their first samples (64 to 1,024 a shard, at most one batch or 256 in all
-        beyond the first shard). (0, 0): not known (no daemon session, no gpu_keys, nothing
-        readable)."""
-        if self._session is None or not self.gpu_keys or self._open_pid != os.getpid():
-            return 0.0, 0.0
-        states = list(self._open.items())[-shards:]
-        if not states:
+    def _lease_plan(self, batched: int, per: int, slab: int, num_workers: int, most: int = LEASE_PLAN_SAMPLES) -> Optional["_LeasePlan"]:
+        """What the workers of a DataLoader iteration of num_workers fresh workers lease of the
+        daemon's pool, as the pool counts it: each worker's first samples (from its resume point,
+        in its plan's order) cut into its chunks (_chunks) and READ groups (_group_end), each
+        group's ranges as the worker makes them (_runs: items of `batched` samples, the worker's
+        self._batched), each range widened to the daemon's alignment (HELLO align) and with the
+        pool's slabs of `slab` bytes (0: not known) the part of a slab that leases of that size
+        leave empty (a slab holds slab // lease of them; a larger one gets its own). Per worker
+        its first `per` + one chunk's items (torch's items in flight, and the READ that reads past
+        them), up to `most` samples for all the workers together (the first worker's at least).
+        The geometry is the main process's: of a shard it holds open, its own; of another, the
+        sample at the same index of an open one (or of the first readable shard), whose layout
+        the shards of a dataset share. None: not known (no daemon session, no gpu_keys, nothing
+        readable, or a resume state the workers refuse)."""
+        session = self._session
+        if session is None or not self.gpu_keys or self._open_pid != os.getpid():
+            return None
+        layout = self._loader_slots(num_workers)
+        if layout is None:
+            return None
+        slots, workers = layout
+        opened = dict(self._open)
+        if not opened:
             good = [i for i in range(len(self.shards)) if i not in self._bad and self.counts[i] > 0]
             try:
-                states = [(good[0], self._shard(good[0]))] if good else []
+                opened = {good[0]: self._shard(good[0])} if good else {}
             except (OSError, GDSShardError, GDSUnavailableError, ValueError):
-                return 0.0, 0.0
-        if self.shuffle or self.shuffle_buffer > 1 or self.map is not None or self.handler != "raise":
-            batch = 0
-        align = max(1, self._session.hello.align or 4096)
-        cap = min(RUN_BYTES, self._session.max_lease - 2 * 4096)
+                return None
+        if not opened:
+            return None
+        reps = list(opened.values())
+        align = max(1, session.hello.align or 4096)
 
-        def cost(r: list[int]) -> float:
-            c = -(-r[1] // align) * align - r[0] // align * align
-            return slab / (slab // c) if 0 < c <= slab else c
+        def cost(off: int, n: int) -> float:
+            c = -(-(off + n) // align) * align - off // align * align
+            return slab / (slab // c) if 0 < c <= slab else float(c)
 
-        n = fields = 0
-        leased = 0.0
-        for i, st in states:
-            if n >= max(256, min(batch, 1024)):
-                break
-            runs: dict[str, list[int]] = {}  # field -> [start, end] of the range it is in
-            for idx in range(min(max(64, batch), 1024, self.counts[i] if i < len(self.counts) else 0)):
-                try:
-                    _key, plans = self._sample_fields(st, idx)
-                    geo = [(fp.name, self._tensor_geometry(st, fp)) for fp in plans if fp.gpu]
-                except (GDSShardError, ValueError, OSError, KeyError, IndexError):
-                    continue  # a bad sample: the workers report it
-                if batch and idx % batch == 0:
-                    leased += sum(cost(r) for r in runs.values())
-                    runs = {}
-                for name, g in geo:
-                    off, nb = g[0], g[1]
-                    fields += nb
-                    r = runs.get(name)
-                    if r is not None and r[1] <= off <= r[1] + RUN_GAP and off + nb - r[0] <= cap:
-                        r[1] = off + nb
-                        continue
-                    if r is not None:
-                        leased += cost(r)
-                    if batch and nb <= RUN_FIELD_MAX:
-                        runs[name] = [off, off + nb]
-                    else:
-                        runs.pop(name, None)
-                        leased += cost([off, off + nb])
-                n += 1
-            leased += sum(cost(r) for r in runs.values())
-        return (fields / n, leased / n) if n else (0.0, 0.0)
+        def planned(pos: int, shard: int, idx: int) -> Optional[_Planned]:
+            st = opened.get(shard)
+            if st is None:
+                st = reps[shard % len(reps)]
+                idx %= max(1, _sample_count(st.index))
+            known = st.plans.get(idx)
+            if known is not None:
+                return (pos, shard, st, *_kept_plan(known))
+            try:
+                key, fields = self._sample_fields(st, idx)
+                geo = {fp.name: self._tensor_geometry(st, fp) for fp in fields if fp.gpu}
+            except (GDSShardError, ValueError, OSError, KeyError, IndexError):
+                return None  # a bad sample: the workers report it
+            st.plans[idx] = _keep_plan(key, fields, geo)
+            return (pos, shard, st, key, fields, geo)
+
+        plan = self._plan(slots)
+        item = max(1, batched)
+        chunk = self._chunk_samples(batched)
+        window = -(-max(1, per) * item // chunk) * chunk + chunk  # whole chunks: `per` items and one chunk more
+        out = _LeasePlan()
+        left = most
+        for n, (slot, skip) in enumerate(workers):
+            if n and left < window:
+                break  # the workers after it are planned alike
+            take = min(window, max(1, left))
+            costs: dict[int, float] = {}  # item -> its leases
+            over: dict[int, tuple[float, int]] = {}  # item -> (leases, samples) its last READ group read past it
+            ends: set[int] = set()  # items whose every sample was planned
+            done = 0  # the worker's samples planned (its positions in this iteration: 0, 1, ...)
+            for chunk_items, _last in self._chunks(itertools.islice(plan.positions(slot, skip), take), batched):
+                pairs = [(done + i, p) for i, p in enumerate(planned(*x) for x in chunk_items)]
+                group = [p for _i, p in pairs if p is not None]
+                at = [i for i, p in pairs if p is not None]  # a bad sample is skipped (its worker reports it)
+                done += len(chunk_items)
+                start = 0
+                while start < len(group):
+                    end = self._group_end(group, start)
+                    # _read_group's READ of these samples: samples i of the iteration are in item i // item.
+                    wanted, _names, where = self._runs(group[start:end], at[start], batched)
+                    leases: list[tuple[int, float]] = []  # (item, pool bytes) of each range
+                    seen: set[tuple[int, int]] = set()
+                    for i in range(start, end):
+                        shard = group[i][1]
+                        out.fields += sum(g[1] for g in group[i][5].values())
+                        for j, _off in where[i - start]:
+                            if (shard, j) not in seen:
+                                seen.add((shard, j))
+                                r = wanted[shard][j]
+                                leases.append((at[i] // item, cost(r[0], r[1])))
+                    for it, c in leases:
+                        costs[it] = costs.get(it, 0.0) + c
+                    if n == 0:
+                        out.reads.extend((sh, list(rs)) for sh, rs in wanted.items())
+                    last = at[end - 1] + 1  # the sample after the group's last
+                    for p in at[start:end]:
+                        if (p + 1) % item == 0 or (p + 1 == done and done < take):
+                            it = p // item  # its last sample in this READ (done < take: the worker's last)
+                            ends.add(it)
+                            over[it] = (sum(c for i2, c in leases if i2 > it), last - p - 1)
+                    start = end
+            left -= done
+            out.samples += done
+            out.leased += sum(costs.values())
+            if not ends:
+                continue
+            # Items in flight before the worker's first (it holds `per` of them once it runs), and
+            # any not planned whole: as its largest one planned.
+            top = max(costs.get(it, 0.0) for it in ends)
+            for it in ends:
+                past, past_n = over[it]
+                out.hold = max(out.hold, sum(costs.get(j, 0.0) if j in ends else top for j in range(it - max(1, per) + 1, it + 1)) + past)
+                out.awaited = max(out.awaited, costs.get(it, 0.0) + past)
+                out.item = max(out.item, costs.get(it, 0.0))
+                out.over = max(out.over, past_n)
+        if out.samples == 0 or out.leased <= 0:
+            return None
+        out.fields /= out.samples
+        out.leased /= out.samples
+        if out.item <= 0:
+            # No item whole within `most` samples (items that large): its leases by the samples planned.
+            out.item = out.awaited = out.leased * item
+            out.hold = out.leased * item * max(1, per)
+        return out
 
     # -- iteration ----------------------------------------------------------
 
@@ -1324,23 +1410,48 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         hint = _shard_hint_bytes()
         hints = (_NextShardHints(self, plan, slot, plan.block(slot)[0] + skip, hint)
                  if hint and self._session is not None and not self.shuffle and plan.interleave == 1 and plan.buffer <= 1 else None)
+        count = 0  # samples of this iteration before the chunk's first
+        for chunk, last in self._chunks(plan.positions(slot, skip), self._batched):
+            if hints is not None and not last:
+                hints.before(chunk)
+            yield from self._emit(chunk, slot, plan, epoch, count, it)
+            count += len(chunk)
+
+    def _chunk_samples(self, batched: int) -> int:
+        """Samples a worker plans and reads as one chunk: read_ahead, or in a worker that hands out
+        torch items of `batched` samples (a batch, or k of them: self._batched) whole items, as
+        many as read_ahead holds and at least one: an item is then one READ per shard, so one
+        run per field (_runs), also when it is larger than read_ahead. What the pool check
+        (_lease_plan) and the start hint (_starthint.worker_ranges) plan by too."""
+        return max(1, self.read_ahead // batched) * batched if batched > 0 else self.read_ahead
+
+    def _chunks(self, positions: Iterable[tuple[int, int, int]], batched: int) -> Iterator[tuple[list[tuple[int, int, int]], bool]]:
+        """positions cut into the worker's chunks (_chunk_samples), each with whether it is the
+        last (a short one at the end; a full last one is not known to be last)."""
+        per = self._chunk_samples(batched)
         pending: list[tuple[int, int, int]] = []
-        count = 0  # samples of this iteration before pending's first
-        # Chunks of whole torch items: an item (a batch, or k of them) is one READ per shard, so
-        # one run per field (_runs), also when it is larger than read_ahead (the start hint
-        # still tags the ranges it hints by chunks of read_ahead samples: _starthint.worker_ranges).
-        b = self._batched
-        per = max(1, self.read_ahead // b) * b if b else self.read_ahead
-        for item in plan.positions(slot, skip):
+        for item in positions:
             pending.append(item)
             if len(pending) >= per:
-                if hints is not None:
-                    hints.before(pending)
-                yield from self._emit(pending, slot, plan, epoch, count, it)
-                count += len(pending)
+                yield pending, False
                 pending = []
         if pending:
-            yield from self._emit(pending, slot, plan, epoch, count, it)
+            yield pending, True
+
+    def _group_end(self, planned: Sequence[_Planned], start: int) -> int:
+        """The end of the READ group of planned (a chunk's samples, _plan_items) that starts at
+        start: at most read_ahead_bytes of gpu fields' data, at least one sample."""
+        limit = self.read_ahead_bytes
+        end, acc = start, 0
+        while end < len(planned):
+            nb = 0
+            for g in planned[end][5].values():
+                nb += g[1]
+            if end > start and acc + nb > limit:
+                break
+            acc += nb
+            end += 1
+        return end
 
     def _plan_items(self, items: list[tuple[int, int, int]]) -> list[_Planned]:
         """(position, shard, state, key, field plans, gpu geometry) of each item."""
@@ -1374,6 +1485,16 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
             planned.append((pos, shard, st, key, fields, geo))
         return planned
 
+    def _plan_sample(self, st: _ShardState, pos: int, shard: int, idx: int) -> _Planned:
+        """Sample idx of st planned as _plan_items plans it, from what st holds already (its kept
+        plan, else the index), reading nothing: for the start hint's thread, which plans the
+        workers' first READs (_starthint.worker_ranges). Raises what planning it raises."""
+        known = st.plans.get(idx)
+        if known is not None:
+            return (pos, shard, st, *_kept_plan(known))
+        key, fields = self._sample_fields(st, idx)
+        return (pos, shard, st, key, fields, {fp.name: self._tensor_geometry(st, fp, read=False) for fp in fields if fp.gpu})
+
     def _emit(self, items: list[tuple[int, int, int]], slot: int, plan: EpochPlan, epoch: int, first: int = 0, it: Optional["_Iteration"] = None) -> Iterator[GDSSample]:
         """Plan every sample of a chunk, then read it in groups of at most
         read_ahead_bytes of gpu fields with one daemon request per shard. A shard that
@@ -1385,15 +1506,7 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         planned = self._plan_items(items)
         start = 0
         while start < len(planned):
-            end, acc = start, 0
-            while end < len(planned):
-                nb = 0
-                for g in planned[end][5].values():
-                    nb += g[1]
-                if end > start and acc + nb > self.read_ahead_bytes:
-                    break
-                acc += nb
-                end += 1
+            end = self._group_end(planned, start)
             try:
                 yield from self._read_group(planned[start:end], slot, lo, plan.slots, epoch, first + start, it)
             except _ShardChanged as e:
@@ -1420,7 +1533,8 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         except (OSError, GDSShardError, ValueError, KeyError):
             raise _changed_error(path) from None
 
-    def _runs(self, group: list[Any], first: int) -> tuple[dict[int, list[tuple[int, int]]], dict[int, list[tuple[str, str, str]]], list[list[tuple[int, int]]]]:
+    def _runs(self, group: Sequence[Any], first: int,
+              batched: Optional[int] = None) -> tuple[dict[int, list[tuple[int, int]]], dict[int, list[tuple[str, str, str]]], list[list[tuple[int, int]]]]:
         """The READ ranges of a group: per shard the ranges and the (field, sample, shard) each
         is named by in errors, and per sample of the group (range index, start in it) of each gpu
         field. In a DataLoader worker that knows its batch size (self._batched) and drops no
@@ -1428,8 +1542,10 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         other in a shard (gaps up to RUN_GAP bytes: a tar's headers and small members) is one
         range, and so one lease, shared by those samples: they are collated into one torch item
         (a batch, or k of them: _tensors.settled materializes an item's batches together) and
-        released together. Sample i of the iteration is in item i // batch."""
-        batch = self._batched if (self.map is None and self.handler == "raise" and self._session is not None) else 0
+        released together. Sample i of the iteration is in item i // batch. batched: the item's
+        samples in place of self._batched (the pool check's plan of a worker, _lease_plan)."""
+        batched = self._batched if batched is None else batched
+        batch = batched if (self.map is None and self.handler == "raise" and self._session is not None) else 0
         cap = min(RUN_BYTES, self._session.max_lease - 2 * 4096) if batch and self._session is not None else 0
         wanted: dict[int, list[tuple[int, int]]] = {}
         names: dict[int, list[tuple[str, str, str]]] = {}
@@ -1608,6 +1724,23 @@ class GDSShardDataset(torch.utils.data.IterableDataset):
         return out, leases
 
 
+class _LeasePlan:
+    """What a DataLoader's workers lease of the daemon's pool (GDSShardDataset._lease_plan), in
+    pool bytes: a slab's share of each lease, each range widened to the daemon's alignment."""
+
+    __slots__ = ("samples", "fields", "leased", "item", "hold", "awaited", "over", "reads")
+
+    def __init__(self) -> None:
+        self.samples = 0  # samples planned
+        self.fields = 0.0  # gpu fields' bytes per sample
+        self.leased = 0.0  # pool bytes per sample
+        self.item = 0.0  # the most one item's leases take
+        self.hold = 0.0  # the most one worker holds: `per` items in flight and what its READ read past the last
+        self.awaited = 0.0  # the most an item needs while the loop waits for it: it, and what its READ reads past it
+        self.over = 0  # the most samples a READ group reads past the end of an item
+        self.reads: list[tuple[int, list[tuple[int, int]]]] = []  # the first worker's READs planned: (shard, ranges)
+
+
 class _Iteration:
     """One iteration's record of the shards it yielded samples of and planned anew, for
     _emit's choice between planning a changed shard again and GDSShardChangedError."""
@@ -1708,6 +1841,11 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset
         if isinstance(ds, GDSShardDataset):
+            if self.persistent_workers and getattr(self, "_iterator", None) is not None and ds._resume_pending():
+                # A state loaded since the persistent workers were forked: they hold their copy of
+                # the dataset from then (no resume point) and would start the epoch over. Fresh
+                # workers start at the state; the running ones stop, and their leases go back.
+                self._stop_persistent_workers()
             if self.num_workers > 0 and not (self.persistent_workers and getattr(self, "_iterator", None) is not None):
                 # Fresh workers: what they will hold of the pool fits this uid's share, or the
                 # iteration fails now, before any worker waits (GDSPoolError), or warns once.
@@ -1717,8 +1855,9 @@ class DataLoader(torch.utils.data.DataLoader):
             batched = self.batch_size if (self.num_workers > 0 and self.batch_size and self.collate_fn is collate) else 0
             ds._main_iteration_starting(batched or 0)
             if self.num_workers > 0 and not (self.persistent_workers and getattr(self, "_iterator", None) is not None):
-                # Fresh workers: the disk reads their first bytes while torch starts them.
-                self._start_hints = _starthint.start(ds, self.num_workers, getattr(self, "_start_hints", None))
+                # Fresh workers: the disk reads their first bytes while torch starts them (their first
+                # READs: of whole items, k batches each, _items_of).
+                self._start_hints = _starthint.start(ds, self.num_workers, getattr(self, "_start_hints", None), batched * self._per_item())
         try:
             it = super().__iter__()
         except BaseException as e:
@@ -1756,12 +1895,26 @@ class DataLoader(torch.utils.data.DataLoader):
             if not ok and isinstance(ds, GDSShardDataset) and not self.persistent_workers:
                 # Leases the workers took for batches never delivered would
                 # otherwise stay until the session ends: stop the workers,
-                # then start over with a fresh session.
-                shutdown = getattr(it, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()
+                # then start over with a fresh session. Nothing of this frame may keep
+                # torch's iterator (a bound method of it would): a program that keeps the
+                # exception keeps the frame, and the iterator holds the items it took out of
+                # order, whose Holds keep the old session and all of its leases.
+                if hasattr(it, "_shutdown_workers"):
+                    it._shutdown_workers()
                 del it
                 ds.reclaim()
+
+    def _stop_persistent_workers(self) -> None:
+        """Stop the persistent workers of this loader's last iterator, so that the next iteration
+        forks fresh ones, and reclaim the leases they held (GDSShardDataset.reclaim)."""
+        it = self._iterator
+        self._iterator = None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        del it
+        if isinstance(self.dataset, GDSShardDataset):
+            self.dataset.reclaim()
 
     def _ready_probe(self, it: Any) -> Optional[Callable[[], bool]]:
         """settled()'s test of whether the next batch waits: torch's data queue has something
@@ -1832,24 +1985,26 @@ class DataLoader(torch.utils.data.DataLoader):
             k -= 1
         return k
 
-    def _pool_fit(self, k: int, s: float) -> tuple[int, int, int, int]:
-        """(samples of one batch, samples the workers and the loop can hold at once, samples held
-        while the batch the loop waits for is read, samples read ahead past an item) for k
-        batches per item and s gpu-field bytes per sample. A worker holds its items in flight
-        (torch's ceil(prefetch_factor / k) of k batches) and what its last READ group read past
-        the last of them (_read_ahead_overshoot); the loop, the item it copies. The loop takes
-        items in order and returns no lease until the next one comes: while that item's worker
-        reads it, it holds at most the item and its overshoot, the others all they may."""
+    def _pool_plan(self, k: int, slab: int) -> Optional[_LeasePlan]:
+        """What the fresh workers of an iteration with k batches per item lease at once
+        (GDSShardDataset._lease_plan of their items of batch_size x k samples and torch's
+        ceil(prefetch_factor / k) of them in flight), once per check and k (_check_pool_fit)."""
         ds = self.dataset
         assert isinstance(ds, GDSShardDataset)
-        most = getattr(self, "_pool_most", 0)  # a worker's samples this epoch (_check_pool_fit): no batch is longer
-        b = max(1, min(int(self.batch_size or 1), most)) if most > 0 else int(self.batch_size or 1)
-        per = self._items_prefetched(k)
-        group = max(1, min(ds.read_ahead, int(ds.read_ahead_bytes // s) if s > 0 else ds.read_ahead))
-        over = _read_ahead_overshoot(ds.read_ahead, group, k * b)
-        worker = per * k * b + over
+        plans = self.__dict__.setdefault("_pool_plans", {})
+        if k not in plans:
+            plans[k] = ds._lease_plan(int(self.batch_size or 0) * k, self._items_prefetched(k), slab, self.num_workers)
+        return plans[k]
+
+    def _pool_need(self, lp: _LeasePlan) -> tuple[float, float]:
+        """(pool bytes held while the item the loop waits for is read, pool bytes the workers and
+        the loop can hold at once) for the workers' leases lp. A worker holds its items in flight
+        and what its last READ group read past them; the loop, the item it copies. The loop takes
+        items in order and returns no lease until the next one comes: while that item's worker
+        reads it, it holds at most the item and what its READ reads past it, the others all
+        they may."""
         w = self.num_workers
-        return b, w * worker + k * b, (w - 1) * worker + k * b + over, over
+        return (w - 1) * lp.hold + lp.awaited, w * lp.hold + lp.item
 
     def _check_pool_fit(self) -> None:
         """GDSPoolError when what the loader's fresh workers need of the daemon's pool at once
@@ -1858,64 +2013,64 @@ class DataLoader(torch.utils.data.DataLoader):
         waits for still needs room (the loop takes items in order and returns nothing meanwhile:
         a hang until a READ gives up after EAGAIN_TIMEOUT_S). GDSPoolWarning, once per loader,
         when the batches in flight are more than that but the awaited item always finds room: the
-        workers wait for the loop's releases. Bytes as leased (_pool_sample_bytes)."""
+        workers wait for the loop's releases. Bytes as the workers lease them (_pool_plan)."""
         ds = self.dataset
         session = ds._session if isinstance(ds, GDSShardDataset) else None
         self._pool_tight = False
+        self._pool_plans: dict[int, Optional[_LeasePlan]] = {}
         if session is None or self.collate_fn is not collate or not session.hello.max_lease:
             return
         assert isinstance(ds, GDSShardDataset)
         k = self._per_item()
-        self._pool_most = max(ds._worker_counts(self.num_workers), default=0)
         slab = _slab_bytes(session.mount)
-        fields, s = self._pool_cost(k, slab)
-        if s <= 0:
+        lp = self._pool_plan(k, slab)
+        if lp is None:
             return
+        s = lp.leased
+        most = max(ds._worker_counts(self.num_workers), default=0)  # a worker's samples this epoch: no batch is longer
+        b = max(1, min(int(self.batch_size or 1), most)) if most > 0 else int(self.batch_size or 1)
+        need, total = self._pool_need(lp)
         held = _leases.held_bytes(session.mount, session.device)
+        if held > 0 and max(need, total, b * s) > session.hello.max_lease - held:
+            # What this process holds decides: only what it really holds (a dead iterator's
+            # items, dropped in a reference cycle, free nothing until a collection).
+            held = _leases.held_bytes(session.mount, session.device, collect=True)
         avail = session.hello.max_lease - held
         room = avail * (1 + 1e-9)  # what exactly fills the share fits (s is a quotient)
-        b, total, need, over = self._pool_fit(k, fields)
         # settled() copies up to SETTLE_BATCHES batches (an item's k at once) ahead before it
         # releases them: with those held too, the item after them could not be read.
-        self._pool_tight = (need + (_tensors.SETTLE_BATCHES + k - 1) * b) * s > room
+        self._pool_tight = need + (_tensors.SETTLE_BATCHES + k - 1) * b * s > room
         flag = "--host-pool" if session.device < 0 else "--gpu-pool"
         fix = f"have root mount with a larger {flag} (or --uid-share)"
         where = (f"uid {session.hello.uid}'s share of the gdsfs pool at {session.mount!r} ({_size(session.hello.max_lease)}"
                  + (f", {_size(held)} of it held by this process" if held > 0 else "") + ")")
         setting = (f"DataLoader(num_workers={self.num_workers}, batch_size={self.batch_size}, prefetch_factor={self.prefetch_factor}, "
                    f"batches_per_item={self.batches_per_item if self.batches_per_item is not None else f'None (k={k})'})")
+        per = self._items_prefetched(k)
         if b * s > room:
-            most = int(room // s)
+            fit = int(room // s)
             raise GDSPoolError(f"gdsfs: one batch of {setting} ({b} samples x {_size(s)} leased: {_size(b * s)}) is larger than {where}, "
                                "so its workers would wait for pool space that never comes; use "
-                               + (f"batch_size <= {most}" if most >= 1 else "smaller samples") + f", or {fix}", errno=errno.EAGAIN)
-        if need * s > room:
-            alt = next((j for j in range(k - 1, 0, -1) if self._pool_fit(j, self._pool_cost(j, slab)[0])[2] * self._pool_cost(j, slab)[1] <= room), 0)
+                               + (f"batch_size <= {fit}" if fit >= 1 else "smaller samples") + f", or {fix}", errno=errno.EAGAIN)
+        if need > room:
+            def fits(j: int) -> bool:
+                p = self._pool_plan(j, slab)
+                return p is not None and self._pool_need(p)[0] <= room
+
+            alt = next((j for j in range(k - 1, 0, -1) if fits(j)), 0)
             raise GDSPoolError(
-                f"gdsfs: {setting} can hang on {where}: its other workers can hold {_size((need - k * b - over) * s)} in flight "
-                f"({self._items_prefetched(k)} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased each, and up to {over} samples "
-                f"read ahead) while the item the loop waits for still needs {_size((k * b + over) * s)}, and the loop returns no pool "
+                f"gdsfs: {setting} can hang on {where}: its other workers can hold {_size(need - lp.awaited)} in flight "
+                f"({per} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased each, and up to {lp.over} samples "
+                f"read ahead) while the item the loop waits for still needs {_size(lp.awaited)}, and the loop returns no pool "
                 "space until it comes; use " + (f"batches_per_item <= {alt}, " if alt and self.batches_per_item is not None else "")
                 + f"fewer num_workers, a smaller prefetch_factor, batch_size or read_ahead, or {fix}", errno=errno.EAGAIN)
-        if total * s > room and not getattr(self, "_pool_warned", False):
+        if total > room and not getattr(self, "_pool_warned", False):
             self._pool_warned = True
-            warnings.warn(f"gdsfs: {setting} keeps up to {_size(total * s)} in flight ({self.num_workers} workers x "
-                          f"{self._items_prefetched(k)} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased, up to {over} samples "
+            warnings.warn(f"gdsfs: {setting} keeps up to {_size(total)} in flight ({self.num_workers} workers x "
+                          f"{per} item(s) of {k} batch(es) of {b} samples x {_size(s)} leased, up to {lp.over} samples "
                           f"read ahead each, and the item the loop copies), more than {where}: the workers will wait for the loop to "
                           "return pool space (the item it waits for always finds room); for full speed use fewer num_workers, a "
                           f"smaller prefetch_factor, batches_per_item or batch_size, or {fix}", GDSPoolWarning, stacklevel=3)
-
-    def _pool_cost(self, k: int, slab: int) -> tuple[float, float]:
-        """_pool_sample_bytes for items of k batches: the workers' runs span an item (their
-        _batched is batch_size x k, GDSShardDataset._runs), so a lease holds an item's samples of
-        a shard, and a slab fewer of them than of one batch's. Cached per item size."""
-        ds = self.dataset
-        assert isinstance(ds, GDSShardDataset)
-        item = k * self._pool_fit(k, 0.0)[0]
-        cache = self.__dict__.setdefault("_pool_costs", {})
-        if item not in cache:
-            cache[item] = ds._pool_sample_bytes(item, slab)
-        return cache[item]
 
     @property
     def _index_sampler(self) -> Any:
@@ -1985,20 +2140,6 @@ def _shard_bytes_per_sample(ds: GDSShardDataset, most: int = 64) -> int:
             continue
         n += count
     return size // n if n else 0
-
-
-def _read_ahead_overshoot(read_ahead: int, group: int, item: int) -> int:
-    """The most samples a worker's READ group reaches past the end of an item: its groups hold
-    `group` samples and are cut at every read_ahead samples, its items `item` samples, both
-    counted from the iteration's first sample (GDSShardDataset._emit); group - 1 when the
-    pattern's period is long."""
-    read_ahead, group, item = max(1, read_ahead), max(1, min(group, read_ahead)), max(1, item)
-    period = math.lcm(read_ahead, item)
-    if period > 1 << 14:
-        return group - 1
-    ends = [min(c + g, c + read_ahead) for c in range(0, period, read_ahead) for g in range(group, read_ahead + group, group)]
-    ends.sort()
-    return max(ends[bisect.bisect_left(ends, e)] - e for e in range(item, period + 1, item))
 
 
 def _slab_bytes(mount: str) -> int:

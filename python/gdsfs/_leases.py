@@ -481,16 +481,19 @@ def end_free_sessions() -> None:
         s._end()
 
 
-def drain() -> None:
+def drain(wait: bool = False) -> None:
     """Release the leases whose last holder was collected, then end the
     closed sessions nothing here holds any more. Called by every client
     call and the background thread; a no-op in a forked child's copy of
-    its parent's book and at interpreter shutdown."""
+    its parent's book and at interpreter shutdown. wait: when another
+    thread is draining, wait for it (at most FORK_WAIT_S) and drain what
+    is left, so that on return nothing queued before the call is counted
+    as held (held_bytes)."""
     b = _book
     # Nothing queued first: os.getpid() is a system call, and every client call drains.
     if not (b.gone or b.closing) or b.shutdown or b.pid != os.getpid():
         return
-    if not b.io.acquire(blocking=False):
+    if not b.io.acquire(blocking=wait, timeout=FORK_WAIT_S if wait else -1):
         return  # another thread is draining (or a fork is starting)
     try:
         todo: list[_Entry] = []
@@ -520,10 +523,15 @@ def drain() -> None:
         b.io.release()
 
 
-def held_bytes(mount: str, device: int) -> int:
+def held_bytes(mount: str, device: int, *, collect: bool = False) -> int:
     """Slab bytes of the leases this process holds or views on mount's device (its uid's, as
     the daemon counts them against the uid's share of that device's pool: each widened to 4 KiB
-    pages, as the daemon reads them)."""
+    pages, as the daemon reads them). Leases whose last holder went are released first (drain),
+    not counted; with collect, also those whose holders only a garbage collection frees (a
+    reference cycle: a dead DataLoader iterator's items)."""
+    if collect:
+        gc.collect()
+    drain(wait=True)
     with _book.lock:
         refs = [e.ref for e in _book.entries.values() if e.ref.mount == mount and e.ref.device == device]
     return sum(-(-(r.offset + r.length) // 4096) * 4096 - r.offset // 4096 * 4096 for r in refs)

@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 START_HINT = 128 << 20
 START_HINT_WORKER = 32 << 20
 START_HINT_ENV = "GDSFS_START_HINT"
-# At most this many chunks (of read_ahead samples) of each worker are planned and hinted: the
-# thread's planning holds the GIL, which the fork loop of the main thread needs, and at small
-# samples (16 KiB: 1,024 samples a worker for 16 MiB) it would cost more than the disk gains.
+# At most this many chunks of each worker (as it reads them: whole items) are planned and
+# hinted: the thread's planning holds the GIL, which the fork loop of the main thread needs, and
+# at small samples (16 KiB: 1,024 samples a worker for 16 MiB) it would cost more than the disk
+# gains.
 START_HINT_CHUNKS = 4
 # One posix_fadvise call reads at most the mount's max_readahead (128 KiB): calls are cut at
 # its multiples. Ranges of a worker closer than a page are one (a tar's headers and padding
@@ -170,36 +171,53 @@ def _merge(out: list[Range], shard: int, off: int, end: int, chunk: int) -> None
 
 
 def worker_ranges(ds: "GDSShardDataset", state: Callable[[int], Any], plan: Any, slot: int, skip: int,
-                  budget: int) -> tuple[list[Range], bool]:
-    """The byte ranges (shard, offset, end, chunk) that slot's worker reads first, in its
-    order, at most budget bytes and START_HINT_CHUNKS chunks: the fields keys= selects of its
-    samples from position skip on (a range at the budget is cut there), each tagged with the chunk of read_ahead samples it
-    belongs to (the worker READs a chunk at once, and yields none of it before). state(shard):
-    the shard's parsed state, None when it cannot be read (the ranges stop there: what follows
-    would not be what the worker reads first). Also whether the budget cut the first chunk."""
+                  budget: int, batched: int = 0) -> tuple[list[Range], bool]:
+    """The byte ranges (shard, offset, end, read) that slot's worker reads first, in its order,
+    at most budget bytes and START_HINT_CHUNKS chunks: the fields keys= selects of its samples
+    from position skip on (a range at the budget is cut there), each tagged with the worker's
+    READ it belongs to (0, 1, ...), cut as the worker cuts them: its chunks (_chunks: whole items
+    of `batched` samples, its self._batched; 0: read_ahead samples), each in READ groups
+    (_group_end); the worker yields nothing of a READ before it is whole. state(shard): the
+    shard's parsed state, None when it cannot be read (the ranges stop there: what follows would
+    not be what the worker reads first). Also whether the budget cut the first READ."""
     out: list[Range] = []
     total = 0
-    cut = False
-    for n, (_pos, shard, idx) in enumerate(plan.positions(slot, skip)):
-        if n >= START_HINT_CHUNKS * ds.read_ahead:
+    read = 0
+    for c, (chunk, _last) in enumerate(ds._chunks(plan.positions(slot, skip), batched)):
+        if c >= START_HINT_CHUNKS:
             break
-        st = state(shard)
-        if st is None:
-            break
-        _key, fields = ds._sample_fields(st, idx)
-        whole = True  # every byte of this sample's fields within the budget
-        for fp in sorted(fields, key=lambda f: f.offset):
-            k = min(fp.length, budget - total)
-            whole = whole and k == fp.length
-            if k <= 0:
+        # Planned up to one sample past the budget: enough for the groups up to where it ends.
+        planned: list[Any] = []
+        nbytes = total
+        for pos, shard, idx in chunk:
+            st = state(shard)
+            if st is None:
                 break
-            _merge(out, shard, fp.offset, fp.offset + k, n // ds.read_ahead)
-            total += k
-        if total >= budget:
-            # Stopped inside the first chunk: samples of it are left, or bytes of this one.
-            cut = n < ds.read_ahead - 1 or (n == ds.read_ahead - 1 and not whole)
+            p = ds._plan_sample(st, pos, shard, idx)
+            planned.append(p)
+            if nbytes >= budget:
+                break
+            nbytes += sum(fp.length for fp in p[4])
+        start = 0
+        while start < len(planned):
+            end = ds._group_end(planned, start)
+            for n in range(start, end):
+                whole = True  # every byte of this sample's fields within the budget
+                for fp in sorted(planned[n][4], key=lambda f: f.offset):
+                    k = min(fp.length, budget - total)
+                    whole = whole and k == fp.length
+                    if k <= 0:
+                        break
+                    _merge(out, planned[n][1], fp.offset, fp.offset + k, read)
+                    total += k
+                if total >= budget:
+                    # Stopped inside the first READ: samples of it are left, or bytes of this one.
+                    return out, read == 0 and (n < end - 1 or not whole)
+            read += 1
+            start = end
+        if len(planned) < len(chunk):
             break
-    return out, cut
+    return out, False
 
 
 def _head(rs: list[Range], nbytes: int) -> list[Range]:
@@ -279,22 +297,14 @@ def _room(of: dict[str, Any], uid: int) -> bool:
     return int(of.get("limit", 0)) <= 0 or int(of.get("open", 0)) + OPEN_COST <= users // 2
 
 
-class _PlanState:
-    """What GDSShardDataset._sample_fields reads of a shard's state: its path, index and the
-    cache of its field names' kinds."""
-
-    def __init__(self, path: str, index: dict[str, Any]) -> None:
-        self.path, self.index = path, index
-        self.field_kinds: dict[str, tuple[bool, str]] = {}
-
-
 class StartHints:
     """One iteration start's hints, run by a daemon thread (start()); stop() ends them at the
     next call."""
 
     def __init__(self, ds: "GDSShardDataset", slots: int, workers: Sequence[tuple[int, int]], budget: int,
-                 known: dict[int, "_ShardState"]) -> None:
+                 known: dict[int, "_ShardState"], batched: int = 0) -> None:
         self.ds, self.slots, self.workers, self.budget = ds, slots, list(workers), budget
+        self.batched = batched  # the workers' items (their self._batched): they read whole ones
         self.known = known  # the main process's open shards (their indexes), at the start
         self.stop_event = threading.Event()
         self.thread: Optional[threading.Thread] = None
@@ -339,7 +349,7 @@ class StartHints:
             # 4 MiB samples, every worker's first chunk over its share: the first batch still
             # 50-150 ms later with the hint on than off, from those opens on a cold disk racing
             # the forks for the lock they share).
-            rs, cut = worker_ranges(ds, self._plan_state, plan, slot, skip, per)
+            rs, cut = worker_ranges(ds, self._plan_state, plan, slot, skip, per, self.batched)
             if not rs or cut or not self._open_all(rs):
                 # cut: its first chunk (the first READ, which yields nothing before it is whole)
                 # is more than its share: large samples. A part of it only reorders the
@@ -436,7 +446,7 @@ class StartHints:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None
-        from ._dataset import _file_ident, _sample_count
+        from ._dataset import _file_ident, _sample_count, _ShardState
 
         known = self.known.get(shard)
         state: Any
@@ -446,7 +456,8 @@ class StartHints:
             index = self._index(path, fd)
             if index is None or _sample_count(index) != self.ds.counts[shard]:
                 return None
-            state = _PlanState(path, index)
+            # Planned from, never read through (the thread's descriptor is its own): no fd.
+            state = _ShardState(path, -1, index, _file_ident(fd))
         self._states[shard] = state
         return state
 
@@ -493,27 +504,23 @@ def forking(hints: Optional[StartHints]) -> Iterator[None]:
         yield
 
 
-def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints]) -> Optional[StartHints]:
+def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints], batched: int = 0) -> Optional[StartHints]:
     """The hints of a DataLoader iteration that starts num_workers fresh workers over ds (called
     in the main process before torch starts them, after ds._main_iteration_starting): previous
     while its thread still runs (never two at once), else new ones, or None: no hint
-    (GDSFS_START_HINT=0, no daemon session, or a resume state the workers will refuse)."""
+    (GDSFS_START_HINT=0, no daemon session, or a resume state the workers will refuse).
+    batched: the samples of the workers' items (batch_size x batches_per_item; 0: ds._batched),
+    which they read whole."""
     if previous is not None and previous.thread is not None and previous.thread.is_alive():
         return previous
     budget = start_hint_bytes(ds._session.hello.devices if ds._session is not None else 0)
     if budget <= 0 or num_workers <= 0 or ds._session is None:
         return None
-    from ._dataset import _rank_world
-
-    rank, world = _rank_world() if ds.split_by_node else (0, 1)
-    nw = num_workers if ds.split_by_worker else 1
-    slots = world * nw
-    with ds._lock:
-        pending = ds._resume if ds._resume_epoch == ds.epoch else {}
-        if pending and ds._slots_seen and ds._slots_seen != slots:
-            return None
-        workers = [(rank * nw + w, int(pending.get(rank * nw + w, 0))) for w in range(nw)]
+    layout = ds._loader_slots(num_workers)
+    if layout is None:
+        return None
+    slots, workers = layout
     known = dict(ds._open) if ds._open_pid == os.getpid() else {}
-    h = StartHints(ds, slots, workers, budget, known)
+    h = StartHints(ds, slots, workers, budget, known, batched or ds._batched)
     h.start()
     return h

@@ -504,9 +504,10 @@ def settled(it: Iterable[Any], *, pin: bool = False, device: Device = None, read
         # Nothing for a traceback's frame to keep: a consumer that keeps the exception raised here
         # (a GDSLeaseError mid-group, a dead worker's error) keeps this frame through its
         # traceback; the frame must not keep the source (it is src: a DataLoader iterator, its
-        # workers and the leases of the batches they hold), the batches, nor the exception
-        # itself (err: a cycle through the traceback).
+        # workers and the leases of the batches they hold; ready may be a closure over it), the
+        # batches, nor the exception itself (err: a cycle through the traceback).
         it = src = iter(())
+        ready = None
         group, out, errs, b, err, item, parts, done = [], [], [], None, None, None, (), None
 
 

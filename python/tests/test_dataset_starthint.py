@@ -6,6 +6,7 @@ with tarfile, are the oracle), never on time."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -129,28 +130,38 @@ class _AfterHint:
 
 
 @pytest.mark.parametrize("shuffle,resume", [(False, False), (True, False), (True, True), (False, True)])
-def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, shuffle: bool, resume: bool) -> None:
+@pytest.mark.parametrize("k,n,read_ahead_bytes", [
+    (1, 6, 64 << 20),  # READs of one chunk of 4 samples (read_ahead=4): 6 samples hinted, the second READ cut
+    (3, 14, 64 << 20),  # items of 3 batches of 4, read whole: READs of 12 samples
+    (3, 7, 6 * FLOATS * 4),  # an item read in READs of 6 samples (read_ahead_bytes): the first fits
+])
+def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, shuffle: bool, resume: bool, k: int, n: int,
+                                                     read_ahead_bytes: int) -> None:
+    """Each worker's hinted pages are the pages of its first samples as it delivers them (the
+    tar's own offsets): its first n samples and 100 bytes of the next one's members, the share
+    of the hint a worker gets, which holds its first READ whole (a share that cuts the first READ
+    asks for nothing): one batch per item, k batches per item (read whole, from the resume point
+    on), and an item read in READs of read_ahead_bytes."""
     paths, backing = _shards(gdsfs_mount, 4, 24)
     members = _members(backing, paths)
-    # Each worker's share: its first 6 samples and 100 bytes of its 7th's first member (its
-    # first chunk of 4 samples whole: a share that cuts the first chunk asks for nothing).
-    per_worker = 6 * SAMPLE + 100
+    per_worker = n * SAMPLE + 100
     monkeypatch.setenv(sh.START_HINT_ENV, str(2 * per_worker))
+    kw = dict(gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True, read_ahead=4, read_ahead_bytes=read_ahead_bytes)
     state = None
     if resume:
-        ds0 = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True, read_ahead=4)
-        dl0 = gt.DataLoader(ds0, batch_size=4, num_workers=2)
+        ds0 = gt.GDSShardDataset(paths, **kw)
+        dl0 = gt.DataLoader(ds0, batch_size=4, num_workers=2, batches_per_item=k)
         it = iter(dl0)
-        for _ in range(5):  # 3 batches of one worker, 2 of the other
+        for _ in range(5):  # 3 batches of one worker, 2 of the other (k=3: mid-item)
             next(it)
         state = dl0.state_dict()
         del it, dl0
         ds0.close()
-    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], shuffle=shuffle, seed=7, strict=True, read_ahead=4)
+    ds = gt.GDSShardDataset(paths, **kw)
     if state is not None:
         ds.load_state_dict(state)
     gate = _AfterHint(2)
-    dl = gt.DataLoader(ds, batch_size=4, num_workers=2, worker_init_fn=gate.init_fn())
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=2, batches_per_item=k, worker_init_fn=gate.init_fn())
     try:
         _drop(backing + paths)
         gate.watch(dl)
@@ -164,22 +175,23 @@ def test_hinted_bytes_are_each_workers_first_samples(gdsfs_mount, monkeypatch, s
     for w, got in enumerate(h.ranges):
         keys = per[w]
         assert {os.path.realpath(p) for p, _o, _e in got} <= {os.path.realpath(p) for p in paths}
-        first = [r for k in keys[:6] for r in members[k]]
-        left, part = 100, []  # the 7th sample's first 100 bytes of its members, in file order
-        for p, o, e in sorted(members[keys[6]], key=lambda r: r[1]):
+        first = [r for key in keys[:n] for r in members[key]]
+        left, part = 100, []  # the next sample's first 100 bytes of its members, in file order
+        for p, o, e in sorted(members[keys[n]], key=lambda r: r[1]):
             part.append((p, o, o + min(left, e - o)))
             left -= min(left, e - o)
         want = _pages(first + part)
-        assert _pages(got) == want, f"worker {w}: hinted pages are not its first samples' ({keys[:7]})"
+        assert _pages(got) == want, f"worker {w}: hinted pages are not its first samples' ({keys[:n + 1]})"
 
 
-@pytest.mark.parametrize("share", [4 * SAMPLE - 100, 4 * SAMPLE])
-def test_a_first_chunk_larger_than_its_share_asks_for_nothing(gdsfs_mount, monkeypatch, share: int) -> None:
-    """Large samples: a worker's first READ (its first chunk of read_ahead samples, none of which
-    it yields before the whole chunk is read) is more than its share of the hint. Hinting a part
-    of it only reorders the workers' first READs against the order the loop takes them (the GPU
-    run of 12-02 05:48: 4 MiB samples' first batch came 70-240 ms later): nothing is asked for,
-    whether the share ends inside a sample or at a sample's end short of the chunk's."""
+@pytest.mark.parametrize("share,k", [(4 * SAMPLE - 100, None), (4 * SAMPLE, None), (14 * SAMPLE, 3), (15 * SAMPLE - 1, 3)])
+def test_a_first_chunk_larger_than_its_share_asks_for_nothing(gdsfs_mount, monkeypatch, share: int, k) -> None:
+    """Large samples: a worker's first READ (its first chunk, none of which it yields before the
+    whole chunk is read) is more than its share of the hint. Hinting a part of it only reorders
+    the workers' first READs against the order the loop takes them (the GPU run of 12-02 05:48:
+    4 MiB samples' first batch came 70-240 ms later): nothing is asked for, whether the share ends
+    inside a sample or at a sample's end short of the chunk's. With k=3 batches of 5 per item the
+    first READ is the item whole (15 samples), also where read_ahead=5 samples would fit."""
     paths, backing = _shards(gdsfs_mount, 4, 24)
     monkeypatch.setenv(sh.START_HINT_ENV, str(2 * share))
     # Nor is a shard opened for it (the GPU run of 12-02 07:35: with every worker's first chunk
@@ -195,7 +207,7 @@ def test_a_first_chunk_larger_than_its_share_asks_for_nothing(gdsfs_mount, monke
     monkeypatch.setattr(sh._fds, "open", counted)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=5)
     gate = _AfterHint(2)
-    dl = gt.DataLoader(ds, batch_size=5, num_workers=2, worker_init_fn=gate.init_fn())
+    dl = gt.DataLoader(ds, batch_size=5, num_workers=2, batches_per_item=k, worker_init_fn=gate.init_fn())
     try:
         _drop(backing)
         gate.watch(dl)
@@ -371,11 +383,16 @@ def test_start_hint_env_values(monkeypatch) -> None:
         assert sh.start_hint_bytes() == want
 
 
-def test_chunks_go_out_in_the_order_the_loop_takes_them(gdsfs_mount, monkeypatch) -> None:
-    # torch takes the workers' batches in turn and a worker yields nothing of a chunk (read_ahead
-    # samples, one READ) before it is read: worker 0's chunk 0, worker 1's, then their chunk 1...
+@pytest.mark.parametrize("batched,want", [
+    (4, [0, 0, 1, 1, 2, 2]),  # 12 samples a worker: 3 chunks of 4 (read_ahead)
+    (12, [0, 0]),  # items of 12 samples (3 batches of 4), read whole: one READ a worker
+    (6, [0, 0, 1, 1]),  # items of 6 (read_ahead 4: a chunk is one item)
+])
+def test_chunks_go_out_in_the_order_the_loop_takes_them(gdsfs_mount, monkeypatch, batched: int, want: list[int]) -> None:
+    # torch takes the workers' items in turn and a worker yields nothing of a chunk (whole items,
+    # one READ) before it is read: worker 0's chunk 0, worker 1's, then their chunk 1...
     paths, backing = _shards(gdsfs_mount, 2, 16)
-    monkeypatch.setenv(sh.START_HINT_ENV, str(2 * 12 * SAMPLE))  # 12 samples a worker: 3 chunks of 4
+    monkeypatch.setenv(sh.START_HINT_ENV, str(2 * (12 * SAMPLE + 2)))  # 12 samples a worker (the .cls of 10 and 11: 2 bytes)
     ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], read_ahead=4, strict=True)
     calls: list[tuple[str, int]] = []
     real = sh.StartHints._advise
@@ -388,12 +405,12 @@ def test_chunks_go_out_in_the_order_the_loop_takes_them(gdsfs_mount, monkeypatch
     try:
         _drop(backing + paths)
         ds._main_iteration_starting(4)
-        h = sh.start(ds, 2, None)
+        h = sh.start(ds, 2, None, batched)
         assert h is not None
         h.thread.join(timeout=60)
     finally:
         ds.close()
-    assert calls == [("shard-0.tar", 0), ("shard-1.tar", 0), ("shard-0.tar", 1), ("shard-1.tar", 1), ("shard-0.tar", 2), ("shard-1.tar", 2)]
+    assert calls == [(f"shard-{w}.tar", c) for c, w in zip(want, itertools.cycle((0, 1)))]
 
 
 def test_fork_warning_is_hidden_only_while_the_hint_runs(gdsfs_mount, monkeypatch) -> None:

@@ -188,6 +188,37 @@ def test_resume_after_any_batch_of_an_item(gdsfs_mount, small, k, k2, after: int
     assert gdsfs_mount.wait_leases(0) == 0
 
 
+@pytest.mark.parametrize("how", ["loader", "dataset"])
+@pytest.mark.parametrize("k", [3, 1])
+def test_a_state_loaded_while_persistent_workers_run_resumes_exactly(gdsfs_mount, small, k, how: str) -> None:
+    """persistent_workers=True, a pass stopped mid-item (5 batches, items of 3), its state loaded
+    back into the same loader (or its dataset) and the loader iterated again: the next pass
+    resumes at the state, each worker at its next batch, every sample of the epoch exactly once
+    with the ones before. Before, the running workers kept the resume point of their fork (none)
+    and started the epoch over: the 20 samples before the state came again (while the loader's
+    own count started at the state); now the loader starts fresh workers at it, and the old
+    ones' leases go back."""
+    import gdsfs.torch as gt
+
+    paths, truth = small
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
+    dl = _loader(ds, batches_per_item=k, persistent_workers=True)
+    it = iter(dl)
+    before = [key for b in itertools.islice(it, 5) for key in b["__key__"]]
+    state = dl.state_dict()
+    del it
+    (dl if how == "loader" else ds).load_state_dict(state)
+    after = [key for b in dl for key in b["__key__"]]
+    assert len(before) == 20 and sorted(before + after) == sorted(truth)
+    # The next epoch of the same loader: every sample once again, in the running workers.
+    ds.set_epoch(1)
+    again = [key for b in dl for key in b["__key__"]]
+    assert sorted(again) == sorted(truth)
+    del dl
+    ds.close()
+    assert gdsfs_mount.wait_leases(0) == 0
+
+
 class _Boom(Exception):
     pass
 
