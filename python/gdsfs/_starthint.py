@@ -496,7 +496,11 @@ def _every_first_chunk_over(ds: "GDSShardDataset", known: dict[int, "_ShardState
                 floor = n if floor < 0 else min(floor, n)
     except Exception:  # noqa: BLE001 - not told: the thread plans from the indexes as before
         return False
-    return floor >= 0 and floor * ds.read_ahead > per
+    # A worker's first READ: read_ahead samples, or whole torch items of ds._batched samples
+    # (GDSShardDataset._samples); the smaller, so that a first chunk that fits is never skipped.
+    b = ds._batched
+    chunk = min(ds.read_ahead, max(1, ds.read_ahead // b) * b) if b else ds.read_ahead
+    return floor >= 0 and floor * chunk > per
 
 
 # Python 3.12's warning at a fork while other threads run (os.fork, a DeprecationWarning).
@@ -523,7 +527,8 @@ def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints
     """The hints of a DataLoader iteration that starts num_workers fresh workers over ds (called
     in the main process before torch starts them, after ds._main_iteration_starting): previous
     while its thread still runs (never two at once), else new ones, or None: no hint
-    (GDSFS_START_HINT=0, no daemon session, or a resume state the workers will refuse)."""
+    (GDSFS_START_HINT=0, no daemon session, a resume state the workers will refuse, or samples
+    so large that no worker's first chunk fits its share: _every_first_chunk_over)."""
     if previous is not None and previous.thread is not None and previous.thread.is_alive():
         return previous
     budget = start_hint_bytes(ds._session.hello.devices if ds._session is not None else 0)
