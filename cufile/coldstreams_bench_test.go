@@ -89,6 +89,7 @@ func coldStreams(b *testing.B, files []*os.File, dst *hostMem, disk *diskCounter
 	}{
 		{"before", 1 << 20, -1, 0},             // the mount's defaults (no crowd rule)
 		{"crowd", 1 << 20, -1, CrowdColdReads}, // --cold-crowd 4
+		{"crowd=2", 1 << 20, -1, 2},            // --cold-crowd 2
 		{"task=4MiB/advice=off", 4 << 20, 0, 0},
 		{"task=1MiB/advice=off", 1 << 20, 0, 0},
 	} {
