@@ -1094,9 +1094,6 @@ def main() -> int:
         print(f"dataset_check: {e}", file=sys.stderr)
         return 2
     log(f"mount {caps.mount}: engine={caps.engine} devices={caps.devices} reason={caps.reason!r} version={caps.daemon_version}")
-    if Opts.cuda:
-        torch.cuda.init()
-        torch.cuda.set_device(0)
 
     sizes = []
     for kib in (int(x) for x in a.sizes.split(",") if x.strip()):
@@ -1115,14 +1112,18 @@ def main() -> int:
         sizes.append((name, sb, ns, 16, a.batch or (64 if sb < (1 << 20) else 8), cold_shards))
     root_m = os.path.join(a.mountpoint, SUBDIR)
     root_b = os.path.join(a.backing, SUBDIR)
+    # Every size's shards first, while this process has no CUDA context (make_dataset forks).
+    made = {name: make_dataset(root_m, name, sb, ns // nsh * max(nsh, csh), max(nsh, csh)) for name, sb, ns, nsh, _b, csh in sizes}
+    if Opts.cuda:
+        torch.cuda.init()
+        torch.cuda.set_device(0)
     results: list[dict[str, Any]] = []
     errors: list[str] = []
     can_drop = True
     hint_env = os.environ.get(START_HINT_ENV)
     probes: list[tuple[str, dict[str, float], dict[str, float]]] = []
     for name, sb, ns, nsh, batch, csh in sizes:
-        total = max(nsh, csh)
-        all_m = make_dataset(root_m, name, sb, ns // nsh * total, total)
+        all_m = made[name]
         all_b = [os.path.join(root_b, name, os.path.basename(p)) for p in all_m]
         shards_m, shards_b = all_m[:nsh], all_b[:nsh]  # the warm set (and the correctness run's)
         cold_m, cold_b, cold_ns = all_m[:csh], all_b[:csh], ns // nsh * csh
