@@ -131,7 +131,7 @@ func (b *enginesBench) run(ctx context.Context, out io.Writer) ([]Result, error)
 			engines = append(engines, engCase{name, e, env.dev})
 		}
 	}
-	engines = append(engines, engCase{cufile.EngineHost, cufile.NewHostEngine(cufile.Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct, ColdTaskBytes: cfg.ColdChunkBytes, ColdReadAheadBytes: cfg.ColdReadAheadBytes}), env.host})
+	engines = append(engines, engCase{cufile.EngineHost, cufile.NewHostEngine(cufile.Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct, ColdTaskBytes: cfg.ColdChunkBytes, ColdReadAheadBytes: cfg.ColdReadAheadBytes, ColdCrowd: cfg.ColdCrowd}), env.host})
 
 	measure := func(cold bool) {
 		mode := "warm"

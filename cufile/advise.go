@@ -94,6 +94,9 @@ func (opts Options) coldAdvice(f *os.File, direct bool, off, n, task int64) *col
 	}
 	fd := int(f.Fd())
 	return adviseAhead(off, n, task, ahead, func(off, n int64) {
+		if opts.cold.crowded(opts) {
+			return // the reads in flight keep the queue full (coldReads.crowded)
+		}
 		// Advice only: a refusal leaves the workers' own preads to read it.
 		_ = unix.Fadvise(fd, off, n, unix.FADV_WILLNEED)
 	})

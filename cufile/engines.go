@@ -45,6 +45,10 @@ type Config struct {
 	// cold buffered read (Options.ColdReadAheadBytes): 0 (default) none,
 	// < 0 Workers x ChunkBytes.
 	ColdReadAheadBytes int64
+	// ColdCrowd is the posix and host engines' Options.ColdCrowd: cold reads
+	// in flight from which one takes tasks of the device's largest request
+	// and no advice. 0 (default): never.
+	ColdCrowd int
 	// HostDir holds host-backend slab files. Default /dev/shm/gdsfs-<pid>-<random>, new per start (gpubuf).
 	HostDir string
 	// Log receives the probe result and per-file fallbacks. Default silent.
@@ -137,7 +141,7 @@ func Open(cfg Config) (*Engines, error) {
 		cfg.Engine = EngineAuto
 	}
 	e := &Engines{cfg: cfg, log: cfg.Log, files: map[fileKey]choice{}, refused: newRefusals(cfg.Log)}
-	e.host = NewHostEngine(Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct, ColdTaskBytes: cfg.ColdChunkBytes, ColdReadAheadBytes: cfg.ColdReadAheadBytes})
+	e.host = NewHostEngine(Options{ChunkBytes: cfg.ChunkBytes, Workers: cfg.Workers, Direct: cfg.Direct, ColdTaskBytes: cfg.ColdChunkBytes, ColdReadAheadBytes: cfg.ColdReadAheadBytes, ColdCrowd: cfg.ColdCrowd})
 	add := func(name string, ok bool, format string, args ...any) {
 		e.report.Probes = append(e.report.Probes, Probe{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
 	}
@@ -222,7 +226,7 @@ func (e *Engines) choose(gpuErr error) error {
 		be, why := newCUDABackend(e.drv)
 		e.backend = be
 		r.Probes = append(r.Probes, Probe{Name: "cuda slab handles", OK: be.vmm, Detail: why})
-		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct, ColdTaskBytes: e.cfg.ColdChunkBytes, ColdReadAheadBytes: e.cfg.ColdReadAheadBytes})
+		e.posix = newPosixEngine(cudaStager{d: e.drv}, Options{ChunkBytes: e.cfg.ChunkBytes, Workers: e.cfg.Workers, Direct: e.cfg.Direct, ColdTaskBytes: e.cfg.ColdChunkBytes, ColdReadAheadBytes: e.cfg.ColdReadAheadBytes, ColdCrowd: e.cfg.ColdCrowd})
 		r.Backend = "cuda"
 	}
 	if e.lib != nil {

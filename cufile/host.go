@@ -54,7 +54,8 @@ func (e *hostEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory, 
 	if direct != nil {
 		defer direct.Close()
 	}
-	task := e.opts.readTaskBytes(f, fileOff, n, direct != nil)
+	task, done := e.opts.cold.shape(e.opts, f, n, e.opts.readTaskBytes(f, fileOff, n, direct != nil))
+	defer done()
 	adv := e.opts.coldAdvice(f, direct != nil, fileOff, n, task)
 	defer adv.stop()
 	w := funcWorker{doFn: func(c chunk) (int64, error) {

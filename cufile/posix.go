@@ -70,6 +70,15 @@ type Options struct {
 	// cold read and the warm re-read after it (docs/reliability-review.md);
 	// negative: Workers x ChunkBytes, an O_DIRECT read's bytes in flight.
 	ColdReadAheadBytes int64
+	// ColdCrowd is how many cold split reads in flight on the engine (the
+	// read itself included) make a cold read take tasks of its device's
+	// largest request and stop every read's advice (coldReads.shape,
+	// coldReads.crowded). 0 or less (the default): never.
+	ColdCrowd int
+
+	// cold is what the engine's cold split reads share (coldReads.shape):
+	// made by withDefaults, shared by the copies of the options it returns.
+	cold *coldReads
 }
 
 // posixEngine reads with parallel chunked preads into pinned host staging and
@@ -116,6 +125,9 @@ func (opts Options) withDefaults() Options {
 	opts.ColdTaskBytes = min(opts.ChunkBytes, gpubuf.AlignUp(opts.ColdTaskBytes))
 	if opts.DirectReadMinFile == 0 {
 		opts.DirectReadMinFile = DefaultDirectReadMinFile()
+	}
+	if opts.cold == nil {
+		opts.cold = newColdReads()
 	}
 	return opts
 }
@@ -276,7 +288,8 @@ func (e *posixEngine) ReadAt(ctx context.Context, f *os.File, dst gpubuf.Memory,
 		defer direct.Close()
 	}
 	device := deviceOf(dst)
-	task := e.opts.readTaskBytes(f, fileOff, n, direct != nil)
+	task, done := e.opts.cold.shape(e.opts, f, n, e.opts.readTaskBytes(f, fileOff, n, direct != nil))
+	defer done()
 	adv := e.opts.coldAdvice(f, direct != nil, fileOff, n, task)
 	defer adv.stop()
 	got, err := runChunks(ctx, n, task, e.opts.Workers, func(ctx context.Context) (worker, error) {

@@ -24,6 +24,7 @@ type engineFlags struct {
 	chunk     string
 	coldTask  string
 	coldAhead string
+	coldCrowd int
 	workers   int
 	direct    string
 }
@@ -39,6 +40,7 @@ func addEngineFlags(fs *pflag.FlagSet) *engineFlags {
 	fs.StringVar(&f.chunk, "chunk-size", "8MiB", "size of one parallel transfer task")
 	fs.StringVar(&f.coldTask, "cold-chunk-size", "1MiB", "size of one parallel task of a buffered read of a range not in the page cache (ranges of at least twice this are split); --chunk-size or more: no split")
 	fs.StringVar(&f.coldAhead, "cold-readahead", "auto", "how far ahead of its workers a buffered read of a range not in the page cache asks the kernel to read (posix_fadvise WILLNEED), e.g. 64MiB; auto: io-workers x chunk-size; 0: no advice (docs/operations.md, \"Cold reads\": what it gains and costs)")
+	fs.IntVar(&f.coldCrowd, "cold-crowd", 0, "cold buffered reads in flight from which each is read in tasks of its disk's largest request (queue/max_sectors_kb) and none asks for --cold-readahead advice, e.g. 4: the others' reads keep the disk's queue full (docs/operations.md, \"Cold reads\"); 0: never")
 	fs.IntVar(&f.workers, "io-workers", 0, "parallel transfer workers per request (default: CPU count, 4 to 16)")
 	fs.StringVar(&f.direct, "direct-io", "auto", "O_DIRECT for the posix and host engines: auto (reads of cold ranges of files larger than a quarter of memory, writes of at least 1 MiB), always or never")
 	return f
@@ -132,6 +134,9 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 			return s, err
 		}
 	}
+	if f.coldCrowd < 0 {
+		return s, usagef("--cold-crowd %d is negative; give the cold reads in flight from which they take large tasks, or 0 for never", f.coldCrowd)
+	}
 	if f.gpuPool != "" {
 		if s.gpuPool, err = parseSize("gpu-pool", f.gpuPool); err != nil {
 			return s, err
@@ -150,7 +155,7 @@ func (f *engineFlags) parse(log zerolog.Logger) (engineSettings, error) {
 			return s, usagef("--%s %s is smaller than --slab-size %s; give at least one slab", p.name, humanize.IBytes(uint64(p.v)), f.slabSize)
 		}
 	}
-	s.cfg = cufile.Config{Engine: f.engine, ChunkBytes: chunk, ColdChunkBytes: coldTask, ColdReadAheadBytes: coldAhead, Workers: f.workers, Direct: f.direct, Log: log}
+	s.cfg = cufile.Config{Engine: f.engine, ChunkBytes: chunk, ColdChunkBytes: coldTask, ColdReadAheadBytes: coldAhead, ColdCrowd: f.coldCrowd, Workers: f.workers, Direct: f.direct, Log: log}
 	return s, nil
 }
 

@@ -49,6 +49,17 @@ func TestEngineFlags(t *testing.T) {
 			}
 		}},
 		{"cold readahead junk", []string{"--cold-readahead", "lots"}, false, nil},
+		{"cold crowd off by default", nil, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.ColdCrowd != 0 {
+				t.Errorf("ColdCrowd %d, want 0 (never)", s.cfg.ColdCrowd)
+			}
+		}},
+		{"cold crowd", []string{"--cold-crowd", "4"}, true, func(t *testing.T, s engineSettings) {
+			if s.cfg.ColdCrowd != 4 {
+				t.Errorf("ColdCrowd %d, want 4", s.cfg.ColdCrowd)
+			}
+		}},
+		{"cold crowd negative", []string{"--cold-crowd", "-1"}, false, nil},
 		{"uid share default", nil, true, func(t *testing.T, s engineSettings) {
 			if s.shareFrac != 0.5 || s.shareBytes != 0 || shareOf(s, 8<<30) != 4<<30 {
 				t.Errorf("share %v %d -> %d", s.shareFrac, s.shareBytes, shareOf(s, 8<<30))

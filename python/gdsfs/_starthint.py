@@ -484,6 +484,39 @@ class StartHints:
         return doc if isinstance(doc, dict) and doc.get("format") == fmt else None
 
 
+# Samples of each shard the main process holds open that _every_first_chunk_over looks at.
+FLOOR_SAMPLES = 4
+
+
+def _every_first_chunk_over(ds: "GDSShardDataset", known: dict[int, "_ShardState"], per: int, batched: int) -> bool:
+    """Whether a worker's first READ, of samples of the smallest size the main process's open
+    shards show (the fields keys= selects of their first FLOOR_SAMPLES samples), is more than a
+    worker's share: then no worker's first READ fits it and the hint would give nothing (large
+    samples). Told
+    from indexes this process holds, before any thread starts: such a hint opens no shard,
+    asks for no INDEX and no stats while torch forks the workers (12-02 13:45, 4 MiB samples in
+    16 shards: the hint opened and indexed the 4 shards the main process had closed, and the
+    first batch came ~100 ms later than with it off). False when it cannot be told (no open
+    shard, an index that does not plan): the thread plans each worker."""
+    if per <= 0:
+        return True
+    floor = -1
+    try:
+        for shard, st in known.items():
+            for idx in range(min(FLOOR_SAMPLES, ds.counts[shard])):
+                n = sum(fp.length for fp in ds._sample_fields(st, idx)[1])
+                floor = n if floor < 0 else min(floor, n)
+    except Exception:  # noqa: BLE001 - not told: the thread plans from the indexes as before
+        return False
+    if floor < 0:
+        return False
+    # A worker's first READ: its first chunk (whole items of `batched` samples:
+    # GDSShardDataset._chunk_samples), cut at read_ahead_bytes (_group_end), as samples of that
+    # size would make it.
+    group = min(ds._chunk_samples(batched), max(1, ds.read_ahead_bytes // max(1, floor)))
+    return floor * group > per
+
+
 # Python 3.12's warning at a fork while other threads run (os.fork, a DeprecationWarning).
 _FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks in the child"
 
@@ -508,7 +541,8 @@ def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints
     """The hints of a DataLoader iteration that starts num_workers fresh workers over ds (called
     in the main process before torch starts them, after ds._main_iteration_starting): previous
     while its thread still runs (never two at once), else new ones, or None: no hint
-    (GDSFS_START_HINT=0, no daemon session, or a resume state the workers will refuse).
+    (GDSFS_START_HINT=0, no daemon session, a resume state the workers will refuse, or samples
+    so large that no worker's first READ fits its share: _every_first_chunk_over).
     batched: the samples of the workers' items (batch_size x batches_per_item; 0: ds._batched),
     which they read whole."""
     if previous is not None and previous.thread is not None and previous.thread.is_alive():
@@ -521,6 +555,9 @@ def start(ds: "GDSShardDataset", num_workers: int, previous: Optional[StartHints
         return None
     slots, workers = layout
     known = dict(ds._open) if ds._open_pid == os.getpid() else {}
-    h = StartHints(ds, slots, workers, budget, known, batched or ds._batched)
+    batched = batched or ds._batched
+    if _every_first_chunk_over(ds, known, min(START_HINT_WORKER, budget // max(1, len(workers))), batched):
+        return None
+    h = StartHints(ds, slots, workers, budget, known, batched)
     h.start()
     return h

@@ -212,13 +212,59 @@ def test_a_first_chunk_larger_than_its_share_asks_for_nothing(gdsfs_mount, monke
         _drop(backing)
         gate.watch(dl)
         per = _delivered(dl)
-        h = _hints(dl)
+        h = dl._start_hints  # None: told from the main process's indexes, no thread started
+        if h is not None:
+            h.thread.join(timeout=60)
     finally:
         ds.close()
         gate.close()
     assert sum(len(v) for v in per.values()) == 96
-    assert h.ranges == [[], []], "a part of a worker's first chunk was hinted"
+    assert h is None or h.ranges == [[], []], "a part of a worker's first chunk was hinted"
     assert opened == [], f"the hint opened {opened} for workers it gives no hint"
+
+
+def test_a_hint_that_gives_nothing_costs_nothing(gdsfs_mount, monkeypatch) -> None:
+    """More shards than the main process keeps open (8: its _open cache after construction
+    holds the last ones), each worker's first chunk over its share: the hint gives no worker
+    anything, so it must open no shard, ask the daemon for no INDEX and read no stats (the GPU
+    run of 12-02 13:45, 4 MiB samples in 16 shards: workers 0-3 start on shards the main process
+    had closed, the hint opened and indexed them while torch forked, the first batch came
+    ~100 ms later with the hint on than off)."""
+    paths, backing = _shards(gdsfs_mount, 16, 4)  # workers start on shards 0, 4, 8, 12
+    monkeypatch.setenv(sh.START_HINT_ENV, str(4 * (4 * SAMPLE - 100)))
+    calls: list[str] = []
+    real_open, real_room, real_index = sh._fds.open, sh._budget_leaves_room, sh._core._paged_index
+
+    def opened(path: str, flags: int) -> int:
+        calls.append(f"open {os.path.basename(path)}")
+        return real_open(path, flags)
+
+    def room(mount: str) -> bool:
+        calls.append("stats")
+        return real_room(mount)
+
+    def index(fd: int, **kw: Any) -> Any:
+        if threading.current_thread().name == "gdsfs-start-hint":
+            calls.append("INDEX")
+        return real_index(fd, **kw)
+
+    monkeypatch.setattr(sh._fds, "open", opened)
+    monkeypatch.setattr(sh, "_budget_leaves_room", room)
+    monkeypatch.setattr(sh._core, "_paged_index", index)
+    ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True, read_ahead=4)
+    assert not {4, 8} & set(ds._open), "the main process keeps the shards the workers start on open"
+    dl = gt.DataLoader(ds, batch_size=4, num_workers=4)
+    try:
+        _drop(backing)
+        per = _delivered(dl)
+        h = dl._start_hints
+        if h is not None:
+            h.thread.join(timeout=60)
+    finally:
+        ds.close()
+    assert sum(len(v) for v in per.values()) == 64
+    assert h is None or h.ranges == [[]] * 4, "a part of a worker's first chunk was hinted"
+    assert calls == [], f"the hint gave no worker anything, yet made {calls}"
 
 
 def test_warm_start_asks_for_nothing(gdsfs_mount, monkeypatch) -> None:
