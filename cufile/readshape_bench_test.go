@@ -166,21 +166,5 @@ func BenchmarkColdAdvice(b *testing.B) {
 // directory and opens it for reading, closed when b ends.
 func benchFile(b *testing.B, size int) *os.File {
 	b.Helper()
-	p := filepath.Join(b.TempDir(), "data")
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte(i * 7)
-	}
-	if err := os.WriteFile(p, data, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { f.Close() })
-	if err := f.Sync(); err != nil {
-		b.Fatal(err)
-	}
-	return f
+	return streamFile(b, filepath.Join(b.TempDir(), "data"), size)
 }
