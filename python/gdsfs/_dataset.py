@@ -2046,7 +2046,7 @@ class DataLoader(torch.utils.data.DataLoader):
             # (_per_item): where this process holds much of it already, a smaller k whose
             # batches in flight all fit what it leaves, so that the default neither fails nor
             # makes the workers wait where a smaller k would not.
-            j = self._default_k_within(k, slab, room)
+            j = self._default_k_within(k, slab, room, need > room)
             lj = self._pool_plan(j, slab) if j != k else None
             if lj is not None:
                 k, lp, self._pool_k = j, lj, j
@@ -2087,18 +2087,18 @@ class DataLoader(torch.utils.data.DataLoader):
                           "return pool space (the item it waits for always finds room); for full speed use fewer num_workers, a "
                           f"smaller prefetch_factor, batches_per_item or batch_size, or {fix}", GDSPoolWarning, stacklevel=3)
 
-    def _default_k_within(self, k: int, slab: int, room: float) -> int:
+    def _default_k_within(self, k: int, slab: int, room: float, hangs: bool) -> int:
         """The default k for room pool bytes (_check_pool_fit): the largest k' < k whose workers'
         batches in flight and the loop's item all fit at once (no GDSPoolWarning, and away from
-        the margin where the check's plan of slab use decides a hang); else 1 where one batch
-        per item cannot hang (the default is never worse than batches_per_item=1); else k (the
-        check then says what to change)."""
+        the margin where the check's plan of slab use decides a hang); else, where k can hang
+        (hangs), 1 if one batch per item cannot (the default is never worse than
+        batches_per_item=1); else k (the check then says what to change)."""
         for j in range(k - 1, 0, -1):
             p = self._pool_plan(j, slab)
             if p is None:
                 continue
             need, total = self._pool_need(p)
-            if total <= room or (j == 1 and need <= room):
+            if total <= room or (j == 1 and hangs and need <= room):
                 return j
         return k
 
