@@ -1983,7 +1983,10 @@ class DataLoader(torch.utils.data.DataLoader):
         share = ds._session.hello.max_lease if ds._session is not None else 0
         while k > 1 and share > 0 and self.num_workers * self._items_prefetched(k) * k * batch > share // _tensors.KBATCH_SHARE_PART:
             k -= 1
-        return k
+        # ...and within what this process leaves of the share, as the pool check of this start
+        # of fresh workers found it (_check_pool_fit, _default_k_within; 0: no bound).
+        fit = getattr(self, "_pool_k", 0)
+        return min(k, fit) if fit > 0 else k
 
     def _pool_plan(self, k: int, slab: int) -> Optional[_LeasePlan]:
         """What the fresh workers of an iteration with k batches per item lease at once
@@ -2018,6 +2021,7 @@ class DataLoader(torch.utils.data.DataLoader):
         session = ds._session if isinstance(ds, GDSShardDataset) else None
         self._pool_tight = False
         self._pool_plans: dict[int, Optional[_LeasePlan]] = {}
+        self._pool_k = 0
         if session is None or self.collate_fn is not collate or not session.hello.max_lease:
             return
         assert isinstance(ds, GDSShardDataset)
@@ -2037,6 +2041,17 @@ class DataLoader(torch.utils.data.DataLoader):
             held = _leases.held_bytes(session.mount, session.device, collect=True)
         avail = session.hello.max_lease - held
         room = avail * (1 + 1e-9)  # what exactly fills the share fits (s is a quotient)
+        if self.batches_per_item is None and k > 1 and total > room:
+            # The default k is the loader's own choice, bounded by a quarter of the whole share
+            # (_per_item): where this process holds much of it already, a smaller k whose
+            # batches in flight all fit what it leaves, so that the default neither fails nor
+            # makes the workers wait where a smaller k would not.
+            j = self._default_k_within(k, slab, room, need > room)
+            lj = self._pool_plan(j, slab) if j != k else None
+            if lj is not None:
+                k, lp, self._pool_k = j, lj, j
+                s = lp.leased
+                need, total = self._pool_need(lp)
         # settled() copies up to SETTLE_BATCHES batches (an item's k at once) ahead before it
         # releases them: with those held too, the item after them could not be read.
         self._pool_tight = need + (_tensors.SETTLE_BATCHES + k - 1) * b * s > room
@@ -2071,6 +2086,21 @@ class DataLoader(torch.utils.data.DataLoader):
                           f"read ahead each, and the item the loop copies), more than {where}: the workers will wait for the loop to "
                           "return pool space (the item it waits for always finds room); for full speed use fewer num_workers, a "
                           f"smaller prefetch_factor, batches_per_item or batch_size, or {fix}", GDSPoolWarning, stacklevel=3)
+
+    def _default_k_within(self, k: int, slab: int, room: float, hangs: bool) -> int:
+        """The default k for room pool bytes (_check_pool_fit): the largest k' < k whose workers'
+        batches in flight and the loop's item all fit at once (no GDSPoolWarning, and away from
+        the margin where the check's plan of slab use decides a hang); else, where k can hang
+        (hangs), 1 if one batch per item cannot (the default is never worse than
+        batches_per_item=1); else k (the check then says what to change)."""
+        for j in range(k - 1, 0, -1):
+            p = self._pool_plan(j, slab)
+            if p is None:
+                continue
+            need, total = self._pool_need(p)
+            if total <= room or (j == 1 and hangs and need <= room):
+                return j
+        return k
 
     @property
     def _index_sampler(self) -> Any:

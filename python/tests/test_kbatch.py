@@ -12,6 +12,7 @@ import functools
 import itertools
 import os
 import signal
+import warnings
 
 import pytest
 
@@ -435,6 +436,68 @@ def test_the_default_k_fits_a_pool_that_one_batch_per_item_fits(small_pool) -> N
         assert sorted(seen) == sorted(truth), k
         ds.close()
     assert small_pool.wait_leases(0) == 0
+
+
+@pytest.fixture(scope="module")
+def mid_pool(gdsfs_bin, tmp_path_factory):
+    """A mount whose host pool (32 MiB of 1 MiB slabs, all of it this uid's) lets the default k be
+    8 for batches of 16 x 16 KiB (2 workers: 8 batches in flight each fit a quarter of it)."""
+    import conftest
+
+    base = tmp_path_factory.mktemp("kbatch-midpool")
+    src, mnt = base / "src", base / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    m = conftest.mount(gdsfs_bin, str(src), str(mnt), str(base / "daemon.log"), "--host-pool", "32MiB", "--slab-size", "1MiB", "--uid-share", "100%")
+    try:
+        yield m
+    finally:
+        conftest.unmount(gdsfs_bin, m.mnt)
+
+
+@pytest.mark.parametrize("held,batch", [(28, 16), (24, 32)])
+def test_the_default_k_fits_what_this_process_leaves_of_the_share(mid_pool, held: int, batch: int) -> None:
+    """The program already holds most of its share (samples of another dataset it keeps: 28 or
+    24 of its 32 MiB), then starts a loader of 2 workers, batches of 16 (or 32) x 16 KiB. At
+    batches_per_item=1 it runs without a word; the default k runs the same way (a k low enough
+    for the room left), instead of a GDSPoolError ("can hang", which names no batches_per_item
+    to pass, since the user set none) or a GDSPoolWarning that batches_per_item=1 does not get:
+    the default bounded k by a quarter of the whole share, the check by what this process
+    leaves of it."""
+    import numpy as np
+
+    import gdsfs.torch as gt
+    from gdsfs import _leases
+    from gdsfs._errors import GDSPoolWarning
+    from _wds_helpers import fresh_dir, npy, write_tar
+
+    src, mnt = fresh_dir(mid_pool, f"kbatch-held-{held}-{batch}")
+    write_tar(os.path.join(src, "big.tar"), [(f"big{i}", {"x.npy": npy(np.zeros((1 << 20) // 4 - 32, np.float32))}) for i in range(held)])
+    big = gt.GDSShardDataset([os.path.join(mnt, "big.tar")], gpu_keys=["x.npy"], strict=True, read_ahead=1)
+    g = iter(big)
+    kept = list(itertools.islice(g, held))  # one 1 MiB slab each, held while kept
+    paths, truth = _shards(mid_pool, f"kbatch-held-data-{held}-{batch}", nshards=3, per=200)
+    try:
+        assert _leases.held_bytes(mid_pool.mnt, -1) >= held << 20
+        for k in (1, None):
+            with gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True) as ds:
+                dl = _loader(ds, batch_size=batch, batches_per_item=k, timeout=20)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", GDSPoolWarning)
+                    seen: list[str] = []
+                    for b in dl:
+                        for i, key in enumerate(b["__key__"]):
+                            assert b["x.npy"][i].cpu().numpy().tobytes() == truth[key]
+                        seen.extend(b["__key__"])
+                    del b
+                assert sorted(seen) == sorted(truth), k
+                if k is None:  # lowered from the default's bound by the whole share (8 and 7)
+                    assert 1 <= dl._kbatch < {16: 8, 32: 7}[batch], dl._kbatch
+    finally:
+        del kept
+        g.close()
+        big.close()
+    assert mid_pool.wait_leases(0) == 0
 
 
 @pytest.mark.parametrize("k", [1, 3])
