@@ -144,6 +144,7 @@ class _Book:
         # is atomic and takes no lock), popped by drain().
         self.gone: "collections.deque[tuple[Any, int, str]]" = collections.deque()
         self.thread: Optional[threading.Thread] = None
+        self.wake = threading.Event()  # cuts the thread's sleep short (wake)
         self.shutdown = False
         self.forking = False  # the fork hook holds io
         # A closed session waits for holders (close_when_free): the background thread runs one
@@ -230,7 +231,8 @@ def _start_thread(b: _Book) -> None:
 
 def _drainer(b: _Book) -> None:
     while b is _book and not b.shutdown:
-        time.sleep(DRAIN_PERIOD_S)
+        b.wake.wait(DRAIN_PERIOD_S)
+        b.wake.clear()
         if b.collect:
             # Here, not in close(): a collection of a large heap takes a while, and nothing
             # waits for it. Its finalizers only queue (the drain below releases).
@@ -241,6 +243,12 @@ def _drainer(b: _Book) -> None:
                 drain()
             except Exception:  # noqa: BLE001 - a daemon thread has no one to tell; the next call drains again
                 pass
+
+
+def wake() -> None:
+    """Let the background thread drain now, without waiting out DRAIN_PERIOD_S (a period made
+    longer for a while ends with the sleep under way)."""
+    _book.wake.set()
 
 
 def hold(ref: "Ref", field: str = "", sample: str = "", path: str = "") -> Optional[Hold]:
