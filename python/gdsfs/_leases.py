@@ -39,7 +39,6 @@ import errno as _errno
 import gc
 import os
 import threading
-import time
 import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
