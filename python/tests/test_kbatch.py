@@ -404,13 +404,18 @@ def test_a_bad_batches_per_item_says_what_to_pass(gdsfs_mount, small, bad) -> No
 def small_pool(gdsfs_bin, tmp_path_factory):
     """A mount whose host pool (4 MiB of 1 MiB slabs, all of it this uid's) holds what 2 workers
     keep in flight at one batch of 16 x 16 KiB per item, not what they would at 7."""
+    yield from _host_pool_mount(gdsfs_bin, tmp_path_factory, "kbatch-pool", "4MiB")
+
+
+def _host_pool_mount(gdsfs_bin, tmp_path_factory, name: str, size: str):
+    """A mount of its own whose host pool is `size` of 1 MiB slabs, all of it this uid's."""
     import conftest
 
-    base = tmp_path_factory.mktemp("kbatch-pool")
+    base = tmp_path_factory.mktemp(name)
     src, mnt = base / "src", base / "mnt"
     src.mkdir()
     mnt.mkdir()
-    m = conftest.mount(gdsfs_bin, str(src), str(mnt), str(base / "daemon.log"), "--host-pool", "4MiB", "--slab-size", "1MiB", "--uid-share", "100%")
+    m = conftest.mount(gdsfs_bin, str(src), str(mnt), str(base / "daemon.log"), "--host-pool", size, "--slab-size", "1MiB", "--uid-share", "100%")
     try:
         yield m
     finally:
@@ -442,17 +447,7 @@ def test_the_default_k_fits_a_pool_that_one_batch_per_item_fits(small_pool) -> N
 def mid_pool(gdsfs_bin, tmp_path_factory):
     """A mount whose host pool (32 MiB of 1 MiB slabs, all of it this uid's) lets the default k be
     8 for batches of 16 x 16 KiB (2 workers: 8 batches in flight each fit a quarter of it)."""
-    import conftest
-
-    base = tmp_path_factory.mktemp("kbatch-midpool")
-    src, mnt = base / "src", base / "mnt"
-    src.mkdir()
-    mnt.mkdir()
-    m = conftest.mount(gdsfs_bin, str(src), str(mnt), str(base / "daemon.log"), "--host-pool", "32MiB", "--slab-size", "1MiB", "--uid-share", "100%")
-    try:
-        yield m
-    finally:
-        conftest.unmount(gdsfs_bin, m.mnt)
+    yield from _host_pool_mount(gdsfs_bin, tmp_path_factory, "kbatch-midpool", "32MiB")
 
 
 @pytest.mark.parametrize("held,batch", [(28, 16), (24, 32)])
