@@ -407,6 +407,18 @@ def small_pool(gdsfs_bin, tmp_path_factory):
     yield from _host_pool_mount(gdsfs_bin, tmp_path_factory, "kbatch-pool", "4MiB")
 
 
+def _pass_keys(dl, truth: dict[str, bytes]) -> list[str]:
+    """The keys of one full pass of dl, each sample's x.npy bytes checked against truth; no batch
+    is kept past the pass (their leases go with them)."""
+    seen: list[str] = []
+    for b in dl:
+        for i, key in enumerate(b["__key__"]):
+            assert b["x.npy"][i].cpu().numpy().tobytes() == truth[key]
+        seen.extend(b["__key__"])
+        del b
+    return seen
+
+
 def _host_pool_mount(gdsfs_bin, tmp_path_factory, name: str, size: str):
     """A mount of its own whose host pool is `size` of 1 MiB slabs, all of it this uid's."""
     import conftest
@@ -432,13 +444,7 @@ def test_the_default_k_fits_a_pool_that_one_batch_per_item_fits(small_pool) -> N
     for k in (1, None):
         ds = gt.GDSShardDataset(paths, gpu_keys=["x.npy"], strict=True)
         dl = _loader(ds, batch_size=16, batches_per_item=k, timeout=20)
-        seen: list[str] = []
-        for b in dl:
-            for i, key in enumerate(b["__key__"]):
-                assert b["x.npy"][i].cpu().numpy().tobytes() == truth[key]
-            seen.extend(b["__key__"])
-        del b
-        assert sorted(seen) == sorted(truth), k
+        assert sorted(_pass_keys(dl, truth)) == sorted(truth), k
         ds.close()
     assert small_pool.wait_leases(0) == 0
 
@@ -479,12 +485,7 @@ def test_the_default_k_fits_what_this_process_leaves_of_the_share(mid_pool, held
                 dl = _loader(ds, batch_size=batch, batches_per_item=k, timeout=20)
                 with warnings.catch_warnings():
                     warnings.simplefilter("error", GDSPoolWarning)
-                    seen: list[str] = []
-                    for b in dl:
-                        for i, key in enumerate(b["__key__"]):
-                            assert b["x.npy"][i].cpu().numpy().tobytes() == truth[key]
-                        seen.extend(b["__key__"])
-                    del b
+                    seen = _pass_keys(dl, truth)
                 assert sorted(seen) == sorted(truth), k
                 if k is None:  # lowered from the default's bound by the whole share (8 and 7)
                     assert 1 <= dl._kbatch < {16: 8, 32: 7}[batch], dl._kbatch
