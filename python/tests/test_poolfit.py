@@ -187,7 +187,7 @@ def test_items_read_whole_at_the_margin_run(pool, data, read_ahead: int) -> None
             for b in dl:
                 for i, key in enumerate(b["__key__"]):
                     assert key not in seen
-                    seen[key] = b["x.npy"][i].numpy().tobytes()
+                    seen[key] = b["x.npy"][i].cpu().numpy().tobytes()
             del b
         assert seen == truth
     ds.close()
